@@ -1,0 +1,77 @@
+//! The one error type of `pangea-core`.
+
+use crate::hlc::ClockError;
+use crate::limits::Limited;
+use pangea_topology::schema::NameError;
+
+/// Everything that can go wrong in `pangea-core`. Each variant names what was wrong
+/// and, where it applies, the size and the limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// Input broke a size limit of [`crate::Limits`].
+    #[error("{what} is {size} bytes, limit {limit}")]
+    TooLarge {
+        what: Limited,
+        size: usize,
+        limit: usize,
+    },
+    #[error("row key is empty")]
+    EmptyRowKey,
+    #[error("row mutation for table {table:?} has no mutations")]
+    EmptyMutation { table: String },
+    #[error("unknown table {table:?}")]
+    UnknownTable { table: String },
+    #[error("table {table:?} has no column family {family:?}")]
+    UnknownFamily { table: String, family: String },
+    #[error("invalid name: {0}")]
+    InvalidName(#[from] NameError),
+    #[error("time range [{start}, {end}) is empty")]
+    EmptyTimeRange { start: u64, end: u64 },
+    /// A message was structurally incomplete (a required field or `oneof` missing).
+    #[error("malformed {message}: {detail}")]
+    Malformed {
+        message: &'static str,
+        detail: String,
+    },
+    /// Bytes that should hold a protobuf message do not.
+    #[error("cannot decode {message}: {detail}")]
+    Decode {
+        message: &'static str,
+        detail: String,
+    },
+    #[error(transparent)]
+    Clock(#[from] ClockError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// What a storage engine reports. `pangea-store` maps its engine's errors here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StorageError {
+    /// The engine failed (I/O, poisoned after a failed fsync…); nothing was applied.
+    #[error("storage I/O: {0}")]
+    Io(String),
+    /// Stored bytes do not decode: the store is damaged. Names the entry.
+    #[error("corrupt {what} at key {key}: {detail}")]
+    Corrupt {
+        what: &'static str,
+        key: String,
+        detail: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn decode(message: &'static str, err: impl std::fmt::Display) -> Self {
+        Error::Decode {
+            message,
+            detail: err.to_string(),
+        }
+    }
+
+    pub(crate) fn malformed(message: &'static str, detail: impl Into<String>) -> Self {
+        Error::Malformed {
+            message,
+            detail: detail.into(),
+        }
+    }
+}

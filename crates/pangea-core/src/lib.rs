@@ -1,0 +1,40 @@
+//! `pangea-core`: the sans-IO heart of Pangea.
+//!
+//! Nothing here performs I/O, reads a clock or draws unseeded randomness: time comes
+//! in as parameters and storage goes through the [`storage::Storage`] trait, so the
+//! QUIC replica (`pangea-node`) and the simulator (`pangea-sim`) drive the very same
+//! code. A `clippy.toml` next to this crate's manifest forbids `Instant::now`,
+//! `SystemTime::now`, `thread_rng` and `tokio::spawn`; CI checks that the crate's
+//! normal dependencies include no tokio, quinn, rustls or fjall.
+//!
+//! Modules:
+//! - [`ids`]: replica and scope identifiers;
+//! - [`limits`]: named size limits on user data;
+//! - [`hlc`]: the hybrid logical clock and its [`hlc::Timestamp`];
+//! - [`mutation`]: validated row mutations;
+//! - [`row`]: replicated row state and the merge rule (last writer wins per cell,
+//!   tombstones, deterministic GC);
+//! - [`digest`]: content digests for comparing replicas;
+//! - [`token`]: consistency tokens;
+//! - [`storage`]: the storage trait and the in-memory implementation.
+//!
+//! Invariants cited as `I<n>` are numbered in `docs/invariants.md`.
+
+pub mod digest;
+mod error;
+pub mod hlc;
+pub mod ids;
+pub mod limits;
+pub mod mutation;
+pub mod row;
+pub mod storage;
+pub mod token;
+
+pub use error::{Error, StorageError};
+pub use hlc::{HybridClock, Timestamp};
+pub use ids::{ReplicaId, ScopeId};
+pub use limits::Limits;
+pub use mutation::{Mutation, RowMutation, TimeRange};
+pub use row::{ReadFilter, RowState, Version};
+pub use storage::{LogEntry, MemStorage, RowWrite, Storage, Watermark, WriteBatch};
+pub use token::Token;

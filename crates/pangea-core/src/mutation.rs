@@ -1,0 +1,412 @@
+//! Mutations: what a client asks to change in one row, validated ("parse, don't
+//! validate": a [`RowMutation`] that exists has passed every limit).
+
+use crate::Error;
+use crate::hlc::Timestamp;
+use crate::limits::{Limited, Limits};
+use bytes::Bytes;
+use pangea_proto::Message;
+use pangea_proto::v1 as pb;
+use pangea_topology::schema::{Schema, validate_name};
+use std::sync::Arc;
+
+/// A half-open range of timestamps `[start, end)`; `end: None` is unbounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TimeRange {
+    pub start: Timestamp,
+    pub end: Option<Timestamp>,
+}
+
+impl TimeRange {
+    pub const ALL: TimeRange = TimeRange {
+        start: Timestamp::ZERO,
+        end: None,
+    };
+
+    pub fn contains(&self, t: Timestamp) -> bool {
+        t >= self.start && self.end.is_none_or(|end| t < end)
+    }
+
+    /// Whether every timestamp in `other` is also in `self`.
+    pub fn covers(&self, other: &TimeRange) -> bool {
+        self.start <= other.start
+            && match (self.end, other.end) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some(a), Some(b)) => b <= a,
+            }
+    }
+
+    fn from_proto(p: Option<pb::TimeRange>) -> Result<Self, Error> {
+        let Some(p) = p else {
+            return Ok(TimeRange::ALL);
+        };
+        let end = (p.end != 0).then_some(Timestamp::from_u64(p.end));
+        if let Some(end) = end
+            && end.as_u64() <= p.start
+        {
+            return Err(Error::EmptyTimeRange {
+                start: p.start,
+                end: end.as_u64(),
+            });
+        }
+        Ok(TimeRange {
+            start: Timestamp::from_u64(p.start),
+            end,
+        })
+    }
+
+    pub(crate) fn to_proto(self) -> pb::TimeRange {
+        pb::TimeRange {
+            start: self.start.as_u64(),
+            end: self.end.map_or(0, Timestamp::as_u64),
+        }
+    }
+}
+
+/// One change to a row. Deletes affect only versions older than the row mutation
+/// carrying them, so within one [`RowMutation`] a delete never removes a cell the same
+/// batch sets, whatever their order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mutation {
+    SetCell {
+        family: Arc<str>,
+        column: Bytes,
+        value: Bytes,
+    },
+    DeleteFromColumn {
+        family: Arc<str>,
+        column: Bytes,
+        range: TimeRange,
+    },
+    DeleteFromFamily {
+        family: Arc<str>,
+    },
+    DeleteFromRow,
+}
+
+impl Mutation {
+    pub fn family(&self) -> Option<&str> {
+        match self {
+            Mutation::SetCell { family, .. }
+            | Mutation::DeleteFromColumn { family, .. }
+            | Mutation::DeleteFromFamily { family } => Some(family),
+            Mutation::DeleteFromRow => None,
+        }
+    }
+
+    fn from_proto(p: pb::Mutation, limits: &Limits) -> Result<Self, Error> {
+        use pb::mutation::Kind;
+        let column_ok =
+            |c: &Bytes| Limits::check(Limited::Column, c.len(), limits.column_bytes_max);
+        let family = |f: String| -> Result<Arc<str>, Error> {
+            validate_name("family", &f)?;
+            Ok(f.into())
+        };
+        match p.kind {
+            Some(Kind::SetCell(s)) => {
+                column_ok(&s.column)?;
+                Limits::check(Limited::Value, s.value.len(), limits.value_bytes_max)?;
+                Ok(Mutation::SetCell {
+                    family: family(s.family)?,
+                    column: s.column,
+                    value: s.value,
+                })
+            }
+            Some(Kind::DeleteFromColumn(d)) => {
+                column_ok(&d.column)?;
+                Ok(Mutation::DeleteFromColumn {
+                    family: family(d.family)?,
+                    column: d.column,
+                    range: TimeRange::from_proto(d.time_range)?,
+                })
+            }
+            Some(Kind::DeleteFromFamily(d)) => Ok(Mutation::DeleteFromFamily {
+                family: family(d.family)?,
+            }),
+            Some(Kind::DeleteFromRow(_)) => Ok(Mutation::DeleteFromRow),
+            None => Err(Error::malformed("Mutation", "no kind set")),
+        }
+    }
+
+    fn to_proto(&self) -> pb::Mutation {
+        use pb::mutation::{self as m, Kind};
+        let kind = match self {
+            Mutation::SetCell {
+                family,
+                column,
+                value,
+            } => Kind::SetCell(m::SetCell {
+                family: family.to_string(),
+                column: column.clone(),
+                value: value.clone(),
+            }),
+            Mutation::DeleteFromColumn {
+                family,
+                column,
+                range,
+            } => Kind::DeleteFromColumn(m::DeleteFromColumn {
+                family: family.to_string(),
+                column: column.clone(),
+                time_range: (*range != TimeRange::ALL).then(|| range.to_proto()),
+            }),
+            Mutation::DeleteFromFamily { family } => Kind::DeleteFromFamily(m::DeleteFromFamily {
+                family: family.to_string(),
+            }),
+            Mutation::DeleteFromRow => Kind::DeleteFromRow(m::DeleteFromRow {}),
+        };
+        pb::Mutation { kind: Some(kind) }
+    }
+}
+
+/// An atomic batch of mutations to one row, within every [`Limits`] bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowMutation {
+    table: Arc<str>,
+    row_key: Bytes,
+    mutations: Vec<Mutation>,
+}
+
+impl RowMutation {
+    /// Builds and checks a row mutation (limits and names; not the schema).
+    pub fn new(
+        table: impl Into<Arc<str>>,
+        row_key: impl Into<Bytes>,
+        mutations: Vec<Mutation>,
+        limits: &Limits,
+    ) -> Result<Self, Error> {
+        let m = RowMutation {
+            table: table.into(),
+            row_key: row_key.into(),
+            mutations,
+        };
+        // One validation path for local and remote input: round-trip through the
+        // checks of `from_proto`.
+        RowMutation::from_proto(m.to_proto(), limits)
+    }
+
+    /// Parses a row mutation from the wire, checking every limit and name.
+    pub fn from_proto(p: pb::RowMutation, limits: &Limits) -> Result<Self, Error> {
+        Limits::check(
+            Limited::RowMutation,
+            p.encoded_len(),
+            limits.row_mutation_bytes_max,
+        )?;
+        validate_name("table", &p.table)?;
+        if p.row_key.is_empty() {
+            return Err(Error::EmptyRowKey);
+        }
+        Limits::check(Limited::RowKey, p.row_key.len(), limits.row_key_bytes_max)?;
+        if p.mutations.is_empty() {
+            return Err(Error::EmptyMutation { table: p.table });
+        }
+        Limits::check(
+            Limited::MutationsPerRow,
+            p.mutations.len(),
+            limits.mutations_per_row_max,
+        )?;
+        let mutations = p
+            .mutations
+            .into_iter()
+            .map(|m| Mutation::from_proto(m, limits))
+            .collect::<Result<_, _>>()?;
+        Ok(RowMutation {
+            table: p.table.into(),
+            row_key: p.row_key,
+            mutations,
+        })
+    }
+
+    pub fn to_proto(&self) -> pb::RowMutation {
+        pb::RowMutation {
+            table: self.table.to_string(),
+            row_key: self.row_key.clone(),
+            mutations: self.mutations.iter().map(Mutation::to_proto).collect(),
+        }
+    }
+
+    /// Checks that the table and every family exist in `schema`.
+    pub fn check_schema(&self, schema: &Schema) -> Result<(), Error> {
+        let table = schema
+            .table(&self.table)
+            .ok_or_else(|| Error::UnknownTable {
+                table: self.table.to_string(),
+            })?;
+        for family in self.mutations.iter().filter_map(Mutation::family) {
+            if table.family(family).is_none() {
+                return Err(Error::UnknownFamily {
+                    table: self.table.to_string(),
+                    family: family.to_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn table(&self) -> &Arc<str> {
+        &self.table
+    }
+
+    pub fn row_key(&self) -> &Bytes {
+        &self.row_key
+    }
+
+    pub fn mutations(&self) -> &[Mutation] {
+        &self.mutations
+    }
+
+    /// Bytes of user data carried (keys, columns, values), for flow control and metrics.
+    pub fn payload_bytes(&self) -> usize {
+        self.row_key.len()
+            + self
+                .mutations
+                .iter()
+                .map(|m| match m {
+                    Mutation::SetCell { column, value, .. } => column.len() + value.len(),
+                    Mutation::DeleteFromColumn { column, .. } => column.len(),
+                    _ => 0,
+                })
+                .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(family: &str, column: &[u8], value: &[u8]) -> Mutation {
+        Mutation::SetCell {
+            family: family.into(),
+            column: Bytes::copy_from_slice(column),
+            value: Bytes::copy_from_slice(value),
+        }
+    }
+
+    #[test]
+    fn limits_name_what_and_how_big() {
+        let limits = Limits::default();
+        let key = vec![b'k'; 4097];
+        let err = RowMutation::new("t", key, vec![set("f", b"c", b"v")], &limits).unwrap_err();
+        assert_eq!(
+            err,
+            Error::TooLarge {
+                what: Limited::RowKey,
+                size: 4097,
+                limit: 4096
+            }
+        );
+        assert_eq!(err.to_string(), "row key is 4097 bytes, limit 4096");
+
+        let col = vec![b'c'; 16 * 1024 + 1];
+        let err = RowMutation::new("t", "k", vec![set("f", &col, b"v")], &limits).unwrap_err();
+        assert_eq!(
+            err,
+            Error::TooLarge {
+                what: Limited::Column,
+                size: 16385,
+                limit: 16384
+            }
+        );
+
+        let small = Limits {
+            value_bytes_max: 10,
+            ..limits
+        };
+        let err = RowMutation::new("t", "k", vec![set("f", b"c", &[0; 11])], &small).unwrap_err();
+        assert_eq!(
+            err,
+            Error::TooLarge {
+                what: Limited::Value,
+                size: 11,
+                limit: 10
+            }
+        );
+    }
+
+    #[test]
+    fn structure_is_checked() {
+        let limits = Limits::default();
+        assert_eq!(
+            RowMutation::new("t", "", vec![set("f", b"c", b"v")], &limits),
+            Err(Error::EmptyRowKey)
+        );
+        assert!(matches!(
+            RowMutation::new("t", "k", vec![], &limits),
+            Err(Error::EmptyMutation { .. })
+        ));
+        assert!(matches!(
+            RowMutation::new("t\0x", "k", vec![set("f", b"c", b"v")], &limits),
+            Err(Error::InvalidName(_))
+        ));
+        let bad_range = Mutation::DeleteFromColumn {
+            family: "f".into(),
+            column: Bytes::from_static(b"c"),
+            range: TimeRange {
+                start: Timestamp::from_u64(5),
+                end: Some(Timestamp::from_u64(5)),
+            },
+        };
+        assert_eq!(
+            RowMutation::new("t", "k", vec![bad_range], &limits),
+            Err(Error::EmptyTimeRange { start: 5, end: 5 })
+        );
+        let no_kind = pb::RowMutation {
+            table: "t".into(),
+            row_key: Bytes::from_static(b"k"),
+            mutations: vec![pb::Mutation { kind: None }],
+        };
+        assert!(matches!(
+            RowMutation::from_proto(no_kind, &limits),
+            Err(Error::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn schema_names_unknown_table_and_family() {
+        use pangea_topology::schema::GcPolicy;
+        let schema = Schema::single_table("profiles", &[("p", GcPolicy::default())]);
+        let limits = Limits::default();
+        let m = RowMutation::new("profiles", "u1", vec![set("p", b"c", b"v")], &limits).unwrap();
+        assert_eq!(m.check_schema(&schema), Ok(()));
+        let m = RowMutation::new("profiles", "u1", vec![set("q", b"c", b"v")], &limits).unwrap();
+        assert_eq!(
+            m.check_schema(&schema),
+            Err(Error::UnknownFamily {
+                table: "profiles".into(),
+                family: "q".into()
+            })
+        );
+        let m = RowMutation::new("other", "u1", vec![set("p", b"c", b"v")], &limits).unwrap();
+        assert_eq!(
+            m.check_schema(&schema),
+            Err(Error::UnknownTable {
+                table: "other".into()
+            })
+        );
+    }
+
+    #[test]
+    fn round_trips_through_proto() {
+        let limits = Limits::default();
+        let m = RowMutation::new(
+            "t",
+            "k",
+            vec![
+                set("f", b"c", b"v"),
+                Mutation::DeleteFromColumn {
+                    family: "f".into(),
+                    column: Bytes::from_static(b"d"),
+                    range: TimeRange {
+                        start: Timestamp::from_u64(3),
+                        end: Some(Timestamp::from_u64(9)),
+                    },
+                },
+                Mutation::DeleteFromFamily { family: "g".into() },
+                Mutation::DeleteFromRow,
+            ],
+            &limits,
+        )
+        .unwrap();
+        assert_eq!(RowMutation::from_proto(m.to_proto(), &limits).unwrap(), m);
+    }
+}

@@ -1,0 +1,568 @@
+//! Replicated row state and the merge rule.
+//!
+//! A [`RowState`] is a state-based CRDT: it is a function of the *set* of row
+//! mutations applied to it, whatever their order and however often each arrives
+//! (docs/invariants.md, I4). That is what lets replicas receive writes along any path
+//! and still hold byte-identical rows.
+//!
+//! The rule:
+//! - every write has a [`Version`] (HLC timestamp, origin replica); versions are
+//!   totally ordered, so last writer wins per cell;
+//! - a delete at version `V` removes every matching cell version `< V` (strictly: a
+//!   delete never removes what its own row mutation sets) and stays as a tombstone,
+//!   so that matching writes arriving later, older than `V`, are dropped too;
+//! - tombstones are kept as a set of *maximal* elements: one dominated by another
+//!   (older and covering less) is dropped, and the set of maximal elements does not
+//!   depend on arrival order;
+//! - `max_versions = N` keeps the N newest versions *ever written* to a column
+//!   (deleted ones stay as value-less "ghosts" within the N, so deleting the newest
+//!   cannot bring back one already beyond N); the top N of a set is order-free;
+//! - a TTL hides versions older than `now - ttl` and [`RowState::compact`] drops them.
+//!
+//! [`RowState::compact`] also purges tombstones at or below the purge horizon. Its
+//! premise (I5): every write this replica has not yet applied is newer than the
+//! horizon. Under it, purging never changes what a reader sees, now or after later
+//! writes, so two replicas that purged at different moments still show the same
+//! rows; [`RowState::visible_digest`] is computed over that visible content.
+
+use crate::Error;
+use crate::hlc::Timestamp;
+use crate::ids::ReplicaId;
+use crate::mutation::{Mutation, TimeRange};
+use bytes::Bytes;
+use pangea_proto::v1 as pb;
+use pangea_topology::schema::{GcPolicy, TableSchema, validate_name};
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The identity and order of one write: last writer wins by (timestamp, origin).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version {
+    pub timestamp: Timestamp,
+    pub origin: ReplicaId,
+}
+
+impl Version {
+    pub fn new(timestamp: Timestamp, origin: ReplicaId) -> Self {
+        Version { timestamp, origin }
+    }
+
+    fn to_proto(&self) -> pb::Version {
+        pb::Version {
+            timestamp: self.timestamp.as_u64(),
+            origin: self.origin.to_string(),
+        }
+    }
+
+    fn from_proto(p: Option<pb::Version>) -> Result<Self, Error> {
+        let p = p.ok_or_else(|| Error::malformed("Version", "missing"))?;
+        validate_name("replica", &p.origin)?;
+        Ok(Version {
+            timestamp: Timestamp::from_u64(p.timestamp),
+            origin: p.origin.as_str().into(),
+        })
+    }
+}
+
+/// Which part of a row a read returns.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReadFilter {
+    /// Empty: every family.
+    pub families: Vec<Arc<str>>,
+    /// Empty: every column of the selected families. Otherwise only these.
+    pub columns: Vec<(Arc<str>, Bytes)>,
+    /// Versions per column, newest first; 0 means 1.
+    pub versions_per_column: u32,
+}
+
+impl ReadFilter {
+    /// Every version of every cell (for digests and tools).
+    pub fn everything() -> Self {
+        ReadFilter {
+            versions_per_column: u32::MAX,
+            ..Default::default()
+        }
+    }
+
+    fn wants_family(&self, family: &str) -> bool {
+        (self.families.is_empty() && self.columns.is_empty())
+            || self.families.iter().any(|f| &**f == family)
+            || self.columns.iter().any(|(f, _)| &**f == family)
+    }
+
+    fn wants_column(&self, family: &str, column: &[u8]) -> bool {
+        self.columns.is_empty()
+            && (self.families.is_empty() || self.families.iter().any(|f| &**f == family))
+            || self
+                .columns
+                .iter()
+                .any(|(f, c)| &**f == family && c == column)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct RangeTombstone {
+    range: TimeRange,
+    version: Version,
+}
+
+impl RangeTombstone {
+    fn dominates(&self, other: &RangeTombstone) -> bool {
+        self.version >= other.version && self.range.covers(&other.range)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct ColumnState {
+    /// Maximal range tombstones, sorted.
+    range_tombstones: Vec<RangeTombstone>,
+    /// Newest first; `None` is a ghost (deleted, kept only when the family has
+    /// `max_versions`, to count against it).
+    versions: Vec<(Version, Option<Bytes>)>,
+}
+
+impl ColumnState {
+    fn is_empty(&self) -> bool {
+        self.range_tombstones.is_empty() && self.versions.is_empty()
+    }
+
+    fn covers(&self, v: &Version) -> bool {
+        self.range_tombstones
+            .iter()
+            .any(|rt| rt.range.contains(v.timestamp) && *v < rt.version)
+    }
+
+    fn insert(&mut self, version: &Version, value: Option<Bytes>, gc: &GcPolicy) {
+        // Newest first: search with the order reversed.
+        match self.versions.binary_search_by(|(v, _)| version.cmp(v)) {
+            Ok(i) => {
+                // The same write again, or (from a faulty peer) another value under the
+                // same version: keep a deterministic winner, deleted beats present.
+                let slot = &mut self.versions[i].1;
+                *slot = match (slot.take(), value) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+            }
+            Err(i) => self.versions.insert(i, (version.clone(), value)),
+        }
+        if let Some(n) = gc.max_versions {
+            self.versions.truncate(n.max(1) as usize);
+        }
+    }
+
+    /// Deletes the versions `matches` selects: ghosts under `max_versions`, else gone.
+    fn delete_where(&mut self, gc: &GcPolicy, matches: impl Fn(&Version) -> bool) {
+        if gc.max_versions.is_some() {
+            for (v, value) in &mut self.versions {
+                if matches(v) {
+                    *value = None;
+                }
+            }
+        } else {
+            self.versions.retain(|(v, _)| !matches(v));
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct FamilyState {
+    tombstone: Option<Version>,
+    columns: BTreeMap<Bytes, ColumnState>,
+}
+
+impl FamilyState {
+    fn is_empty(&self) -> bool {
+        self.tombstone.is_none() && self.columns.is_empty()
+    }
+
+    fn delete_older_than(&mut self, gc: &GcPolicy, v: &Version) {
+        for col in self.columns.values_mut() {
+            col.range_tombstones.retain(|rt| rt.version > *v);
+            col.delete_where(gc, |cell| cell < v);
+        }
+        self.columns.retain(|_, c| !c.is_empty());
+    }
+}
+
+/// One row's replicated state: cell versions plus the tombstones that must outlive
+/// them. See the module documentation for the merge rule.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RowState {
+    tombstone: Option<Version>,
+    families: BTreeMap<Arc<str>, FamilyState>,
+}
+
+fn gc_of(table: Option<&TableSchema>, family: &str) -> GcPolicy {
+    table
+        .and_then(|t| t.family(family))
+        .copied()
+        .unwrap_or_default()
+}
+
+fn newer(t: &Option<Version>, v: &Version) -> bool {
+    t.as_ref().is_some_and(|t| t >= v)
+}
+
+impl RowState {
+    /// True when nothing is left: the store may delete the row.
+    pub fn is_empty(&self) -> bool {
+        self.tombstone.is_none() && self.families.is_empty()
+    }
+
+    /// Applies one row mutation's `mutations`, all at `version`. `table` supplies GC
+    /// policies (an unknown family gets the default: keep every version).
+    ///
+    /// Within one row mutation, deletes apply to what came before it and never to the
+    /// cells it sets; of two sets of the same cell, the later one counts.
+    pub fn apply(
+        &mut self,
+        version: &Version,
+        mutations: &[Mutation],
+        table: Option<&TableSchema>,
+    ) {
+        // Sets and deletes at one version commute (deletes remove only older
+        // versions), so sets go first (each cell's last set only), then deletes.
+        let mut set_cells = std::collections::HashSet::new();
+        for m in mutations.iter().rev() {
+            if let Mutation::SetCell {
+                family,
+                column,
+                value,
+            } = m
+                && set_cells.insert((family, column))
+            {
+                self.set_cell(version, family, column, value, &gc_of(table, family));
+            }
+        }
+        for m in mutations {
+            match m {
+                Mutation::SetCell { .. } => {}
+                Mutation::DeleteFromColumn {
+                    family,
+                    column,
+                    range,
+                } => {
+                    self.delete_from_column(version, family, column, *range, &gc_of(table, family));
+                }
+                Mutation::DeleteFromFamily { family } => {
+                    self.delete_from_family(version, family, &gc_of(table, family));
+                }
+                Mutation::DeleteFromRow => self.delete_from_row(version, table),
+            }
+        }
+    }
+
+    fn set_cell(
+        &mut self,
+        v: &Version,
+        family: &Arc<str>,
+        column: &Bytes,
+        value: &Bytes,
+        gc: &GcPolicy,
+    ) {
+        let row_tombstone = &self.tombstone;
+        let fam = self.families.entry(family.clone()).or_default();
+        let col = fam.columns.entry(column.clone()).or_default();
+        let covered = row_tombstone.as_ref().is_some_and(|t| v < t)
+            || fam.tombstone.as_ref().is_some_and(|t| v < t)
+            || col.covers(v);
+        if !covered {
+            col.insert(v, Some(value.clone()), gc);
+        } else if gc.max_versions.is_some() {
+            col.insert(v, None, gc);
+        }
+        if col.is_empty() {
+            fam.columns.remove(column);
+            if fam.is_empty() {
+                self.families.remove(family);
+            }
+        }
+    }
+
+    fn delete_from_column(
+        &mut self,
+        v: &Version,
+        family: &Arc<str>,
+        column: &Bytes,
+        range: TimeRange,
+        gc: &GcPolicy,
+    ) {
+        if newer(&self.tombstone, v) {
+            return;
+        }
+        let fam = self.families.entry(family.clone()).or_default();
+        if newer(&fam.tombstone, v) {
+            return;
+        }
+        let col = fam.columns.entry(column.clone()).or_default();
+        let new = RangeTombstone {
+            range,
+            version: v.clone(),
+        };
+        if col.range_tombstones.iter().any(|rt| rt.dominates(&new)) {
+            return;
+        }
+        col.range_tombstones.retain(|rt| !new.dominates(rt));
+        let at = col
+            .range_tombstones
+            .binary_search(&new)
+            .unwrap_or_else(|i| i);
+        col.range_tombstones.insert(at, new);
+        col.delete_where(gc, |cell| range.contains(cell.timestamp) && cell < v);
+    }
+
+    fn delete_from_family(&mut self, v: &Version, family: &Arc<str>, gc: &GcPolicy) {
+        if newer(&self.tombstone, v) {
+            return;
+        }
+        let fam = self.families.entry(family.clone()).or_default();
+        if newer(&fam.tombstone, v) {
+            return;
+        }
+        fam.tombstone = Some(v.clone());
+        fam.delete_older_than(gc, v);
+    }
+
+    fn delete_from_row(&mut self, v: &Version, table: Option<&TableSchema>) {
+        if newer(&self.tombstone, v) {
+            return;
+        }
+        self.tombstone = Some(v.clone());
+        for (name, fam) in &mut self.families {
+            if fam.tombstone.as_ref().is_some_and(|t| t <= v) {
+                fam.tombstone = None;
+            }
+            fam.delete_older_than(&gc_of(table, name), v);
+        }
+        self.families.retain(|_, f| !f.is_empty());
+    }
+
+    /// Garbage collection and tombstone purge.
+    ///
+    /// Drops versions past their family's TTL at `now_ms`, and tombstones whose
+    /// version is at or below `horizon` together with the ghosts they made. Relies on
+    /// premise I5: every write not yet applied here is newer than `horizon`.
+    pub fn compact(&mut self, table: Option<&TableSchema>, horizon: Timestamp, now_ms: u64) {
+        let row_purged = self.tombstone.take_if(|t| t.timestamp <= horizon);
+        for (name, fam) in &mut self.families {
+            let gc = gc_of(table, name);
+            let fam_purged = fam.tombstone.take_if(|t| t.timestamp <= horizon);
+            // Everything older than a purged row or family tombstone is already a
+            // ghost; with the tombstone gone, no later write can be older than them.
+            let purged = match (&row_purged, fam_purged) {
+                (Some(r), Some(f)) => Some(r.clone().max(f)),
+                (r, f) => f.or_else(|| r.clone()),
+            };
+            for col in fam.columns.values_mut() {
+                col.range_tombstones
+                    .retain(|rt| rt.version.timestamp > horizon);
+                if let Some(p) = &purged {
+                    col.versions.retain(|(v, _)| v >= p);
+                }
+                if let Some(ttl) = gc.ttl_ms {
+                    col.versions
+                        .retain(|(v, _)| v.timestamp.wall_ms().saturating_add(ttl) > now_ms);
+                }
+            }
+            fam.columns.retain(|_, c| !c.is_empty());
+        }
+        self.families.retain(|_, f| !f.is_empty());
+    }
+
+    /// What a reader sees at `now_ms` through `filter`: live (not deleted, not
+    /// expired) versions, newest first. `None` when nothing is left to show.
+    pub fn read(
+        &self,
+        key: &Bytes,
+        filter: &ReadFilter,
+        table: Option<&TableSchema>,
+        now_ms: u64,
+    ) -> Option<pb::Row> {
+        let per_column = filter.versions_per_column.max(1) as usize;
+        let mut families = Vec::new();
+        for (name, fam) in self
+            .families
+            .iter()
+            .filter(|(name, _)| filter.wants_family(name))
+        {
+            let ttl = gc_of(table, name).ttl_ms;
+            let mut cells = Vec::new();
+            for (column, col) in fam
+                .columns
+                .iter()
+                .filter(|(c, _)| filter.wants_column(name, c))
+            {
+                let live = col
+                    .versions
+                    .iter()
+                    .filter_map(|(v, value)| value.as_ref().map(|value| (v, value)))
+                    .filter(|(v, _)| {
+                        ttl.is_none_or(|ttl| v.timestamp.wall_ms().saturating_add(ttl) > now_ms)
+                    })
+                    .take(per_column);
+                cells.extend(live.map(|(v, value)| pb::Cell {
+                    column: column.clone(),
+                    timestamp: v.timestamp.as_u64(),
+                    origin: v.origin.to_string(),
+                    value: value.clone(),
+                }));
+            }
+            if !cells.is_empty() {
+                families.push(pb::FamilyCells {
+                    name: name.to_string(),
+                    cells,
+                });
+            }
+        }
+        (!families.is_empty()).then(|| pb::Row {
+            key: key.clone(),
+            families,
+        })
+    }
+
+    /// A 128-bit xxh3 digest of everything a reader can see in this row at `now_ms`
+    /// (every version), including the key. Equal digests on two replicas mean equal
+    /// visible rows (I4); see [`crate::digest`] for whole scopes.
+    pub fn visible_digest(
+        &self,
+        key: &Bytes,
+        table: Option<&TableSchema>,
+        now_ms: u64,
+    ) -> Option<u128> {
+        use pangea_proto::Message;
+        let row = self.read(key, &ReadFilter::everything(), table, now_ms)?;
+        Some(xxhash_rust::xxh3::xxh3_128(&row.encode_to_vec()))
+    }
+
+    /// The canonical wire and store form: equal states encode to equal bytes.
+    pub fn to_proto(&self, key: &Bytes) -> pb::RowState {
+        pb::RowState {
+            key: key.clone(),
+            tombstone: self.tombstone.as_ref().map(Version::to_proto),
+            families: self
+                .families
+                .iter()
+                .map(|(name, fam)| pb::FamilyState {
+                    name: name.to_string(),
+                    tombstone: fam.tombstone.as_ref().map(Version::to_proto),
+                    columns: fam
+                        .columns
+                        .iter()
+                        .map(|(q, col)| pb::ColumnState {
+                            qualifier: q.clone(),
+                            range_tombstones: col
+                                .range_tombstones
+                                .iter()
+                                .map(|rt| pb::RangeTombstone {
+                                    time_range: Some(rt.range.to_proto()),
+                                    version: Some(rt.version.to_proto()),
+                                })
+                                .collect(),
+                            versions: col
+                                .versions
+                                .iter()
+                                .map(|(v, value)| pb::VersionedValue {
+                                    version: Some(v.to_proto()),
+                                    value: value.clone(),
+                                })
+                                .collect(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Parses a row state from a store or a peer. Checks names and structure and
+    /// requires canonical order (sorted, no duplicates), so a damaged or hostile input
+    /// is refused rather than silently reinterpreted.
+    pub fn from_proto(p: pb::RowState) -> Result<(Bytes, RowState), Error> {
+        let mut row = RowState {
+            tombstone: p
+                .tombstone
+                .map(|v| Version::from_proto(Some(v)))
+                .transpose()?,
+            families: BTreeMap::new(),
+        };
+        let mut last_family: Option<Arc<str>> = None;
+        for f in p.families {
+            validate_name("family", &f.name)?;
+            let name: Arc<str> = f.name.into();
+            if last_family.as_ref().is_some_and(|l| *l >= name) {
+                return Err(Error::malformed(
+                    "RowState",
+                    format!("family {name:?} out of order"),
+                ));
+            }
+            let mut fam = FamilyState {
+                tombstone: f
+                    .tombstone
+                    .map(|v| Version::from_proto(Some(v)))
+                    .transpose()?,
+                columns: BTreeMap::new(),
+            };
+            let mut last_column: Option<Bytes> = None;
+            for c in f.columns {
+                if last_column.as_ref().is_some_and(|l| *l >= c.qualifier) {
+                    return Err(Error::malformed(
+                        "RowState",
+                        format!("column out of order in family {name:?}"),
+                    ));
+                }
+                let mut col = ColumnState::default();
+                for rt in c.range_tombstones {
+                    let range = rt
+                        .time_range
+                        .ok_or_else(|| Error::malformed("RangeTombstone", "no time range"))?;
+                    let rt = RangeTombstone {
+                        range: TimeRange {
+                            start: Timestamp::from_u64(range.start),
+                            end: (range.end != 0).then_some(Timestamp::from_u64(range.end)),
+                        },
+                        version: Version::from_proto(rt.version)?,
+                    };
+                    if col.range_tombstones.last().is_some_and(|l| *l >= rt) {
+                        return Err(Error::malformed(
+                            "RowState",
+                            "range tombstones out of order",
+                        ));
+                    }
+                    col.range_tombstones.push(rt);
+                }
+                for vv in c.versions {
+                    let v = Version::from_proto(vv.version)?;
+                    if col
+                        .versions
+                        .last()
+                        .is_some_and(|(l, _)| l.cmp(&v) != Ordering::Greater)
+                    {
+                        return Err(Error::malformed("RowState", "versions not newest-first"));
+                    }
+                    col.versions.push((v, vv.value));
+                }
+                last_column = Some(c.qualifier.clone());
+                fam.columns.insert(c.qualifier, col);
+            }
+            last_family = Some(name.clone());
+            row.families.insert(name, fam);
+        }
+        Ok((p.key, row))
+    }
+
+    /// Bytes of keys and values held, for store statistics.
+    pub fn value_bytes(&self) -> usize {
+        self.families
+            .values()
+            .flat_map(|f| f.columns.iter())
+            .map(|(q, c)| {
+                q.len()
+                    + c.versions
+                        .iter()
+                        .map(|(_, v)| v.as_ref().map_or(0, Bytes::len))
+                        .sum::<usize>()
+            })
+            .sum()
+    }
+}

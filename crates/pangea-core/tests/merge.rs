@@ -1,0 +1,345 @@
+//! Property tests of the merge rule (docs/invariants.md, I4 and I5):
+//! - any order of the same set of row mutations, with duplicates, gives byte-identical
+//!   row state and the same content digest;
+//! - what a reader sees always equals a brute-force model computed from the whole set,
+//!   whatever compactions (GC and tombstone purge) ran in between, so GC and purge
+//!   never resurrect a deleted or overwritten value.
+
+use bytes::Bytes;
+use pangea_core::{Mutation, ReadFilter, RowState, TimeRange, Timestamp, Version};
+use pangea_proto::Message;
+use pangea_topology::schema::{GcPolicy, Schema, TableSchema};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+const NOW_MS: u64 = 60;
+const ORIGINS: [&str; 3] = ["a", "b", "c"];
+const FAMILIES: [&str; 3] = ["f", "g", "h"];
+const COLUMNS: [&[u8]; 3] = [b"c1", b"c2", b"c3"];
+
+fn schema() -> Schema {
+    Schema::single_table(
+        "t",
+        &[
+            (
+                "f",
+                GcPolicy {
+                    max_versions: Some(2),
+                    ttl_ms: None,
+                },
+            ),
+            ("g", GcPolicy::default()),
+            (
+                "h",
+                GcPolicy {
+                    max_versions: Some(3),
+                    ttl_ms: Some(25),
+                },
+            ),
+        ],
+    )
+}
+
+fn table(schema: &Schema) -> &TableSchema {
+    schema.table("t").unwrap()
+}
+
+fn ts(ms: u64) -> Timestamp {
+    Timestamp::new(ms, 0)
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    let family = prop::sample::select(&FAMILIES[..]);
+    let column = prop::sample::select(&COLUMNS[..]);
+    prop_oneof![
+        6 => (family.clone(), column.clone(), 0u8..4).prop_map(|(f, c, v)| Mutation::SetCell {
+            family: f.into(),
+            column: Bytes::from_static(c),
+            value: Bytes::from(vec![v; 3]),
+        }),
+        2 => (family.clone(), column, 0u64..50, prop::option::of(1u64..30)).prop_map(|(f, c, start, len)| {
+            Mutation::DeleteFromColumn {
+                family: f.into(),
+                column: Bytes::from_static(c),
+                range: TimeRange { start: ts(start), end: len.map(|l| ts(start + l)) },
+            }
+        }),
+        1 => family.prop_map(|f| Mutation::DeleteFromFamily { family: f.into() }),
+        1 => Just(Mutation::DeleteFromRow),
+    ]
+}
+
+/// A set of row mutations, each with its own version.
+fn history() -> impl Strategy<Value = Vec<(Version, Vec<Mutation>)>> {
+    prop::collection::btree_map(
+        (1u64..50, 0usize..3),
+        prop::collection::vec(mutation(), 1..4),
+        1..25,
+    )
+    .prop_map(|m| {
+        m.into_iter()
+            .map(|((ms, o), muts)| (Version::new(ts(ms), ORIGINS[o].into()), muts))
+            .collect()
+    })
+}
+
+/// Applies `order` (indices into `history`, repeats allowed) to a fresh row.
+fn replay(history: &[(Version, Vec<Mutation>)], order: &[usize], schema: &Schema) -> RowState {
+    let mut row = RowState::default();
+    for &i in order {
+        let (v, muts) = &history[i];
+        row.apply(v, muts, Some(table(schema)));
+    }
+    row
+}
+
+/// Every index once, shuffled by `keys`, plus the duplicates `dups` names.
+fn order(n: usize, keys: &[u32], dups: &[usize]) -> Vec<usize> {
+    let mut o: Vec<usize> = (0..n).collect();
+    o.sort_by_key(|&i| keys.get(i).copied().unwrap_or(0));
+    for &d in dups {
+        let at = d % (o.len() + 1);
+        o.insert(at, d % n);
+    }
+    o
+}
+
+type Visible = BTreeMap<(String, Vec<u8>), Vec<(Version, Vec<u8>)>>;
+
+/// What a reader must see, computed by brute force from the whole set.
+fn model(history: &[(Version, Vec<Mutation>)], schema: &Schema) -> Visible {
+    let t = table(schema);
+    let mut out = Visible::new();
+    for family in FAMILIES {
+        let gc = *t.family(family).unwrap();
+        for column in COLUMNS {
+            // Every write to the cell: the last set of the cell in each row mutation.
+            let mut writes: Vec<(Version, Vec<u8>)> = Vec::new();
+            for (v, muts) in history {
+                let last = muts.iter().rev().find_map(|m| match m {
+                    Mutation::SetCell {
+                        family: f,
+                        column: c,
+                        value,
+                    } if &**f == family && &c[..] == column => Some(value.to_vec()),
+                    _ => None,
+                });
+                if let Some(value) = last {
+                    writes.push((v.clone(), value));
+                }
+            }
+            writes.sort_by(|a, b| b.0.cmp(&a.0));
+            if let Some(n) = gc.max_versions {
+                writes.truncate(n as usize);
+            }
+            let deleted = |w: &Version| {
+                history.iter().any(|(t, muts)| {
+                    w < t
+                        && muts.iter().any(|m| match m {
+                            Mutation::DeleteFromRow => true,
+                            Mutation::DeleteFromFamily { family: f } => &**f == family,
+                            Mutation::DeleteFromColumn {
+                                family: f,
+                                column: c,
+                                range,
+                            } => &**f == family && &c[..] == column && range.contains(w.timestamp),
+                            Mutation::SetCell { .. } => false,
+                        })
+                })
+            };
+            let expired = |w: &Version| {
+                gc.ttl_ms
+                    .is_some_and(|ttl| w.timestamp.wall_ms() + ttl <= NOW_MS)
+            };
+            let live: Vec<_> = writes
+                .into_iter()
+                .filter(|(v, _)| !deleted(v) && !expired(v))
+                .collect();
+            if !live.is_empty() {
+                out.insert((family.to_owned(), column.to_vec()), live);
+            }
+        }
+    }
+    out
+}
+
+fn visible(row: &RowState, schema: &Schema) -> Visible {
+    let mut out = Visible::new();
+    let key = Bytes::from_static(b"k");
+    if let Some(r) = row.read(&key, &ReadFilter::everything(), Some(table(schema)), NOW_MS) {
+        for fam in r.families {
+            for cell in fam.cells {
+                out.entry((fam.name.clone(), cell.column.to_vec()))
+                    .or_default()
+                    .push((
+                        Version::new(
+                            Timestamp::from_u64(cell.timestamp),
+                            cell.origin.as_str().into(),
+                        ),
+                        cell.value.to_vec(),
+                    ));
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    /// I4: order and duplicates do not matter, to the byte.
+    #[test]
+    fn any_order_with_duplicates_gives_identical_rows(
+        history in history(),
+        keys_a in prop::collection::vec(any::<u32>(), 25),
+        keys_b in prop::collection::vec(any::<u32>(), 25),
+        dups in prop::collection::vec(any::<usize>(), 0..6),
+    ) {
+        let schema = schema();
+        let n = history.len();
+        let a = replay(&history, &order(n, &keys_a, &[]), &schema);
+        let b = replay(&history, &order(n, &keys_b, &dups), &schema);
+        let key = Bytes::from_static(b"k");
+        prop_assert_eq!(a.to_proto(&key).encode_to_vec(), b.to_proto(&key).encode_to_vec());
+        prop_assert_eq!(
+            a.visible_digest(&key, Some(table(&schema)), NOW_MS),
+            b.visible_digest(&key, Some(table(&schema)), NOW_MS)
+        );
+        prop_assert_eq!(visible(&a, &schema), model(&history, &schema));
+        // The canonical encoding parses back to the same state.
+        let (k, parsed) = RowState::from_proto(a.to_proto(&key)).unwrap();
+        prop_assert_eq!(k, key);
+        prop_assert_eq!(parsed, a);
+    }
+
+    /// I5: compactions at any horizon that respects the premise (every write applied
+    /// later is newer than the horizon) never change what a reader sees.
+    #[test]
+    fn gc_and_purge_never_resurrect(
+        history in history(),
+        keys in prop::collection::vec(any::<u32>(), 25),
+        horizon_ms in 0u64..50,
+        compact_every in 1usize..5,
+    ) {
+        let schema = schema();
+        let t = Some(table(&schema));
+        let horizon = ts(horizon_ms);
+        // Writes at or below the horizon first (in shuffled order), the rest later.
+        let mut o = order(history.len(), &keys, &[]);
+        o.sort_by_key(|&i| history[i].0.timestamp > horizon);
+        let mut row = RowState::default();
+        let mut applied = Vec::new();
+        for (step, &i) in o.iter().enumerate() {
+            let (v, muts) = &history[i];
+            row.apply(v, muts, t);
+            applied.push(history[i].clone());
+            // Compacting at the horizon is allowed only once everything at or below
+            // it has been applied.
+            let below_done = o[step + 1..].iter().all(|&j| history[j].0.timestamp > horizon);
+            if below_done && step % compact_every == 0 {
+                row.compact(t, horizon, NOW_MS);
+                prop_assert_eq!(visible(&row, &schema), model(&applied, &schema));
+            }
+        }
+        row.compact(t, horizon, NOW_MS);
+        prop_assert_eq!(visible(&row, &schema), model(&history, &schema));
+        let key = Bytes::from_static(b"k");
+        let plain = replay(&history, &(0..history.len()).collect::<Vec<_>>(), &schema);
+        prop_assert_eq!(
+            row.visible_digest(&key, t, NOW_MS),
+            plain.visible_digest(&key, t, NOW_MS)
+        );
+    }
+}
+
+#[test]
+fn delete_then_older_write_stays_deleted() {
+    let schema = schema();
+    let t = Some(table(&schema));
+    let mut row = RowState::default();
+    let set = |v: u8| {
+        vec![Mutation::SetCell {
+            family: "g".into(),
+            column: Bytes::from_static(b"c"),
+            value: Bytes::from(vec![v]),
+        }]
+    };
+    row.apply(
+        &Version::new(ts(10), "a".into()),
+        &[Mutation::DeleteFromRow],
+        t,
+    );
+    row.apply(&Version::new(ts(5), "b".into()), &set(1), t);
+    assert!(
+        row.read(&Bytes::from_static(b"k"), &ReadFilter::default(), t, NOW_MS)
+            .is_none()
+    );
+    row.apply(&Version::new(ts(11), "b".into()), &set(2), t);
+    let r = row
+        .read(&Bytes::from_static(b"k"), &ReadFilter::default(), t, NOW_MS)
+        .unwrap();
+    assert_eq!(r.families[0].cells[0].value, Bytes::from(vec![2]));
+}
+
+#[test]
+fn equal_timestamps_break_ties_by_origin() {
+    let schema = schema();
+    let t = Some(table(&schema));
+    let set = |v: u8| {
+        vec![Mutation::SetCell {
+            family: "g".into(),
+            column: Bytes::from_static(b"c"),
+            value: Bytes::from(vec![v]),
+        }]
+    };
+    for order in [[0, 1], [1, 0]] {
+        let writes = [
+            (Version::new(ts(10), "a".into()), set(1)),
+            (Version::new(ts(10), "b".into()), set(2)),
+        ];
+        let mut row = RowState::default();
+        for i in order {
+            row.apply(&writes[i].0, &writes[i].1, t);
+        }
+        let r = row
+            .read(&Bytes::from_static(b"k"), &ReadFilter::default(), t, NOW_MS)
+            .unwrap();
+        assert_eq!(r.families[0].cells[0].origin, "b");
+    }
+}
+
+#[test]
+fn deleting_the_newest_does_not_resurrect_beyond_max_versions() {
+    // Family f keeps 2 versions: after writes at 1, 2, 3 the one at 1 is gone for
+    // good, even when 3 is deleted.
+    let schema = schema();
+    let t = Some(table(&schema));
+    let mut row = RowState::default();
+    for ms in 1..=3u64 {
+        let m = Mutation::SetCell {
+            family: "f".into(),
+            column: Bytes::from_static(b"c"),
+            value: Bytes::from(vec![ms as u8]),
+        };
+        row.apply(&Version::new(ts(ms), "a".into()), &[m], t);
+    }
+    let del = Mutation::DeleteFromColumn {
+        family: "f".into(),
+        column: Bytes::from_static(b"c"),
+        range: TimeRange {
+            start: ts(3),
+            end: Some(ts(4)),
+        },
+    };
+    row.apply(&Version::new(ts(9), "a".into()), &[del], t);
+    let r = row
+        .read(
+            &Bytes::from_static(b"k"),
+            &ReadFilter::everything(),
+            t,
+            NOW_MS,
+        )
+        .unwrap();
+    let values: Vec<_> = r.families[0].cells.iter().map(|c| c.value[0]).collect();
+    assert_eq!(values, vec![2]);
+}

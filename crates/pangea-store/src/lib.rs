@@ -1,0 +1,443 @@
+//! `pangea-store`: a replica's durable state on [fjall], an embedded LSM tree.
+//!
+//! [`Store`] implements `pangea_core::Storage`: rows, the replication log per (scope,
+//! origin) and applied watermarks live in three fjall keyspaces of one database, so a
+//! `WriteBatch` (row change + log entry + watermark) is one atomic fjall batch and a
+//! crash never separates them (docs/invariants.md, I2).
+//!
+//! Durability: by default a write counts as durable only once the journal is fsynced
+//! ([`Durability::Fsync`]). [`Store::commit_durable`] implements group commit for
+//! concurrent writers: each commits its batch to the journal, then one of them
+//! fsyncs for everyone who committed before it started.
+//!
+//! Modules: `keys` (the key layout), `group_commit`.
+
+mod group_commit;
+mod keys;
+
+use bytes::Bytes;
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use pangea_core::storage::{LogEntry, Storage, Watermark, WriteBatch};
+use pangea_core::{Limits, ReplicaId, RowState, ScopeId, StorageError, Timestamp};
+use pangea_proto::Message;
+use pangea_proto::v1 as pb;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use group_commit::GroupCommit;
+
+/// Errors of this crate. Engine failures carry fjall's message; damaged entries name
+/// the keyspace entry.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot open store at {path}: {detail}")]
+    Open { path: PathBuf, detail: String },
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+fn io(e: fjall::Error) -> StorageError {
+    StorageError::Io(e.to_string())
+}
+
+/// When a write counts as durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `sync` fsyncs the journal (fdatasync): acknowledged writes survive `kill -9`
+    /// and power loss. The default.
+    #[default]
+    Fsync,
+    /// `sync` only hands the journal to the OS: survives `kill -9` of the process,
+    /// not a machine crash. For benchmarks and throwaway clusters.
+    OsBuffer,
+}
+
+/// Tuning of a [`Store`]; the defaults suit one replica of the reference deployment.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub durability: Durability,
+    /// Block cache size in bytes (default 64 MiB).
+    pub cache_bytes: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            durability: Durability::Fsync,
+            cache_bytes: 64 << 20,
+        }
+    }
+}
+
+/// A replica's durable state. Cheap to clone: clones share the database, so a
+/// serving task can read while the replication core writes.
+#[derive(Clone)]
+pub struct Store {
+    db: Database,
+    rows: Keyspace,
+    log: Keyspace,
+    meta: Keyspace,
+    options: StoreOptions,
+    path: Arc<Path>,
+    group: Arc<GroupCommit>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the store in directory `path`, recovering from the journal
+    /// after a crash.
+    pub fn open(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store, Error> {
+        let path = path.as_ref();
+        let open_err = |detail: String| Error::Open {
+            path: path.to_owned(),
+            detail,
+        };
+        std::fs::create_dir_all(path).map_err(|e| open_err(e.to_string()))?;
+        let db = Database::builder(path)
+            .cache_size(options.cache_bytes)
+            // We decide when to fsync (group commit), not fjall.
+            .manual_journal_persist(true)
+            .open()
+            .map_err(|e| open_err(e.to_string()))?;
+        let keyspace = |name: &str| {
+            db.keyspace(name, KeyspaceCreateOptions::default)
+                .map_err(|e| open_err(format!("keyspace {name}: {e}")))
+        };
+        let (rows, log, meta) = (keyspace("rows")?, keyspace("log")?, keyspace("meta")?);
+        let persist = match options.durability {
+            Durability::Fsync => PersistMode::SyncData,
+            Durability::OsBuffer => PersistMode::Buffer,
+        };
+        Ok(Store {
+            group: Arc::new(GroupCommit::new(db.clone(), persist)),
+            db,
+            rows,
+            log,
+            meta,
+            options,
+            path: path.into(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes `batch` and returns once it is durable; many threads calling this share
+    /// one fsync (group commit).
+    pub fn commit_durable(&self, batch: WriteBatch) -> Result<(), StorageError> {
+        self.commit(batch)?;
+        self.group.sync_after_commit()
+    }
+
+    fn commit(&self, batch: WriteBatch) -> Result<(), StorageError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut b = self.db.batch();
+        for w in batch.rows {
+            let key = keys::row_key(&w.table, &w.key);
+            match w.row {
+                Some(row) if !row.is_empty() => {
+                    b.insert(&self.rows, key, encode_row(&row));
+                }
+                _ => b.remove(&self.rows, key),
+            }
+        }
+        for e in &batch.log {
+            let key = keys::log_key(e.scope.as_str(), e.origin.as_str(), e.sequence);
+            b.insert(&self.log, key, encode(&e.to_frame()));
+        }
+        for (scope, origin, wm) in &batch.watermarks {
+            let mut v = Vec::with_capacity(16);
+            v.extend_from_slice(&wm.sequence.to_be_bytes());
+            v.extend_from_slice(&wm.timestamp.as_u64().to_be_bytes());
+            b.insert(
+                &self.meta,
+                keys::watermark_key(scope.as_str(), origin.as_str()),
+                v,
+            );
+        }
+        for (scope, origin, below) in &batch.truncate_log {
+            let start = keys::log_key(scope.as_str(), origin.as_str(), 0);
+            let end = keys::log_key(scope.as_str(), origin.as_str(), *below);
+            for kv in self.log.range(start..end) {
+                b.remove(&self.log, kv.key().map_err(io)?);
+            }
+        }
+        for (name, value) in batch.meta {
+            match value {
+                Some(v) => b.insert(&self.meta, keys::meta_key(&name), v.to_vec()),
+                None => b.remove(&self.meta, keys::meta_key(&name)),
+            }
+        }
+        b.commit().map_err(io)
+    }
+
+    /// Every (scope, origin) with a retained log, with its first and last sequence.
+    pub fn log_streams(&self) -> Result<Vec<(ScopeId, ReplicaId, u64, u64)>, StorageError> {
+        let mut out = Vec::new();
+        let mut from: Vec<u8> = Vec::new();
+        // Skip-scan: read the first key of a stream, its last key, then jump past it.
+        loop {
+            let Some(first) = self.log.range(from.clone()..).next() else {
+                break;
+            };
+            let k = first.key().map_err(io)?;
+            let (scope, origin, first_seq) = split_log(&k)?;
+            let prefix = keys::log_prefix(&scope, &origin);
+            let last = self
+                .log
+                .prefix(&prefix)
+                .next_back()
+                .map(|g| g.key())
+                .transpose()
+                .map_err(io)?;
+            let last_seq = last
+                .as_deref()
+                .map(split_log)
+                .transpose()?
+                .map_or(first_seq, |l| l.2);
+            out.push((
+                scope.as_str().into(),
+                origin.as_str().into(),
+                first_seq,
+                last_seq,
+            ));
+            from = keys::log_key(&scope, &origin, u64::MAX);
+            from.push(0);
+        }
+        Ok(out)
+    }
+
+    /// Row count, key and value bytes of every table (a full scan).
+    pub fn table_stats(&self) -> Result<Vec<TableStats>, StorageError> {
+        let mut out: Vec<TableStats> = Vec::new();
+        for kv in self.rows.iter() {
+            let (k, v) = kv.into_inner().map_err(io)?;
+            let (table, _) = keys::split_row_key(&k)
+                .ok_or_else(|| corrupt("row key", &k, "no table separator"))?;
+            match out.last_mut() {
+                Some(t) if &*t.table == table => {}
+                _ => out.push(TableStats {
+                    table: table.into(),
+                    ..Default::default()
+                }),
+            }
+            let t = out.last_mut().expect("pushed above");
+            t.rows += 1;
+            t.key_bytes += k.len() as u64;
+            t.value_bytes += v.len() as u64;
+        }
+        Ok(out)
+    }
+
+    /// Bytes on disk (journal and tables).
+    pub fn disk_bytes(&self) -> Result<u64, StorageError> {
+        self.db.disk_space().map_err(io)
+    }
+}
+
+/// One line of `pangea store inspect`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableStats {
+    pub table: Arc<str>,
+    pub rows: u64,
+    pub key_bytes: u64,
+    pub value_bytes: u64,
+}
+
+fn encode(m: &impl Message) -> Vec<u8> {
+    let mut v = Vec::with_capacity(1 + m.encoded_len());
+    v.push(keys::FORMAT_V1);
+    m.encode(&mut v).expect("Vec grows as needed");
+    v
+}
+
+fn encode_row(row: &RowState) -> Vec<u8> {
+    // The key is already in the fjall key.
+    encode(&row.to_proto(&Bytes::new()))
+}
+
+fn corrupt(what: &'static str, key: &[u8], detail: impl std::fmt::Display) -> StorageError {
+    StorageError::Corrupt {
+        what,
+        key: keys::printable(key),
+        detail: detail.to_string(),
+    }
+}
+
+fn body<'a>(what: &'static str, key: &[u8], v: &'a [u8]) -> Result<&'a [u8], StorageError> {
+    match v.split_first() {
+        Some((&keys::FORMAT_V1, body)) => Ok(body),
+        Some((f, _)) => Err(corrupt(what, key, format!("unknown format byte {f}"))),
+        None => Err(corrupt(what, key, "empty value")),
+    }
+}
+
+fn decode_row(key: &[u8], v: &[u8]) -> Result<RowState, StorageError> {
+    let p = pb::RowState::decode(body("row", key, v)?).map_err(|e| corrupt("row", key, e))?;
+    RowState::from_proto(p)
+        .map(|(_, row)| row)
+        .map_err(|e| corrupt("row", key, e))
+}
+
+fn split_log(k: &[u8]) -> Result<(String, String, u64), StorageError> {
+    keys::split_log_key(k)
+        .map(|(s, o, q)| (s.to_owned(), o.to_owned(), q))
+        .ok_or_else(|| corrupt("log key", k, "not scope\\0origin\\0sequence"))
+}
+
+impl Storage for Store {
+    fn get_row(&self, table: &str, key: &[u8]) -> Result<Option<RowState>, StorageError> {
+        let k = keys::row_key(table, key);
+        self.rows
+            .get(&k)
+            .map_err(io)?
+            .map(|v| decode_row(&k, &v))
+            .transpose()
+    }
+
+    fn scan_rows(
+        &self,
+        table: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Bytes, RowState)>, StorageError> {
+        let full_prefix = keys::row_key(table, prefix);
+        let iter = match after {
+            Some(a) if a >= prefix => {
+                let start = keys::row_key(table, a);
+                self.rows
+                    .range((std::ops::Bound::Excluded(start), std::ops::Bound::Unbounded))
+            }
+            _ => self.rows.range(full_prefix.clone()..),
+        };
+        let mut out = Vec::new();
+        for kv in iter {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = kv.into_inner().map_err(io)?;
+            if !k.starts_with(&full_prefix) {
+                break;
+            }
+            let row = decode_row(&k, &v)?;
+            out.push((Bytes::copy_from_slice(&k[table.len() + 1..]), row));
+        }
+        Ok(out)
+    }
+
+    fn tables(&self) -> Result<Vec<Arc<str>>, StorageError> {
+        let mut out: Vec<Arc<str>> = Vec::new();
+        let mut from: Vec<u8> = Vec::new();
+        while let Some(kv) = self.rows.range(from.clone()..).next() {
+            let k = kv.key().map_err(io)?;
+            let (table, _) = keys::split_row_key(&k)
+                .ok_or_else(|| corrupt("row key", &k, "no table separator"))?;
+            out.push(table.into());
+            // The next table starts after every "table\0..." key.
+            from = table.as_bytes().to_vec();
+            from.push(1);
+        }
+        Ok(out)
+    }
+
+    fn write(&mut self, batch: WriteBatch) -> Result<(), StorageError> {
+        self.commit(batch)
+    }
+
+    fn sync(&mut self) -> Result<(), StorageError> {
+        self.group.sync_after_commit()
+    }
+
+    fn read_log(
+        &self,
+        scope: &ScopeId,
+        origin: &ReplicaId,
+        from: u64,
+        max_entries: usize,
+    ) -> Result<Vec<LogEntry>, StorageError> {
+        let start = keys::log_key(scope.as_str(), origin.as_str(), from);
+        let end = keys::log_key(scope.as_str(), origin.as_str(), u64::MAX);
+        let mut out = Vec::new();
+        for kv in self.log.range(start..=end).take(max_entries) {
+            let (k, v) = kv.into_inner().map_err(io)?;
+            let frame = pb::MutationFrame::decode(body("log entry", &k, &v)?)
+                .map_err(|e| corrupt("log entry", &k, e))?;
+            out.push(
+                LogEntry::from_frame(frame, &Limits::STORED)
+                    .map_err(|e| corrupt("log entry", &k, e))?,
+            );
+        }
+        Ok(out)
+    }
+
+    fn log_bounds(
+        &self,
+        scope: &ScopeId,
+        origin: &ReplicaId,
+    ) -> Result<Option<(u64, u64)>, StorageError> {
+        let prefix = keys::log_prefix(scope.as_str(), origin.as_str());
+        let mut iter = self.log.prefix(&prefix);
+        let first = iter.next().map(|g| g.key()).transpose().map_err(io)?;
+        let Some(first) = first else { return Ok(None) };
+        let last = iter.next_back().map(|g| g.key()).transpose().map_err(io)?;
+        let first_seq = split_log(&first)?.2;
+        let last_seq = last
+            .as_deref()
+            .map(split_log)
+            .transpose()?
+            .map_or(first_seq, |l| l.2);
+        Ok(Some((first_seq, last_seq)))
+    }
+
+    fn watermarks(&self) -> Result<Vec<(ScopeId, ReplicaId, Watermark)>, StorageError> {
+        let mut out = Vec::new();
+        for kv in self.meta.prefix(keys::WATERMARK_PREFIX) {
+            let (k, v) = kv.into_inner().map_err(io)?;
+            let names = &k[keys::WATERMARK_PREFIX.len()..];
+            let nul = names
+                .iter()
+                .position(|&b| b == 0)
+                .ok_or_else(|| corrupt("watermark key", &k, "no separator"))?;
+            let (scope, origin) = (
+                std::str::from_utf8(&names[..nul]),
+                std::str::from_utf8(&names[nul + 1..]),
+            );
+            let (Ok(scope), Ok(origin), Ok(bytes)) = (scope, origin, <[u8; 16]>::try_from(&v[..]))
+            else {
+                return Err(corrupt("watermark", &k, "not UTF-8 names and 16 bytes"));
+            };
+            let (seq, ts) = bytes.split_at(8);
+            out.push((
+                scope.into(),
+                origin.into(),
+                Watermark {
+                    sequence: u64::from_be_bytes(seq.try_into().expect("split at 8 of 16")),
+                    timestamp: Timestamp::from_u64(u64::from_be_bytes(
+                        ts.try_into().expect("split at 8 of 16"),
+                    )),
+                },
+            ));
+        }
+        Ok(out)
+    }
+
+    fn meta(&self, key: &str) -> Result<Option<Bytes>, StorageError> {
+        Ok(self
+            .meta
+            .get(keys::meta_key(key))
+            .map_err(io)?
+            .map(|v| Bytes::copy_from_slice(&v)))
+    }
+}

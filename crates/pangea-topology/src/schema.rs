@@ -1,0 +1,134 @@
+//! Table schemas: which tables exist, their column families, and how each family
+//! garbage-collects old versions.
+//!
+//! Names are restricted so they can be used verbatim in storage keys, metric labels
+//! and file names: 1 to [`NAME_BYTES_MAX`] bytes of ASCII letters, digits, `_`, `-`
+//! and `.`. In particular they never contain the NUL byte the store uses as separator.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Longest table, family, scope or replica name, in bytes.
+pub const NAME_BYTES_MAX: usize = 128;
+
+/// Why a name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("{kind} name is empty")]
+    Empty { kind: &'static str },
+    #[error("{kind} name is {size} bytes, limit {limit}")]
+    TooLong {
+        kind: &'static str,
+        size: usize,
+        limit: usize,
+    },
+    #[error("{kind} name {name:?} contains {ch:?}; allowed: ASCII letters, digits, '_', '-', '.'")]
+    BadChar {
+        kind: &'static str,
+        name: String,
+        ch: char,
+    },
+}
+
+/// Checks a table, family, scope or replica name; `kind` says which, for the error.
+pub fn validate_name(kind: &'static str, name: &str) -> Result<(), NameError> {
+    if name.is_empty() {
+        return Err(NameError::Empty { kind });
+    }
+    if name.len() > NAME_BYTES_MAX {
+        return Err(NameError::TooLong {
+            kind,
+            size: name.len(),
+            limit: NAME_BYTES_MAX,
+        });
+    }
+    if let Some(ch) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "_-.".contains(*c)))
+    {
+        return Err(NameError::BadChar {
+            kind,
+            name: name.to_owned(),
+            ch,
+        });
+    }
+    Ok(())
+}
+
+/// How a column family forgets old data. Both limits may apply at once.
+///
+/// `max_versions` keeps the newest N versions *ever written* to a column, deleted ones
+/// included: deleting the newest version does not bring back one that was already
+/// beyond N. This is what makes garbage collection deterministic across replicas
+/// (see `pangea-core`'s `row` module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GcPolicy {
+    /// Keep at most this many versions per column; `None` keeps all.
+    pub max_versions: Option<u32>,
+    /// Versions older than this (by their timestamp) are invisible and purged; `None`
+    /// keeps them forever.
+    pub ttl_ms: Option<u64>,
+}
+
+/// One table: its families and their GC policies.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TableSchema {
+    pub families: BTreeMap<Arc<str>, GcPolicy>,
+}
+
+impl TableSchema {
+    /// The GC policy of `family`, or `None` if the table has no such family.
+    pub fn family(&self, family: &str) -> Option<&GcPolicy> {
+        self.families.get(family)
+    }
+}
+
+/// Every table of a deployment.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Schema {
+    pub tables: BTreeMap<Arc<str>, TableSchema>,
+}
+
+impl Schema {
+    pub fn table(&self, table: &str) -> Option<&TableSchema> {
+        self.tables.get(table)
+    }
+
+    /// A schema with one table, for tests and examples.
+    pub fn single_table(table: &str, families: &[(&str, GcPolicy)]) -> Self {
+        let families = families
+            .iter()
+            .map(|(name, gc)| (Arc::from(*name), *gc))
+            .collect();
+        Schema {
+            tables: BTreeMap::from([(Arc::from(table), TableSchema { families })]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert!(validate_name("table", "ad_profiles-v1.2").is_ok());
+        assert_eq!(
+            validate_name("table", ""),
+            Err(NameError::Empty { kind: "table" })
+        );
+        assert!(matches!(
+            validate_name("family", "a\0b"),
+            Err(NameError::BadChar { ch: '\0', .. })
+        ));
+        let long = "x".repeat(NAME_BYTES_MAX + 1);
+        assert_eq!(
+            validate_name("table", &long),
+            Err(NameError::TooLong {
+                kind: "table",
+                size: 129,
+                limit: 128
+            })
+        );
+    }
+}
