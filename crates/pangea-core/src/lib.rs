@@ -23,7 +23,7 @@
 pub mod digest;
 mod error;
 pub mod hlc;
-pub mod ids;
+pub use pangea_topology::ids;
 pub mod limits;
 pub mod mutation;
 pub mod row;

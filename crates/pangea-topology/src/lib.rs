@@ -1,12 +1,223 @@
 //! The deployment as data.
 //!
-//! Operators describe a Pangea deployment in two files: a topology (continents,
-//! regions, replicas, links, app profiles) and a placement (tables, families, GC
-//! policies, placement policies and rules). Every replica, the client library and the
+//! Operators describe a Pangea deployment in two TOML files they edit by hand: a
+//! *topology* (continents → regions → replicas, links between regions, app profiles)
+//! and a *placement* (tables with their families and GC policies, placement policies,
+//! prefix rules and home-region rules). Every replica, the client library and the
 //! simulator read them through this crate.
 //!
+//! Loading follows "parse, don't validate": figment layers the file and `PANGEA_*`
+//! environment overrides into the raw structs of [`raw`] (`deny_unknown_fields`), then
+//! the validated [`Topology`] and [`Placement`] are built from them, reporting every
+//! problem at once with file, line and key ([`Problems`]).
+//!
 //! Modules:
-//! - [`schema`]: tables, column families and their garbage-collection policies, the
-//!   part of the placement file the data model needs.
+//! - [`ids`]: replica, region and scope identifiers;
+//! - [`schema`]: tables, families and GC policies;
+//! - [`raw`]: the files as written;
+//! - [`problems`]: problems with file, line and key;
+//! - [`topology`], [`placement`]: the validated types;
+//! - [`tree`]: minimum spanning trees per scope, over any subset of live replicas;
+//! - [`affinity`]: weighted rendezvous hashing for row affinity;
+//! - [`plan`]: what `pangea topology plan` and `diff` report;
+//! - [`svg`]: a drawing of the topology and its trees.
 
+pub mod affinity;
+pub mod ids;
+pub mod placement;
+pub mod plan;
+pub mod problems;
+pub mod raw;
 pub mod schema;
+pub mod svg;
+pub mod topology;
+pub mod tree;
+
+pub use ids::{RegionId, ReplicaId, ScopeId};
+pub use placement::{GLOBAL_POLICY, Placement, Policy};
+pub use problems::{Problem, ProblemKind, Problems};
+pub use topology::{AppProfile, LinkClass, Priority, Region, Replica, Role, Routing, Topology};
+pub use tree::{Edge, Tree};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use problems::Source;
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// Environment variables overriding topology fields: `PANGEA_TOPOLOGY_<FIELD>`,
+/// nested fields joined by `__`.
+pub const TOPOLOGY_ENV_PREFIX: &str = "PANGEA_TOPOLOGY_";
+/// Environment variables overriding placement fields.
+pub const PLACEMENT_ENV_PREFIX: &str = "PANGEA_PLACEMENT_";
+
+/// A topology and a placement, validated against each other.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Deployment {
+    pub topology: Topology,
+    pub placement: Placement,
+}
+
+fn read(path: &Path) -> Result<String, Problems> {
+    std::fs::read_to_string(path).map_err(|e| {
+        Problems(vec![Problem {
+            kind: ProblemKind::Read,
+            file: path.to_owned(),
+            line: None,
+            key: String::new(),
+            message: format!("cannot read: {e}"),
+        }])
+    })
+}
+
+fn parse<T: serde::de::DeserializeOwned>(
+    src: &Source,
+    text: &str,
+    env_prefix: Option<&str>,
+) -> Result<T, Problems> {
+    if let Err(e) = toml_edit::ImDocument::parse(text) {
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+        let message = e.message().to_owned();
+        return Err(Problems(vec![Problem {
+            kind: ProblemKind::Syntax,
+            file: src.file().to_owned(),
+            line,
+            key: String::new(),
+            message: format!("invalid TOML: {message}"),
+        }]));
+    }
+    let mut figment = Figment::from(Toml::string(text));
+    if let Some(prefix) = env_prefix {
+        figment = figment.merge(Env::prefixed(prefix).split("__"));
+    }
+    figment
+        .extract::<T>()
+        .map_err(|e| Problems(src.figment_problems(e, env_prefix.unwrap_or(""))))
+}
+
+impl Topology {
+    /// Loads and validates a topology file, with `PANGEA_TOPOLOGY_*` overrides.
+    pub fn load(path: &Path) -> Result<Topology, Problems> {
+        let text = read(path)?;
+        Self::parse_with(path, &text, Some(TOPOLOGY_ENV_PREFIX))
+    }
+
+    /// Parses topology text (no environment overrides); `path` names it in problems.
+    pub fn parse(path: &Path, text: &str) -> Result<Topology, Problems> {
+        Self::parse_with(path, text, None)
+    }
+
+    fn parse_with(path: &Path, text: &str, env: Option<&str>) -> Result<Topology, Problems> {
+        let src = Source::new(path, text);
+        let raw = parse(&src, text, env)?;
+        Topology::from_raw(raw, &src)
+    }
+}
+
+impl Placement {
+    /// Loads and validates a placement file against `topology`, with
+    /// `PANGEA_PLACEMENT_*` overrides.
+    pub fn load(path: &Path, topology: &Topology) -> Result<Placement, Problems> {
+        let text = read(path)?;
+        Self::parse_with(path, &text, topology, Some(PLACEMENT_ENV_PREFIX))
+    }
+
+    pub fn parse(path: &Path, text: &str, topology: &Topology) -> Result<Placement, Problems> {
+        Self::parse_with(path, text, topology, None)
+    }
+
+    fn parse_with(
+        path: &Path,
+        text: &str,
+        topology: &Topology,
+        env: Option<&str>,
+    ) -> Result<Placement, Problems> {
+        let src = Source::new(path, text);
+        let raw = parse(&src, text, env)?;
+        Placement::from_raw(raw, topology, &src)
+    }
+}
+
+impl Deployment {
+    /// Loads both files; without a placement file, only the global policy exists.
+    /// Problems of both files are reported together when the topology is valid.
+    pub fn load(topology: &Path, placement: Option<&Path>) -> Result<Deployment, Problems> {
+        let topology = Topology::load(topology)?;
+        let placement = match placement {
+            Some(p) => Placement::load(p, &topology)?,
+            None => Placement::global_only(&topology),
+        };
+        Ok(Deployment {
+            topology,
+            placement,
+        })
+    }
+
+    /// Every scope: `global` first, then policies by name.
+    pub fn scopes(&self) -> impl Iterator<Item = &ScopeId> {
+        let global = self
+            .placement
+            .policies
+            .keys()
+            .filter(|s| s.as_str() == GLOBAL_POLICY);
+        global.chain(
+            self.placement
+                .policies
+                .keys()
+                .filter(|s| s.as_str() != GLOBAL_POLICY),
+        )
+    }
+
+    /// Replicas that may carry a scope's rows: those in the policy's regions (relays
+    /// included: they forward but store nothing).
+    pub fn scope_members(&self, scope: &ScopeId) -> BTreeSet<ReplicaId> {
+        match self.placement.policy(scope) {
+            Some(p) => self
+                .topology
+                .replicas_in(&p.regions)
+                .map(|r| r.id.clone())
+                .collect(),
+            None => BTreeSet::new(),
+        }
+    }
+
+    /// Whether `replica` may hold or forward rows of `scope` (residency, principle 5).
+    pub fn allowed(&self, replica: &ReplicaId, scope: &ScopeId) -> bool {
+        match (
+            self.topology.replica(replica.as_str()),
+            self.placement.policy(scope),
+        ) {
+            (Some(r), Some(p)) => p.regions.contains(&r.region),
+            _ => false,
+        }
+    }
+
+    /// The scope's tree over the replicas in `live` (all members when `None`).
+    pub fn tree(&self, scope: &ScopeId, live: Option<&BTreeSet<ReplicaId>>) -> Tree {
+        let mut members = self.scope_members(scope);
+        if let Some(live) = live {
+            members.retain(|m| live.contains(m));
+        }
+        self.topology.spanning_tree(scope.clone(), &members)
+    }
+
+    /// The scope (placement policy) of a row.
+    pub fn scope_of(&self, table: &str, key: &[u8]) -> &ScopeId {
+        self.placement.policy_of(table, key)
+    }
+
+    /// The row-affinity replica of `key` among `region`'s serving replicas.
+    pub fn affinity_replica(&self, region: &RegionId, key: &[u8]) -> Option<&ReplicaId> {
+        let region = self.topology.regions.get(region)?;
+        let candidates: Vec<(&ReplicaId, f64)> = region
+            .replicas
+            .iter()
+            .filter_map(|id| self.topology.replicas.get(id))
+            .filter(|r| r.role == Role::Serving)
+            .map(|r| (&r.id, r.weight))
+            .collect();
+        affinity::rendezvous(&candidates, key)
+    }
+}

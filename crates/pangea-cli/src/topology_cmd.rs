@@ -1,0 +1,227 @@
+//! `pangea topology`: check, plan and diff the operator's files.
+
+use anyhow::{Context, Result};
+use clap::Subcommand;
+use pangea_topology::plan::{Diff, Plan, WanBytes};
+use pangea_topology::{Deployment, Tree};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum TopologyCommand {
+    /// Validate a topology (and placement) file; print every problem with file, line
+    /// and key; exit non-zero if there is any.
+    Check {
+        topology: PathBuf,
+        #[arg(long)]
+        placement: Option<PathBuf>,
+    },
+    /// Show each scope's tree, predicted replication delays and WAN bytes.
+    Plan {
+        topology: PathBuf,
+        #[arg(long)]
+        placement: Option<PathBuf>,
+        /// Print JSON (scopes, edges, delays, WAN bytes, every candidate link).
+        #[arg(long)]
+        json: bool,
+        /// Also draw continents, regions, replicas and trees into this SVG file.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+    },
+    /// What changes between two versions of the files.
+    Diff {
+        old: PathBuf,
+        new: PathBuf,
+        #[arg(long)]
+        placement_old: Option<PathBuf>,
+        #[arg(long)]
+        placement_new: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub(crate) fn run(cmd: TopologyCommand) -> Result<()> {
+    match cmd {
+        TopologyCommand::Check {
+            topology,
+            placement,
+        } => check(&topology, placement.as_deref()),
+        TopologyCommand::Plan {
+            topology,
+            placement,
+            json,
+            svg,
+        } => {
+            let d = load(&topology, placement.as_deref())?;
+            let plan = d.plan();
+            if let Some(out) = svg {
+                let trees: Vec<Tree> = d.scopes().map(|s| d.tree(s, None)).collect();
+                std::fs::write(&out, pangea_topology::svg::render(&d, &trees))
+                    .with_context(|| format!("writing {}", out.display()))?;
+                eprintln!("wrote {}", out.display());
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&plan)?);
+            } else {
+                print_plan(&d, &plan);
+            }
+            Ok(())
+        }
+        TopologyCommand::Diff {
+            old,
+            new,
+            placement_old,
+            placement_new,
+            json,
+        } => {
+            let a = load(&old, placement_old.as_deref())?;
+            let b = load(&new, placement_new.as_deref())?;
+            let diff = a.diff(&b);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&diff)?);
+            } else {
+                print_diff(&diff);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Loads and validates; problems become one error listing all of them.
+pub(crate) fn load(topology: &Path, placement: Option<&Path>) -> Result<Deployment> {
+    Deployment::load(topology, placement).map_err(|p| anyhow::anyhow!("{p}"))
+}
+
+fn check(topology: &Path, placement: Option<&Path>) -> Result<()> {
+    let d = load(topology, placement)?;
+    let t = &d.topology;
+    println!(
+        "ok: topology {:?}: {} replicas in {} regions on {} continents, {} links, {} app profiles",
+        t.name,
+        t.replicas.len(),
+        t.regions.len(),
+        t.continents.len(),
+        t.links.len(),
+        t.app_profiles.len()
+    );
+    if placement.is_some() {
+        let p = &d.placement;
+        println!(
+            "ok: placement: {} tables, {} policies ({}), {} prefix rules, {} home rules",
+            p.schema.tables.len(),
+            p.policies.len(),
+            p.policies
+                .keys()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            p.rules.len(),
+            p.home_rules.len()
+        );
+    }
+    Ok(())
+}
+
+fn wan_line(label: &str, w: &WanBytes) {
+    println!(
+        "    {label:<10} {:>14.0} {:>14.0} {:>16.0} {:>10.0}",
+        w.intra_region,
+        w.inter_region,
+        w.inter_continent,
+        w.total()
+    );
+}
+
+fn print_plan(d: &Deployment, plan: &Plan) {
+    let t = &d.topology;
+    println!(
+        "topology {}: {} replicas, {} regions, {} continents, {} candidate edges",
+        plan.topology,
+        t.replicas.len(),
+        t.regions.len(),
+        t.continents.len(),
+        plan.graph.links.len()
+    );
+    for s in &plan.scopes {
+        println!(
+            "\nscope {} ({} regions, {} replicas): {} tree edges, total {:.1} ms",
+            s.name,
+            s.regions.len(),
+            s.replicas.len(),
+            s.edges.len(),
+            s.total_latency_ms
+        );
+        println!("  tree edges (round trip):");
+        for e in &s.edges {
+            let class = t.link_class(&e.a, &e.b).map_or("?", |c| c.as_str());
+            println!(
+                "    {:<14} — {:<14} {:>7.1} ms  {class}",
+                e.a, e.b, e.latency_ms
+            );
+        }
+        println!(
+            "  one-way replication delay from each origin (worst replica): tree vs direct path"
+        );
+        for o in &s.delays {
+            println!(
+                "    {:<14} tree {:>7.1} ms   direct {:>7.1} ms",
+                o.origin, o.max_tree_ms, o.max_direct_ms
+            );
+        }
+        println!("  WAN bytes per 1 KiB mutation:");
+        println!(
+            "    {:<10} {:>14} {:>14} {:>16} {:>10}",
+            "", "intra-region", "inter-region", "inter-continent", "total"
+        );
+        wan_line("tree", &s.wan_bytes_tree);
+        wan_line("full mesh", &s.wan_bytes_mesh);
+    }
+}
+
+fn print_diff(diff: &Diff) {
+    if diff.is_empty() {
+        println!("no changes");
+        return;
+    }
+    for r in &diff.replicas_added {
+        println!("+ replica {r}");
+    }
+    for r in &diff.replicas_removed {
+        println!("- replica {r}");
+    }
+    for t in &diff.tree_changes {
+        println!("scope {}: tree changes", t.scope);
+        for e in &t.edges_added {
+            println!("  + edge {} — {} ({:.1} ms)", e.a, e.b, e.latency_ms);
+        }
+        for e in &t.edges_removed {
+            println!("  - edge {} — {} ({:.1} ms)", e.a, e.b, e.latency_ms);
+        }
+    }
+    for p in &diff.policy_changes {
+        let list = |v: &[pangea_topology::RegionId]| {
+            v.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(", ")
+        };
+        println!(
+            "policy {}: {} (+[{}] -[{}])",
+            p.policy,
+            p.change,
+            list(&p.regions_added),
+            list(&p.regions_removed)
+        );
+    }
+    for c in &diff.placement_changes {
+        let home = |h: &Option<pangea_topology::RegionId>| {
+            h.as_ref().map_or("-".to_owned(), |r| r.to_string())
+        };
+        println!(
+            "rows of {} under {:?} move: policy {} -> {}, home {} -> {}",
+            c.table,
+            c.prefix,
+            c.old_policy,
+            c.new_policy,
+            home(&c.old_home),
+            home(&c.new_home)
+        );
+    }
+}

@@ -1,0 +1,244 @@
+//! `pangea topology check | plan | diff` on the reference files and on broken copies.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology")
+}
+
+fn pangea(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pangea"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn check_accepts_the_reference_files() {
+    let t = root().join("four-continents.toml");
+    let p = root().join("placement.toml");
+    let (ok, out, err) = pangea(
+        &[
+            "topology",
+            "check",
+            t.to_str().unwrap(),
+            "--placement",
+            p.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("27 replicas in 13 regions on 4 continents"),
+        "{out}"
+    );
+}
+
+#[test]
+fn check_lists_every_problem_with_file_line_and_key_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root().join("local-3-regions.toml")).unwrap();
+    let broken = text.replacen("\nrtt_ms = ", "\nrtt_ms = -", 1).replacen(
+        "role = \"serving\"",
+        "role = \"servnig\"",
+        1,
+    );
+    let f = dir.path().join("broken.toml");
+    std::fs::write(&f, &broken).unwrap();
+    let (ok, _, err) = pangea(&["topology", "check", f.to_str().unwrap()], &[]);
+    assert!(!ok);
+    assert!(err.contains("2 problems"), "{err}");
+    let line = |needle: &str| broken.lines().position(|l| l.contains(needle)).unwrap() + 1;
+    assert!(
+        err.contains(&format!(
+            "broken.toml:{}: continents[0].regions[0].replicas[0].role",
+            line("servnig")
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "broken.toml:{}: links[0].rtt_ms",
+            line("rtt_ms = -")
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn environment_overrides_apply_and_are_validated() {
+    let t = root().join("local-3-regions.toml");
+    let (ok, out, err) = pangea(
+        &["topology", "plan", t.to_str().unwrap(), "--json"],
+        &[("PANGEA_TOPOLOGY_INTRA_REGION_RTT_MS", "4")],
+    );
+    assert!(ok, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let intra: Vec<f64> = plan["graph"]["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["a"].as_str().unwrap()[..4] == l["b"].as_str().unwrap()[..4])
+        .map(|l| l["latency_ms"].as_f64().unwrap())
+        .collect();
+    assert!(
+        !intra.is_empty() && intra.iter().all(|&l| l == 4.0),
+        "{intra:?}"
+    );
+
+    let (ok, _, err) = pangea(
+        &["topology", "check", t.to_str().unwrap()],
+        &[("PANGEA_TOPOLOGY_INTRA_REGION_RTT_MS", "-2")],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("intra_region_rtt_ms") && err.contains("-2"),
+        "{err}"
+    );
+}
+
+/// Kruskal over `graph.links` restricted to a scope's replicas: the JSON carries
+/// everything needed to recompute each tree's weight.
+fn kruskal_total(links: &[serde_json::Value], members: &[String]) -> f64 {
+    let idx = |r: &str| members.iter().position(|m| m == r);
+    let mut edges: Vec<(f64, usize, usize)> = links
+        .iter()
+        .filter_map(|l| {
+            Some((
+                l["latency_ms"].as_f64()?,
+                idx(l["a"].as_str()?)?,
+                idx(l["b"].as_str()?)?,
+            ))
+        })
+        .collect();
+    edges.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let mut parent: Vec<usize> = (0..members.len()).collect();
+    fn find(p: &mut Vec<usize>, x: usize) -> usize {
+        if p[x] != x {
+            let r = find(p, p[x]);
+            p[x] = r;
+        }
+        p[x]
+    }
+    let mut total = 0.0;
+    for (w, a, b) in edges {
+        let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
+        if ra != rb {
+            parent[ra] = rb;
+            total += w;
+        }
+    }
+    total
+}
+
+#[test]
+fn plan_json_lets_anyone_recompute_the_trees() {
+    let t = root().join("four-continents.toml");
+    let p = root().join("placement.toml");
+    let svg = tempfile::NamedTempFile::new().unwrap();
+    let (ok, out, err) = pangea(
+        &[
+            "topology",
+            "plan",
+            t.to_str().unwrap(),
+            "--placement",
+            p.to_str().unwrap(),
+            "--json",
+            "--svg",
+            svg.path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let links = plan["graph"]["links"].as_array().unwrap();
+    let scopes = plan["scopes"].as_array().unwrap();
+    assert_eq!(
+        scopes
+            .iter()
+            .map(|s| s["name"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["global", "apac", "eu-resident"]
+    );
+    for s in scopes {
+        let members: Vec<String> = s["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_str().unwrap().to_owned())
+            .collect();
+        let edges = s["edges"].as_array().unwrap();
+        assert_eq!(
+            edges.len() + 1,
+            members.len(),
+            "scope {} is a spanning tree",
+            s["name"]
+        );
+        for e in edges {
+            assert!(e["a"].is_string() && e["b"].is_string() && e["latency_ms"].is_f64());
+        }
+        let total = s["total_latency_ms"].as_f64().unwrap();
+        assert!(
+            (total - kruskal_total(links, &members)).abs() < 1e-6,
+            "scope {}: {total}",
+            s["name"]
+        );
+        let tree = &s["wan_bytes_tree"];
+        let mesh = &s["wan_bytes_mesh"];
+        assert!(
+            tree["inter_continent"].as_f64().unwrap() <= mesh["inter_continent"].as_f64().unwrap()
+        );
+    }
+    let drawing = std::fs::read_to_string(svg.path()).unwrap();
+    assert!(
+        drawing.starts_with("<svg")
+            && drawing.contains("eu-central-1")
+            && drawing.contains("scope eu-resident")
+    );
+}
+
+#[test]
+fn diff_names_replicas_edges_policies_and_moved_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let old_t = root().join("local-3-regions.toml");
+    let old_p = root().join("local-3-regions.placement.toml");
+    let new_t = dir.path().join("t.toml");
+    let new_p = dir.path().join("p.toml");
+    let t = std::fs::read_to_string(&old_t).unwrap().replace(
+        "    [[continents.regions.replicas]]\n    id = \"euw1-b\"",
+        "    [[continents.regions.replicas]]\n    id = \"euw1-c\"\n    role = \"serving\"\n\n    [[continents.regions.replicas]]\n    id = \"euw1-b\"",
+    );
+    std::fs::write(&new_t, t).unwrap();
+    let p = std::fs::read_to_string(&old_p).unwrap().replace(
+        "prefix = \"eu/\"\npolicy = \"eu-resident\"",
+        "prefix = \"eu/\"\npolicy = \"global\"",
+    );
+    std::fs::write(&new_p, p).unwrap();
+    let (ok, out, err) = pangea(
+        &[
+            "topology",
+            "diff",
+            old_t.to_str().unwrap(),
+            new_t.to_str().unwrap(),
+            "--placement-old",
+            old_p.to_str().unwrap(),
+            "--placement-new",
+            new_p.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("+ replica euw1-c"), "{out}");
+    assert!(out.contains("+ edge"), "{out}");
+    assert!(
+        out.contains("rows of ad_profiles under \"eu/\" move: policy eu-resident -> global"),
+        "{out}"
+    );
+}

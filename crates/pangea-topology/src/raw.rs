@@ -1,0 +1,137 @@
+//! The operator files as written: plain serde structs with `deny_unknown_fields`.
+//! Nothing here is validated; [`crate::Topology`] and [`crate::Placement`] are built
+//! from these by `TryFrom`-style constructors that report every problem at once.
+
+use serde::Deserialize;
+
+/// `topology.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTopology {
+    pub name: String,
+    /// Round trip between two replicas of one region, unless the region overrides it.
+    pub intra_region_rtt_ms: f64,
+    #[serde(default)]
+    pub continents: Vec<RawContinent>,
+    #[serde(default)]
+    pub links: Vec<RawLink>,
+    #[serde(default)]
+    pub app_profiles: Vec<RawAppProfile>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawContinent {
+    pub name: String,
+    #[serde(default)]
+    pub regions: Vec<RawRegion>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRegion {
+    pub name: String,
+    pub intra_rtt_ms: Option<f64>,
+    #[serde(default)]
+    pub replicas: Vec<RawReplica>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReplica {
+    pub id: String,
+    pub role: String,
+    pub zone: Option<String>,
+    /// `host:port` the replica listens on for QUIC; local clusters fill it in.
+    pub address: Option<String>,
+    /// Rendezvous weight for row affinity (default 1.0).
+    pub weight: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLink {
+    pub a: String,
+    pub b: String,
+    pub rtt_ms: Option<f64>,
+    #[serde(default)]
+    pub cost_per_gb: f64,
+    pub bandwidth_mbps: Option<f64>,
+    #[serde(default)]
+    pub loss: f64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAppProfile {
+    pub name: String,
+    pub routing: String,
+    #[serde(default)]
+    pub replicas: Vec<String>,
+    #[serde(default = "default_priority")]
+    pub priority: String,
+}
+
+fn default_priority() -> String {
+    "serving".into()
+}
+
+/// `placement.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPlacement {
+    #[serde(default)]
+    pub tables: Vec<RawTable>,
+    #[serde(default)]
+    pub policies: Vec<RawPolicy>,
+    #[serde(default)]
+    pub rules: Vec<RawRule>,
+    #[serde(default)]
+    pub home_rules: Vec<RawHomeRule>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTable {
+    pub name: String,
+    #[serde(default = "default_policy")]
+    pub default_policy: String,
+    #[serde(default)]
+    pub families: Vec<RawFamily>,
+}
+
+fn default_policy() -> String {
+    crate::GLOBAL_POLICY.into()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFamily {
+    pub name: String,
+    pub max_versions: Option<i64>,
+    /// A duration such as `"90s"`, `"30m"`, `"12h"`, `"30d"`.
+    pub ttl: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    pub name: String,
+    pub regions: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRule {
+    pub table: String,
+    pub prefix: String,
+    pub policy: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHomeRule {
+    pub table: String,
+    pub prefix: String,
+    pub home: String,
+}

@@ -1,0 +1,599 @@
+//! The validated topology: continents, regions, replicas, links and app profiles, plus
+//! the replica-to-replica round-trip matrix derived from them.
+
+use crate::ids::{RegionId, ReplicaId};
+use crate::problems::{KeyPath, Problem, ProblemKind, Problems, Source};
+use crate::raw::RawTopology;
+use crate::schema::validate_name;
+use petgraph::graph::UnGraph;
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What a replica does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// Stores every row it may hold and serves frontends.
+    Serving,
+    /// Stores rows and serves batch app profiles only (analytics, model training).
+    Batch,
+    /// Forwards replication traffic along the tree and stores no rows: a bandwidth
+    /// saver between continents.
+    Relay,
+}
+
+impl Role {
+    pub fn stores_rows(self) -> bool {
+        self != Role::Relay
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Replica {
+    pub id: ReplicaId,
+    pub region: RegionId,
+    pub continent: String,
+    pub zone: Option<String>,
+    pub role: Role,
+    pub address: Option<String>,
+    /// Rendezvous weight for row affinity (> 0).
+    pub weight: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Region {
+    pub name: RegionId,
+    pub continent: String,
+    /// Round trip between two replicas of this region.
+    pub intra_rtt_ms: f64,
+    /// In id order.
+    pub replicas: Vec<ReplicaId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Link {
+    pub a: RegionId,
+    pub b: RegionId,
+    pub rtt_ms: f64,
+    pub cost_per_gb: f64,
+    pub bandwidth_mbps: Option<f64>,
+    /// Packet loss probability, 0 ≤ loss < 1.
+    pub loss: f64,
+}
+
+/// How traffic between two replicas is classed, for WAN accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkClass {
+    IntraRegion,
+    InterRegion,
+    InterContinent,
+}
+
+impl LinkClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkClass::IntraRegion => "intra_region",
+            LinkClass::InterRegion => "inter_region",
+            LinkClass::InterContinent => "inter_continent",
+        }
+    }
+}
+
+/// How an app profile picks replicas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Routing {
+    /// The nearest healthy replica by measured round trip.
+    Nearest,
+    /// Only these replicas (batch work on batch replicas).
+    Pinned(Vec<ReplicaId>),
+    /// Only replicas in the caller's own region.
+    RegionLocal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Priority {
+    Serving,
+    Batch,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AppProfile {
+    pub name: String,
+    pub routing: Routing,
+    pub priority: Priority,
+}
+
+/// A validated topology. Every reference resolves, every region has a serving
+/// replica, and links connect every replica.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Topology {
+    pub name: String,
+    pub intra_region_rtt_ms: f64,
+    /// Continent names in file order.
+    pub continents: Vec<String>,
+    pub regions: BTreeMap<RegionId, Region>,
+    pub replicas: BTreeMap<ReplicaId, Replica>,
+    /// Keyed by (a, b) with a < b.
+    pub links: BTreeMap<(RegionId, RegionId), Link>,
+    pub app_profiles: BTreeMap<String, AppProfile>,
+    /// Shortest-path round trip between regions over links.
+    region_rtt_ms: BTreeMap<(RegionId, RegionId), f64>,
+}
+
+fn finite_non_negative(v: f64) -> bool {
+    v.is_finite() && v >= 0.0
+}
+
+impl Topology {
+    pub(crate) fn from_raw(raw: RawTopology, src: &Source) -> Result<Topology, Problems> {
+        let mut problems: Vec<Problem> = Vec::new();
+        let root = KeyPath::root();
+        let mut p = |kind, key: &KeyPath, msg: String| problems.push(src.problem(kind, key, msg));
+
+        if !finite_non_negative(raw.intra_region_rtt_ms) {
+            p(
+                ProblemKind::InvalidValue,
+                &root.key("intra_region_rtt_ms"),
+                format!("latency must be ≥ 0 ms, got {}", raw.intra_region_rtt_ms),
+            );
+        }
+        let mut continents = Vec::new();
+        let mut regions: BTreeMap<RegionId, Region> = BTreeMap::new();
+        let mut replicas: BTreeMap<ReplicaId, Replica> = BTreeMap::new();
+        for (ci, c) in raw.continents.iter().enumerate() {
+            let ck = root.key("continents").index(ci);
+            if let Err(e) = validate_name("continent", &c.name) {
+                p(ProblemKind::InvalidName, &ck.key("name"), e.to_string());
+            }
+            if continents.contains(&c.name) {
+                p(
+                    ProblemKind::Duplicate,
+                    &ck.key("name"),
+                    format!("continent {:?} is defined twice", c.name),
+                );
+            }
+            continents.push(c.name.clone());
+            for (ri, r) in c.regions.iter().enumerate() {
+                let rk = ck.key("regions").index(ri);
+                if let Err(e) = validate_name("region", &r.name) {
+                    p(ProblemKind::InvalidName, &rk.key("name"), e.to_string());
+                }
+                let region_id = RegionId::new(r.name.as_str());
+                if regions.contains_key(&region_id) {
+                    p(
+                        ProblemKind::Duplicate,
+                        &rk.key("name"),
+                        format!("region {:?} is defined twice", r.name),
+                    );
+                    continue;
+                }
+                let intra = r.intra_rtt_ms.unwrap_or(raw.intra_region_rtt_ms);
+                // An inherited default was already checked above.
+                if r.intra_rtt_ms.is_some() && !finite_non_negative(intra) {
+                    p(
+                        ProblemKind::InvalidValue,
+                        &rk.key("intra_rtt_ms"),
+                        format!("latency must be ≥ 0 ms, got {intra}"),
+                    );
+                }
+                let mut ids = Vec::new();
+                for (pi, rep) in r.replicas.iter().enumerate() {
+                    let pk = rk.key("replicas").index(pi);
+                    if let Err(e) = validate_name("replica", &rep.id) {
+                        p(ProblemKind::InvalidName, &pk.key("id"), e.to_string());
+                    }
+                    let role = match rep.role.as_str() {
+                        "serving" => Role::Serving,
+                        "batch" => Role::Batch,
+                        "relay" => Role::Relay,
+                        other => {
+                            p(
+                                ProblemKind::InvalidValue,
+                                &pk.key("role"),
+                                format!("role {other:?} is not one of serving, batch, relay"),
+                            );
+                            Role::Serving
+                        }
+                    };
+                    let weight = rep.weight.unwrap_or(1.0);
+                    if !(weight.is_finite() && weight > 0.0) {
+                        p(
+                            ProblemKind::InvalidValue,
+                            &pk.key("weight"),
+                            format!("weight must be > 0, got {weight}"),
+                        );
+                    }
+                    let id = ReplicaId::new(rep.id.as_str());
+                    if replicas.contains_key(&id) {
+                        p(
+                            ProblemKind::Duplicate,
+                            &pk.key("id"),
+                            format!("replica {:?} is defined twice", rep.id),
+                        );
+                        continue;
+                    }
+                    ids.push(id.clone());
+                    replicas.insert(
+                        id.clone(),
+                        Replica {
+                            id,
+                            region: region_id.clone(),
+                            continent: c.name.clone(),
+                            zone: rep.zone.clone(),
+                            role,
+                            address: rep.address.clone(),
+                            weight,
+                        },
+                    );
+                }
+                if !r.replicas.is_empty()
+                    && !ids.iter().any(|id| replicas[id].role == Role::Serving)
+                {
+                    p(
+                        ProblemKind::NoServingReplica,
+                        &rk.key("name"),
+                        format!("region {:?} has no serving replica", r.name),
+                    );
+                } else if r.replicas.is_empty() {
+                    p(
+                        ProblemKind::NoServingReplica,
+                        &rk.key("name"),
+                        format!("region {:?} has no replicas", r.name),
+                    );
+                }
+                ids.sort();
+                regions.insert(
+                    region_id.clone(),
+                    Region {
+                        name: region_id,
+                        continent: c.name.clone(),
+                        intra_rtt_ms: intra,
+                        replicas: ids,
+                    },
+                );
+            }
+        }
+
+        let mut links = BTreeMap::new();
+        for (li, l) in raw.links.iter().enumerate() {
+            let lk = root.key("links").index(li);
+            let mut ok = true;
+            for (field, name) in [("a", &l.a), ("b", &l.b)] {
+                if !regions.contains_key(name.as_str()) {
+                    p(
+                        ProblemKind::UnknownReference,
+                        &lk.key(field),
+                        format!("unknown region {name:?}"),
+                    );
+                    ok = false;
+                }
+            }
+            if l.a == l.b {
+                p(
+                    ProblemKind::SelfLink,
+                    &lk.key("b"),
+                    format!("link from region {:?} to itself", l.a),
+                );
+                ok = false;
+            }
+            match l.rtt_ms {
+                None => p(
+                    ProblemKind::MissingField,
+                    &lk,
+                    format!("link {} – {} has no `rtt_ms`", l.a, l.b),
+                ),
+                // Still a link for connectivity, so one bad number is one problem.
+                Some(rtt) if !finite_non_negative(rtt) => {
+                    p(
+                        ProblemKind::InvalidValue,
+                        &lk.key("rtt_ms"),
+                        format!("latency must be ≥ 0 ms, got {rtt}"),
+                    );
+                }
+                Some(_) => {}
+            }
+            if !finite_non_negative(l.cost_per_gb) {
+                p(
+                    ProblemKind::InvalidValue,
+                    &lk.key("cost_per_gb"),
+                    format!("cost must be ≥ 0, got {}", l.cost_per_gb),
+                );
+            }
+            if let Some(bw) = l.bandwidth_mbps
+                && !(bw.is_finite() && bw > 0.0)
+            {
+                p(
+                    ProblemKind::InvalidValue,
+                    &lk.key("bandwidth_mbps"),
+                    format!("bandwidth must be > 0, got {bw}"),
+                );
+            }
+            if !(l.loss.is_finite() && (0.0..1.0).contains(&l.loss)) {
+                p(
+                    ProblemKind::InvalidValue,
+                    &lk.key("loss"),
+                    format!("loss must be in [0, 1), got {}", l.loss),
+                );
+            }
+            let (a, b) = if l.a <= l.b {
+                (&l.a, &l.b)
+            } else {
+                (&l.b, &l.a)
+            };
+            let key = (RegionId::new(a.as_str()), RegionId::new(b.as_str()));
+            if links.contains_key(&key) {
+                p(
+                    ProblemKind::Duplicate,
+                    &lk,
+                    format!("link {a} – {b} is defined twice"),
+                );
+                ok = false;
+            }
+            if ok {
+                links.insert(
+                    key.clone(),
+                    Link {
+                        a: key.0,
+                        b: key.1,
+                        rtt_ms: l.rtt_ms.unwrap_or(0.0),
+                        cost_per_gb: l.cost_per_gb,
+                        bandwidth_mbps: l.bandwidth_mbps,
+                        loss: l.loss,
+                    },
+                );
+            }
+        }
+
+        let mut app_profiles = BTreeMap::new();
+        for (ai, a) in raw.app_profiles.iter().enumerate() {
+            let ak = root.key("app_profiles").index(ai);
+            if let Err(e) = validate_name("app profile", &a.name) {
+                p(ProblemKind::InvalidName, &ak.key("name"), e.to_string());
+            }
+            let routing = match a.routing.as_str() {
+                "nearest" => Routing::Nearest,
+                "region-local" => Routing::RegionLocal,
+                "pinned" => {
+                    if a.replicas.is_empty() {
+                        p(
+                            ProblemKind::MissingField,
+                            &ak.key("replicas"),
+                            "a pinned profile needs `replicas`".into(),
+                        );
+                    }
+                    for (i, r) in a.replicas.iter().enumerate() {
+                        match replicas.get(r.as_str()) {
+                            None => p(
+                                ProblemKind::UnknownReference,
+                                &ak.key("replicas").index(i),
+                                format!("unknown replica {r:?}"),
+                            ),
+                            Some(rep) if rep.role == Role::Relay => p(
+                                ProblemKind::PinnedRelay,
+                                &ak.key("replicas").index(i),
+                                format!(
+                                    "replica {r:?} is a relay and stores no rows; pin serving or batch replicas"
+                                ),
+                            ),
+                            Some(_) => {}
+                        }
+                    }
+                    Routing::Pinned(
+                        a.replicas
+                            .iter()
+                            .map(|r| ReplicaId::new(r.as_str()))
+                            .collect(),
+                    )
+                }
+                other => {
+                    p(
+                        ProblemKind::InvalidValue,
+                        &ak.key("routing"),
+                        format!("routing {other:?} is not one of nearest, pinned, region-local"),
+                    );
+                    Routing::Nearest
+                }
+            };
+            if !matches!(routing, Routing::Pinned(_)) && !a.replicas.is_empty() {
+                p(
+                    ProblemKind::InvalidValue,
+                    &ak.key("replicas"),
+                    "`replicas` applies only to routing = \"pinned\"".into(),
+                );
+            }
+            let priority = match a.priority.as_str() {
+                "serving" => Priority::Serving,
+                "batch" => Priority::Batch,
+                other => {
+                    p(
+                        ProblemKind::InvalidValue,
+                        &ak.key("priority"),
+                        format!("priority {other:?} is not one of serving, batch"),
+                    );
+                    Priority::Serving
+                }
+            };
+            if app_profiles
+                .insert(
+                    a.name.clone(),
+                    AppProfile {
+                        name: a.name.clone(),
+                        routing,
+                        priority,
+                    },
+                )
+                .is_some()
+            {
+                p(
+                    ProblemKind::Duplicate,
+                    &ak.key("name"),
+                    format!("app profile {:?} is defined twice", a.name),
+                );
+            }
+        }
+
+        // Connectivity: every region must reach every other over links.
+        let components = region_components(&regions, &links);
+        if components.len() > 1 {
+            let names: Vec<String> = components
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{{{}}}",
+                        c.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(", ")
+                    )
+                })
+                .collect();
+            p(
+                ProblemKind::Disconnected,
+                &root.key("links"),
+                format!(
+                    "links do not connect every replica; separate groups of regions: {}",
+                    names.join(" ")
+                ),
+            );
+        }
+
+        if !problems.is_empty() {
+            problems.sort_by_key(|p| p.line.unwrap_or(0));
+            return Err(Problems(problems));
+        }
+        let region_rtt_ms = shortest_paths(&regions, &links);
+        Ok(Topology {
+            name: raw.name,
+            intra_region_rtt_ms: raw.intra_region_rtt_ms,
+            continents,
+            regions,
+            replicas,
+            links,
+            app_profiles,
+            region_rtt_ms,
+        })
+    }
+
+    pub fn replica(&self, id: &str) -> Option<&Replica> {
+        self.replicas.get(id)
+    }
+
+    pub fn region_of(&self, id: &str) -> Option<&RegionId> {
+        self.replicas.get(id).map(|r| &r.region)
+    }
+
+    /// Round trip between two regions along the cheapest path of links (0 for the
+    /// same region: use [`Topology::rtt_ms`] for replicas).
+    pub fn region_rtt_ms(&self, a: &RegionId, b: &RegionId) -> Option<f64> {
+        if a == b {
+            return Some(0.0);
+        }
+        let key = if a < b {
+            (a.clone(), b.clone())
+        } else {
+            (b.clone(), a.clone())
+        };
+        self.region_rtt_ms.get(&key).copied()
+    }
+
+    /// Round trip between two replicas: the region's intra-region round trip inside
+    /// one region, else the cheapest path of links between their regions.
+    pub fn rtt_ms(&self, a: &ReplicaId, b: &ReplicaId) -> Option<f64> {
+        if a == b {
+            return Some(0.0);
+        }
+        let (ra, rb) = (self.replicas.get(a)?, self.replicas.get(b)?);
+        if ra.region == rb.region {
+            return Some(self.regions[&ra.region].intra_rtt_ms);
+        }
+        self.region_rtt_ms(&ra.region, &rb.region)
+    }
+
+    /// The direct link between two regions, if the file has one.
+    pub fn link(&self, a: &RegionId, b: &RegionId) -> Option<&Link> {
+        let key = if a < b {
+            (a.clone(), b.clone())
+        } else {
+            (b.clone(), a.clone())
+        };
+        self.links.get(&key)
+    }
+
+    pub fn link_class(&self, a: &ReplicaId, b: &ReplicaId) -> Option<LinkClass> {
+        let (ra, rb) = (self.replicas.get(a)?, self.replicas.get(b)?);
+        Some(if ra.region == rb.region {
+            LinkClass::IntraRegion
+        } else if ra.continent == rb.continent {
+            LinkClass::InterRegion
+        } else {
+            LinkClass::InterContinent
+        })
+    }
+
+    /// Replicas of the given regions, in id order.
+    pub fn replicas_in<'a>(
+        &'a self,
+        regions: &'a BTreeSet<RegionId>,
+    ) -> impl Iterator<Item = &'a Replica> + 'a {
+        self.replicas
+            .values()
+            .filter(|r| regions.contains(&r.region))
+    }
+
+    pub fn all_regions(&self) -> BTreeSet<RegionId> {
+        self.regions.keys().cloned().collect()
+    }
+}
+
+/// Connected groups of regions over links (a region with replicas but no link is its
+/// own group). Deterministic order.
+pub(crate) fn region_components(
+    regions: &BTreeMap<RegionId, Region>,
+    links: &BTreeMap<(RegionId, RegionId), Link>,
+) -> Vec<BTreeSet<RegionId>> {
+    let names: Vec<&RegionId> = regions.keys().collect();
+    let index: BTreeMap<&RegionId, usize> =
+        names.iter().enumerate().map(|(i, r)| (*r, i)).collect();
+    let mut sets = petgraph::unionfind::UnionFind::<usize>::new(names.len());
+    for (a, b) in links.keys() {
+        if let (Some(&ia), Some(&ib)) = (index.get(a), index.get(b)) {
+            sets.union(ia, ib);
+        }
+    }
+    let mut groups: BTreeMap<usize, BTreeSet<RegionId>> = BTreeMap::new();
+    for (i, name) in names.iter().enumerate() {
+        groups
+            .entry(sets.find(i))
+            .or_default()
+            .insert((*name).clone());
+    }
+    let mut out: Vec<_> = groups.into_values().collect();
+    out.sort();
+    out
+}
+
+fn shortest_paths(
+    regions: &BTreeMap<RegionId, Region>,
+    links: &BTreeMap<(RegionId, RegionId), Link>,
+) -> BTreeMap<(RegionId, RegionId), f64> {
+    let names: Vec<&RegionId> = regions.keys().collect();
+    let index: BTreeMap<&RegionId, usize> =
+        names.iter().enumerate().map(|(i, r)| (*r, i)).collect();
+    let mut g = UnGraph::<(), f64>::new_undirected();
+    let nodes: Vec<_> = names.iter().map(|_| g.add_node(())).collect();
+    for ((a, b), l) in links {
+        g.add_edge(nodes[index[a]], nodes[index[b]], l.rtt_ms);
+    }
+    let mut out = BTreeMap::new();
+    for (i, a) in names.iter().enumerate() {
+        let dist = petgraph::algo::dijkstra(&g, nodes[i], None, |e| *e.weight());
+        for (j, b) in names.iter().enumerate() {
+            if i < j
+                && let Some(d) = dist.get(&nodes[j])
+            {
+                out.insert(((*a).clone(), (*b).clone()), *d);
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,373 @@
+//! Every kind of problem in a topology or placement file is reported with its file,
+//! line and key — all of them at once.
+
+use pangea_topology::{Deployment, Placement, ProblemKind, Problems, Topology};
+use std::path::Path;
+
+/// A valid topology: 2 continents, 3 regions, 6 replicas.
+const BASE: &str = r#"name = "t"
+intra_region_rtt_ms = 1.0
+
+[[continents]]
+name = "na"
+
+  [[continents.regions]]
+  name = "us-east-1"
+
+    [[continents.regions.replicas]]
+    id = "use1-a"
+    role = "serving"
+
+    [[continents.regions.replicas]]
+    id = "use1-b"
+    role = "batch"
+
+    [[continents.regions.replicas]]
+    id = "use1-relay"
+    role = "relay"
+
+[[continents]]
+name = "eu"
+
+  [[continents.regions]]
+  name = "eu-west-1"
+
+    [[continents.regions.replicas]]
+    id = "euw1-a"
+    role = "serving"
+
+  [[continents.regions]]
+  name = "eu-central-1"
+
+    [[continents.regions.replicas]]
+    id = "euc1-a"
+    role = "serving"
+
+    [[continents.regions.replicas]]
+    id = "euc1-b"
+    role = "serving"
+
+[[links]]
+a = "us-east-1"
+b = "eu-west-1"
+rtt_ms = 70.0
+
+[[links]]
+a = "eu-west-1"
+b = "eu-central-1"
+rtt_ms = 27.0
+
+[[app_profiles]]
+name = "frontend"
+routing = "nearest"
+
+[[app_profiles]]
+name = "batch"
+routing = "pinned"
+replicas = ["use1-b"]
+priority = "batch"
+"#;
+
+fn topo(text: &str) -> Result<Topology, Problems> {
+    Topology::parse(Path::new("topo.toml"), text)
+}
+
+fn problems(text: &str) -> Problems {
+    topo(text).expect_err("expected problems")
+}
+
+/// Finds the 1-based line of the first occurrence of `needle` after line `after`.
+fn line_of(text: &str, needle: &str, after: usize) -> usize {
+    text.lines()
+        .enumerate()
+        .skip(after)
+        .find(|(_, l)| l.contains(needle))
+        .map(|(i, _)| i + 1)
+        .unwrap()
+}
+
+#[test]
+fn base_is_valid() {
+    let t = topo(BASE).unwrap();
+    assert_eq!(t.replicas.len(), 6);
+    assert_eq!(
+        t.rtt_ms(&"use1-a".into(), &"euc1-a".into()),
+        Some(97.0),
+        "two hops: 70 + 27"
+    );
+    assert_eq!(t.rtt_ms(&"euc1-a".into(), &"euc1-b".into()), Some(1.0));
+}
+
+#[test]
+fn unknown_region_and_replica_references() {
+    let text = BASE
+        .replace(
+            "b = \"eu-west-1\"\nrtt_ms = 70.0",
+            "b = \"eu-west-9\"\nrtt_ms = 70.0",
+        )
+        .replace("replicas = [\"use1-b\"]", "replicas = [\"nobody\"]");
+    let p = problems(&text);
+    let unknown: Vec<_> =
+        p.0.iter()
+            .filter(|p| p.kind == ProblemKind::UnknownReference)
+            .collect();
+    assert_eq!(unknown.len(), 2, "{p}");
+    assert_eq!(unknown[0].key, "links[0].b");
+    assert_eq!(unknown[0].line, Some(line_of(&text, "eu-west-9", 0)));
+    assert!(unknown[0].message.contains("eu-west-9"));
+    assert_eq!(unknown[1].key, "app_profiles[1].replicas[0]");
+    assert_eq!(unknown[1].line, Some(line_of(&text, "nobody", 0)));
+}
+
+#[test]
+fn duplicate_ids() {
+    let text = BASE.replace("id = \"euc1-b\"", "id = \"euc1-a\"");
+    let p = problems(&text);
+    assert_eq!(p.kinds(), vec![ProblemKind::Duplicate]);
+    assert_eq!(p.0[0].key, "continents[1].regions[1].replicas[1].id");
+    // The second `euc1-a`.
+    let first = line_of(&text, "id = \"euc1-a\"", 0);
+    assert_eq!(p.0[0].line, Some(line_of(&text, "id = \"euc1-a\"", first)));
+    assert!(p.to_string().starts_with("1 problem:\n  topo.toml:"), "{p}");
+}
+
+#[test]
+fn self_link() {
+    let text = BASE.replace(
+        "a = \"eu-west-1\"\nb = \"eu-central-1\"",
+        "a = \"eu-west-1\"\nb = \"eu-west-1\"",
+    );
+    let p = problems(&text);
+    assert!(p.kinds().contains(&ProblemKind::SelfLink), "{p}");
+    let sl =
+        p.0.iter()
+            .find(|p| p.kind == ProblemKind::SelfLink)
+            .unwrap();
+    assert_eq!(sl.key, "links[1].b");
+    // Without that link eu-central-1 is cut off, which is reported too.
+    assert!(p.kinds().contains(&ProblemKind::Disconnected), "{p}");
+}
+
+#[test]
+fn region_without_serving_replica() {
+    let text = BASE.replace(
+        "id = \"euw1-a\"\n    role = \"serving\"",
+        "id = \"euw1-a\"\n    role = \"batch\"",
+    );
+    let p = problems(&text);
+    assert_eq!(p.kinds(), vec![ProblemKind::NoServingReplica]);
+    assert_eq!(p.0[0].key, "continents[1].regions[0].name");
+    assert_eq!(p.0[0].line, Some(line_of(&text, "name = \"eu-west-1\"", 0)));
+}
+
+#[test]
+fn disconnected_graph() {
+    let text = BASE.replace(
+        "[[links]]\na = \"us-east-1\"\nb = \"eu-west-1\"\nrtt_ms = 70.0\n",
+        "",
+    );
+    let p = problems(&text);
+    assert_eq!(p.kinds(), vec![ProblemKind::Disconnected]);
+    assert!(p.0[0].message.contains("{us-east-1}"), "{}", p.0[0].message);
+}
+
+#[test]
+fn negative_and_missing_latencies() {
+    let text = BASE.replace("rtt_ms = 27.0", "rtt_ms = -3.0");
+    let p = problems(&text);
+    assert_eq!(p.kinds(), vec![ProblemKind::InvalidValue]);
+    assert_eq!(p.0[0].key, "links[1].rtt_ms");
+    assert_eq!(p.0[0].line, Some(line_of(&text, "rtt_ms = -3.0", 0)));
+    assert!(p.0[0].message.contains("-3"));
+
+    let text = BASE.replace("rtt_ms = 27.0\n", "");
+    let p = problems(&text);
+    assert!(p.kinds().contains(&ProblemKind::MissingField), "{p}");
+    assert!(
+        p.0.iter()
+            .any(|x| x.key == "links[1]" && x.message.contains("rtt_ms")),
+        "{p}"
+    );
+}
+
+#[test]
+fn unknown_field() {
+    let text = BASE.replace(
+        "role = \"relay\"",
+        "role = \"relay\"\n    colour = \"blue\"",
+    );
+    let p = problems(&text);
+    assert_eq!(p.kinds(), vec![ProblemKind::UnknownField]);
+    assert_eq!(p.0[0].key, "continents[0].regions[0].replicas[2].colour");
+    assert_eq!(p.0[0].line, Some(line_of(&text, "colour", 0)));
+}
+
+#[test]
+fn pinned_profile_naming_a_relay() {
+    let text = BASE.replace(
+        "replicas = [\"use1-b\"]",
+        "replicas = [\"use1-b\", \"use1-relay\"]",
+    );
+    let p = problems(&text);
+    assert_eq!(p.kinds(), vec![ProblemKind::PinnedRelay]);
+    assert_eq!(p.0[0].key, "app_profiles[1].replicas[1]");
+}
+
+#[test]
+fn syntax_error_has_a_line() {
+    let p = problems("name = \"t\"\nintra_region_rtt_ms = = 1\n");
+    assert_eq!(p.kinds(), vec![ProblemKind::Syntax]);
+    assert_eq!(p.0[0].line, Some(2));
+}
+
+#[test]
+fn many_problems_are_reported_at_once() {
+    let text = BASE
+        .replace("rtt_ms = 27.0", "rtt_ms = -1.0")
+        .replace("id = \"euc1-b\"", "id = \"euc1-a\"")
+        .replace("replicas = [\"use1-b\"]", "replicas = [\"use1-relay\"]")
+        .replace("routing = \"nearest\"", "routing = \"closest\"");
+    let p = problems(&text);
+    // The link with a negative latency still joins its regions: one problem, not two.
+    assert_eq!(
+        p.kinds(),
+        vec![
+            ProblemKind::Duplicate,
+            ProblemKind::InvalidValue,
+            ProblemKind::InvalidValue,
+            ProblemKind::PinnedRelay
+        ],
+        "{p}"
+    );
+    // In file order.
+    let lines: Vec<_> = p.0.iter().map(|p| p.line.unwrap()).collect();
+    assert!(lines.windows(2).all(|w| w[0] <= w[1]), "{lines:?}");
+}
+
+const PLACEMENT: &str = r#"[[tables]]
+name = "ad_profiles"
+
+  [[tables.families]]
+  name = "profile"
+  max_versions = 1
+
+[[policies]]
+name = "eu-resident"
+regions = ["eu-west-1", "eu-central-1"]
+
+[[rules]]
+table = "ad_profiles"
+prefix = "eu/"
+policy = "eu-resident"
+
+[[home_rules]]
+table = "ad_profiles"
+prefix = "eu/"
+home = "eu-central-1"
+"#;
+
+fn placement(text: &str) -> Result<Placement, Problems> {
+    Placement::parse(Path::new("place.toml"), text, &topo(BASE).unwrap())
+}
+
+#[test]
+fn placement_routes_rows_by_prefix() {
+    let p = placement(PLACEMENT).unwrap();
+    assert_eq!(p.policy_of("ad_profiles", b"eu/42").as_str(), "eu-resident");
+    assert_eq!(p.policy_of("ad_profiles", b"us/42").as_str(), "global");
+    assert_eq!(
+        p.home_of("ad_profiles", b"eu/42").map(|r| r.as_str()),
+        Some("eu-central-1")
+    );
+    assert_eq!(
+        p.schema
+            .table("ad_profiles")
+            .unwrap()
+            .family("profile")
+            .unwrap()
+            .max_versions,
+        Some(1)
+    );
+}
+
+#[test]
+fn placement_problems() {
+    // A policy naming an unknown region, a rule naming an unknown table, a home outside
+    // its policy, a bad TTL.
+    let text = PLACEMENT
+        .replace(
+            "regions = [\"eu-west-1\", \"eu-central-1\"]",
+            "regions = [\"eu-west-1\", \"eu-south-7\"]",
+        )
+        .replace("home = \"eu-central-1\"", "home = \"us-east-1\"")
+        .replace("max_versions = 1", "max_versions = 1\n  ttl = \"soon\"");
+    let p = placement(&text).unwrap_err();
+    let kinds = p.kinds();
+    assert!(kinds.contains(&ProblemKind::UnknownReference), "{p}");
+    assert!(
+        p.0.iter()
+            .any(|x| x.key == "tables[0].families[0].ttl" && x.message.contains("soon")),
+        "{p}"
+    );
+    assert!(
+        p.0.iter()
+            .any(|x| x.key == "home_rules[0].home" && x.message.contains("outside policy")),
+        "{p}"
+    );
+    assert!(
+        p.0.iter()
+            .all(|x| x.file == Path::new("place.toml") && x.line.is_some()),
+        "{p}"
+    );
+}
+
+#[test]
+fn policy_whose_regions_cannot_reach_each_other() {
+    // us-east-1 and eu-central-1 are joined only through eu-west-1, outside the policy.
+    let text = PLACEMENT.replace(
+        "regions = [\"eu-west-1\", \"eu-central-1\"]",
+        "regions = [\"us-east-1\", \"eu-central-1\"]",
+    );
+    let text = text.replace("home = \"eu-central-1\"", "home = \"us-east-1\"");
+    let p = placement(&text).unwrap_err();
+    assert_eq!(p.kinds(), vec![ProblemKind::PolicyDisconnected], "{p}");
+    assert_eq!(p.0[0].key, "policies[0].regions");
+    assert_eq!(p.0[0].line, Some(line_of(&text, "regions = [", 0)));
+}
+
+#[test]
+fn reference_files_are_valid() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology");
+    let d = Deployment::load(
+        &root.join("four-continents.toml"),
+        Some(&root.join("placement.toml")),
+    )
+    .unwrap();
+    let t = &d.topology;
+    assert!(t.replicas.len() >= 24 && t.regions.len() >= 12 && t.continents.len() >= 4);
+    let multi = t.regions.values().filter(|r| {
+        r.replicas
+            .iter()
+            .filter(|id| t.replicas[*id].role == pangea_topology::Role::Serving)
+            .count()
+            >= 2
+    });
+    assert!(multi.count() >= 2);
+    assert!(
+        t.replicas
+            .values()
+            .any(|r| r.role == pangea_topology::Role::Batch)
+    );
+    assert!(
+        t.replicas
+            .values()
+            .any(|r| r.role == pangea_topology::Role::Relay)
+    );
+    assert!(d.placement.policy(&"eu-resident".into()).is_some());
+    let local = Deployment::load(
+        &root.join("local-3-regions.toml"),
+        Some(&root.join("local-3-regions.placement.toml")),
+    )
+    .unwrap();
+    assert!((6..=9).contains(&local.topology.replicas.len()) && local.topology.regions.len() == 3);
+}
