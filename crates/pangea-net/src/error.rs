@@ -1,0 +1,153 @@
+//! The crate's one error type.
+//!
+//! Every variant says what went wrong in terms an operator can act on: file errors
+//! name the path, limit errors name the size and the limit, identity errors name
+//! the offending certificate field.
+
+use std::path::PathBuf;
+
+/// Errors of `pangea-net`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Reading or writing a certificate or key file failed.
+    #[error("{path}: {source}")]
+    File {
+        /// The file (or directory) involved.
+        path: PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// `init_ca` found an existing CA: overwriting it would orphan every
+    /// certificate it signed, so we refuse.
+    #[error(
+        "{path} already exists: refusing to overwrite the cluster CA (delete it first to start a new cluster)"
+    )]
+    CaExists {
+        /// The existing file.
+        path: PathBuf,
+    },
+
+    /// A replica id, region, client name or app profile is not acceptable.
+    #[error("invalid {what} {name:?}: {reason}")]
+    InvalidName {
+        /// Which kind of name ("replica id", "region", ...).
+        what: &'static str,
+        /// The rejected name (escaped by `Debug`, so control bytes stay visible).
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// A PEM file did not hold what we expected (no certificate, no key, bad PEM).
+    #[error("{path}: {reason}")]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong with it.
+        reason: String,
+    },
+
+    /// rcgen failed to generate or sign a certificate.
+    #[error("certificate generation failed: {0}")]
+    CertGen(#[from] rcgen::Error),
+
+    /// The system clock is outside the range a certificate can express.
+    #[error("system clock is unusable for certificate validity: {0}")]
+    Clock(String),
+
+    /// Building a rustls configuration failed (bad key, unsupported protocol, ...).
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] rustls::Error),
+
+    /// Building the client-certificate verifier failed (e.g. empty or bad CA).
+    #[error("client certificate verifier: {0}")]
+    ClientVerifier(#[from] rustls::server::VerifierBuilderError),
+
+    /// The rustls configuration cannot carry QUIC (missing the QUIC initial suite).
+    #[error("QUIC TLS configuration: {0}")]
+    QuicTls(#[from] quinn::crypto::rustls::NoInitialCipherSuite),
+
+    /// The peer presented no certificate (cannot happen under mutual TLS once the
+    /// handshake completed; reported rather than assumed).
+    #[error("peer presented no certificate")]
+    NoPeerCertificate,
+
+    /// The peer's certificate could not be parsed as X.509.
+    #[error("peer certificate is not valid X.509: {0}")]
+    CertificateParse(String),
+
+    /// The certificate carries no `pangea://` URI in its subject alternative names.
+    #[error("certificate has no pangea:// identity URI in its subject alternative names")]
+    MissingIdentity,
+
+    /// The certificate carries more than one `pangea://` URI: which one is meant?
+    #[error("certificate has {count} pangea:// identity URIs; exactly one is required")]
+    AmbiguousIdentity {
+        /// How many were found.
+        count: usize,
+    },
+
+    /// The `pangea://` URI is not of a form we issue.
+    #[error("malformed identity URI {uri:?}: {reason}")]
+    MalformedIdentity {
+        /// The URI as found in the certificate.
+        uri: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A frame announced a length above the reader's limit. Checked before any
+    /// buffer for the body is allocated.
+    #[error("frame of {size_bytes} bytes exceeds the limit of {limit_bytes} bytes")]
+    FrameTooLarge {
+        /// The announced (or, when encoding, actual) body length.
+        size_bytes: u64,
+        /// The limit in force.
+        limit_bytes: usize,
+    },
+
+    /// The stream ended in the middle of a frame.
+    #[error("truncated frame: stream ended after {received_bytes} of {expected_bytes} bytes")]
+    FrameTruncated {
+        /// Bytes the frame (header or body) should have had.
+        expected_bytes: usize,
+        /// Bytes actually received before the end of the stream.
+        received_bytes: usize,
+    },
+
+    /// A frame's body is not a valid protobuf message of the expected type.
+    #[error("frame body does not decode: {0}")]
+    FrameDecode(#[from] pangea_proto::prost::DecodeError),
+
+    /// prost could not encode a message (its buffer could not grow).
+    #[error("frame encoding: {0}")]
+    FrameEncode(#[from] pangea_proto::prost::EncodeError),
+
+    /// Writing to a QUIC stream failed (connection lost, stream stopped by peer).
+    #[error("stream write: {0}")]
+    StreamWrite(#[from] quinn::WriteError),
+
+    /// Reading from a QUIC stream failed (connection lost, stream reset by peer).
+    #[error("stream read: {0}")]
+    StreamRead(#[from] quinn::ReadError),
+
+    /// Creating, configuring or binding the UDP socket failed.
+    #[error("UDP socket {addr}: {source}")]
+    Socket {
+        /// The address we tried to bind.
+        addr: std::net::SocketAddr,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// An operation that spawns tasks or registers sockets ran outside a tokio runtime.
+    #[error("no tokio runtime: {0} must be called from within a tokio runtime")]
+    NoRuntime(&'static str),
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

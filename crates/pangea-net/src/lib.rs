@@ -1,0 +1,61 @@
+//! Pangea's transport: QUIC (quinn) with mutual TLS (rustls, *ring*), the frame
+//! codec, cluster certificates, and WAN emulation for local clusters.
+//!
+//! Every connection between Pangea processes — replica to replica, frontend to
+//! replica — is QUIC with mutual TLS 1.3 against one cluster CA. A peer's identity
+//! (which replica in which region, or which client acting for which app profile)
+//! is a URI in its certificate, read back after the handshake; nothing the peer
+//! *says* in a frame is trusted for identity.
+//!
+//! This crate holds mechanisms only: it does not decide what to send or to whom
+//! (that is `pangea-core`), nor run a server loop (that is `pangea-node`).
+//!
+//! # Modules
+//!
+//! - [`certs`]: create the cluster CA and issue replica and client certificates as
+//!   PEM files (rcgen); load them for rustls.
+//! - [`identity`]: [`PeerIdentity`] from a certificate or a live connection.
+//! - [`tls`]: rustls server/client configurations (client certificates required,
+//!   TLS 1.3, ALPN `pangea/1`, no 0-RTT) and quinn configurations with our
+//!   transport limits.
+//! - [`endpoint`]: [`bind_endpoint`]: a quinn endpoint on a socket with large
+//!   buffers, optionally behind the WAN emulator.
+//! - [`frame`]: 4-byte length-prefixed protobuf frames over QUIC streams, with a
+//!   size limit checked before allocation; pure encode/decode for fuzzing.
+//! - [`wan`]: per-destination delay, jitter, loss and partitions in the socket
+//!   layer (no root, no netem), changeable at runtime through [`WanControl`].
+//! - [`backoff`]: seeded exponential backoff with full jitter for reconnects.
+//! - [`error`]: the crate's [`Error`].
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn demo(dir: &std::path::Path) -> pangea_net::Result<()> {
+//! use pangea_net::{certs, tls, bind_endpoint};
+//! certs::init_ca(dir)?;
+//! certs::issue_replica(dir, "us-east1-a", "us-east1")?;
+//! let ca = certs::load_ca(dir)?;
+//! let server = tls::server_config(&ca, certs::load_replica(dir, "us-east1-a")?)?;
+//! let client = tls::client_config(&ca, certs::load_replica(dir, "us-east1-a")?)?;
+//! let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+//! let endpoint = bind_endpoint(addr, Some(server), client, None)?;
+//! # drop(endpoint); Ok(()) }
+//! ```
+
+pub mod backoff;
+pub mod certs;
+pub mod endpoint;
+pub mod error;
+pub mod frame;
+pub mod identity;
+mod rng;
+pub mod tls;
+pub mod wan;
+
+pub use backoff::Backoff;
+pub use certs::CertBundle;
+pub use endpoint::bind_endpoint;
+pub use error::{Error, Result};
+pub use frame::{FRAME_BYTES_MAX, decode_frame, encode_frame, read_frame, write_frame};
+pub use identity::{PeerIdentity, peer_identity};
+pub use wan::{LinkRule, WanControl, WanEmulator, WanSocket, WanStats};

@@ -1,0 +1,182 @@
+//! rustls and quinn configurations: mutual TLS 1.3 against the cluster CA.
+//!
+//! - Crypto is rustls's *ring* provider, passed explicitly (never the process
+//!   default, which another crate could have set to aws-lc-rs).
+//! - TLS 1.3 only (QUIC requires it anyway); ALPN [`ALPN_PANGEA_V1`].
+//! - Servers *require* a client certificate signed by the cluster CA
+//!   (`WebPkiClientVerifier`); clients verify the server against the same CA and
+//!   nothing else (no system roots: a public CA must not be able to mint a replica).
+//! - 0-RTT is off on both sides: 0-RTT data can be replayed, and a replayed mutation
+//!   or replication frame is not something we want to reason about. The cost is one
+//!   RTT per new connection, paid rarely since connections are long-lived.
+//!
+//! The transport limits below are starting points sized for the design's workload
+//! (values up to 1 MiB, frames up to [`crate::frame::FRAME_BYTES_MAX`], WAN RTTs up to
+//! ~300 ms); each names its unit and why.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{IdleTimeout, TransportConfig, VarInt};
+use rustls::pki_types::CertificateDer;
+
+use crate::certs::{CertBundle, replica_dns_name};
+use crate::error::Result;
+
+/// The application protocol negotiated by ALPN. A peer speaking anything else (or
+/// a future incompatible `pangea/2`) fails the handshake instead of misparsing frames.
+pub const ALPN_PANGEA_V1: &[u8] = b"pangea/1";
+
+/// How often an idle connection sends a keep-alive. Well under
+/// [`IDLE_TIMEOUT_MS`] so that a few lost keep-alives do not kill a healthy link,
+/// and short enough that NAT and firewall state stays warm.
+pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A connection that hears nothing for this long is dead. This bounds how long a
+/// replica keeps routing to a peer that vanished (partition, crash) before failing
+/// over; 10 s tolerates several seconds of loss without flapping.
+pub const IDLE_TIMEOUT_MS: u32 = 10_000;
+
+/// Concurrent bidirectional streams a peer may open on one connection. A client
+/// request is one stream, so this is the in-flight request cap per frontend
+/// connection (further requests wait for a slot, which is backpressure).
+pub const BIDI_STREAMS_MAX: u32 = 256;
+
+/// Concurrent unidirectional streams a peer may open: replication uses a handful
+/// of long-lived streams per tree edge.
+pub const UNI_STREAMS_MAX: u32 = 16;
+
+/// Bytes a peer may send on one stream ahead of our reading: 2 MiB, twice the
+/// largest common value (1 MiB), so a 1 MiB value is never stalled waiting for a
+/// stream window update, even across a 300 ms RTT.
+pub const STREAM_RECEIVE_WINDOW_BYTES: u32 = 2 * 1024 * 1024;
+
+/// Bytes a peer may have in flight on the whole connection: 16 MiB, eight full
+/// stream windows. Also the worst-case unread buffer per connection, which bounds
+/// memory per peer.
+pub const CONNECTION_RECEIVE_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
+
+/// Bytes we keep buffered for sending on one connection (matches the receive side).
+pub const SEND_WINDOW_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The TLS server name a client should use to dial replica `replica_id`.
+///
+/// The replica id itself when it is a valid DNS name (every replica certificate
+/// carries its id as a DNS SAN then): the handshake then fails unless the server
+/// holds *that* replica's certificate, which catches a stale address book before
+/// any frame is sent. Otherwise `localhost`, which every replica certificate
+/// carries; callers must then rely on [`crate::identity::peer_identity`] after the
+/// handshake (which they should check in any case: the URI SAN is the identity).
+pub fn server_name(replica_id: &str) -> &str {
+    replica_dns_name(replica_id).unwrap_or("localhost")
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn roots(ca: &CertificateDer<'static>) -> Result<Arc<rustls::RootCertStore>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone())?;
+    Ok(Arc::new(roots))
+}
+
+/// rustls server configuration: presents `own`, requires a client certificate
+/// chaining to `ca`.
+pub fn server_crypto(
+    ca: &CertificateDer<'static>,
+    own: CertBundle,
+) -> Result<rustls::ServerConfig> {
+    let provider = provider();
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots(ca)?, provider.clone())
+            .build()?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(own.chain, own.key)?;
+    config.alpn_protocols = vec![ALPN_PANGEA_V1.to_vec()];
+    // No 0-RTT (QUIC allows only 0 or u32::MAX here).
+    config.max_early_data_size = 0;
+    Ok(config)
+}
+
+/// rustls client configuration: presents `own` (a client or replica certificate),
+/// trusts only `ca`.
+pub fn client_crypto(
+    ca: &CertificateDer<'static>,
+    own: CertBundle,
+) -> Result<rustls::ClientConfig> {
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots(ca)?)
+        .with_client_auth_cert(own.chain, own.key)?;
+    config.alpn_protocols = vec![ALPN_PANGEA_V1.to_vec()];
+    // The default, stated: never send 0-RTT data.
+    config.enable_early_data = false;
+    Ok(config)
+}
+
+/// QUIC transport parameters shared by both sides (see the constants above).
+pub fn transport_config() -> TransportConfig {
+    let mut transport = TransportConfig::default();
+    transport
+        .keep_alive_interval(Some(KEEP_ALIVE_INTERVAL))
+        .max_idle_timeout(Some(IdleTimeout::from(VarInt::from_u32(IDLE_TIMEOUT_MS))))
+        .max_concurrent_bidi_streams(VarInt::from_u32(BIDI_STREAMS_MAX))
+        .max_concurrent_uni_streams(VarInt::from_u32(UNI_STREAMS_MAX))
+        .stream_receive_window(VarInt::from_u32(STREAM_RECEIVE_WINDOW_BYTES))
+        .receive_window(VarInt::from_u32(CONNECTION_RECEIVE_WINDOW_BYTES))
+        .send_window(SEND_WINDOW_BYTES);
+    transport
+}
+
+/// quinn server configuration from [`server_crypto`] and [`transport_config`].
+pub fn server_config(ca: &CertificateDer<'static>, own: CertBundle) -> Result<quinn::ServerConfig> {
+    let crypto = QuicServerConfig::try_from(server_crypto(ca, own)?)?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    config.transport_config(Arc::new(transport_config()));
+    Ok(config)
+}
+
+/// quinn client configuration from [`client_crypto`] and [`transport_config`].
+pub fn client_config(ca: &CertificateDer<'static>, own: CertBundle) -> Result<quinn::ClientConfig> {
+    let crypto = QuicClientConfig::try_from(client_crypto(ca, own)?)?;
+    let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+    config.transport_config(Arc::new(transport_config()));
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::certs;
+    use crate::error::Error;
+
+    #[test]
+    fn configs_build_from_issued_certificates() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|source| Error::File {
+            path: "tempdir".into(),
+            source,
+        })?;
+        certs::init_ca(dir.path())?;
+        certs::issue_replica(dir.path(), "r1", "eu")?;
+        certs::issue_client(dir.path(), "c1", "serving")?;
+        let ca = certs::load_ca(dir.path())?;
+        let server = server_crypto(&ca, certs::load_replica(dir.path(), "r1")?)?;
+        assert_eq!(server.max_early_data_size, 0);
+        assert_eq!(server.alpn_protocols, vec![ALPN_PANGEA_V1.to_vec()]);
+        let client = client_crypto(&ca, certs::load_client(dir.path(), "c1")?)?;
+        assert!(!client.enable_early_data);
+        server_config(&ca, certs::load_replica(dir.path(), "r1")?)?;
+        client_config(&ca, certs::load_client(dir.path(), "c1")?)?;
+        Ok(())
+    }
+
+    #[test]
+    fn server_names() {
+        assert_eq!(server_name("us-east1-a"), "us-east1-a");
+        assert_eq!(server_name("r_1"), "localhost");
+    }
+}

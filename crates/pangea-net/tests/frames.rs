@@ -1,0 +1,145 @@
+//! Frames over real QUIC streams: limits, truncation, and isolation of bad streams.
+
+mod common;
+
+use anyhow::{Result, bail};
+use common::*;
+use pangea_net::{Error, read_frame, write_frame};
+use pangea_proto::v1::{ClientRequest, GetRequest, client_request};
+
+/// Small limit so the tests move little data; the logic is the same at 17 MiB.
+const TEST_LIMIT_BYTES: usize = 64 * 1024;
+
+async fn expect_stream_error(server: &mut EchoServer) -> Result<Error> {
+    match server.next_event().await? {
+        ServerEvent::StreamError(e) => Ok(e),
+        other => bail!("expected a stream error, got {other:?}"),
+    }
+}
+
+async fn expect_accepted(server: &mut EchoServer) -> Result<()> {
+    match server.next_event().await? {
+        ServerEvent::Accepted(_) => Ok(()),
+        other => bail!("expected an accepted connection, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn oversized_frames_are_refused_and_the_server_keeps_serving() -> Result<()> {
+    let pki = Pki::new()?;
+    let mut server = EchoServer::start(&pki, TEST_LIMIT_BYTES, None)?;
+    let client = client_endpoint(pki.client_config()?, None)?;
+    let conn = connect(&client, server.addr()?).await?;
+    expect_accepted(&mut server).await?;
+
+    // 1. A header announcing 1 GiB, and no body: refused at once (the server
+    //    cannot be waiting to fill a 1 GiB buffer, which it would never get).
+    let (mut send, mut recv) = conn.open_bi().await?;
+    send.write_all(&(1u32 << 30).to_be_bytes()).await?;
+    match expect_stream_error(&mut server).await? {
+        Error::FrameTooLarge {
+            size_bytes,
+            limit_bytes,
+        } => {
+            assert_eq!(size_bytes, 1 << 30);
+            assert_eq!(limit_bytes, TEST_LIMIT_BYTES);
+        }
+        other => bail!("expected FrameTooLarge, got {other:?}"),
+    }
+    // The server reset that stream: our read fails rather than hangs.
+    let reply = tokio::time::timeout(
+        TEST_TIMEOUT,
+        read_frame::<ClientRequest>(&mut recv, TEST_LIMIT_BYTES),
+    )
+    .await?;
+    assert!(reply.is_err(), "expected a reset stream, got {reply:?}");
+
+    // 2. A real message just over the limit, written with write_frame.
+    let big = ClientRequest {
+        deadline_us: 1,
+        app_profile: CLIENT_PROFILE.into(),
+        request: Some(client_request::Request::Get(GetRequest {
+            table: "profiles".into(),
+            row_key: vec![7u8; TEST_LIMIT_BYTES].into(),
+            filter: None,
+            consistency: None,
+        })),
+    };
+    let (mut send, _recv) = conn.open_bi().await?;
+    // The write itself may or may not see the server's STOP; either is fine.
+    let _ = write_frame(&mut send, &big).await;
+    match expect_stream_error(&mut server).await? {
+        Error::FrameTooLarge { size_bytes, .. } => {
+            assert!(size_bytes > TEST_LIMIT_BYTES as u64);
+        }
+        other => bail!("expected FrameTooLarge, got {other:?}"),
+    }
+
+    // 3. Meanwhile the same connection still serves ordinary requests.
+    for seq in 0..3 {
+        assert_eq!(round_trip(&conn, &request(seq)).await?, request(seq));
+    }
+
+    close_client(client).await;
+    server.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn truncated_frames_are_errors() -> Result<()> {
+    let pki = Pki::new()?;
+    let mut server = EchoServer::start(&pki, TEST_LIMIT_BYTES, None)?;
+    let client = client_endpoint(pki.client_config()?, None)?;
+    let conn = connect(&client, server.addr()?).await?;
+    expect_accepted(&mut server).await?;
+
+    // The body stops after 10 of the 100 announced bytes.
+    let (mut send, _recv) = conn.open_bi().await?;
+    send.write_all(&100u32.to_be_bytes()).await?;
+    send.write_all(&[0u8; 10]).await?;
+    send.finish()?;
+    match expect_stream_error(&mut server).await? {
+        Error::FrameTruncated {
+            expected_bytes,
+            received_bytes,
+        } => {
+            assert_eq!((expected_bytes, received_bytes), (100, 10));
+        }
+        other => bail!("expected FrameTruncated, got {other:?}"),
+    }
+
+    // The header itself stops after 2 of its 4 bytes.
+    let (mut send, _recv) = conn.open_bi().await?;
+    send.write_all(&[0, 0]).await?;
+    send.finish()?;
+    match expect_stream_error(&mut server).await? {
+        Error::FrameTruncated {
+            expected_bytes,
+            received_bytes,
+        } => {
+            assert_eq!((expected_bytes, received_bytes), (4, 2));
+        }
+        other => bail!("expected FrameTruncated, got {other:?}"),
+    }
+
+    // A stream that ends cleanly between frames is not an error: the echo
+    // answers both frames, then finishes its side, and we read a clean end.
+    let (mut send, mut recv) = conn.open_bi().await?;
+    write_frame(&mut send, &request(1)).await?;
+    write_frame(&mut send, &request(2)).await?;
+    send.finish()?;
+    let mut echoed = Vec::new();
+    while let Some(msg) = tokio::time::timeout(
+        TEST_TIMEOUT,
+        read_frame::<ClientRequest>(&mut recv, TEST_LIMIT_BYTES),
+    )
+    .await??
+    {
+        echoed.push(msg);
+    }
+    assert_eq!(echoed, vec![request(1), request(2)]);
+
+    close_client(client).await;
+    server.shutdown().await;
+    Ok(())
+}
