@@ -39,6 +39,9 @@ pub enum Error {
         message: &'static str,
         detail: String,
     },
+    /// The row's placement policy does not allow this replica (or it stores no rows).
+    #[error("placement policy {scope:?} does not allow replica {replica:?} to hold this row")]
+    PolicyForbids { scope: String, replica: String },
     #[error(transparent)]
     Clock(#[from] ClockError),
     #[error(transparent)]

@@ -16,19 +16,29 @@
 //!   tombstones, deterministic GC);
 //! - [`digest`]: content digests for comparing replicas;
 //! - [`token`]: consistency tokens;
-//! - [`storage`]: the storage trait and the in-memory implementation.
+//! - [`storage`]: the storage trait and the in-memory implementation;
+//! - [`watermark`]: a replica's watermarks for one scope;
+//! - [`frame`]: replication frames, parsed and bounded;
+//! - [`replica`]: the replica state machine (streams, forwarding, gap repair,
+//!   heartbeats, snapshots, suspicion);
+//! - [`read`]: read decisions and read routing shared by client and simulator.
 //!
 //! Invariants cited as `I<n>` are numbered in `docs/invariants.md`.
 
 pub mod digest;
 mod error;
+pub mod frame;
 pub mod hlc;
 pub use pangea_topology::ids;
 pub mod limits;
 pub mod mutation;
+pub mod read;
+pub mod replica;
+mod rng;
 pub mod row;
 pub mod storage;
 pub mod token;
+pub mod watermark;
 
 pub use error::{Error, StorageError};
 pub use hlc::{HybridClock, Timestamp};
@@ -38,3 +48,4 @@ pub use mutation::{Mutation, RowMutation, TimeRange};
 pub use row::{ReadFilter, RowState, Version};
 pub use storage::{LogEntry, MemStorage, RowWrite, Storage, Watermark, WriteBatch};
 pub use token::Token;
+pub use watermark::ScopeWatermarks;

@@ -339,6 +339,49 @@ impl RowState {
         self.families.retain(|_, f| !f.is_empty());
     }
 
+    /// Joins another replica's state of the same row into this one (snapshots).
+    /// The result is what applying the union of both mutation sets gives: tombstones
+    /// unite, each column keeps the top N versions of both, and a version deleted
+    /// on either side is deleted.
+    pub fn merge(&mut self, other: &RowState, table: Option<&TableSchema>) {
+        if let Some(t) = &other.tombstone {
+            self.delete_from_row(t, table);
+        }
+        for (name, fam) in &other.families {
+            let gc = gc_of(table, name);
+            if let Some(t) = &fam.tombstone {
+                self.delete_from_family(t, name, &gc);
+            }
+            for (column, col) in &fam.columns {
+                for rt in &col.range_tombstones {
+                    self.delete_from_column(&rt.version, name, column, rt.range, &gc);
+                }
+                for (v, value) in &col.versions {
+                    match value {
+                        Some(value) => self.set_cell(v, name, column, value, &gc),
+                        None => self.merge_ghost(v, name, column, &gc),
+                    }
+                }
+            }
+        }
+    }
+
+    fn merge_ghost(&mut self, v: &Version, family: &Arc<str>, column: &Bytes, gc: &GcPolicy) {
+        let fam = self.families.entry(family.clone()).or_default();
+        let col = fam.columns.entry(column.clone()).or_default();
+        if gc.max_versions.is_some() {
+            col.insert(v, None, gc);
+        } else {
+            col.versions.retain(|(x, _)| x != v);
+        }
+        if col.is_empty() {
+            fam.columns.remove(column);
+            if fam.is_empty() {
+                self.families.remove(family);
+            }
+        }
+    }
+
     /// Garbage collection and tombstone purge.
     ///
     /// Drops versions past their family's TTL at `now_ms`, and tombstones whose

@@ -1,0 +1,368 @@
+//! Read and routing decisions: pure functions the client library and the simulator
+//! share, so both make exactly the same choices (docs/consistency.md).
+//!
+//! - [`decide`]: given a consistency request and a replica's watermarks, may this
+//!   replica answer? (serve / not covered / too stale)
+//! - [`plan_read`]: given a client's region, app profile, the deployment and what the
+//!   client knows of replicas (RTTs, health, last-known watermarks), which replicas to
+//!   ask, in which order, and which to race as fallbacks.
+
+use crate::hlc::Timestamp;
+use crate::ids::{RegionId, ReplicaId, ScopeId};
+use crate::token::Token;
+use crate::watermark::ScopeWatermarks;
+use pangea_topology::{AppProfile, Deployment, Priority, Role, Routing};
+use std::fmt;
+
+/// How fresh a read must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Consistency {
+    /// The nearest healthy replica; may lag.
+    Eventual,
+    /// The row's rendezvous replica in the caller's region: read-your-writes inside
+    /// a region while that replica is up.
+    RowAffinity,
+    /// Only a replica that has applied the write `Token` names.
+    Watermark(Token),
+    /// Only a replica whose low watermark is at most `max_ms` behind now.
+    BoundedStaleness { max_ms: u64 },
+}
+
+impl Consistency {
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Consistency::Eventual => "eventual",
+            Consistency::RowAffinity => "affinity",
+            Consistency::Watermark(_) => "watermark",
+            Consistency::BoundedStaleness { .. } => "bounded",
+        }
+    }
+}
+
+/// Whether a replica may answer a read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Serve,
+    /// A watermark read this replica has not caught up with.
+    NotCovered {
+        origin: ReplicaId,
+        have: u64,
+        need: u64,
+    },
+    /// A bounded-staleness read this replica is too far behind for.
+    TooStale {
+        lag_ms: u64,
+        max_ms: u64,
+    },
+}
+
+/// May a replica whose durable watermarks for the row's scope are `wm` serve a read
+/// with `consistency` at wall time `now_ms`?
+pub fn decide(consistency: &Consistency, wm: &ScopeWatermarks, now_ms: u64) -> Decision {
+    match consistency {
+        Consistency::Eventual | Consistency::RowAffinity => Decision::Serve,
+        Consistency::Watermark(token) => {
+            if wm.covers(token) {
+                Decision::Serve
+            } else {
+                let have = if token.scope == wm.scope {
+                    wm.get(&token.origin).sequence
+                } else {
+                    0
+                };
+                Decision::NotCovered {
+                    origin: token.origin.clone(),
+                    have,
+                    need: token.sequence,
+                }
+            }
+        }
+        Consistency::BoundedStaleness { max_ms } => {
+            let lag_ms = staleness_ms(wm.low_watermark(), now_ms);
+            if lag_ms <= *max_ms {
+                Decision::Serve
+            } else {
+                Decision::TooStale {
+                    lag_ms,
+                    max_ms: *max_ms,
+                }
+            }
+        }
+    }
+}
+
+/// How far behind `now_ms` a low watermark is.
+pub fn staleness_ms(low_watermark: Timestamp, now_ms: u64) -> u64 {
+    now_ms.saturating_sub(low_watermark.wall_ms())
+}
+
+/// Why a replica was chosen; every response reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Reason {
+    /// The nearest healthy replica.
+    Nearest,
+    /// A replica of the row's home region.
+    Home,
+    /// The row's rendezvous replica in the region.
+    Affinity,
+    /// Last known to have applied the token (watermark reads).
+    Covered,
+    /// The token's origin, which always covers its own writes.
+    OriginFallback,
+    /// A hedged second request.
+    Hedge,
+    /// Last known to be within the staleness bound.
+    Fresh,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Reason::Nearest => "nearest",
+            Reason::Home => "home",
+            Reason::Affinity => "affinity",
+            Reason::Covered => "covered",
+            Reason::OriginFallback => "origin-fallback",
+            Reason::Hedge => "hedge",
+            Reason::Fresh => "fresh",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub replica: ReplicaId,
+    pub reason: Reason,
+    /// Measured round trip, or the topology's estimate.
+    pub rtt_ms: f64,
+}
+
+/// Whom to ask for one read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadPlan {
+    /// The row's scope (placement policy).
+    pub scope: ScopeId,
+    /// Ask the first; fail over (or hedge) to the next, in order.
+    pub primary: Vec<Candidate>,
+    /// Watermark reads: if the first answer is "not covered", ask all of these at
+    /// once (the origin and replicas last known to cover the token); the first
+    /// covered answer wins.
+    pub fallback: Vec<Candidate>,
+}
+
+/// Why no replica may serve a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteError {
+    /// The row's placement policy and the app profile leave no replica (fail closed).
+    NoEligibleReplica { scope: ScopeId, profile: String },
+}
+
+impl fmt::Display for RouteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RouteError::NoEligibleReplica { scope, profile } => {
+                write!(
+                    f,
+                    "no replica allowed by placement policy {scope:?} is usable by app profile {profile:?}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for RouteError {}
+
+/// What a client knows about replicas.
+pub trait PeerView {
+    /// Measured round trip (EWMA), if any.
+    fn rtt_ms(&self, replica: &ReplicaId) -> Option<f64>;
+    /// Known to be failing right now.
+    fn is_down(&self, replica: &ReplicaId) -> bool;
+    /// Last-known watermarks of `replica` for `scope`.
+    fn watermarks(&self, replica: &ReplicaId, scope: &ScopeId) -> Option<&ScopeWatermarks>;
+}
+
+/// Replicas an app profile may use for rows of `scope`: inside the scope's policy,
+/// storing rows, of the profile's priority class, and within its routing rule.
+pub fn eligible<'a>(
+    d: &'a Deployment,
+    profile: &AppProfile,
+    client_region: &RegionId,
+    scope: &ScopeId,
+) -> Vec<&'a ReplicaId> {
+    d.topology
+        .replicas
+        .values()
+        .filter(|r| r.role.stores_rows() && d.allowed(&r.id, scope))
+        .filter(|r| match profile.priority {
+            Priority::Serving => r.role == Role::Serving,
+            Priority::Batch => r.role == Role::Batch,
+        })
+        .filter(|r| match &profile.routing {
+            Routing::Nearest => true,
+            Routing::Pinned(list) => list.contains(&r.id),
+            Routing::RegionLocal => &r.region == client_region,
+        })
+        .map(|r| &r.id)
+        .collect()
+}
+
+/// The topology's round-trip estimate from a client in `region` to `replica`.
+pub fn estimated_rtt_ms(d: &Deployment, region: &RegionId, replica: &ReplicaId) -> f64 {
+    let Some(r) = d.topology.replica(replica.as_str()) else {
+        return f64::INFINITY;
+    };
+    if &r.region == region {
+        d.topology.regions[&r.region].intra_rtt_ms
+    } else {
+        d.topology
+            .region_rtt_ms(region, &r.region)
+            .unwrap_or(f64::INFINITY)
+    }
+}
+
+/// One read to route: who asks, for which row, how fresh.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadRequest<'a> {
+    pub client_region: &'a RegionId,
+    pub profile: &'a AppProfile,
+    pub table: &'a str,
+    pub key: &'a [u8],
+    pub consistency: &'a Consistency,
+}
+
+/// Plans one read. See the module documentation; docs/consistency.md explains it
+/// for frontend authors.
+pub fn plan_read(
+    d: &Deployment,
+    req: &ReadRequest<'_>,
+    view: &dyn PeerView,
+    now_ms: u64,
+) -> Result<ReadPlan, RouteError> {
+    let ReadRequest {
+        client_region,
+        profile,
+        table,
+        key,
+        consistency,
+    } = *req;
+    let scope = d.scope_of(table, key).clone();
+    let eligible = eligible(d, profile, client_region, &scope);
+    if eligible.is_empty() {
+        return Err(RouteError::NoEligibleReplica {
+            scope,
+            profile: profile.name.clone(),
+        });
+    }
+    let rtt = |r: &ReplicaId| {
+        view.rtt_ms(r)
+            .unwrap_or_else(|| estimated_rtt_ms(d, client_region, r))
+    };
+    let home = d.placement.home_of(table, key);
+    let in_region =
+        |r: &ReplicaId, region: &RegionId| d.topology.region_of(r.as_str()) == Some(region);
+    // Healthy before failing; then the home region (when the row has one); then by
+    // round trip; then by id, so equal inputs give equal plans.
+    let mut ordered: Vec<(bool, bool, f64, &ReplicaId)> = eligible
+        .iter()
+        .map(|r| {
+            (
+                view.is_down(r),
+                home.is_some_and(|h| !in_region(r, h)),
+                rtt(r),
+                *r,
+            )
+        })
+        .collect();
+    ordered.sort_by(|a, b| {
+        (a.0, a.1)
+            .cmp(&(b.0, b.1))
+            .then(a.2.total_cmp(&b.2))
+            .then(a.3.cmp(b.3))
+    });
+    let base_reason = |r: &ReplicaId| {
+        if home.is_some_and(|h| in_region(r, h)) {
+            Reason::Home
+        } else {
+            Reason::Nearest
+        }
+    };
+    let mut primary: Vec<Candidate> = ordered
+        .iter()
+        .map(|(_, _, rtt, r)| Candidate {
+            replica: (*r).clone(),
+            reason: base_reason(r),
+            rtt_ms: *rtt,
+        })
+        .collect();
+    let mut fallback = Vec::new();
+    match consistency {
+        Consistency::Eventual => {}
+        Consistency::RowAffinity => {
+            // The rendezvous replica of the caller's region (else the home region,
+            // else the nearest region with an eligible replica) goes first.
+            let region_has = |region: &RegionId| eligible.iter().any(|r| in_region(r, region));
+            let region = if region_has(client_region) {
+                Some(client_region.clone())
+            } else if let Some(h) = home.filter(|h| region_has(h)) {
+                Some(h.clone())
+            } else {
+                primary
+                    .first()
+                    .and_then(|c| d.topology.region_of(c.replica.as_str()).cloned())
+            };
+            if let Some(region) = region {
+                let candidates: Vec<(&ReplicaId, f64)> = eligible
+                    .iter()
+                    .filter(|r| in_region(r, &region))
+                    .filter_map(|r| d.topology.replica(r.as_str()).map(|rep| (*r, rep.weight)))
+                    .collect();
+                if let Some(winner) = pangea_topology::affinity::rendezvous(&candidates, key)
+                    && !view.is_down(winner)
+                    && let Some(i) = primary.iter().position(|c| &c.replica == winner)
+                {
+                    let mut c = primary.remove(i);
+                    c.reason = Reason::Affinity;
+                    primary.insert(0, c);
+                }
+            }
+        }
+        Consistency::Watermark(token) => {
+            for c in &primary {
+                if c.replica == token.origin {
+                    fallback.push(Candidate {
+                        reason: Reason::OriginFallback,
+                        ..c.clone()
+                    });
+                } else if view
+                    .watermarks(&c.replica, &scope)
+                    .is_some_and(|w| w.covers(token))
+                    && !view.is_down(&c.replica)
+                {
+                    fallback.push(Candidate {
+                        reason: Reason::Covered,
+                        ..c.clone()
+                    });
+                }
+            }
+            // The origin first among the fallbacks: it always covers its own writes.
+            fallback.sort_by_key(|c| c.reason != Reason::OriginFallback);
+        }
+        Consistency::BoundedStaleness { max_ms } => {
+            let fresh = |r: &ReplicaId| {
+                view.watermarks(r, &scope)
+                    .is_some_and(|w| staleness_ms(w.low_watermark(), now_ms) <= *max_ms)
+            };
+            // Stable: keeps the health/home/RTT order within each group.
+            primary.sort_by_key(|c| !fresh(&c.replica) || view.is_down(&c.replica));
+            for c in primary.iter_mut().filter(|c| fresh(&c.replica)) {
+                c.reason = Reason::Fresh;
+            }
+        }
+    }
+    Ok(ReadPlan {
+        scope,
+        primary,
+        fallback,
+    })
+}

@@ -1,0 +1,1741 @@
+//! The replica state machine: scoped streams, tree forwarding, gap repair, exact
+//! watermarks, heartbeats, snapshots and failure suspicion — with no I/O.
+//!
+//! Shaped like quinn-proto: inputs are `handle_*(now, …)` and [`Replica::propose`];
+//! outputs are pulled with [`Replica::poll_transmit`], [`Replica::poll_timeout`] and
+//! [`Replica::poll_event`]. Storage goes through [`Storage`]; time arrives as
+//! [`Now`]; randomness comes from a seeded generator. The QUIC node and the simulator
+//! drive this same code.
+//!
+//! ## Driving it
+//! 1. Feed inputs: frames from peers (`handle_frame`), timer expiry
+//!    (`handle_timeout`), local writes (`propose`), view changes (`handle_view`).
+//! 2. Call [`Replica::flush`]: one `Storage::sync` for everything since the last
+//!    flush (group commit). Only then are local writes acknowledged
+//!    ([`Event::Committed`]) and sent, and watermarks advertised (I2, I6).
+//! 3. Drain `poll_transmit` (tell [`Replica::handle_sent`] when a frame has left or
+//!    was dropped, to release its in-flight bytes), `poll_event`, and arm a timer for
+//!    `poll_timeout`.
+//!
+//! ## Streams
+//! Every write belongs to a scope (the row's placement policy) and gets the next
+//! sequence of its (scope, origin) stream. Receivers apply each stream strictly in
+//! order, drop duplicates, buffer out-of-order entries (at most `reorder_window`
+//! ahead) and ask neighbours for missing ranges; a replica whose gap is older than a
+//! neighbour's retained log gets a snapshot. Each entry is forwarded along the
+//! scope's tree to every neighbour but the one it came from. The tree only decides
+//! who forwards to whom; sequences, duplicate drop and gap repair make any tree, or
+//! none, converge (principle 2, I8).
+
+use crate::frame::{Frame, FrameClass, FrameLimits, GapFill, GapRequest, Heartbeat, SnapshotChunk};
+use crate::hlc::{HybridClock, Timestamp};
+use crate::ids::{ReplicaId, ScopeId};
+use crate::limits::Limits;
+use crate::mutation::RowMutation;
+use crate::row::Version;
+use crate::storage::{LogEntry, RowWrite, Storage, Watermark, WriteBatch};
+use crate::token::Token;
+use crate::watermark::ScopeWatermarks;
+use crate::{Error, StorageError};
+use bytes::Bytes;
+use pangea_topology::{Deployment, Tree};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+/// Time as the driver sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// Monotonic microseconds (timers). Never goes backwards.
+    pub mono_us: u64,
+    /// Wall-clock Unix milliseconds (the HLC's physical time). May jump.
+    pub wall_ms: u64,
+}
+
+/// Tuning of a replica. Every bound is named and documented.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Each replica sends its heartbeat this often (default 50 ms).
+    pub heartbeat_interval_ms: u64,
+    /// Heartbeats learned from others are forwarded after at most this long,
+    /// coalesced into one frame per neighbour (default 5 ms).
+    pub heartbeat_forward_delay_ms: u64,
+    /// Every n-th heartbeat carries the replica's applied watermarks, from which
+    /// everyone computes the purge horizon (default 10: twice a second).
+    pub applied_gossip_every: u64,
+    /// A member silent this long is suspected and routed around (default 1 s).
+    pub suspect_after_ms: u64,
+    /// Suspected members are probed with a direct heartbeat this often (default 1 s).
+    pub probe_interval_ms: u64,
+    /// Out-of-order entries more than this many sequences ahead of the applied
+    /// watermark are refused (default 4,096 per stream); gap repair fetches them later.
+    pub reorder_window: u64,
+    /// A gap request unanswered this long is retried with another peer (default 200 ms).
+    pub gap_retry_ms: u64,
+    /// How long a stream may look behind before a gap request goes out (default
+    /// 100 ms): entries still in flight on another path, or queued behind a
+    /// heartbeat, usually arrive within it.
+    pub gap_grace_ms: u64,
+    /// Most entries asked for, or sent, in one gap request (default 512).
+    pub gap_entries_max: usize,
+    /// Log entries kept per stream even when someone still needs them; a replica
+    /// further behind gets a snapshot (default 1,000,000).
+    pub log_entries_retained_max: u64,
+    /// Target size of one snapshot chunk (default 1 MiB; a single larger row still
+    /// goes whole).
+    pub snapshot_chunk_bytes_max: usize,
+    /// Bytes handed to the driver for one peer and not yet reported sent (default
+    /// 8 MiB). Beyond it, frames wait in the replica.
+    pub inflight_bytes_max: usize,
+    /// Bytes of mutations waiting for one peer beyond which new ones are dropped
+    /// and left to gap repair (default 32 MiB), so a slow peer cannot exhaust memory.
+    pub queued_bytes_max: usize,
+    /// Small mutations to one peer are coalesced into frames of at most this size
+    /// (default 256 KiB).
+    pub batch_bytes_max: usize,
+    /// Remote timestamps further ahead than this are refused (default 500 ms).
+    pub max_offset_ms: u64,
+    /// How often the purge horizon is recomputed and logs truncated (default 1 s).
+    pub compaction_interval_ms: u64,
+    pub limits: Limits,
+    pub frame_limits: FrameLimits,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            heartbeat_interval_ms: 50,
+            heartbeat_forward_delay_ms: 5,
+            applied_gossip_every: 10,
+            suspect_after_ms: 1_000,
+            probe_interval_ms: 1_000,
+            reorder_window: 4_096,
+            gap_retry_ms: 200,
+            gap_grace_ms: 100,
+            gap_entries_max: 512,
+            log_entries_retained_max: 1_000_000,
+            snapshot_chunk_bytes_max: 1 << 20,
+            inflight_bytes_max: 8 << 20,
+            queued_bytes_max: 32 << 20,
+            batch_bytes_max: 256 << 10,
+            max_offset_ms: crate::hlc::MAX_OFFSET_MS_DEFAULT,
+            compaction_interval_ms: 1_000,
+            limits: Limits::default(),
+            frame_limits: FrameLimits::default(),
+        }
+    }
+}
+
+/// A frame for the driver to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    pub to: ReplicaId,
+    pub frame: Frame,
+    pub class: FrameClass,
+    /// Encoded size, counted against the peer's in-flight bound until
+    /// [`Replica::handle_sent`].
+    pub bytes: usize,
+}
+
+/// Why a frame (or part of one) from a peer was refused. Counted per reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Reject {
+    /// From a replica not in the topology.
+    UnknownPeer,
+    /// A scope this replica does not belong to (or that does not exist).
+    UnknownScope,
+    /// A sender or origin outside the scope's policy (residency).
+    NotInScope,
+    /// A sequence more than `reorder_window` ahead of the applied watermark.
+    SequenceTooFarAhead,
+    /// A timestamp more than `max_offset` ahead of local time (I1).
+    TimestampAhead,
+    /// An entry claiming to be this replica's own write, beyond what it wrote.
+    ForeignOwnSequence,
+    /// Not parseable or out of bounds (see `Frame::from_proto`).
+    Malformed,
+}
+
+impl Reject {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reject::UnknownPeer => "unknown_peer",
+            Reject::UnknownScope => "unknown_scope",
+            Reject::NotInScope => "not_in_scope",
+            Reject::SequenceTooFarAhead => "sequence_too_far_ahead",
+            Reject::TimestampAhead => "timestamp_ahead",
+            Reject::ForeignOwnSequence => "foreign_own_sequence",
+            Reject::Malformed => "malformed",
+        }
+    }
+}
+
+/// What happened, for drivers, metrics and checkers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// An entry was applied (in stream order).
+    Applied {
+        scope: ScopeId,
+        origin: ReplicaId,
+        sequence: u64,
+    },
+    /// A durable watermark advanced (after a flush).
+    WatermarkAdvanced {
+        scope: ScopeId,
+        origin: ReplicaId,
+        watermark: Watermark,
+    },
+    /// A local write is durable and on its way: acknowledge it.
+    Committed(Token),
+    GapDetected {
+        scope: ScopeId,
+        origin: ReplicaId,
+        from: u64,
+        to: u64,
+    },
+    PeerSuspected(ReplicaId),
+    PeerRecovered(ReplicaId),
+    TreeChanged {
+        scope: ScopeId,
+        edges: usize,
+    },
+    /// This replica is too far behind a neighbour's log: it asked `from` for a snapshot.
+    SnapshotNeeded {
+        scope: ScopeId,
+        from: ReplicaId,
+    },
+    SnapshotInstalled {
+        scope: ScopeId,
+        rows: u64,
+    },
+    Rejected {
+        from: ReplicaId,
+        reason: Reject,
+    },
+}
+
+/// Counters for metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub applied: u64,
+    pub duplicates: u64,
+    pub buffered: u64,
+    pub gap_requests: u64,
+    pub snapshots_sent: u64,
+    pub snapshots_installed: u64,
+    pub dropped_queue_full: u64,
+    pub rejected: BTreeMap<Reject, u64>,
+}
+
+/// One origin's stream in one scope, as this replica has applied it.
+#[derive(Debug, Clone, Default)]
+struct Stream {
+    /// Applied in order (maybe not yet durable).
+    applied: Watermark,
+    /// As of the last flush: what reads, tokens and gossip see.
+    durable: Watermark,
+    /// Whether `applied` has a timestamp advance not yet written to storage.
+    dirty: bool,
+    /// Out-of-order entries, with the peer each came from.
+    pending: BTreeMap<u64, (LogEntry, ReplicaId)>,
+    /// The highest sequence known to exist.
+    known_last: u64,
+    /// The newest heartbeat seen from the origin: (sequence, timestamp).
+    heartbeat: (u64, Timestamp),
+    /// A peer likely to have what we miss (it sent us something later).
+    hint: Option<ReplicaId>,
+    /// Since when the stream has looked behind (`known_last > applied`).
+    behind_since_us: Option<u64>,
+    gap: Option<GapInFlight>,
+}
+
+#[derive(Debug, Clone)]
+struct GapInFlight {
+    asked: ReplicaId,
+    at_us: u64,
+    attempt: u32,
+}
+
+#[derive(Debug, Clone)]
+struct ScopeState {
+    members: BTreeSet<ReplicaId>,
+    /// Members that store rows and write: the origins.
+    origins: BTreeSet<ReplicaId>,
+    tree: Tree,
+    streams: BTreeMap<ReplicaId, Stream>,
+    /// Gossip: what each member reported as applied, per origin.
+    applied_by: BTreeMap<ReplicaId, BTreeMap<ReplicaId, Watermark>>,
+    purge_horizon: Timestamp,
+    /// Heartbeats to forward: origin -> (heartbeat, the neighbour it came from).
+    heartbeat_news: BTreeMap<ReplicaId, (Heartbeat, ReplicaId)>,
+    /// An incoming snapshot, if one is being installed.
+    incoming: Option<Incoming>,
+    /// Members that recently sent us tree traffic (mutations, heartbeats) directly,
+    /// until when. We forward to them as if they were tree neighbours: when views of
+    /// the tree differ (a topology rollout, different suspicions), each side still
+    /// reaches the other, so no replica is left without a feed (I8).
+    inbound: BTreeMap<ReplicaId, u64>,
+}
+
+impl ScopeState {
+    /// Where this replica forwards: its tree neighbours and its inbound neighbours.
+    fn forward_set(&self, me: &ReplicaId) -> Vec<ReplicaId> {
+        let mut out: Vec<ReplicaId> = self.tree.neighbours(me).to_vec();
+        for n in self.inbound.keys() {
+            if !out.contains(n) {
+                out.push(n.clone());
+            }
+        }
+        out
+    }
+
+    fn adopt(&mut self, from: &ReplicaId, until_us: u64) {
+        if self.members.contains(from) {
+            self.inbound.insert(from.clone(), until_us);
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Incoming {
+    from: ReplicaId,
+    snapshot_id: Option<u64>,
+    next_index: u32,
+    rows: u64,
+    asked_at_us: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Outgoing {
+    scope: ScopeId,
+    snapshot_id: u64,
+    index: u32,
+    watermarks: Vec<(ReplicaId, Watermark)>,
+    tables: VecDeque<Arc<str>>,
+    after: Option<Bytes>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Peer {
+    last_heard_us: u64,
+    suspected: bool,
+    inflight_bytes: usize,
+    /// Mutations waiting to be batched, and their bytes.
+    mutations: VecDeque<(LogEntry, usize)>,
+    queued_bytes: usize,
+    /// Heartbeats waiting to be batched.
+    heartbeats: Vec<Heartbeat>,
+    /// Other frames, in order.
+    frames: VecDeque<Frame>,
+    /// Snapshots this replica streams to the peer.
+    outgoing: VecDeque<Outgoing>,
+}
+
+/// A replica of one deployment. See the module documentation.
+#[derive(Debug)]
+pub struct Replica<S: Storage> {
+    id: ReplicaId,
+    deployment: Arc<Deployment>,
+    config: Config,
+    storage: S,
+    clock: HybridClock,
+    rng: crate::rng::Rng,
+    stores_rows: bool,
+    scopes: BTreeMap<ScopeId, ScopeState>,
+    peers: BTreeMap<ReplicaId, Peer>,
+    /// Round-robin position over peers in `poll_transmit`, for fairness.
+    next_peer: usize,
+    events: VecDeque<Event>,
+    /// Local writes applied but not yet durable: forwarded and acknowledged at flush.
+    unflushed: Vec<LogEntry>,
+    next_heartbeat_us: u64,
+    heartbeats_sent: u64,
+    forward_heartbeats_at_us: Option<u64>,
+    next_probe_us: u64,
+    next_compaction_us: u64,
+    next_check_us: u64,
+    /// Where the compaction sweep resumes: (table, after this key).
+    sweep: Option<(Arc<str>, Bytes)>,
+    stats: Stats,
+}
+
+impl<S: Storage> Replica<S> {
+    /// Opens the replica `id` over `storage`, restoring its streams and clock from
+    /// what the storage holds (after a crash too).
+    pub fn new(
+        id: ReplicaId,
+        deployment: Arc<Deployment>,
+        config: Config,
+        storage: S,
+        seed: u64,
+        now: Now,
+    ) -> Result<Self, Error> {
+        let role = deployment
+            .topology
+            .replica(id.as_str())
+            .map(|r| r.role)
+            .ok_or_else(|| Error::malformed("replica", format!("{id} is not in the topology")))?;
+        let mut r = Replica {
+            id,
+            clock: HybridClock::new(config.max_offset_ms),
+            deployment,
+            config,
+            storage,
+            rng: crate::rng::Rng::new(seed),
+            stores_rows: role.stores_rows(),
+            scopes: BTreeMap::new(),
+            peers: BTreeMap::new(),
+            next_peer: 0,
+            events: VecDeque::new(),
+            unflushed: Vec::new(),
+            next_heartbeat_us: now.mono_us,
+            heartbeats_sent: 0,
+            forward_heartbeats_at_us: None,
+            next_probe_us: now.mono_us,
+            next_compaction_us: now.mono_us,
+            next_check_us: now.mono_us,
+            sweep: None,
+            stats: Stats::default(),
+        };
+        r.rebuild_scopes(now);
+        // Restore durable watermarks; the clock never issues below what we wrote (I1).
+        for (scope, origin, wm) in r.storage.watermarks()? {
+            if origin == r.id {
+                r.clock.restore(wm.timestamp);
+            }
+            if let Some(s) = r.scopes.get_mut(&scope) {
+                let st = s.streams.entry(origin).or_default();
+                st.applied = wm;
+                st.durable = wm;
+                st.known_last = wm.sequence;
+            }
+        }
+        Ok(r)
+    }
+
+    pub fn id(&self) -> &ReplicaId {
+        &self.id
+    }
+
+    pub fn deployment(&self) -> &Arc<Deployment> {
+        &self.deployment
+    }
+
+    pub fn storage(&self) -> &S {
+        &self.storage
+    }
+
+    /// For tests and tools that need to reach the store (e.g. to crash it).
+    pub fn storage_mut(&mut self) -> &mut S {
+        &mut self.storage
+    }
+
+    pub fn into_storage(self) -> S {
+        self.storage
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The scopes this replica belongs to.
+    pub fn scopes(&self) -> impl Iterator<Item = &ScopeId> {
+        self.scopes.keys()
+    }
+
+    /// The current tree of a scope, as this replica sees it.
+    pub fn tree(&self, scope: &ScopeId) -> Option<&Tree> {
+        self.scopes.get(scope).map(|s| &s.tree)
+    }
+
+    /// Durable watermarks for `scope`: what reads may rely on (I6).
+    pub fn watermarks(&self, scope: &ScopeId) -> Option<ScopeWatermarks> {
+        let s = self.scopes.get(scope)?;
+        let origins = s
+            .origins
+            .iter()
+            .map(|o| {
+                (
+                    o.clone(),
+                    s.streams.get(o).map(|st| st.durable).unwrap_or_default(),
+                )
+            })
+            .collect();
+        Some(ScopeWatermarks {
+            scope: scope.clone(),
+            origins,
+        })
+    }
+
+    /// The purge horizon this replica computed for `scope`.
+    pub fn purge_horizon(&self, scope: &ScopeId) -> Option<Timestamp> {
+        self.scopes.get(scope).map(|s| s.purge_horizon)
+    }
+
+    /// A one-line-per-stream dump of replication state, for diagnosing a stuck
+    /// stream (checkers print it when a run does not converge).
+    pub fn debug_state(&self) -> String {
+        let mut out = String::new();
+        for (scope, s) in &self.scopes {
+            let neighbours: Vec<&str> = s
+                .tree
+                .neighbours(&self.id)
+                .iter()
+                .map(|r| r.as_str())
+                .collect();
+            out += &format!(
+                "{} scope {scope}: tree neighbours {neighbours:?}, incoming {:?}\n",
+                self.id, s.incoming
+            );
+            for (o, st) in &s.streams {
+                out += &format!(
+                    "  {o}: applied #{} durable #{} known #{} pending {:?} hb {:?} hint {:?} behind {:?} gap {:?}\n",
+                    st.applied.sequence,
+                    st.durable.sequence,
+                    st.known_last,
+                    st.pending.keys().collect::<Vec<_>>(),
+                    st.heartbeat,
+                    st.hint,
+                    st.behind_since_us,
+                    st.gap
+                );
+            }
+        }
+        let suspected: Vec<&str> = self.suspected().map(|r| r.as_str()).collect();
+        out += &format!("  suspected {suspected:?}\n");
+        out
+    }
+
+    pub fn suspected(&self) -> impl Iterator<Item = &ReplicaId> {
+        self.peers
+            .iter()
+            .filter(|(_, p)| p.suspected)
+            .map(|(id, _)| id)
+    }
+
+    fn live_set(&self, members: &BTreeSet<ReplicaId>) -> BTreeSet<ReplicaId> {
+        members
+            .iter()
+            .filter(|m| **m == self.id || !self.peers.get(*m).is_some_and(|p| p.suspected))
+            .cloned()
+            .collect()
+    }
+
+    /// (Re)computes scopes, members and trees from the deployment and the live view.
+    fn rebuild_scopes(&mut self, now: Now) {
+        let d = self.deployment.clone();
+        let mine: BTreeSet<ScopeId> = d
+            .scopes()
+            .filter(|s| d.allowed(&self.id, s))
+            .cloned()
+            .collect();
+        self.scopes.retain(|s, _| mine.contains(s));
+        for scope in &mine {
+            let members = d.scope_members(scope);
+            for m in members.iter().filter(|m| **m != self.id) {
+                self.peers.entry(m.clone()).or_insert_with(|| Peer {
+                    last_heard_us: now.mono_us,
+                    ..Default::default()
+                });
+            }
+            let origins: BTreeSet<ReplicaId> = members
+                .iter()
+                .filter(|m| d.topology.replicas[*m].role.stores_rows())
+                .cloned()
+                .collect();
+            let live = self.live_set(&members);
+            let tree = d.tree(scope, Some(&live));
+            match self.scopes.get_mut(scope) {
+                Some(s) => {
+                    if s.tree != tree {
+                        self.events.push_back(Event::TreeChanged {
+                            scope: scope.clone(),
+                            edges: tree.edges.len(),
+                        });
+                    }
+                    s.tree = tree;
+                    s.members = members;
+                    s.origins = origins;
+                }
+                None => {
+                    self.scopes.insert(
+                        scope.clone(),
+                        ScopeState {
+                            members,
+                            origins,
+                            tree,
+                            streams: BTreeMap::new(),
+                            applied_by: BTreeMap::new(),
+                            purge_horizon: Timestamp::ZERO,
+                            heartbeat_news: BTreeMap::new(),
+                            incoming: None,
+                            inbound: BTreeMap::new(),
+                        },
+                    );
+                }
+            }
+        }
+        let all_members: BTreeSet<ReplicaId> = self
+            .scopes
+            .values()
+            .flat_map(|s| s.members.iter().cloned())
+            .collect();
+        self.peers.retain(|id, _| all_members.contains(id));
+    }
+
+    /// A new deployment (topology or placement reloaded): scopes, members and trees
+    /// are recomputed; applied state is kept.
+    pub fn handle_view(&mut self, now: Now, deployment: Arc<Deployment>) {
+        self.deployment = deployment;
+        self.rebuild_scopes(now);
+    }
+
+    fn reject(&mut self, from: &ReplicaId, reason: Reject) {
+        *self.stats.rejected.entry(reason).or_default() += 1;
+        self.events.push_back(Event::Rejected {
+            from: from.clone(),
+            reason,
+        });
+    }
+
+    /// Counts a frame the driver could not even parse.
+    pub fn note_malformed(&mut self, from: &ReplicaId) {
+        self.reject(from, Reject::Malformed);
+    }
+
+    fn heard_from(&mut self, now: Now, peer: &ReplicaId) {
+        let mut recovered = false;
+        if let Some(p) = self.peers.get_mut(peer) {
+            p.last_heard_us = now.mono_us;
+            if p.suspected {
+                p.suspected = false;
+                recovered = true;
+            }
+        }
+        if recovered {
+            self.events.push_back(Event::PeerRecovered(peer.clone()));
+            self.rebuild_scopes(now);
+        }
+    }
+
+    // ----- local writes -----
+
+    /// Applies a local write: the next sequence of its (scope, self) stream and a new
+    /// HLC timestamp. The returned token is valid at once for reads here, but the
+    /// write is durable — and may be acknowledged to the client — only after
+    /// [`Replica::flush`] emits [`Event::Committed`] for it.
+    pub fn propose(&mut self, now: Now, mutation: RowMutation) -> Result<Token, Error> {
+        mutation.check_schema(&self.deployment.placement.schema)?;
+        let scope = self
+            .deployment
+            .scope_of(mutation.table(), mutation.row_key())
+            .clone();
+        if !self.stores_rows || !self.scopes.contains_key(&scope) {
+            return Err(Error::PolicyForbids {
+                scope: scope.to_string(),
+                replica: self.id.to_string(),
+            });
+        }
+        let timestamp = self.clock.now(now.wall_ms);
+        let sequence = self.stream_mut(&scope, &self.id.clone()).applied.sequence + 1;
+        let entry = LogEntry {
+            scope: scope.clone(),
+            origin: self.id.clone(),
+            sequence,
+            timestamp,
+            mutation,
+        };
+        self.apply_entry(now, &entry)?;
+        self.unflushed.push(entry);
+        Ok(Token {
+            scope,
+            origin: self.id.clone(),
+            sequence,
+            timestamp,
+        })
+    }
+
+    /// Makes everything applied so far durable (one `Storage::sync`), then
+    /// acknowledges and sends local writes and advertises the new watermarks.
+    pub fn flush(&mut self, now: Now) -> Result<(), Error> {
+        // Heartbeat-advanced watermark timestamps go to storage first (I6: an
+        // advertised watermark never goes backwards, across restarts too).
+        let mut batch = WriteBatch::default();
+        for (scope, s) in &mut self.scopes {
+            for (origin, st) in &mut s.streams {
+                if st.dirty {
+                    batch
+                        .watermarks
+                        .push((scope.clone(), origin.clone(), st.applied));
+                    st.dirty = false;
+                }
+            }
+        }
+        if !batch.is_empty() {
+            self.storage.write(batch)?;
+        }
+        self.storage.sync()?;
+        for (scope, s) in &mut self.scopes {
+            for (origin, st) in &mut s.streams {
+                if st.durable != st.applied {
+                    st.durable = st.applied;
+                    self.events.push_back(Event::WatermarkAdvanced {
+                        scope: scope.clone(),
+                        origin: origin.clone(),
+                        watermark: st.durable,
+                    });
+                }
+            }
+        }
+        for entry in std::mem::take(&mut self.unflushed) {
+            self.events.push_back(Event::Committed(Token {
+                scope: entry.scope.clone(),
+                origin: entry.origin.clone(),
+                sequence: entry.sequence,
+                timestamp: entry.timestamp,
+            }));
+            self.forward(now, &entry, None);
+        }
+        Ok(())
+    }
+
+    // ----- applying entries -----
+
+    /// Applies one entry in stream order: row change, log entry and watermark in one
+    /// atomic write (I2).
+    fn apply_entry(&mut self, now: Now, e: &LogEntry) -> Result<(), StorageError> {
+        let d = self.deployment.clone();
+        let table = d.placement.schema.table(e.mutation.table());
+        let horizon = self
+            .scopes
+            .get(&e.scope)
+            .map_or(Timestamp::ZERO, |s| s.purge_horizon);
+        let mut batch = WriteBatch::default();
+        if self.stores_rows {
+            let key = e.mutation.row_key();
+            let mut row = self
+                .storage
+                .get_row(e.mutation.table(), key)?
+                .unwrap_or_default();
+            row.apply(
+                &Version::new(e.timestamp, e.origin.clone()),
+                e.mutation.mutations(),
+                table,
+            );
+            // I5: everything not yet applied here is newer than the horizon.
+            row.compact(table, horizon, now.wall_ms);
+            batch.rows.push(RowWrite {
+                table: e.mutation.table().clone(),
+                key: key.clone(),
+                row: (!row.is_empty()).then_some(row),
+            });
+        }
+        let st = self
+            .scopes
+            .get_mut(&e.scope)
+            .map(|s| s.streams.entry(e.origin.clone()).or_default());
+        let Some(st) = st else { return Ok(()) };
+        let wm = Watermark {
+            sequence: e.sequence,
+            timestamp: e.timestamp.max(st.applied.timestamp),
+        };
+        batch.log.push(e.clone());
+        batch
+            .watermarks
+            .push((e.scope.clone(), e.origin.clone(), wm));
+        self.storage.write(batch)?;
+        st.applied = wm;
+        st.dirty = false;
+        st.known_last = st.known_last.max(e.sequence);
+        // A heartbeat seen earlier may now apply.
+        if st.heartbeat.0 <= wm.sequence && st.heartbeat.1 > st.applied.timestamp {
+            st.applied.timestamp = st.heartbeat.1;
+            st.dirty = true;
+        }
+        self.stats.applied += 1;
+        self.events.push_back(Event::Applied {
+            scope: e.scope.clone(),
+            origin: e.origin.clone(),
+            sequence: e.sequence,
+        });
+        Ok(())
+    }
+
+    /// Accepts an entry from `from`: applies it if next in line, buffers it if early,
+    /// drops it if old. Forwards what it applies.
+    fn accept(&mut self, now: Now, from: &ReplicaId, e: LogEntry) -> Result<(), Error> {
+        let Some(s) = self.scopes.get(&e.scope) else {
+            self.reject(from, Reject::UnknownScope);
+            return Ok(());
+        };
+        if !s.origins.contains(&e.origin) || !s.members.contains(from) {
+            self.reject(from, Reject::NotInScope);
+            return Ok(());
+        }
+        let until_us = now.mono_us + self.inbound_ttl_us();
+        let s = self.scopes.get_mut(&e.scope).expect("checked above");
+        s.adopt(from, until_us);
+        let st = s.streams.get(&e.origin).cloned().unwrap_or_default();
+        if e.sequence <= st.applied.sequence {
+            self.stats.duplicates += 1;
+            return Ok(());
+        }
+        if e.origin == self.id {
+            // We never lose our own durable writes; something claims to be ours.
+            self.reject(from, Reject::ForeignOwnSequence);
+            return Ok(());
+        }
+        if e.sequence > st.applied.sequence + self.config.reorder_window {
+            self.reject(from, Reject::SequenceTooFarAhead);
+            let st = self.stream_mut(&e.scope, &e.origin);
+            st.known_last = st.known_last.max(st.applied.sequence + 1);
+            st.hint = Some(from.clone());
+            self.maybe_request_gap(now, &e.scope.clone(), &e.origin.clone());
+            return Ok(());
+        }
+        if let Err(err) = self.clock.observe(now.wall_ms, e.timestamp) {
+            let _ = err;
+            self.reject(from, Reject::TimestampAhead);
+            return Ok(());
+        }
+        let (scope, origin) = (e.scope.clone(), e.origin.clone());
+        if e.sequence == st.applied.sequence + 1 {
+            self.apply_entry(now, &e)?;
+            self.forward(now, &e, Some(from));
+            self.drain_pending(now, &scope, &origin)?;
+        } else {
+            let st = self.stream_mut(&scope, &origin);
+            st.known_last = st.known_last.max(e.sequence);
+            st.hint = Some(from.clone());
+            if st.pending.insert(e.sequence, (e, from.clone())).is_none() {
+                self.stats.buffered += 1;
+            }
+            self.maybe_request_gap(now, &scope, &origin);
+        }
+        Ok(())
+    }
+
+    fn stream_mut(&mut self, scope: &ScopeId, origin: &ReplicaId) -> &mut Stream {
+        self.scopes
+            .get_mut(scope)
+            .expect("callers checked the scope exists")
+            .streams
+            .entry(origin.clone())
+            .or_default()
+    }
+
+    /// Applies buffered entries that have become next in line.
+    fn drain_pending(
+        &mut self,
+        now: Now,
+        scope: &ScopeId,
+        origin: &ReplicaId,
+    ) -> Result<(), Error> {
+        loop {
+            let st = self.stream_mut(scope, origin);
+            let next = st.applied.sequence + 1;
+            // Entries at or below the watermark (e.g. after a snapshot) are stale.
+            while st.pending.first_key_value().is_some_and(|(s, _)| *s < next) {
+                st.pending.pop_first();
+            }
+            let Some((e, from)) = st.pending.remove(&next) else {
+                break;
+            };
+            self.apply_entry(now, &e)?;
+            self.forward(now, &e, Some(&from));
+        }
+        let st = self.stream_mut(scope, origin);
+        if st.known_last <= st.applied.sequence {
+            st.gap = None;
+            st.behind_since_us = None;
+        } else {
+            self.maybe_request_gap(now, scope, origin);
+        }
+        Ok(())
+    }
+
+    /// Queues `e` for every tree neighbour but `except`.
+    fn forward(&mut self, _now: Now, e: &LogEntry, except: Option<&ReplicaId>) {
+        let Some(s) = self.scopes.get(&e.scope) else {
+            return;
+        };
+        let bytes = e.wire_bytes();
+        let neighbours: Vec<ReplicaId> = s
+            .forward_set(&self.id)
+            .into_iter()
+            .filter(|n| Some(n) != except)
+            .collect();
+        for n in neighbours {
+            // Residency (principle 5): never toward a replica outside the scope.
+            if !s.members.contains(&n) {
+                continue;
+            }
+            let Some(p) = self.peers.get_mut(&n) else {
+                continue;
+            };
+            if p.queued_bytes + bytes > self.config.queued_bytes_max {
+                // Gap repair will fetch it when the peer catches up.
+                self.stats.dropped_queue_full += 1;
+                continue;
+            }
+            p.queued_bytes += bytes;
+            p.mutations.push_back((e.clone(), bytes));
+        }
+    }
+
+    // ----- gap repair -----
+
+    /// Asks a peer for the missing part of a stream, unless a request is in flight.
+    fn maybe_request_gap(&mut self, now: Now, scope: &ScopeId, origin: &ReplicaId) {
+        let retry_us = self.config.gap_retry_ms * 1_000;
+        let gap_max = self.config.gap_entries_max as u64;
+        let Some(s) = self.scopes.get(scope) else {
+            return;
+        };
+        if s.incoming.is_some() {
+            return; // a snapshot is on its way
+        }
+        let Some(st) = s.streams.get(origin) else {
+            return;
+        };
+        let from = st.applied.sequence + 1;
+        let first_pending = st.pending.keys().next().copied();
+        let last = match first_pending {
+            Some(p) => p - 1,
+            None => st.known_last,
+        };
+        if last < from {
+            return;
+        }
+        let grace_us = self.config.gap_grace_ms * 1_000;
+        match st.behind_since_us {
+            None => {
+                self.stream_mut(scope, origin).behind_since_us = Some(now.mono_us);
+                return;
+            }
+            Some(t) if st.gap.is_none() && now.mono_us < t + grace_us => return,
+            Some(_) => {}
+        }
+        let attempt = match &st.gap {
+            Some(g) if now.mono_us < g.at_us + retry_us => return,
+            Some(g) => g.attempt + 1,
+            None => 0,
+        };
+        // Candidates: the hint (it sent us something later, so it applied this), tree
+        // neighbours, the origin, then any live member that stores the scope.
+        let mut candidates: Vec<ReplicaId> = Vec::new();
+        candidates.extend(st.hint.iter().cloned());
+        candidates.extend(s.forward_set(&self.id));
+        candidates.push(origin.clone());
+        candidates.extend(s.members.iter().cloned());
+        let mut seen = BTreeSet::new();
+        candidates.retain(|c| {
+            *c != self.id
+                && seen.insert(c.clone())
+                && !self.peers.get(c).is_some_and(|p| p.suspected)
+        });
+        if candidates.is_empty() {
+            return;
+        }
+        let asked = candidates[attempt as usize % candidates.len()].clone();
+        let to = last.min(from + gap_max - 1);
+        let st = self.stream_mut(scope, origin);
+        st.gap = Some(GapInFlight {
+            asked: asked.clone(),
+            at_us: now.mono_us,
+            attempt,
+        });
+        self.stats.gap_requests += 1;
+        self.events.push_back(Event::GapDetected {
+            scope: scope.clone(),
+            origin: origin.clone(),
+            from,
+            to,
+        });
+        self.queue_frame(
+            &asked,
+            Frame::GapRequest(GapRequest {
+                scope: scope.clone(),
+                origin: origin.clone(),
+                from,
+                to,
+            }),
+        );
+    }
+
+    fn queue_frame(&mut self, to: &ReplicaId, frame: Frame) {
+        if let Some(p) = self.peers.get_mut(to) {
+            p.frames.push_back(frame);
+        }
+    }
+
+    fn handle_gap_request(&mut self, from: &ReplicaId, g: GapRequest) -> Result<(), Error> {
+        let Some(s) = self.scopes.get(&g.scope) else {
+            self.reject(from, Reject::UnknownScope);
+            return Ok(());
+        };
+        if !s.members.contains(from) {
+            self.reject(from, Reject::NotInScope);
+            return Ok(());
+        }
+        let st = s.streams.get(&g.origin).cloned().unwrap_or_default();
+        // Our own writes leave only once durable; others' as soon as applied.
+        let upto = if g.origin == self.id {
+            st.durable.sequence
+        } else {
+            st.applied.sequence
+        };
+        let to = g.to.min(upto);
+        let entries = if to >= g.from {
+            let n = ((to - g.from + 1) as usize).min(self.config.gap_entries_max);
+            self.storage.read_log(&g.scope, &g.origin, g.from, n)?
+        } else {
+            Vec::new()
+        };
+        let log_start = match self.storage.log_bounds(&g.scope, &g.origin)? {
+            Some((first, _)) => first,
+            // No log at all: everything up to our watermark is gone from it.
+            None => st.applied.sequence + 1,
+        };
+        self.queue_frame(
+            from,
+            Frame::GapFill(GapFill {
+                scope: g.scope,
+                origin: g.origin,
+                entries,
+                log_start,
+            }),
+        );
+        Ok(())
+    }
+
+    fn handle_gap_fill(&mut self, now: Now, from: &ReplicaId, g: GapFill) -> Result<(), Error> {
+        if !self.scopes.contains_key(&g.scope) {
+            self.reject(from, Reject::UnknownScope);
+            return Ok(());
+        }
+        let (scope, origin) = (g.scope.clone(), g.origin.clone());
+        let wanted = self.scopes[&scope]
+            .streams
+            .get(&origin)
+            .map_or(1, |st| st.applied.sequence + 1);
+        let filled = g.entries.iter().any(|e| e.sequence == wanted);
+        for e in g.entries {
+            self.accept(now, from, e)?;
+        }
+        let st = self.stream_mut(&scope, &origin);
+        if st.gap.as_ref().is_some_and(|gap| &gap.asked == from) {
+            let attempt = st.gap.as_ref().map_or(0, |gap| gap.attempt);
+            st.gap = None;
+            if !filled
+                && g.log_start > wanted
+                && self
+                    .deployment
+                    .topology
+                    .replicas
+                    .get(from)
+                    .is_some_and(|r| r.role.stores_rows())
+            {
+                // The peer no longer has what we miss: take a snapshot from it.
+                self.request_snapshot(now, &scope, from);
+            } else if !filled {
+                // It did not have it yet; try someone else soon.
+                let st = self.stream_mut(&scope, &origin);
+                st.gap = Some(GapInFlight {
+                    asked: from.clone(),
+                    at_us: 0,
+                    attempt,
+                });
+            }
+        }
+        self.drain_pending(now, &scope, &origin)
+    }
+
+    // ----- snapshots -----
+
+    fn request_snapshot(&mut self, now: Now, scope: &ScopeId, from: &ReplicaId) {
+        let Some(s) = self.scopes.get_mut(scope) else {
+            return;
+        };
+        if s.incoming.is_some() {
+            return;
+        }
+        s.incoming = Some(Incoming {
+            from: from.clone(),
+            snapshot_id: None,
+            next_index: 0,
+            rows: 0,
+            asked_at_us: now.mono_us,
+        });
+        self.events.push_back(Event::SnapshotNeeded {
+            scope: scope.clone(),
+            from: from.clone(),
+        });
+        self.queue_frame(
+            from,
+            Frame::SnapshotRequest {
+                scope: scope.clone(),
+            },
+        );
+    }
+
+    fn handle_snapshot_request(&mut self, from: &ReplicaId, scope: ScopeId) {
+        let Some(s) = self.scopes.get(&scope) else {
+            self.reject(from, Reject::UnknownScope);
+            return;
+        };
+        if !s.members.contains(from) {
+            self.reject(from, Reject::NotInScope);
+            return;
+        }
+        if !self.stores_rows {
+            return; // relays hold no rows; the requester will time out and ask elsewhere
+        }
+        // The snapshot's rows are read over time while writes continue; every row
+        // includes at least what these watermarks cover, and rows merge as CRDTs, so
+        // a fuzzy snapshot plus the stream from these watermarks on converges (I9).
+        let watermarks: Vec<(ReplicaId, Watermark)> = s
+            .origins
+            .iter()
+            .map(|o| {
+                (
+                    o.clone(),
+                    s.streams.get(o).map(|st| st.durable).unwrap_or_default(),
+                )
+            })
+            .collect();
+        let tables: VecDeque<Arc<str>> = self
+            .deployment
+            .placement
+            .schema
+            .tables
+            .keys()
+            .cloned()
+            .collect();
+        let snapshot_id = self.rng.next_u64();
+        self.stats.snapshots_sent += 1;
+        if let Some(p) = self.peers.get_mut(from) {
+            p.outgoing.retain(|o| o.scope != scope);
+            p.outgoing.push_back(Outgoing {
+                scope,
+                snapshot_id,
+                index: 0,
+                watermarks,
+                tables,
+                after: None,
+            });
+        }
+    }
+
+    /// The next chunk of an outgoing snapshot, reading rows as it goes. A chunk
+    /// holds rows of one table.
+    fn next_chunk(&mut self, o: &mut Outgoing) -> Result<SnapshotChunk, StorageError> {
+        const SCAN_ROWS: usize = 256;
+        let d = self.deployment.clone();
+        let mut rows = Vec::new();
+        let mut bytes = 0;
+        let mut table: Option<Arc<str>> = None;
+        while bytes < self.config.snapshot_chunk_bytes_max {
+            let Some(current) = o.tables.front().cloned() else {
+                break;
+            };
+            if table.as_ref().is_some_and(|t| *t != current) {
+                break;
+            }
+            let batch = self
+                .storage
+                .scan_rows(&current, b"", o.after.as_deref(), SCAN_ROWS)?;
+            if batch.is_empty() {
+                o.tables.pop_front();
+                o.after = None;
+                continue;
+            }
+            for (key, row) in batch {
+                o.after = Some(key.clone());
+                if d.scope_of(&current, &key) != &o.scope {
+                    continue;
+                }
+                bytes += key.len() + row.value_bytes() + 64;
+                rows.push((key, row));
+                table = Some(current.clone());
+                if bytes >= self.config.snapshot_chunk_bytes_max {
+                    break;
+                }
+            }
+        }
+        // Last only once every table is exhausted (a later call finds none left).
+        let last = o.tables.is_empty();
+        let chunk = SnapshotChunk {
+            scope: o.scope.clone(),
+            snapshot_id: o.snapshot_id,
+            index: o.index,
+            table: table.unwrap_or_else(|| Arc::from("")),
+            rows,
+            watermarks: if last {
+                o.watermarks.clone()
+            } else {
+                Vec::new()
+            },
+            last,
+        };
+        o.index += 1;
+        Ok(chunk)
+    }
+
+    fn handle_snapshot_chunk(
+        &mut self,
+        now: Now,
+        from: &ReplicaId,
+        c: SnapshotChunk,
+    ) -> Result<(), Error> {
+        let d = self.deployment.clone();
+        let Some(s) = self.scopes.get_mut(&c.scope) else {
+            self.reject(from, Reject::UnknownScope);
+            return Ok(());
+        };
+        let Some(inc) = s.incoming.as_mut() else {
+            return Ok(());
+        };
+        if &inc.from != from
+            || inc.snapshot_id.is_some_and(|id| id != c.snapshot_id)
+            || c.index != inc.next_index
+        {
+            return Ok(()); // a stale or out-of-order snapshot: ignore
+        }
+        inc.snapshot_id = Some(c.snapshot_id);
+        inc.next_index += 1;
+        inc.asked_at_us = now.mono_us;
+        inc.rows += c.rows.len() as u64;
+        let horizon = s.purge_horizon;
+        let mut batch = WriteBatch::default();
+        if self.stores_rows && !c.rows.is_empty() {
+            let table = d.placement.schema.table(&c.table);
+            for (key, incoming) in c.rows {
+                // Residency: a row of another scope has no business here.
+                if d.scope_of(&c.table, &key) != &c.scope {
+                    self.reject(from, Reject::NotInScope);
+                    continue;
+                }
+                let mut row = self.storage.get_row(&c.table, &key)?.unwrap_or_default();
+                row.merge(&incoming, table);
+                row.compact(table, horizon, now.wall_ms);
+                batch.rows.push(RowWrite {
+                    table: c.table.clone(),
+                    key,
+                    row: (!row.is_empty()).then_some(row),
+                });
+            }
+        }
+        if c.last {
+            let s = self.scopes.get_mut(&c.scope).expect("checked above");
+            let rows = s.incoming.take().map_or(0, |i| i.rows);
+            for (origin, wm) in &c.watermarks {
+                if !s.origins.contains(origin) {
+                    continue;
+                }
+                let st = s.streams.entry(origin.clone()).or_default();
+                if wm.sequence > st.applied.sequence
+                    || (wm.sequence == st.applied.sequence && wm.timestamp > st.applied.timestamp)
+                {
+                    st.applied = *wm;
+                    st.known_last = st.known_last.max(wm.sequence);
+                    batch
+                        .watermarks
+                        .push((c.scope.clone(), origin.clone(), *wm));
+                }
+            }
+            self.storage.write(batch)?;
+            self.stats.snapshots_installed += 1;
+            self.events.push_back(Event::SnapshotInstalled {
+                scope: c.scope.clone(),
+                rows,
+            });
+            let origins: Vec<ReplicaId> = self.scopes[&c.scope].origins.iter().cloned().collect();
+            for origin in origins {
+                if origin != self.id {
+                    self.stream_mut(&c.scope, &origin).gap = None;
+                    self.drain_pending(now, &c.scope, &origin)?;
+                }
+            }
+        } else if !batch.is_empty() {
+            self.storage.write(batch)?;
+        }
+        Ok(())
+    }
+
+    // ----- heartbeats -----
+
+    fn own_heartbeat(&mut self, now: Now, scope: &ScopeId) -> Option<Heartbeat> {
+        let gossip = self
+            .heartbeats_sent
+            .is_multiple_of(self.config.applied_gossip_every.max(1));
+        // The promise: nothing after `durable` will carry a timestamp at or below
+        // this. Unflushed local writes (not yet sent) already have timestamps, so
+        // promise only below the first of them (I7).
+        let first_unflushed = self
+            .unflushed
+            .iter()
+            .filter(|e| &e.scope == scope)
+            .map(|e| e.timestamp)
+            .min();
+        let timestamp = match first_unflushed {
+            Some(t) => Timestamp::from_u64(t.as_u64().saturating_sub(1)),
+            None => self.clock.now(now.wall_ms),
+        };
+        let s = self.scopes.get(scope)?;
+        let own = s
+            .streams
+            .get(&self.id)
+            .map(|st| st.durable)
+            .unwrap_or_default();
+        let applied = if gossip {
+            s.origins
+                .iter()
+                .map(|o| {
+                    (
+                        o.clone(),
+                        s.streams.get(o).map(|st| st.durable).unwrap_or_default(),
+                    )
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Some(Heartbeat {
+            scope: scope.clone(),
+            origin: self.id.clone(),
+            sequence: own.sequence,
+            timestamp: if self.stores_rows {
+                timestamp.max(own.timestamp)
+            } else {
+                timestamp
+            },
+            applied,
+            purge: s.purge_horizon,
+        })
+    }
+
+    fn send_heartbeats(&mut self, now: Now) {
+        let scopes: Vec<ScopeId> = self.scopes.keys().cloned().collect();
+        let probe = now.mono_us >= self.next_probe_us;
+        if probe {
+            self.next_probe_us = now.mono_us + self.config.probe_interval_ms * 1_000;
+        }
+        for scope in scopes {
+            let Some(hb) = self.own_heartbeat(now, &scope) else {
+                continue;
+            };
+            if !hb.applied.is_empty() {
+                let mine = hb.applied.iter().cloned().collect();
+                if let Some(s) = self.scopes.get_mut(&scope) {
+                    s.applied_by.insert(self.id.clone(), mine);
+                }
+            }
+            let s = &self.scopes[&scope];
+            let mut to: Vec<ReplicaId> = s.forward_set(&self.id);
+            if probe {
+                // Probe suspected members directly, so a cut tree heals (I8).
+                to.extend(
+                    s.members
+                        .iter()
+                        .filter(|m| self.peers.get(*m).is_some_and(|p| p.suspected))
+                        .cloned(),
+                );
+            }
+            for n in to {
+                if let Some(p) = self.peers.get_mut(&n) {
+                    p.heartbeats.push(hb.clone());
+                }
+            }
+        }
+        self.heartbeats_sent += 1;
+    }
+
+    fn handle_heartbeats(
+        &mut self,
+        now: Now,
+        from: &ReplicaId,
+        hbs: Vec<Heartbeat>,
+    ) -> Result<(), Error> {
+        for hb in hbs {
+            let Some(s) = self.scopes.get(&hb.scope) else {
+                self.reject(from, Reject::UnknownScope);
+                continue;
+            };
+            if !s.members.contains(&hb.origin) || !s.members.contains(from) {
+                self.reject(from, Reject::NotInScope);
+                continue;
+            }
+            let origin_is_writer = s.origins.contains(&hb.origin);
+            let until_us = now.mono_us + self.inbound_ttl_us();
+            if let Some(s) = self.scopes.get_mut(&hb.scope) {
+                s.adopt(from, until_us);
+            }
+            if hb.origin == self.id {
+                continue;
+            }
+            if self.clock.observe(now.wall_ms, hb.timestamp).is_err() {
+                self.reject(from, Reject::TimestampAhead);
+                continue;
+            }
+            self.heard_from(now, &hb.origin.clone());
+            let (scope, origin) = (hb.scope.clone(), hb.origin.clone());
+            let s = self.scopes.get_mut(&scope).expect("checked above");
+            if !hb.applied.is_empty() {
+                let entry = s.applied_by.entry(origin.clone()).or_default();
+                for (o, w) in &hb.applied {
+                    let cur = entry.entry(o.clone()).or_default();
+                    if w.sequence > cur.sequence
+                        || (w.sequence == cur.sequence && w.timestamp > cur.timestamp)
+                    {
+                        *cur = *w;
+                    }
+                }
+            }
+            let st = s.streams.entry(origin.clone()).or_default();
+            // Only news travels on, so copies arriving over other paths stop here.
+            let news = hb.timestamp > st.heartbeat.1 || hb.sequence > st.heartbeat.0;
+            if !news {
+                continue;
+            }
+            st.heartbeat = (
+                st.heartbeat.0.max(hb.sequence),
+                st.heartbeat.1.max(hb.timestamp),
+            );
+            if origin_is_writer {
+                st.known_last = st.known_last.max(hb.sequence);
+                if st.applied.sequence >= hb.sequence {
+                    if hb.timestamp > st.applied.timestamp {
+                        st.applied.timestamp = hb.timestamp;
+                        st.dirty = true;
+                    }
+                } else {
+                    st.hint = Some(from.clone());
+                }
+            }
+            s.heartbeat_news.insert(origin.clone(), (hb, from.clone()));
+            if self.forward_heartbeats_at_us.is_none() {
+                self.forward_heartbeats_at_us =
+                    Some(now.mono_us + self.config.heartbeat_forward_delay_ms * 1_000);
+            }
+            if origin_is_writer {
+                self.maybe_request_gap(now, &scope, &origin);
+            }
+        }
+        Ok(())
+    }
+
+    fn forward_heartbeat_news(&mut self) {
+        let mut out: BTreeMap<ReplicaId, Vec<Heartbeat>> = BTreeMap::new();
+        for s in self.scopes.values_mut() {
+            let neighbours = s.forward_set(&self.id);
+            for (_, (hb, came_from)) in std::mem::take(&mut s.heartbeat_news) {
+                for n in neighbours
+                    .iter()
+                    .filter(|n| **n != came_from && **n != hb.origin)
+                {
+                    out.entry(n.clone()).or_default().push(hb.clone());
+                }
+            }
+        }
+        for (n, hbs) in out {
+            if let Some(p) = self.peers.get_mut(&n) {
+                p.heartbeats.extend(hbs);
+            }
+        }
+    }
+
+    // ----- compaction -----
+
+    /// Recomputes purge horizons, truncates logs below them, and sweeps some rows.
+    fn compact(&mut self, now: Now) -> Result<(), Error> {
+        const SWEEP_ROWS_MAX: usize = 1_000;
+        let d = self.deployment.clone();
+        let scopes: Vec<ScopeId> = self.scopes.keys().cloned().collect();
+        for scope in scopes {
+            let s = self.scopes.get_mut(&scope).expect("listed above");
+            // Our own durable state counts as our report.
+            let mine: BTreeMap<ReplicaId, Watermark> = s
+                .origins
+                .iter()
+                .map(|o| {
+                    (
+                        o.clone(),
+                        s.streams.get(o).map(|st| st.durable).unwrap_or_default(),
+                    )
+                })
+                .collect();
+            s.applied_by.insert(self.id.clone(), mine);
+            // The horizon needs a report from every member (I5): until then, nothing.
+            let complete = s.members.iter().all(|m| s.applied_by.contains_key(m));
+            if !complete || s.origins.is_empty() {
+                continue;
+            }
+            let mut horizon_seq: BTreeMap<&ReplicaId, u64> = BTreeMap::new();
+            let mut horizon_ts = Timestamp::MAX;
+            for m in &s.members {
+                let report = &s.applied_by[m];
+                for o in &s.origins {
+                    let w = report.get(o).copied().unwrap_or_default();
+                    let h = horizon_seq.entry(o).or_insert(u64::MAX);
+                    *h = (*h).min(w.sequence);
+                    horizon_ts = horizon_ts.min(w.timestamp);
+                }
+            }
+            if horizon_ts > s.purge_horizon {
+                s.purge_horizon = horizon_ts;
+            }
+            let mut batch = WriteBatch::default();
+            for (o, h) in horizon_seq {
+                let applied = s.streams.get(o).map_or(0, |st| st.durable.sequence);
+                let keep_from =
+                    (h + 1).max(applied.saturating_sub(self.config.log_entries_retained_max));
+                if let Some((first, _)) = self.storage.log_bounds(&scope, o)?
+                    && first < keep_from
+                {
+                    batch
+                        .truncate_log
+                        .push((scope.clone(), o.clone(), keep_from));
+                }
+            }
+            if !batch.is_empty() {
+                self.storage.write(batch)?;
+            }
+        }
+        // Sweep: purge tombstones and expired versions of rows nobody writes to.
+        if self.stores_rows {
+            let tables: Vec<Arc<str>> = d.placement.schema.tables.keys().cloned().collect();
+            if tables.is_empty() {
+                return Ok(());
+            }
+            let (table, after) = self
+                .sweep
+                .take()
+                .unwrap_or_else(|| (tables[0].clone(), Bytes::new()));
+            let rows = self.storage.scan_rows(
+                &table,
+                b"",
+                (!after.is_empty()).then_some(&after[..]),
+                SWEEP_ROWS_MAX,
+            )?;
+            let mut batch = WriteBatch::default();
+            let mut last = None;
+            for (key, mut row) in rows {
+                last = Some(key.clone());
+                let scope = d.scope_of(&table, &key);
+                let Some(horizon) = self.scopes.get(scope).map(|s| s.purge_horizon) else {
+                    continue;
+                };
+                let before = row.clone();
+                row.compact(d.placement.schema.table(&table), horizon, now.wall_ms);
+                if row != before {
+                    batch.rows.push(RowWrite {
+                        table: table.clone(),
+                        key,
+                        row: (!row.is_empty()).then_some(row),
+                    });
+                }
+            }
+            if !batch.is_empty() {
+                self.storage.write(batch)?;
+            }
+            let next = match last {
+                Some(k) => (table, k),
+                None => {
+                    let i = tables
+                        .iter()
+                        .position(|t| *t == table)
+                        .map_or(0, |i| (i + 1) % tables.len());
+                    (tables[i].clone(), Bytes::new())
+                }
+            };
+            self.sweep = Some(next);
+        }
+        Ok(())
+    }
+
+    // ----- inputs -----
+
+    /// A frame arrived from peer `from` (authenticated by the transport).
+    pub fn handle_frame(&mut self, now: Now, from: &ReplicaId, frame: Frame) -> Result<(), Error> {
+        if !self.peers.contains_key(from) {
+            self.reject(from, Reject::UnknownPeer);
+            return Ok(());
+        }
+        self.heard_from(now, from);
+        match frame {
+            Frame::Mutations(entries) => {
+                for e in entries {
+                    self.accept(now, from, e)?;
+                }
+            }
+            Frame::Heartbeats(hbs) => self.handle_heartbeats(now, from, hbs)?,
+            Frame::GapRequest(g) => self.handle_gap_request(from, g)?,
+            Frame::GapFill(g) => self.handle_gap_fill(now, from, g)?,
+            Frame::SnapshotRequest { scope } => self.handle_snapshot_request(from, scope),
+            Frame::SnapshotChunk(c) => self.handle_snapshot_chunk(now, from, c)?,
+        }
+        Ok(())
+    }
+
+    /// A frame of `bytes` to `to` has left (or was dropped): release its in-flight bytes.
+    pub fn handle_sent(&mut self, to: &ReplicaId, bytes: usize) {
+        if let Some(p) = self.peers.get_mut(to) {
+            p.inflight_bytes = p.inflight_bytes.saturating_sub(bytes);
+        }
+    }
+
+    /// Timers: heartbeats, heartbeat forwarding, suspicion, gap retries, compaction.
+    pub fn handle_timeout(&mut self, now: Now) -> Result<(), Error> {
+        if now.mono_us >= self.next_heartbeat_us {
+            self.next_heartbeat_us = now.mono_us + self.config.heartbeat_interval_ms * 1_000;
+            self.send_heartbeats(now);
+        }
+        if self
+            .forward_heartbeats_at_us
+            .is_some_and(|t| now.mono_us >= t)
+        {
+            self.forward_heartbeats_at_us = None;
+            self.forward_heartbeat_news();
+        }
+        if now.mono_us >= self.next_check_us {
+            self.next_check_us = now.mono_us + self.config.gap_retry_ms * 1_000 / 2;
+            self.check_peers(now);
+            self.retry_gaps(now);
+        }
+        if now.mono_us >= self.next_compaction_us {
+            self.next_compaction_us = now.mono_us + self.config.compaction_interval_ms * 1_000;
+            self.compact(now)?;
+        }
+        Ok(())
+    }
+
+    /// How long a member that sent us tree traffic stays an inbound neighbour:
+    /// longer than the probe interval, so probes alone keep a cut-off replica fed.
+    fn inbound_ttl_us(&self) -> u64 {
+        (3 * self.config.heartbeat_interval_ms).max(2 * self.config.probe_interval_ms) * 1_000
+    }
+
+    fn check_peers(&mut self, now: Now) {
+        for s in self.scopes.values_mut() {
+            s.inbound.retain(|_, until| *until > now.mono_us);
+        }
+        let limit_us = self.config.suspect_after_ms * 1_000;
+        let mut changed = false;
+        for (id, p) in &mut self.peers {
+            if !p.suspected && now.mono_us.saturating_sub(p.last_heard_us) > limit_us {
+                p.suspected = true;
+                changed = true;
+                self.events.push_back(Event::PeerSuspected(id.clone()));
+            }
+        }
+        if changed {
+            self.rebuild_scopes(now);
+        }
+    }
+
+    fn retry_gaps(&mut self, now: Now) {
+        let snapshot_timeout_us = self.config.suspect_after_ms * 1_000 * 2;
+        let mut work = Vec::new();
+        for (scope, s) in &mut self.scopes {
+            if let Some(inc) = &s.incoming
+                && now.mono_us.saturating_sub(inc.asked_at_us) > snapshot_timeout_us
+            {
+                // The snapshot stalled (sender gone?): forget it; gap repair will
+                // start over and ask someone else.
+                s.incoming = None;
+            }
+            for (origin, st) in &s.streams {
+                if st.known_last > st.applied.sequence {
+                    work.push((scope.clone(), origin.clone()));
+                }
+            }
+        }
+        for (scope, origin) in work {
+            self.maybe_request_gap(now, &scope, &origin);
+        }
+    }
+
+    /// When the driver should call `handle_timeout` next.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let mut t = self
+            .next_heartbeat_us
+            .min(self.next_check_us)
+            .min(self.next_compaction_us);
+        if let Some(f) = self.forward_heartbeats_at_us {
+            t = t.min(f);
+        }
+        Some(t)
+    }
+
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The next frame to send: control frames first, then batched mutations, then
+    /// snapshot chunks, round-robin over peers, within each peer's in-flight bound.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        let ids: Vec<ReplicaId> = self.peers.keys().cloned().collect();
+        if ids.is_empty() {
+            return None;
+        }
+        for k in 0..ids.len() {
+            let i = (self.next_peer + k) % ids.len();
+            let id = &ids[i];
+            if let Some(t) = self.next_for(id) {
+                self.next_peer = (i + 1) % ids.len();
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    fn next_for(&mut self, id: &ReplicaId) -> Option<Transmit> {
+        let max_inflight = self.config.inflight_bytes_max;
+        let batch_max = self.config.batch_bytes_max;
+        let p = self.peers.get_mut(id)?;
+        let frame = if !p.heartbeats.is_empty() {
+            Frame::Heartbeats(std::mem::take(&mut p.heartbeats))
+        } else if let Some(f) = p.frames.pop_front() {
+            f
+        } else if !p.mutations.is_empty() && p.inflight_bytes < max_inflight {
+            let mut entries = Vec::new();
+            let mut bytes = 0;
+            while let Some((_, b)) = p.mutations.front() {
+                if !entries.is_empty() && bytes + b > batch_max {
+                    break;
+                }
+                let (e, b) = p.mutations.pop_front().expect("front exists");
+                bytes += b;
+                p.queued_bytes -= b;
+                entries.push(e);
+            }
+            Frame::Mutations(entries)
+        } else if !p.outgoing.is_empty() && p.inflight_bytes < max_inflight {
+            let mut o = p.outgoing.pop_front().expect("non-empty");
+            let chunk = match self.next_chunk(&mut o) {
+                Ok(c) => c,
+                Err(_) => return None, // storage trouble: the requester will retry
+            };
+            let p = self.peers.get_mut(id)?;
+            if !chunk.last {
+                p.outgoing.push_front(o);
+            }
+            Frame::SnapshotChunk(chunk)
+        } else {
+            return None;
+        };
+        let bytes = frame.wire_bytes();
+        let p = self.peers.get_mut(id)?;
+        p.inflight_bytes += bytes;
+        Some(Transmit {
+            to: id.clone(),
+            class: frame.class(),
+            frame,
+            bytes,
+        })
+    }
+}
