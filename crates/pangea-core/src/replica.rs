@@ -920,7 +920,8 @@ impl<S: Storage> Replica<S> {
             Some(_) => {}
         }
         let attempt = match &st.gap {
-            Some(g) if now.mono_us < g.at_us + retry_us => return,
+            // Wait at least two round trips to the peer asked before asking another.
+            Some(g) if now.mono_us < g.at_us + retry_us.max(2 * self.rtt_us(&g.asked)) => return,
             Some(g) => g.attempt + 1,
             None => 0,
         };
@@ -964,6 +965,16 @@ impl<S: Storage> Replica<S> {
                 to,
             }),
         );
+    }
+
+    /// The topology's round-trip estimate to a peer.
+    fn rtt_us(&self, peer: &ReplicaId) -> u64 {
+        (self
+            .deployment
+            .topology
+            .rtt_ms(&self.id, peer)
+            .unwrap_or(0.0)
+            * 1_000.0) as u64
     }
 
     fn queue_frame(&mut self, to: &ReplicaId, frame: Frame) {
@@ -1026,22 +1037,25 @@ impl<S: Storage> Replica<S> {
         for e in g.entries {
             self.accept(now, from, e)?;
         }
+        let stores_rows = self
+            .deployment
+            .topology
+            .replicas
+            .get(from)
+            .is_some_and(|r| r.role.stores_rows());
+        if !filled && g.log_start > wanted && stores_rows {
+            // The peer no longer has what we miss — whether or not it is the peer we
+            // are waiting on now (a slow answer still tells the truth): take a
+            // snapshot from it.
+            self.stream_mut(&scope, &origin).gap = None;
+            self.request_snapshot(now, &scope, from);
+            return self.drain_pending(now, &scope, &origin);
+        }
         let st = self.stream_mut(&scope, &origin);
         if st.gap.as_ref().is_some_and(|gap| &gap.asked == from) {
             let attempt = st.gap.as_ref().map_or(0, |gap| gap.attempt);
             st.gap = None;
-            if !filled
-                && g.log_start > wanted
-                && self
-                    .deployment
-                    .topology
-                    .replicas
-                    .get(from)
-                    .is_some_and(|r| r.role.stores_rows())
-            {
-                // The peer no longer has what we miss: take a snapshot from it.
-                self.request_snapshot(now, &scope, from);
-            } else if !filled {
+            if !filled {
                 // It did not have it yet; try someone else soon.
                 let st = self.stream_mut(&scope, &origin);
                 st.gap = Some(GapInFlight {

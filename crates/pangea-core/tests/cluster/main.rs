@@ -110,3 +110,26 @@ fn replay() {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// Seeds 57, 233, 278 and 334 found the split-view hole: replicas holding different
+/// trees each believed another replica fed a leaf, so the leaf starved and suspected
+/// everyone. Fixed by inbound neighbours (I8).
+#[test]
+fn regression_split_views_starve_a_leaf() {
+    for seed in [57, 233, 278, 334] {
+        if let Err(e) = check(seed) {
+            panic!("{e}");
+        }
+    }
+}
+
+/// Seed 2429 found a starving gap: every peer had truncated its log, but each answer
+/// arrived after the retry timer had moved on to another peer, so the "log truncated"
+/// answer was ignored and no snapshot was ever asked for. Fixed by acting on any
+/// truthful answer and by retry timers of at least two round trips.
+#[test]
+fn regression_slow_truncated_answers_still_lead_to_a_snapshot() {
+    if let Err(e) = check(2429) {
+        panic!("{e}");
+    }
+}

@@ -1,0 +1,491 @@
+//! The replica state machine, specified by small scenarios in the quinn `Pair` style:
+//! replicas in memory, frames moved by hand, time passed in.
+
+use bytes::Bytes;
+use pangea_core::frame::{Frame, FrameLimits, Heartbeat};
+use pangea_core::read::{
+    Consistency, Decision, PeerView, ReadRequest, Reason, RouteError, decide, plan_read,
+};
+use pangea_core::replica::{Config, Event, Now, Reject, Replica};
+use pangea_core::storage::{LogEntry, Storage};
+use pangea_core::{
+    Limits, MemStorage, Mutation, RowMutation, ScopeId, ScopeWatermarks, Timestamp, Token,
+};
+use pangea_proto::Message;
+use pangea_topology::{Deployment, RegionId, ReplicaId};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+fn deployment() -> Arc<Deployment> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology");
+    Arc::new(
+        Deployment::load(
+            &root.join("local-3-regions.toml"),
+            Some(&root.join("local-3-regions.placement.toml")),
+        )
+        .unwrap(),
+    )
+}
+
+const T0: u64 = 1_700_000_000_000;
+
+fn at(ms: u64) -> Now {
+    Now {
+        mono_us: ms * 1_000,
+        wall_ms: T0 + ms,
+    }
+}
+
+fn replica(d: &Arc<Deployment>, id: &str) -> Replica<MemStorage> {
+    Replica::new(
+        id.into(),
+        d.clone(),
+        Config::default(),
+        MemStorage::new(),
+        7,
+        at(0),
+    )
+    .unwrap()
+}
+
+fn set(key: &str, value: &str) -> RowMutation {
+    let m = Mutation::SetCell {
+        family: "profile".into(),
+        column: Bytes::from_static(b"p"),
+        value: Bytes::from(value.to_owned()),
+    };
+    RowMutation::new("ad_profiles", key.to_owned(), vec![m], &Limits::default()).unwrap()
+}
+
+fn events(r: &mut Replica<MemStorage>) -> Vec<Event> {
+    std::iter::from_fn(|| r.poll_event()).collect()
+}
+
+/// Moves every frame between `replicas` until none is left (no loss, no delay).
+fn pump(replicas: &mut BTreeMap<String, Replica<MemStorage>>, now: Now) {
+    loop {
+        let mut moved = false;
+        let ids: Vec<String> = replicas.keys().cloned().collect();
+        for id in &ids {
+            let r = replicas.get_mut(id).unwrap();
+            r.flush(now).unwrap();
+            let out: Vec<_> = std::iter::from_fn(|| r.poll_transmit()).collect();
+            for t in out {
+                replicas.get_mut(id).unwrap().handle_sent(&t.to, t.bytes);
+                if let Some(to) = replicas.get_mut(t.to.as_str()) {
+                    to.handle_frame(now, &ReplicaId::from(id.as_str()), t.frame)
+                        .unwrap();
+                    moved = true;
+                }
+            }
+        }
+        if !moved {
+            return;
+        }
+    }
+}
+
+#[test]
+fn a_write_is_acknowledged_only_after_flush_and_reaches_every_replica() {
+    let d = deployment();
+    let mut rs: BTreeMap<String, Replica<MemStorage>> = d
+        .topology
+        .replicas
+        .keys()
+        .map(|id| (id.to_string(), replica(&d, id.as_str())))
+        .collect();
+    let a = rs.get_mut("euw1-a").unwrap();
+    let token = a.propose(at(1), set("us/1", "hello")).unwrap();
+    assert!(
+        !events(a).iter().any(|e| matches!(e, Event::Committed(_))),
+        "not durable yet"
+    );
+    assert!(
+        a.poll_transmit().is_none(),
+        "nothing leaves before the flush"
+    );
+    a.flush(at(1)).unwrap();
+    assert!(events(a).contains(&Event::Committed(token.clone())));
+    pump(&mut rs, at(2));
+    for (id, r) in &rs {
+        let wm = r.watermarks(&ScopeId::global()).unwrap();
+        assert!(wm.covers(&token), "{id} does not cover the write");
+        let row = r.storage().get_row("ad_profiles", b"us/1").unwrap();
+        assert_eq!(
+            row.is_some(),
+            d.topology.replicas[id.as_str()].role.stores_rows(),
+            "{id}"
+        );
+    }
+}
+
+#[test]
+fn a_lost_frame_is_repaired_from_a_neighbour() {
+    let d = deployment();
+    let mut a = replica(&d, "euw1-a");
+    let mut b = replica(&d, "euw1-b");
+    let t1 = a.propose(at(1), set("us/1", "one")).unwrap();
+    a.flush(at(1)).unwrap();
+    let t2 = a.propose(at(2), set("us/2", "two")).unwrap();
+    a.flush(at(2)).unwrap();
+    // Take the entries a sends to b, and lose the first.
+    let entries: Vec<LogEntry> = std::iter::from_fn(|| a.poll_transmit())
+        .filter(|t| t.to.as_str() == "euw1-b")
+        .flat_map(|t| match t.frame {
+            Frame::Mutations(es) => es,
+            _ => vec![],
+        })
+        .collect();
+    assert_eq!(entries.len(), 2);
+    b.handle_frame(
+        at(3),
+        &"euw1-a".into(),
+        Frame::Mutations(vec![entries[1].clone()]),
+    )
+    .unwrap();
+    b.flush(at(3)).unwrap();
+    assert!(
+        !b.watermarks(&ScopeId::global()).unwrap().covers(&t2),
+        "#2 waits for #1"
+    );
+    // After the grace period, b asks someone for #1; answer from a.
+    let mut asked = None;
+    for ms in (4..400).step_by(10) {
+        b.handle_timeout(at(ms)).unwrap();
+        for t in std::iter::from_fn(|| b.poll_transmit()) {
+            if let Frame::GapRequest(g) = &t.frame {
+                asked = Some((t.to.clone(), g.clone()));
+            }
+        }
+        if asked.is_some() {
+            break;
+        }
+    }
+    let (to, gap) = asked.expect("a gap request");
+    assert_eq!((gap.from, gap.to), (1, 1));
+    assert_eq!(
+        to.as_str(),
+        "euw1-a",
+        "the peer that sent the later entry is asked first"
+    );
+    a.handle_frame(at(300), &"euw1-b".into(), Frame::GapRequest(gap))
+        .unwrap();
+    let fill = std::iter::from_fn(|| a.poll_transmit())
+        .find(|t| matches!(t.frame, Frame::GapFill(_)))
+        .unwrap();
+    b.handle_frame(at(301), &"euw1-a".into(), fill.frame)
+        .unwrap();
+    b.flush(at(301)).unwrap();
+    let wm = b.watermarks(&ScopeId::global()).unwrap();
+    assert!(wm.covers(&t1) && wm.covers(&t2));
+}
+
+fn rejections(r: &mut Replica<MemStorage>) -> Vec<Reject> {
+    events(r)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Rejected { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn hostile_frames_are_refused_counted_and_change_nothing() {
+    let d = deployment();
+    let mut a = replica(&d, "euw1-a");
+    let mut b = replica(&d, "use1-a");
+    b.propose(at(1), set("us/1", "x")).unwrap();
+    b.flush(at(1)).unwrap();
+    let good = match std::iter::from_fn(|| b.poll_transmit())
+        .find(|t| matches!(t.frame, Frame::Mutations(_)))
+        .unwrap()
+        .frame
+    {
+        Frame::Mutations(es) => es[0].clone(),
+        _ => unreachable!(),
+    };
+    let from: ReplicaId = "use1-a".into();
+    let before = a.storage().watermarks().unwrap();
+
+    // A scope that does not exist here.
+    let mut e = good.clone();
+    e.scope = "nowhere".into();
+    a.handle_frame(at(2), &from, Frame::Mutations(vec![e]))
+        .unwrap();
+    // A sequence far beyond the reorder window.
+    let mut e = good.clone();
+    e.sequence = 1_000_000;
+    a.handle_frame(at(2), &from, Frame::Mutations(vec![e]))
+        .unwrap();
+    // A timestamp a minute in the future.
+    let mut e = good.clone();
+    e.timestamp = Timestamp::new(T0 + 60_000, 0);
+    a.handle_frame(at(2), &from, Frame::Mutations(vec![e]))
+        .unwrap();
+    // A forged write of a's own stream.
+    let mut e = good.clone();
+    e.origin = "euw1-a".into();
+    a.handle_frame(at(2), &from, Frame::Mutations(vec![e]))
+        .unwrap();
+    // A replica not in the topology.
+    a.handle_frame(
+        at(2),
+        &"mallory".into(),
+        Frame::Mutations(vec![good.clone()]),
+    )
+    .unwrap();
+    // The restricted scope's heartbeat from outside the policy.
+    let hb = Heartbeat {
+        scope: "eu-resident".into(),
+        origin: from.clone(),
+        sequence: 0,
+        timestamp: Timestamp::new(T0, 0),
+        applied: vec![],
+        purge: Timestamp::ZERO,
+    };
+    a.handle_frame(at(2), &from, Frame::Heartbeats(vec![hb]))
+        .unwrap();
+
+    assert_eq!(
+        rejections(&mut a),
+        vec![
+            Reject::UnknownScope,
+            Reject::SequenceTooFarAhead,
+            Reject::TimestampAhead,
+            Reject::ForeignOwnSequence,
+            Reject::UnknownPeer,
+            Reject::NotInScope
+        ]
+    );
+    assert_eq!(a.stats().rejected.values().sum::<u64>(), 6);
+    a.flush(at(2)).unwrap();
+    assert_eq!(a.storage().watermarks().unwrap(), before, "nothing applied");
+    assert!(
+        a.storage()
+            .get_row("ad_profiles", b"us/1")
+            .unwrap()
+            .is_none()
+    );
+    // The honest entry still applies afterwards.
+    a.handle_frame(at(3), &from, Frame::Mutations(vec![good]))
+        .unwrap();
+    assert!(
+        a.storage()
+            .get_row("ad_profiles", b"us/1")
+            .unwrap()
+            .is_some()
+    );
+}
+
+#[test]
+fn oversized_and_malformed_frames_fail_to_parse() {
+    let limits = Limits::default();
+    let fl = FrameLimits {
+        entries_max: 2,
+        ..Default::default()
+    };
+    let e = LogEntry {
+        scope: ScopeId::global(),
+        origin: "a".into(),
+        sequence: 1,
+        timestamp: Timestamp::ZERO,
+        mutation: set("k", "v"),
+    };
+    let three = Frame::Mutations(vec![e.clone(), e.clone(), e.clone()]).to_proto();
+    let err = Frame::from_proto(three, &limits, &fl).unwrap_err();
+    assert!(err.to_string().contains("3 entries, limit 2"), "{err}");
+    let empty = pangea_proto::v1::ReplicationFrame { frame: None };
+    assert!(Frame::from_proto(empty, &limits, &fl).is_err());
+    let mut zero = e;
+    zero.sequence = 0;
+    assert!(Frame::from_proto(Frame::Mutations(vec![zero]).to_proto(), &limits, &fl).is_err());
+}
+
+proptest! {
+    /// Arbitrary bytes never panic the decoder, and whatever parses is bounded.
+    #[test]
+    fn frame_decoding_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
+        if let Ok(p) = pangea_proto::v1::ReplicationFrame::decode(&bytes[..]) {
+            let _ = Frame::from_proto(p, &Limits::default(), &FrameLimits::default());
+        }
+    }
+}
+
+#[test]
+fn restart_restores_streams_and_never_reuses_a_sequence() {
+    let d = deployment();
+    let mut a = replica(&d, "euw1-a");
+    let t1 = a.propose(at(1), set("us/1", "one")).unwrap();
+    a.flush(at(1)).unwrap();
+    let lost = a.propose(at(2), set("us/2", "lost")).unwrap();
+    // Crash before the flush: the second write was never acknowledged nor sent.
+    let mut storage = a.into_storage();
+    storage.crash();
+    let mut a = Replica::new("euw1-a".into(), d, Config::default(), storage, 8, at(3)).unwrap();
+    assert!(a.watermarks(&ScopeId::global()).unwrap().covers(&t1));
+    let t2 = a.propose(at(4), set("us/3", "new")).unwrap();
+    assert_eq!(
+        t2.sequence, lost.sequence,
+        "the lost write's number is free: nobody ever saw it"
+    );
+    assert!(t2.timestamp > t1.timestamp);
+}
+
+struct View(BTreeMap<ReplicaId, ScopeWatermarks>);
+
+impl PeerView for View {
+    fn rtt_ms(&self, _: &ReplicaId) -> Option<f64> {
+        None
+    }
+    fn is_down(&self, r: &ReplicaId) -> bool {
+        r.as_str() == "apne1-b"
+    }
+    fn watermarks(&self, r: &ReplicaId, _: &ScopeId) -> Option<&ScopeWatermarks> {
+        self.0.get(r)
+    }
+}
+
+#[test]
+fn read_plans_follow_mode_profile_and_placement() {
+    let d = deployment();
+    let t = &d.topology;
+    let frontend = &t.app_profiles["frontend"];
+    let tokyo: RegionId = "ap-northeast-1".into();
+    let view = View(BTreeMap::new());
+    let plan = |key: &str, c: &Consistency, profile, view: &View| {
+        plan_read(
+            &d,
+            &ReadRequest {
+                client_region: &tokyo,
+                profile,
+                table: "ad_profiles",
+                key: key.as_bytes(),
+                consistency: c,
+            },
+            view,
+            T0,
+        )
+    };
+    // Eventual from Tokyo: the healthy Tokyo replica first, the failing one last.
+    let p = plan("x/1", &Consistency::Eventual, frontend, &view).unwrap();
+    assert_eq!(p.primary[0].replica.as_str(), "apne1-a");
+    assert_eq!(p.primary.last().unwrap().replica.as_str(), "apne1-b");
+    // A row homed in us-east-1 goes there first even from Tokyo.
+    let p = plan("us/1", &Consistency::Eventual, frontend, &view).unwrap();
+    assert_eq!(
+        d.topology.replicas[&p.primary[0].replica].region.as_str(),
+        "us-east-1"
+    );
+    assert_eq!(p.primary[0].reason, Reason::Home);
+    // An EU-resident row never plans a replica outside eu-west-1.
+    let p = plan("eu/1", &Consistency::Eventual, frontend, &view).unwrap();
+    assert!(
+        p.primary
+            .iter()
+            .all(|c| d.topology.replicas[&c.replica].region.as_str() == "eu-west-1")
+    );
+    // ...and a region-local Tokyo frontend has no replica allowed for it: fail closed.
+    let local = &t.app_profiles["frontend-local"];
+    assert!(matches!(
+        plan("eu/1", &Consistency::Eventual, local, &view),
+        Err(RouteError::NoEligibleReplica { .. })
+    ));
+    // Batch work goes to the batch replica only.
+    let batch = &t.app_profiles["batch-training"];
+    let p = plan("x/1", &Consistency::Eventual, batch, &view).unwrap();
+    assert_eq!(
+        p.primary
+            .iter()
+            .map(|c| c.replica.as_str())
+            .collect::<Vec<_>>(),
+        ["use1-batch"]
+    );
+    // Row affinity: the rendezvous replica of the caller's region, if healthy.
+    let p = plan("x/7", &Consistency::RowAffinity, frontend, &view).unwrap();
+    assert_eq!(
+        Some(&p.primary[0].replica),
+        d.affinity_replica(&tokyo, b"x/7")
+            .filter(|r| r.as_str() != "apne1-b")
+    );
+    // Watermark: fall back to the origin and to replicas known to cover the token.
+    let token = Token {
+        scope: ScopeId::global(),
+        origin: "use1-a".into(),
+        sequence: 5,
+        timestamp: Timestamp::new(T0, 0),
+    };
+    let mut known = ScopeWatermarks::new(ScopeId::global());
+    known.origins.insert(
+        "use1-a".into(),
+        pangea_core::Watermark {
+            sequence: 9,
+            timestamp: Timestamp::new(T0, 0),
+        },
+    );
+    let view = View(BTreeMap::from([("euw1-b".into(), known)]));
+    let p = plan("x/1", &Consistency::Watermark(token), frontend, &view).unwrap();
+    let fb: Vec<_> = p
+        .fallback
+        .iter()
+        .map(|c| (c.replica.as_str(), c.reason))
+        .collect();
+    assert_eq!(
+        fb,
+        [
+            ("use1-a", Reason::OriginFallback),
+            ("euw1-b", Reason::Covered)
+        ]
+    );
+}
+
+#[test]
+fn decisions_compare_sequences_and_staleness() {
+    let mut wm = ScopeWatermarks::new(ScopeId::global());
+    wm.origins.insert(
+        "a".into(),
+        pangea_core::Watermark {
+            sequence: 4,
+            timestamp: Timestamp::new(T0 - 300, 0),
+        },
+    );
+    wm.origins.insert(
+        "b".into(),
+        pangea_core::Watermark {
+            sequence: 9,
+            timestamp: Timestamp::new(T0 - 100, 0),
+        },
+    );
+    let token = |seq| Token {
+        scope: ScopeId::global(),
+        origin: "a".into(),
+        sequence: seq,
+        timestamp: Timestamp::new(T0 + 10_000, 0),
+    };
+    // Covered by sequence even though the token's timestamp is "in the future".
+    assert_eq!(
+        decide(&Consistency::Watermark(token(4)), &wm, T0),
+        Decision::Serve
+    );
+    assert_eq!(
+        decide(&Consistency::Watermark(token(5)), &wm, T0),
+        Decision::NotCovered {
+            origin: "a".into(),
+            have: 4,
+            need: 5
+        }
+    );
+    assert_eq!(
+        decide(&Consistency::BoundedStaleness { max_ms: 500 }, &wm, T0),
+        Decision::Serve
+    );
+    assert_eq!(
+        decide(&Consistency::BoundedStaleness { max_ms: 200 }, &wm, T0),
+        Decision::TooStale {
+            lag_ms: 300,
+            max_ms: 200
+        }
+    );
+}
