@@ -3,6 +3,9 @@
 
 use clap::{Parser, Subcommand};
 
+mod cluster_cmd;
+mod data_cmd;
+mod node_cmd;
 mod output;
 mod store_cmd;
 mod topology_cmd;
@@ -20,6 +23,24 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run one replica.
+    Start(node_cmd::StartArgs),
+    /// Cluster certificates: a CA, replica and client leaf certificates.
+    #[command(subcommand)]
+    Certs(node_cmd::CertsCommand),
+    /// Local clusters: every replica of a topology as a process on 127.0.0.1.
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCommand),
+    /// Read one row.
+    Get(data_cmd::GetArgs),
+    /// Write cells of one row (FAMILY:COLUMN=VALUE ...); prints the write's token.
+    Put(data_cmd::PutArgs),
+    /// Delete a row or one family of it.
+    Delete(data_cmd::DeleteArgs),
+    /// Rows whose key starts with a prefix.
+    Scan(data_cmd::ScanArgs),
+    /// Watermarks of every replica (or one).
+    Watermarks(data_cmd::WatermarksArgs),
     /// Offline tools for a replica's data directory (the replica must be stopped).
     #[command(subcommand)]
     Store(store_cmd::StoreCommand),
@@ -45,10 +66,31 @@ fn quiet_on_broken_pipe() {
     }));
 }
 
+/// Logs to stderr; `PANGEA_LOG` (or `RUST_LOG`) sets the filter, default `info`.
+pub(crate) fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("PANGEA_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .map(EnvFilter::new)
+        .unwrap_or_else(|_| EnvFilter::new("info,quinn=warn,fjall=warn,lsm_tree=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 fn main() -> std::process::ExitCode {
     quiet_on_broken_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Start(args) => node_cmd::start(args),
+        Command::Certs(cmd) => node_cmd::certs(cmd),
+        Command::Cluster(cmd) => cluster_cmd::run(cmd),
+        Command::Get(a) => data_cmd::get(a),
+        Command::Put(a) => data_cmd::put(a),
+        Command::Delete(a) => data_cmd::delete(a),
+        Command::Scan(a) => data_cmd::scan(a),
+        Command::Watermarks(a) => data_cmd::watermarks(a),
         Command::Store(cmd) => store_cmd::run(cmd),
         Command::Topology(cmd) => topology_cmd::run(cmd),
     };

@@ -1299,6 +1299,20 @@ impl<S: Storage> Replica<S> {
             Some(t) => Timestamp::from_u64(t.as_u64().saturating_sub(1)),
             None => self.clock.now(now.wall_ms),
         };
+        // Our own watermark moves with our promise: we have applied all our writes,
+        // and none will come at or below it. Written at the next flush (I6).
+        if self.stores_rows {
+            let id = self.id.clone();
+            if let Some(st) = self
+                .scopes
+                .get_mut(scope)
+                .map(|s| s.streams.entry(id).or_default())
+                && timestamp > st.applied.timestamp
+            {
+                st.applied.timestamp = timestamp;
+                st.dirty = true;
+            }
+        }
         let s = self.scopes.get(scope)?;
         let own = s
             .streams

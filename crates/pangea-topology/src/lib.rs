@@ -23,6 +23,7 @@
 //! - [`svg`]: a drawing of the topology and its trees.
 
 pub mod affinity;
+pub mod cluster;
 pub mod ids;
 pub mod placement;
 pub mod plan;

@@ -1,0 +1,437 @@
+//! `pangea cluster up | down | status`: every replica of a topology as a local
+//! process on 127.0.0.1, for development, drills on real processes and tests.
+
+use anyhow::{Context, Result};
+use clap::Subcommand;
+use pangea_topology::cluster::{ClusterFile, ClusterReplica};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long `up` waits for every replica to report healthy.
+const HEALTH_WAIT: Duration = Duration::from_secs(120);
+/// How long `down` waits after SIGTERM before SIGKILL.
+const GRACE_DEFAULT_MS: u64 = 10_000;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ClusterCommand {
+    /// Start every replica of TOPOLOGY as a local process; write DIR/cluster.toml.
+    Up {
+        topology: PathBuf,
+        #[arg(long)]
+        placement: Option<PathBuf>,
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Delay traffic between replicas by the topology's latencies.
+        #[arg(long)]
+        emulate_wan: bool,
+        /// fsync (default) or os-buffer.
+        #[arg(long, default_value = "fsync")]
+        durability: String,
+    },
+    /// Stop the cluster in DIR: SIGTERM, then SIGKILL after the grace period.
+    Down {
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long, default_value_t = GRACE_DEFAULT_MS)]
+        grace_ms: u64,
+    },
+    /// Process and health of every replica.
+    Status {
+        #[arg(long, conflicts_with = "cluster")]
+        data_dir: Option<PathBuf>,
+        #[arg(long)]
+        cluster: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub(crate) fn run(cmd: ClusterCommand) -> Result<()> {
+    match cmd {
+        ClusterCommand::Up {
+            topology,
+            placement,
+            data_dir,
+            emulate_wan,
+            durability,
+        } => {
+            let cluster = up(&UpOptions {
+                topology,
+                placement,
+                data_dir,
+                emulate_wan,
+                durability,
+            })?;
+            println!(
+                "cluster {:?} is up: {} replicas",
+                cluster.name,
+                cluster.replicas.len()
+            );
+            println!(
+                "  cluster file: {}",
+                cluster_path(&cluster_dir(&cluster)).display()
+            );
+            Ok(())
+        }
+        ClusterCommand::Down { data_dir, grace_ms } => {
+            down(&data_dir, Duration::from_millis(grace_ms))
+        }
+        ClusterCommand::Status {
+            data_dir,
+            cluster,
+            json,
+        } => {
+            let path = match (data_dir, cluster) {
+                (Some(d), _) => cluster_path(&d),
+                (None, Some(c)) => c,
+                (None, None) => anyhow::bail!("say --data-dir DIR or --cluster FILE"),
+            };
+            status(&path, json)
+        }
+    }
+}
+
+fn cluster_dir(c: &ClusterFile) -> PathBuf {
+    c.topology
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+pub(crate) fn cluster_path(dir: &Path) -> PathBuf {
+    dir.join("cluster.toml")
+}
+
+pub(crate) struct UpOptions {
+    pub topology: PathBuf,
+    pub placement: Option<PathBuf>,
+    pub data_dir: PathBuf,
+    pub emulate_wan: bool,
+    pub durability: String,
+}
+
+/// A free port on 127.0.0.1 for UDP (QUIC) and one for TCP (admin). The OS picks; we
+/// release and hand it on (a small race with other processes, acceptable locally).
+fn free_udp_port() -> Result<u16> {
+    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn free_tcp_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Starts a local cluster and returns its cluster file (also written to DIR).
+pub(crate) fn up(o: &UpOptions) -> Result<ClusterFile> {
+    let deployment = crate::topology_cmd::load(&o.topology, o.placement.as_deref())?;
+    let dir = std::fs::canonicalize({
+        std::fs::create_dir_all(&o.data_dir)
+            .with_context(|| format!("creating {}", o.data_dir.display()))?;
+        &o.data_dir
+    })?;
+    if let Ok(existing) = ClusterFile::load(&cluster_path(&dir))
+        && existing.replicas.iter().any(|r| r.pid.is_some_and(alive))
+    {
+        anyhow::bail!(
+            "a cluster is already running in {} (pangea cluster down --data-dir {0})",
+            dir.display()
+        );
+    }
+    // Certificates: a CA, one per replica, one client per app profile.
+    let certs = dir.join("certs");
+    if !pangea_net::certs::ca_cert_path(&certs).exists() {
+        pangea_net::certs::init_ca(&certs)?;
+    }
+    for r in deployment.topology.replicas.values() {
+        if !pangea_net::certs::replica_cert_path(&certs, r.id.as_str()).exists() {
+            pangea_net::certs::issue_replica(&certs, r.id.as_str(), r.region.as_str())?;
+        }
+    }
+    for p in deployment.topology.app_profiles.keys() {
+        let name = format!("client-{p}");
+        if !pangea_net::certs::client_cert_path(&certs, &name).exists() {
+            pangea_net::certs::issue_client(&certs, &name, p)?;
+        }
+    }
+    // Addresses: reuse the ports of an earlier run of this directory when possible,
+    // so data directories and cluster files stay valid across restarts.
+    let earlier = ClusterFile::load(&cluster_path(&dir)).ok();
+    let mut replicas = Vec::new();
+    for r in deployment.topology.replicas.values() {
+        let before = earlier.as_ref().and_then(|c| c.replica(r.id.as_str()));
+        let (address, admin) = match before {
+            Some(b) => (b.address.clone(), b.admin.clone()),
+            None => (
+                format!("127.0.0.1:{}", free_udp_port()?),
+                format!("127.0.0.1:{}", free_tcp_port()?),
+            ),
+        };
+        replicas.push(ClusterReplica {
+            id: r.id.to_string(),
+            region: r.region.to_string(),
+            address,
+            admin,
+            data_dir: dir.join("replicas").join(r.id.as_str()),
+            pid: None,
+            log: Some(dir.join("logs").join(format!("{}.log", r.id))),
+        });
+    }
+    // The topology with addresses filled in (comments kept).
+    let text = std::fs::read_to_string(&o.topology)?;
+    let mut doc: toml_edit::DocumentMut = text.parse().context("topology")?;
+    let addr_of = |id: &str| {
+        replicas
+            .iter()
+            .find(|r| r.id == id)
+            .map(|r| r.address.clone())
+    };
+    if let Some(continents) = doc
+        .get_mut("continents")
+        .and_then(|c| c.as_array_of_tables_mut())
+    {
+        for c in continents.iter_mut() {
+            let Some(regions) = c
+                .get_mut("regions")
+                .and_then(|r| r.as_array_of_tables_mut())
+            else {
+                continue;
+            };
+            for region in regions.iter_mut() {
+                let Some(reps) = region
+                    .get_mut("replicas")
+                    .and_then(|r| r.as_array_of_tables_mut())
+                else {
+                    continue;
+                };
+                for rep in reps.iter_mut() {
+                    let id = rep
+                        .get("id")
+                        .and_then(|v| v.as_str())
+                        .unwrap_or_default()
+                        .to_owned();
+                    if let Some(a) = addr_of(&id) {
+                        rep["address"] = toml_edit::value(a);
+                    }
+                }
+            }
+        }
+    }
+    let topology = dir.join("topology.toml");
+    std::fs::write(&topology, doc.to_string())?;
+    let placement = match &o.placement {
+        Some(p) => {
+            let to = dir.join("placement.toml");
+            std::fs::copy(p, &to).with_context(|| format!("copying {}", p.display()))?;
+            Some(to)
+        }
+        None => None,
+    };
+    std::fs::create_dir_all(dir.join("logs"))?;
+    let exe = std::env::current_exe()?;
+    for r in &mut replicas {
+        let log = std::fs::File::create(r.log.as_ref().expect("set above"))?;
+        let mut cmd = Command::new(&exe);
+        cmd.arg("start")
+            .arg("--topology")
+            .arg(&topology)
+            .arg("--replica")
+            .arg(&r.id)
+            .arg("--data-dir")
+            .arg(&r.data_dir)
+            .arg("--certs")
+            .arg(&certs)
+            .arg("--admin")
+            .arg(&r.admin)
+            .arg("--durability")
+            .arg(&o.durability);
+        if let Some(p) = &placement {
+            cmd.arg("--placement").arg(p);
+        }
+        if o.emulate_wan {
+            cmd.arg("--emulate-wan");
+        }
+        // Its own process group: Ctrl-C in this terminal does not reach it.
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting replica {}", r.id))?;
+        r.pid = Some(child.id());
+    }
+    let cluster = ClusterFile {
+        name: deployment.topology.name,
+        topology,
+        placement,
+        certs,
+        emulate_wan: o.emulate_wan,
+        replicas,
+    };
+    cluster
+        .save(&cluster_path(&dir))
+        .map_err(anyhow::Error::msg)?;
+    // Wait for every replica to report healthy.
+    let started = Instant::now();
+    for r in &cluster.replicas {
+        loop {
+            if health(&r.admin).is_ok_and(|(code, _)| code == 200) {
+                break;
+            }
+            if !r.pid.is_some_and(alive) {
+                let tail = r
+                    .log
+                    .as_ref()
+                    .and_then(|l| std::fs::read_to_string(l).ok())
+                    .unwrap_or_default();
+                let tail: Vec<&str> = tail.lines().rev().take(10).collect();
+                anyhow::bail!(
+                    "replica {} exited during start-up; last log lines:\n{}",
+                    r.id,
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
+            if started.elapsed() > HEALTH_WAIT {
+                anyhow::bail!(
+                    "replica {} not healthy after {:?}; see {:?}",
+                    r.id,
+                    HEALTH_WAIT,
+                    r.log
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(cluster)
+}
+
+pub(crate) fn alive(pid: u32) -> bool {
+    use nix::sys::signal::kill;
+    use nix::unistd::Pid;
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // A zombie still answers signal 0; a reaped or dead process does not.
+    kill(Pid::from_raw(pid), None).is_ok() && !is_zombie(pid)
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+pub(crate) fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    if let Ok(p) = i32::try_from(pid) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), sig);
+    }
+}
+
+pub(crate) fn down(dir: &Path, grace: Duration) -> Result<()> {
+    use nix::sys::signal::Signal;
+    let cluster = ClusterFile::load(&cluster_path(dir)).map_err(anyhow::Error::msg)?;
+    let pids: Vec<(String, u32)> = cluster
+        .replicas
+        .iter()
+        .filter_map(|r| r.pid.map(|p| (r.id.clone(), p)))
+        .collect();
+    for (_, pid) in &pids {
+        signal(*pid, Signal::SIGTERM);
+    }
+    let started = Instant::now();
+    while pids.iter().any(|(_, p)| alive(*p)) && started.elapsed() < grace {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut killed = 0;
+    for (id, pid) in &pids {
+        if alive(*pid) {
+            eprintln!("replica {id} (pid {pid}) did not stop within {grace:?}: SIGKILL");
+            signal(*pid, Signal::SIGKILL);
+            killed += 1;
+        }
+    }
+    println!(
+        "cluster {:?} stopped: {} replicas ({} killed after the grace period)",
+        cluster.name,
+        pids.len(),
+        killed
+    );
+    Ok(())
+}
+
+/// `GET /health` on an admin address: (status code, body).
+pub(crate) fn health(admin: &str) -> Result<(u16, String)> {
+    http_get(admin, "/health")
+}
+
+pub(crate) fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    let addr: SocketAddr = addr.parse()?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let code = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no HTTP status")?;
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+fn status(path: &Path, json: bool) -> Result<()> {
+    let cluster = ClusterFile::load(path).map_err(anyhow::Error::msg)?;
+    let mut rows = Vec::new();
+    for r in &cluster.replicas {
+        let running = r.pid.is_some_and(alive);
+        let healthy = running && health(&r.admin).is_ok_and(|(c, _)| c == 200);
+        rows.push(serde_json::json!({
+            "id": r.id, "region": r.region, "address": r.address, "admin": r.admin,
+            "pid": r.pid, "running": running, "healthy": healthy,
+        }));
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!("cluster {:?} ({})", cluster.name, path.display());
+    println!(
+        "{:<14} {:<16} {:<22} {:<22} {:>8} {:>8}",
+        "REPLICA", "REGION", "ADDRESS", "ADMIN", "PID", "STATE"
+    );
+    for (r, row) in cluster.replicas.iter().zip(&rows) {
+        let state = match (row["running"].as_bool(), row["healthy"].as_bool()) {
+            (Some(true), Some(true)) => "healthy",
+            (Some(true), _) => "unhealthy",
+            _ => "stopped",
+        };
+        println!(
+            "{:<14} {:<16} {:<22} {:<22} {:>8} {:>8}",
+            r.id,
+            r.region,
+            r.address,
+            r.admin,
+            r.pid.map_or("-".into(), |p| p.to_string()),
+            state
+        );
+    }
+    Ok(())
+}

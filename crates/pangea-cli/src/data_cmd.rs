@@ -1,0 +1,348 @@
+//! `pangea get | put | delete | scan | watermarks`: data commands for operators and
+//! tests, through the same client library frontends use.
+
+use crate::output::{parse_key, show_bytes, show_value};
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use clap::Args;
+use pangea_client::{
+    Client, ClientConfig, Consistency, Mutation, ReadOptions, RowMutation, ScanOptions, Token,
+    WriteOptions,
+};
+use pangea_topology::cluster::ClusterFile;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How to reach the cluster.
+#[derive(Debug, Args, Clone)]
+pub(crate) struct Connect {
+    /// The cluster file (`pangea cluster up` writes DIR/cluster.toml).
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// The region this command acts from (picks the nearest replicas).
+    #[arg(long)]
+    pub region: String,
+    #[arg(long, default_value = "frontend")]
+    pub app_profile: String,
+    /// Per-call deadline in ms (tools default to 2 s, frontends to 20 ms).
+    #[arg(long, default_value_t = 2_000)]
+    pub deadline_ms: u64,
+    #[arg(long, default_value = "ad_profiles")]
+    pub table: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl Connect {
+    pub(crate) async fn client(&self) -> Result<Client> {
+        let cluster = ClusterFile::load(&self.cluster).map_err(anyhow::Error::msg)?;
+        let config = ClientConfig::from_cluster(&cluster, &self.region, &self.app_profile)?;
+        Ok(Client::connect(config).await?)
+    }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct GetArgs {
+    #[command(flatten)]
+    connect: Connect,
+    /// eventual, affinity, watermark (needs --token) or bounded:MS.
+    #[arg(long, default_value = "eventual")]
+    consistency: String,
+    /// A token from `pangea put` (hex), for --consistency watermark.
+    #[arg(long)]
+    token: Option<String>,
+    /// Only this family.
+    #[arg(long)]
+    family: Option<String>,
+    /// Row key: text, or 0x followed by hex.
+    row: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PutArgs {
+    #[command(flatten)]
+    connect: Connect,
+    row: String,
+    /// FAMILY:COLUMN=VALUE, one or more.
+    #[arg(required = true)]
+    cells: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DeleteArgs {
+    #[command(flatten)]
+    connect: Connect,
+    row: String,
+    /// Delete only this family (default: the whole row).
+    #[arg(long)]
+    family: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ScanArgs {
+    #[command(flatten)]
+    connect: Connect,
+    #[arg(long, default_value = "eventual")]
+    consistency: String,
+    #[arg(long)]
+    token: Option<String>,
+    #[arg(long, default_value_t = 100)]
+    limit: u32,
+    prefix: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct WatermarksArgs {
+    #[command(flatten)]
+    connect: Connect,
+    /// One replica (default: every replica of the cluster).
+    #[arg(long)]
+    replica: Option<String>,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+pub(crate) fn parse_consistency(mode: &str, token: Option<&str>) -> Result<Consistency> {
+    Ok(match mode {
+        "eventual" => Consistency::Eventual,
+        "affinity" => Consistency::RowAffinity,
+        "watermark" => {
+            let hex = token.context("--consistency watermark needs --token")?;
+            let bytes = parse_key(&format!("0x{}", hex.trim_start_matches("0x")))?;
+            Consistency::Watermark(
+                Token::decode(&bytes).map_err(|e| anyhow::anyhow!("--token: {e}"))?,
+            )
+        }
+        other => match other.strip_prefix("bounded:") {
+            Some(ms) => Consistency::BoundedStaleness {
+                max_ms: ms
+                    .trim_end_matches("ms")
+                    .parse()
+                    .with_context(|| format!("--consistency {other}: bounded:MS"))?,
+            },
+            None => anyhow::bail!(
+                "--consistency {other:?}: eventual, affinity, watermark or bounded:MS"
+            ),
+        },
+    })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn served(json: bool, r: &pangea_client::Response<impl Sized>) -> serde_json::Value {
+    let _ = json;
+    serde_json::json!({
+        "replica": r.replica.as_str(),
+        "region": r.region,
+        "reason": r.reason.to_string(),
+        "latency_ms": r.latency.as_secs_f64() * 1e3,
+        "attempts": r.attempts,
+    })
+}
+
+fn row_json(row: &pangea_client::Row) -> serde_json::Value {
+    let cells: Vec<serde_json::Value> = row
+        .families
+        .iter()
+        .flat_map(|f| {
+            f.cells.iter().map(move |c| {
+                serde_json::json!({
+                    "family": f.name, "column": show_bytes(&c.column), "timestamp": c.timestamp,
+                    "origin": c.origin, "value": show_bytes(&c.value),
+                })
+            })
+        })
+        .collect();
+    serde_json::json!({ "key": show_bytes(&row.key), "cells": cells })
+}
+
+fn print_row(row: &pangea_client::Row) {
+    println!("{}", show_bytes(&row.key));
+    for f in &row.families {
+        for c in &f.cells {
+            println!(
+                "  {}:{} @ {} by {} = {}",
+                f.name,
+                show_bytes(&c.column),
+                pangea_core::Timestamp::from_u64(c.timestamp),
+                c.origin,
+                show_value(&c.value)
+            );
+        }
+    }
+}
+
+pub(crate) fn get(a: GetArgs) -> Result<()> {
+    runtime()?.block_on(async {
+        let client = a.connect.client().await?;
+        let mut opts = ReadOptions::default()
+            .with_consistency(parse_consistency(&a.consistency, a.token.as_deref())?)
+            .with_deadline(Duration::from_millis(a.connect.deadline_ms));
+        if let Some(f) = &a.family {
+            opts.filter.families = vec![f.as_str().into()];
+        }
+        let r = client.get(&a.connect.table, Bytes::from(parse_key(&a.row)?), &opts).await?;
+        if a.connect.json {
+            let v = serde_json::json!({ "row": r.value.as_ref().map(row_json), "served_by": served(true, &r) });
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            match &r.value {
+                Some(row) => print_row(row),
+                None => println!("(no row {:?})", a.row),
+            }
+            println!("-- served by {} ({}), {}, {:.1} ms", r.replica, r.region, r.reason, r.latency.as_secs_f64() * 1e3);
+        }
+        Ok(())
+    })
+}
+
+pub(crate) fn put(a: PutArgs) -> Result<()> {
+    let mut muts = Vec::new();
+    for cell in &a.cells {
+        let (fc, value) = cell
+            .split_once('=')
+            .with_context(|| format!("{cell:?}: FAMILY:COLUMN=VALUE"))?;
+        let (family, column) = fc
+            .split_once(':')
+            .with_context(|| format!("{cell:?}: FAMILY:COLUMN=VALUE"))?;
+        muts.push(Mutation::SetCell {
+            family: family.into(),
+            column: Bytes::from(column.as_bytes().to_vec()),
+            value: Bytes::from(value.as_bytes().to_vec()),
+        });
+    }
+    write(&a.connect, &a.row, muts)
+}
+
+pub(crate) fn delete(a: DeleteArgs) -> Result<()> {
+    let m = match &a.family {
+        Some(f) => Mutation::DeleteFromFamily {
+            family: f.as_str().into(),
+        },
+        None => Mutation::DeleteFromRow,
+    };
+    write(&a.connect, &a.row, vec![m])
+}
+
+fn write(c: &Connect, row: &str, muts: Vec<Mutation>) -> Result<()> {
+    runtime()?.block_on(async {
+        let client = c.client().await?;
+        let m = RowMutation::new(
+            c.table.as_str(),
+            parse_key(row)?,
+            muts,
+            &pangea_core::Limits::default(),
+        )?;
+        let r = client
+            .mutate(
+                m,
+                &WriteOptions {
+                    deadline: Some(Duration::from_millis(c.deadline_ms)),
+                },
+            )
+            .await?;
+        let token = hex(&r.value.encode());
+        if c.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(
+                    &serde_json::json!({ "token": token, "served_by": served(true, &r) })
+                )?
+            );
+        } else {
+            println!(
+                "ok: written at {} ({}), {:.1} ms",
+                r.replica,
+                r.region,
+                r.latency.as_secs_f64() * 1e3
+            );
+            println!("token {token}");
+        }
+        Ok(())
+    })
+}
+
+pub(crate) fn scan(a: ScanArgs) -> Result<()> {
+    runtime()?.block_on(async {
+        let client = a.connect.client().await?;
+        let opts = ReadOptions::default()
+            .with_consistency(parse_consistency(&a.consistency, a.token.as_deref())?)
+            .with_deadline(Duration::from_millis(a.connect.deadline_ms));
+        let scan = ScanOptions { limit: a.limit, ..Default::default() };
+        let r = client.scan_prefix(&a.connect.table, Bytes::from(parse_key(&a.prefix)?), &scan, &opts).await?;
+        if a.connect.json {
+            let rows: Vec<_> = r.value.rows.iter().map(row_json).collect();
+            let v = serde_json::json!({ "rows": rows, "resume_key": show_bytes(&r.value.resume_key), "served_by": served(true, &r) });
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            for row in &r.value.rows {
+                print_row(row);
+            }
+            println!("-- {} rows, served by {} ({}), {:.1} ms", r.value.rows.len(), r.replica, r.region, r.latency.as_secs_f64() * 1e3);
+            if !r.value.resume_key.is_empty() {
+                println!("-- more after {}", show_bytes(&r.value.resume_key));
+            }
+        }
+        Ok(())
+    })
+}
+
+pub(crate) fn watermarks(a: WatermarksArgs) -> Result<()> {
+    runtime()?.block_on(async {
+        let client = a.connect.client().await?;
+        let cluster = ClusterFile::load(&a.connect.cluster).map_err(anyhow::Error::msg)?;
+        let ids: Vec<String> = match &a.replica {
+            Some(r) => vec![r.clone()],
+            None => cluster.replicas.iter().map(|r| r.id.clone()).collect(),
+        };
+        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+        let mut all = Vec::new();
+        for id in ids {
+            match client.watermarks(&id.as_str().into()).await {
+                Ok(scopes) => {
+                    for s in scopes {
+                        let lag = now_ms.saturating_sub(s.low_watermark().wall_ms());
+                        let origins: serde_json::Map<String, serde_json::Value> = s
+                            .origins
+                            .iter()
+                            .map(|(o, w)| (o.to_string(), serde_json::json!({"sequence": w.sequence, "lag_ms": now_ms.saturating_sub(w.timestamp.wall_ms())})))
+                            .collect();
+                        all.push(serde_json::json!({"replica": id, "scope": s.scope.as_str(), "low_watermark_lag_ms": lag, "origins": origins}));
+                    }
+                }
+                Err(e) => all.push(serde_json::json!({"replica": id, "error": e.to_string()})),
+            }
+        }
+        if a.connect.json {
+            println!("{}", serde_json::to_string_pretty(&all)?);
+        } else {
+            println!("{:<14} {:<14} {:>16}  ORIGINS (sequence)", "REPLICA", "SCOPE", "LOW WM LAG (ms)");
+            for v in &all {
+                if let Some(e) = v.get("error") {
+                    println!("{:<14} error: {}", v["replica"].as_str().unwrap_or(""), e.as_str().unwrap_or(""));
+                    continue;
+                }
+                let origins: Vec<String> = v["origins"]
+                    .as_object()
+                    .map(|o| o.iter().map(|(k, w)| format!("{k}:{}", w["sequence"])).collect())
+                    .unwrap_or_default();
+                println!(
+                    "{:<14} {:<14} {:>16}  {}",
+                    v["replica"].as_str().unwrap_or(""),
+                    v["scope"].as_str().unwrap_or(""),
+                    v["low_watermark_lag_ms"],
+                    origins.join(" ")
+                );
+            }
+        }
+        Ok(())
+    })
+}

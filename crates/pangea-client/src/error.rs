@@ -1,0 +1,85 @@
+//! The one error type of the client library. Every variant says what happened and,
+//! where it applies, which replica said so.
+
+use pangea_proto::v1 as pb;
+use pangea_topology::ReplicaId;
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// No acceptable answer before the call's deadline.
+    #[error("deadline of {deadline:?} exceeded after {attempts} attempt(s)")]
+    DeadlineExceeded { deadline: Duration, attempts: u32 },
+    /// A watermark read no replica could serve: never a stale value instead.
+    #[error("not covered: {detail}{}", if *deadline_passed { " (no covered replica answered before the deadline)" } else { "" })]
+    NotCovered {
+        replica: String,
+        detail: String,
+        deadline_passed: bool,
+    },
+    /// A bounded-staleness read every asked replica was too far behind for.
+    #[error("too stale: {0}")]
+    TooStale(String),
+    /// The row's placement policy or the app profile forbids the replicas (fail
+    /// closed: nothing is read or written elsewhere).
+    #[error("policy forbids: {0}")]
+    PolicyForbids(String),
+    /// No replica could be reached.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// The request broke a limit or was malformed; the message names what.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// Unknown table or family.
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub(crate) fn from_wire(e: &pb::Error, replica: &ReplicaId) -> Error {
+        use pb::error::Code;
+        let msg = format!("{} (replica {replica})", e.message);
+        match Code::try_from(e.code).unwrap_or(Code::Internal) {
+            Code::InvalidArgument => Error::InvalidInput(msg),
+            Code::NotFound => Error::NotFound(msg),
+            Code::DeadlineExceeded => Error::DeadlineExceeded {
+                deadline: Duration::ZERO,
+                attempts: 1,
+            },
+            Code::NotCovered => Error::NotCovered {
+                replica: replica.to_string(),
+                detail: e.message.clone(),
+                deadline_passed: false,
+            },
+            Code::TooStale => Error::TooStale(msg),
+            Code::PolicyForbids => Error::PolicyForbids(msg),
+            Code::Unavailable => Error::Unavailable(msg),
+            Code::Internal | Code::Unspecified => Error::Internal(msg),
+        }
+    }
+
+    /// Whether another replica might succeed where this one failed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Unavailable(_)
+                | Error::TooStale(_)
+                | Error::DeadlineExceeded { .. }
+                | Error::NotCovered { .. }
+        )
+    }
+}
+
+impl From<pangea_core::Error> for Error {
+    fn from(e: pangea_core::Error) -> Self {
+        Error::InvalidInput(e.to_string())
+    }
+}
+
+impl From<pangea_net::Error> for Error {
+    fn from(e: pangea_net::Error) -> Self {
+        Error::Unavailable(e.to_string())
+    }
+}

@@ -1,0 +1,793 @@
+//! `pangea-client`: how ad-serving frontends read and write Pangea.
+//!
+//! A tokio driver around the routing and consistency decisions of
+//! `pangea_core::read` (the simulator makes the very same decisions): it keeps QUIC
+//! connections (mutual TLS) to replicas, measures round trips, remembers the
+//! watermarks every response carries, hedges slow requests within a budget, and
+//! turns a deadline into an explicit error rather than a late or stale answer.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), pangea_client::Error> {
+//! use pangea_client::{Client, ClientConfig, ReadOptions, Consistency};
+//! let cluster = pangea_topology::cluster::ClusterFile::load("cluster.toml".as_ref()).unwrap();
+//! let client = Client::connect(ClientConfig::from_cluster(&cluster, "eu-west-1", "frontend")?).await?;
+//! let profile = client.get_profile("eu/4821", &ReadOptions::default()).await?;
+//! println!("answered by {} ({})", profile.replica, profile.reason);
+//! # Ok(()) }
+//! ```
+//!
+//! Modules: [`error`] (the one error enum), [`options`] (per-call settings),
+//! `transport` (connections and one request), `hedge` (hedging delay and budget).
+
+pub mod error;
+mod hedge;
+pub mod options;
+mod transport;
+
+pub use error::Error;
+pub use options::{HedgePolicy, ReadOptions, ScanOptions, WriteOptions};
+pub use pangea_core::read::{Consistency, Reason};
+pub use pangea_core::{Mutation, ReadFilter, RowMutation, ScopeWatermarks, TimeRange, Token};
+pub use pangea_proto::v1::{AdProfile, FrequencyCap, Row, Segment};
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use pangea_core::read::{Candidate, PeerView, ReadRequest, plan_read};
+use pangea_proto::Message;
+use pangea_proto::v1 as pb;
+use pangea_topology::cluster::ClusterFile;
+use pangea_topology::{AppProfile, Deployment, RegionId, ReplicaId, ScopeId};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
+
+/// The table, family and column typed profile helpers use.
+pub const PROFILE_TABLE: &str = "ad_profiles";
+pub const PROFILE_FAMILY: &str = "profile";
+pub const PROFILE_COLUMN: &[u8] = b"p";
+
+/// How long a replica that failed stays last in line.
+const DOWN_FOR: Duration = Duration::from_secs(1);
+/// Weight of a new sample in the round-trip average.
+const RTT_EWMA_ALPHA: f64 = 0.2;
+/// How often known watermarks are refreshed in the background.
+const WATERMARK_REFRESH: Duration = Duration::from_secs(2);
+
+/// Everything `Client::connect` needs.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub deployment: Arc<Deployment>,
+    /// Where each replica listens.
+    pub addresses: BTreeMap<ReplicaId, SocketAddr>,
+    /// The frontend's region.
+    pub region: RegionId,
+    /// The app profile it acts for (must match its certificate).
+    pub app_profile: String,
+    /// The cluster certificates directory and this client's certificate name.
+    pub certs: PathBuf,
+    pub client_name: String,
+    /// Delay this client's traffic by the topology's round trip to each replica
+    /// (local clusters with emulated WAN: replicas do not delay their answers to
+    /// clients, so the client's side carries the whole round trip).
+    pub emulate_wan: bool,
+    /// Defaults for every call.
+    pub read: ReadOptions,
+}
+
+impl ClientConfig {
+    /// From a cluster file: addresses, topology, placement and certificates. Uses
+    /// the `client-<app_profile>` certificate `pangea cluster up` issues.
+    pub fn from_cluster(
+        cluster: &ClusterFile,
+        region: &str,
+        app_profile: &str,
+    ) -> Result<ClientConfig, Error> {
+        let deployment = Deployment::load(&cluster.topology, cluster.placement.as_deref())
+            .map_err(|p| Error::InvalidInput(format!("cluster topology: {p}")))?;
+        if !deployment.topology.regions.contains_key(region) {
+            return Err(Error::InvalidInput(format!(
+                "region {region:?} is not in topology {:?}",
+                deployment.topology.name
+            )));
+        }
+        let mut addresses = BTreeMap::new();
+        for r in &cluster.replicas {
+            let addr = r.address.parse().map_err(|_| {
+                Error::InvalidInput(format!("replica {}: bad address {:?}", r.id, r.address))
+            })?;
+            addresses.insert(ReplicaId::from(r.id.as_str()), addr);
+        }
+        Ok(ClientConfig {
+            deployment: Arc::new(deployment),
+            addresses,
+            region: region.into(),
+            app_profile: app_profile.to_owned(),
+            certs: cluster.certs.clone(),
+            client_name: format!("client-{app_profile}"),
+            emulate_wan: cluster.emulate_wan,
+            read: ReadOptions::default(),
+        })
+    }
+}
+
+/// An answer, and where it came from.
+#[derive(Debug, Clone)]
+pub struct Response<T> {
+    pub value: T,
+    /// The replica that answered.
+    pub replica: ReplicaId,
+    pub region: String,
+    /// Why that replica: nearest, home, affinity, covered, origin fallback, hedge…
+    pub reason: Reason,
+    /// That replica's watermarks for the row's scope, when it sent them.
+    pub watermarks: Option<ScopeWatermarks>,
+    pub latency: Duration,
+    /// Requests sent for this call (more than one after hedging or fallback).
+    pub attempts: u32,
+}
+
+/// A page of a prefix scan.
+#[derive(Debug, Clone, Default)]
+pub struct ScanPage {
+    pub rows: Vec<Row>,
+    /// Pass as `ScanOptions::resume_after` for the next page; empty when done.
+    pub resume_key: Bytes,
+}
+
+/// Counters a frontend can export.
+#[derive(Debug, Default)]
+pub struct ClientStats {
+    pub requests: AtomicU64,
+    pub hedges: AtomicU64,
+    pub fallbacks: AtomicU64,
+    pub failovers: AtomicU64,
+    pub not_covered: AtomicU64,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: ClientConfig,
+    pub(crate) profile: AppProfile,
+    pub(crate) transport: transport::Transport,
+    /// Round-trip EWMA per replica, in ms.
+    rtt_ms: DashMap<ReplicaId, f64>,
+    /// Replicas that failed recently, until when.
+    down: DashMap<ReplicaId, Instant>,
+    /// Last-known watermarks per (replica, scope), from every response.
+    known: DashMap<(ReplicaId, ScopeId), ScopeWatermarks>,
+    hedge: hedge::Hedger,
+    pub stats: ClientStats,
+}
+
+/// A point-in-time copy of what the client knows, handed to the shared routing
+/// code (which must not hold dashmap guards across anything).
+struct Snapshot {
+    rtt_ms: BTreeMap<ReplicaId, f64>,
+    down: Vec<ReplicaId>,
+    known: BTreeMap<ReplicaId, ScopeWatermarks>,
+}
+
+impl PeerView for Snapshot {
+    fn rtt_ms(&self, replica: &ReplicaId) -> Option<f64> {
+        self.rtt_ms.get(replica).copied()
+    }
+    fn is_down(&self, replica: &ReplicaId) -> bool {
+        self.down.contains(replica)
+    }
+    fn watermarks(&self, replica: &ReplicaId, _scope: &ScopeId) -> Option<&ScopeWatermarks> {
+        self.known.get(replica)
+    }
+}
+
+/// A handle to Pangea. Cheap to clone; share one per process.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("region", &self.inner.config.region)
+            .field("app_profile", &self.inner.profile.name)
+            .finish()
+    }
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Client {
+    /// Connects: loads certificates, probes every replica the app profile may use
+    /// (so the first reads already know the nearest), and starts refreshing
+    /// watermarks in the background.
+    pub async fn connect(config: ClientConfig) -> Result<Client, Error> {
+        let profile = config
+            .deployment
+            .topology
+            .app_profiles
+            .get(&config.app_profile)
+            .cloned()
+            .ok_or_else(|| {
+                Error::InvalidInput(format!("unknown app profile {:?}", config.app_profile))
+            })?;
+        let transport = transport::Transport::new(&config)?;
+        let inner = Arc::new(Inner {
+            profile,
+            transport,
+            rtt_ms: DashMap::new(),
+            down: DashMap::new(),
+            known: DashMap::new(),
+            hedge: hedge::Hedger::new(),
+            stats: ClientStats::default(),
+            config,
+        });
+        let client = Client { inner };
+        client.probe_all(Duration::from_secs(2)).await;
+        let weak = Arc::downgrade(&client.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(WATERMARK_REFRESH).await;
+                let Some(inner) = weak.upgrade() else { return };
+                Client { inner }.probe_all(Duration::from_secs(1)).await;
+            }
+        });
+        Ok(client)
+    }
+
+    pub fn stats(&self) -> &ClientStats {
+        &self.inner.stats
+    }
+
+    pub fn region(&self) -> &RegionId {
+        &self.inner.config.region
+    }
+
+    /// Replicas this client may use at all (any row), for probing.
+    fn usable(&self) -> Vec<ReplicaId> {
+        let d = &self.inner.config.deployment;
+        let mut out: Vec<ReplicaId> = Vec::new();
+        for scope in d.scopes() {
+            for r in pangea_core::read::eligible(
+                d,
+                &self.inner.profile,
+                &self.inner.config.region,
+                scope,
+            ) {
+                if !out.contains(r) {
+                    out.push(r.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// Asks every usable replica for its watermarks: measures round trips and learns
+    /// what each has applied.
+    async fn probe_all(&self, timeout: Duration) {
+        let mut set = JoinSet::new();
+        for r in self.usable() {
+            let inner = self.inner.clone();
+            set.spawn(async move {
+                let req = pb::ClientRequest {
+                    deadline_us: timeout.as_micros() as u64,
+                    app_profile: inner.profile.name.clone(),
+                    request: Some(pb::client_request::Request::Watermarks(
+                        pb::WatermarkRequest {
+                            scope: String::new(),
+                        },
+                    )),
+                };
+                let started = Instant::now();
+                if let Ok(Ok(resp)) =
+                    tokio::time::timeout(timeout, inner.transport.call(&r, &req)).await
+                {
+                    inner.note_rtt(&r, started.elapsed());
+                    if let Some(pb::client_response::Response::Watermarks(w)) = resp.response {
+                        for s in &w.scopes {
+                            let wm = ScopeWatermarks::from_proto(s);
+                            inner.known.insert((r.clone(), wm.scope.clone()), wm);
+                        }
+                    }
+                    inner.down.remove(&r);
+                } else {
+                    inner.down.insert(r.clone(), Instant::now() + DOWN_FOR);
+                }
+            });
+        }
+        while set.join_next().await.is_some() {}
+    }
+
+    fn snapshot(&self, scope: &ScopeId) -> Snapshot {
+        let now = Instant::now();
+        Snapshot {
+            rtt_ms: self
+                .inner
+                .rtt_ms
+                .iter()
+                .map(|e| (e.key().clone(), *e.value()))
+                .collect(),
+            down: self
+                .inner
+                .down
+                .iter()
+                .filter(|e| *e.value() > now)
+                .map(|e| e.key().clone())
+                .collect(),
+            known: self
+                .inner
+                .known
+                .iter()
+                .filter(|e| &e.key().1 == scope)
+                .map(|e| (e.key().0.clone(), e.value().clone()))
+                .collect(),
+        }
+    }
+
+    /// Reads one row.
+    pub async fn get(
+        &self,
+        table: &str,
+        key: impl Into<Bytes>,
+        opts: &ReadOptions,
+    ) -> Result<Response<Option<Row>>, Error> {
+        let key = key.into();
+        let req = pb::client_request::Request::Get(pb::GetRequest {
+            table: table.to_owned(),
+            row_key: key.clone(),
+            filter: Some(options::filter_to_proto(&opts.filter)),
+            consistency: Some(options::consistency_to_proto(&opts.consistency)),
+        });
+        let r = self.read(table, &key, req, opts).await?;
+        r.map(|resp| match resp {
+            pb::client_response::Response::Get(g) => {
+                Ok(g.row.filter(|row| !row.families.is_empty()))
+            }
+            other => Err(Error::Internal(format!("unexpected response {other:?}"))),
+        })
+    }
+
+    /// Reads several rows of one table (of one placement policy) in one request.
+    pub async fn get_many(
+        &self,
+        table: &str,
+        keys: &[Bytes],
+        opts: &ReadOptions,
+    ) -> Result<Response<Vec<Row>>, Error> {
+        let first = keys.first().cloned().unwrap_or_default();
+        let req = pb::client_request::Request::GetMany(pb::GetManyRequest {
+            table: table.to_owned(),
+            row_keys: keys.to_vec(),
+            filter: Some(options::filter_to_proto(&opts.filter)),
+            consistency: Some(options::consistency_to_proto(&opts.consistency)),
+        });
+        let r = self.read(table, &first, req, opts).await?;
+        r.map(|resp| match resp {
+            pb::client_response::Response::GetMany(g) => Ok(g.rows),
+            other => Err(Error::Internal(format!("unexpected response {other:?}"))),
+        })
+    }
+
+    /// Rows whose key starts with `prefix`, filters applied by the replica.
+    pub async fn scan_prefix(
+        &self,
+        table: &str,
+        prefix: impl Into<Bytes>,
+        scan: &ScanOptions,
+        opts: &ReadOptions,
+    ) -> Result<Response<ScanPage>, Error> {
+        let prefix = prefix.into();
+        let req = pb::client_request::Request::ScanPrefix(pb::ScanPrefixRequest {
+            table: table.to_owned(),
+            prefix: prefix.clone(),
+            filter: Some(options::filter_to_proto(&opts.filter)),
+            consistency: Some(options::consistency_to_proto(&opts.consistency)),
+            limit: scan.limit,
+            resume_after: scan.resume_after.clone(),
+        });
+        let r = self.read(table, &prefix, req, opts).await?;
+        r.map(|resp| match resp {
+            pb::client_response::Response::ScanPrefix(s) => Ok(ScanPage {
+                rows: s.rows,
+                resume_key: s.resume_key,
+            }),
+            other => Err(Error::Internal(format!("unexpected response {other:?}"))),
+        })
+    }
+
+    /// Applies an atomic row mutation at the nearest allowed replica; the token lets
+    /// later reads demand to see it (`Consistency::Watermark`).
+    pub async fn mutate(
+        &self,
+        mutation: RowMutation,
+        opts: &WriteOptions,
+    ) -> Result<Response<Token>, Error> {
+        let started = Instant::now();
+        let deadline = opts.deadline.unwrap_or(self.inner.config.read.deadline);
+        let d = self.inner.config.deployment.clone();
+        let snapshot = self.snapshot(d.scope_of(mutation.table(), mutation.row_key()));
+        let req = ReadRequest {
+            client_region: &self.inner.config.region,
+            profile: &self.inner.profile,
+            table: mutation.table(),
+            key: mutation.row_key(),
+            consistency: &Consistency::Eventual,
+        };
+        let plan = plan_read(&d, &req, &snapshot, wall_ms())
+            .map_err(|e| Error::PolicyForbids(e.to_string()))?;
+        let body = pb::client_request::Request::Mutate(pb::MutateRequest {
+            mutation: Some(mutation.to_proto()),
+        });
+        let mut attempts = 0;
+        let mut last_err = None;
+        // Writes are not hedged (they are not idempotent across origins); they fail
+        // over to the next replica only when the first could not be reached.
+        for c in plan.primary.iter().take(3) {
+            let left = deadline.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            attempts += 1;
+            match self.inner.attempt(c, &body, left).await {
+                Ok((resp, served)) => match resp {
+                    pb::client_response::Response::Mutate(m) => {
+                        let token = Token::decode(&m.token)
+                            .map_err(|e| Error::Internal(format!("bad token from replica: {e}")))?;
+                        return Ok(Response {
+                            value: token,
+                            replica: c.replica.clone(),
+                            region: served.region,
+                            reason: c.reason,
+                            watermarks: served.watermarks,
+                            latency: started.elapsed(),
+                            attempts,
+                        });
+                    }
+                    other => return Err(Error::Internal(format!("unexpected response {other:?}"))),
+                },
+                Err(e) if e.is_retryable() => last_err = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or(Error::DeadlineExceeded { deadline, attempts }))
+    }
+
+    /// The typed profile of `user_key` (table `ad_profiles`, family `profile`, column `p`).
+    pub async fn get_profile(
+        &self,
+        user_key: &str,
+        opts: &ReadOptions,
+    ) -> Result<Response<Option<AdProfile>>, Error> {
+        let mut opts = opts.clone();
+        opts.filter = ReadFilter {
+            columns: vec![(PROFILE_FAMILY.into(), Bytes::from_static(PROFILE_COLUMN))],
+            ..Default::default()
+        };
+        let r = self
+            .get(
+                PROFILE_TABLE,
+                Bytes::copy_from_slice(user_key.as_bytes()),
+                &opts,
+            )
+            .await?;
+        r.map(|row| {
+            let Some(row) = row else { return Ok(None) };
+            let cell = row.families.iter().flat_map(|f| f.cells.iter()).next();
+            match cell {
+                Some(c) => AdProfile::decode(c.value.clone())
+                    .map(Some)
+                    .map_err(|e| Error::Internal(format!("stored profile does not decode: {e}"))),
+                None => Ok(None),
+            }
+        })
+    }
+
+    /// Writes the typed profile of `user_key`.
+    pub async fn put_profile(
+        &self,
+        user_key: &str,
+        profile: &AdProfile,
+        opts: &WriteOptions,
+    ) -> Result<Response<Token>, Error> {
+        let m = Mutation::SetCell {
+            family: PROFILE_FAMILY.into(),
+            column: Bytes::from_static(PROFILE_COLUMN),
+            value: Bytes::from(profile.encode_to_vec()),
+        };
+        let mutation = RowMutation::new(
+            PROFILE_TABLE,
+            user_key.to_owned(),
+            vec![m],
+            &pangea_core::Limits::default(),
+        )?;
+        self.mutate(mutation, opts).await
+    }
+
+    /// Watermarks of one replica, all scopes.
+    pub async fn watermarks(&self, replica: &ReplicaId) -> Result<Vec<ScopeWatermarks>, Error> {
+        let req = pb::ClientRequest {
+            deadline_us: 2_000_000,
+            app_profile: self.inner.profile.name.clone(),
+            request: Some(pb::client_request::Request::Watermarks(
+                pb::WatermarkRequest {
+                    scope: String::new(),
+                },
+            )),
+        };
+        let resp = self.inner.transport.call(replica, &req).await?;
+        match resp.response {
+            Some(pb::client_response::Response::Watermarks(w)) => {
+                Ok(w.scopes.iter().map(ScopeWatermarks::from_proto).collect())
+            }
+            Some(pb::client_response::Response::Error(e)) => Err(Error::from_wire(&e, replica)),
+            other => Err(Error::Internal(format!("unexpected response {other:?}"))),
+        }
+    }
+
+    /// One read: plan with the shared routing code, then ask, hedge, fall back.
+    async fn read(
+        &self,
+        table: &str,
+        key: &[u8],
+        body: pb::client_request::Request,
+        opts: &ReadOptions,
+    ) -> Result<Response<pb::client_response::Response>, Error> {
+        self.inner.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let d = self.inner.config.deployment.clone();
+        let scope = d.scope_of(table, key).clone();
+        let snapshot = self.snapshot(&scope);
+        let req = ReadRequest {
+            client_region: &self.inner.config.region,
+            profile: &self.inner.profile,
+            table,
+            key,
+            consistency: &opts.consistency,
+        };
+        let plan = plan_read(&d, &req, &snapshot, wall_ms())
+            .map_err(|e| Error::PolicyForbids(e.to_string()))?;
+        let deadline = opts.deadline;
+        let hedge = opts.hedge.clone();
+        read::run(
+            self.inner.clone(),
+            plan,
+            body,
+            deadline,
+            hedge,
+            matches!(opts.consistency, Consistency::Watermark(_)),
+        )
+        .await
+    }
+}
+
+impl<T> Response<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> Result<U, Error>) -> Result<Response<U>, Error> {
+        Ok(Response {
+            value: f(self.value)?,
+            replica: self.replica,
+            region: self.region,
+            reason: self.reason,
+            watermarks: self.watermarks,
+            latency: self.latency,
+            attempts: self.attempts,
+        })
+    }
+}
+
+/// What a replica said besides the answer.
+#[derive(Debug, Clone)]
+pub(crate) struct Served {
+    pub region: String,
+    pub watermarks: Option<ScopeWatermarks>,
+}
+
+impl Inner {
+    fn note_rtt(&self, r: &ReplicaId, d: Duration) {
+        let ms = d.as_secs_f64() * 1e3;
+        let mut e = self.rtt_ms.entry(r.clone()).or_insert(ms);
+        *e = *e * (1.0 - RTT_EWMA_ALPHA) + ms * RTT_EWMA_ALPHA;
+    }
+
+    /// One request to one candidate within `budget`; learns from the answer.
+    pub(crate) async fn attempt(
+        &self,
+        c: &Candidate,
+        body: &pb::client_request::Request,
+        budget: Duration,
+    ) -> Result<(pb::client_response::Response, Served), Error> {
+        let req = pb::ClientRequest {
+            deadline_us: budget.as_micros() as u64,
+            app_profile: self.profile.name.clone(),
+            request: Some(body.clone()),
+        };
+        let started = Instant::now();
+        let result = tokio::time::timeout(budget, self.transport.call(&c.replica, &req)).await;
+        let resp = match result {
+            Err(_) => {
+                return Err(Error::DeadlineExceeded {
+                    deadline: budget,
+                    attempts: 1,
+                });
+            }
+            Ok(Err(e)) => {
+                self.down
+                    .insert(c.replica.clone(), Instant::now() + DOWN_FOR);
+                return Err(e);
+            }
+            Ok(Ok(r)) => r,
+        };
+        let elapsed = started.elapsed();
+        self.note_rtt(&c.replica, elapsed);
+        let served = resp.served_by.clone().unwrap_or_default();
+        let wm = served.watermarks.as_ref().map(ScopeWatermarks::from_proto);
+        if let Some(w) = &wm {
+            self.known
+                .insert((c.replica.clone(), w.scope.clone()), w.clone());
+        }
+        let served = Served {
+            region: served.region,
+            watermarks: wm,
+        };
+        match resp.response {
+            Some(pb::client_response::Response::Error(e)) => Err(Error::from_wire(&e, &c.replica)),
+            Some(r) => {
+                self.hedge.record(elapsed);
+                Ok((r, served))
+            }
+            None => Err(Error::Internal(format!(
+                "replica {} sent an empty response",
+                c.replica
+            ))),
+        }
+    }
+}
+
+mod read {
+    //! Asking candidates: the first, a hedge after a delay, failover on errors, and
+    //! for watermark reads a race of the origin and every replica known to cover the
+    //! token once the first says "not covered".
+    use super::*;
+
+    struct Outcome {
+        candidate: Candidate,
+        hedged: bool,
+        result: Result<(pb::client_response::Response, Served), Error>,
+    }
+
+    pub(crate) async fn run(
+        inner: Arc<Inner>,
+        plan: pangea_core::read::ReadPlan,
+        body: pb::client_request::Request,
+        deadline: Duration,
+        hedge: Option<HedgePolicy>,
+        watermark: bool,
+    ) -> Result<Response<pb::client_response::Response>, Error> {
+        let started = Instant::now();
+        let deadline_at = started + deadline;
+        let mut primary: std::collections::VecDeque<Candidate> = plan.primary.into_iter().collect();
+        let mut fallback: Vec<Candidate> = plan.fallback;
+        let mut set: JoinSet<Outcome> = JoinSet::new();
+        let mut attempts = 0u32;
+        let mut last_err: Option<Error> = None;
+        let mut raced_fallback = false;
+        let launch =
+            |set: &mut JoinSet<Outcome>, c: Candidate, hedged: bool, attempts: &mut u32| {
+                let inner = inner.clone();
+                let body = body.clone();
+                let budget = deadline_at.saturating_duration_since(Instant::now());
+                *attempts += 1;
+                set.spawn(async move {
+                    let result = inner.attempt(&c, &body, budget).await;
+                    Outcome {
+                        candidate: c,
+                        hedged,
+                        result,
+                    }
+                });
+            };
+        match primary.pop_front() {
+            Some(c) => launch(&mut set, c, false, &mut attempts),
+            None => return Err(Error::Unavailable("no replica to ask".into())),
+        }
+        let mut hedge_at = hedge
+            .as_ref()
+            .map(|h| Instant::now() + inner.hedge.delay(h, deadline));
+        loop {
+            let now = Instant::now();
+            if now >= deadline_at {
+                break;
+            }
+            let wake = hedge_at
+                .filter(|t| *t > now)
+                .unwrap_or(deadline_at)
+                .min(deadline_at);
+            tokio::select! {
+                done = set.join_next(), if !set.is_empty() => {
+                    let Some(Ok(o)) = done else { continue };
+                    match o.result {
+                        Ok((resp, served)) => {
+                            set.abort_all();
+                            let reason = if o.hedged { Reason::Hedge } else { o.candidate.reason };
+                            return Ok(Response { value: resp, replica: o.candidate.replica, region: served.region, reason, watermarks: served.watermarks, latency: started.elapsed(), attempts });
+                        }
+                        Err(Error::NotCovered { .. }) if watermark && !raced_fallback => {
+                            // Ask the origin and every replica known to cover the token,
+                            // all at once; the first covered answer wins.
+                            inner.stats.not_covered.fetch_add(1, Ordering::Relaxed);
+                            raced_fallback = true;
+                            for c in fallback.drain(..).filter(|c| c.replica != o.candidate.replica) {
+                                inner.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+                                launch(&mut set, c, false, &mut attempts);
+                            }
+                            last_err = Some(o.result.err().unwrap_or(Error::Internal(String::new())));
+                        }
+                        Err(e) if e.is_retryable() => {
+                            // Fail over to the next candidate (for watermark reads,
+                            // only replicas that may cover the token).
+                            let next = if watermark && raced_fallback { None } else { primary.pop_front() };
+                            if let Some(c) = next {
+                                inner.stats.failovers.fetch_add(1, Ordering::Relaxed);
+                                launch(&mut set, c, false, &mut attempts);
+                            }
+                            last_err = Some(e);
+                        }
+                        Err(e) => {
+                            set.abort_all();
+                            return Err(e);
+                        }
+                    }
+                    if set.is_empty() && primary.is_empty() && (!watermark || raced_fallback) {
+                        break;
+                    }
+                    if set.is_empty() && !(watermark && raced_fallback) {
+                        if let Some(c) = primary.pop_front() {
+                            launch(&mut set, c, false, &mut attempts);
+                        } else {
+                            break;
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {
+                    if hedge_at.is_some_and(|t| Instant::now() >= t) {
+                        hedge_at = None;
+                        // Hedge to the next candidate; for watermark reads only to one
+                        // known to cover the token.
+                        let next = if watermark {
+                            let i = fallback.iter().position(|c| c.reason == Reason::Covered);
+                            i.map(|i| fallback.remove(i))
+                        } else {
+                            primary.pop_front()
+                        };
+                        if let Some(c) = next
+                            && inner.hedge.try_spend()
+                        {
+                            inner.stats.hedges.fetch_add(1, Ordering::Relaxed);
+                            launch(&mut set, c, true, &mut attempts);
+                        }
+                    }
+                }
+            }
+        }
+        set.abort_all();
+        Err(match last_err {
+            Some(Error::NotCovered {
+                replica, detail, ..
+            }) if watermark => Error::NotCovered {
+                replica,
+                detail,
+                deadline_passed: true,
+            },
+            Some(e)
+                if !matches!(e, Error::DeadlineExceeded { .. }) && Instant::now() < deadline_at =>
+            {
+                e
+            }
+            _ => Error::DeadlineExceeded { deadline, attempts },
+        })
+    }
+}

@@ -1,0 +1,108 @@
+//! Per-call settings: consistency, deadline, hedging, filters.
+
+use bytes::Bytes;
+use pangea_core::ReadFilter;
+use pangea_core::read::Consistency;
+use pangea_proto::v1 as pb;
+use std::time::Duration;
+
+/// The read latency budget of an ad request (p99 under 20 ms).
+pub const READ_DEADLINE_DEFAULT: Duration = Duration::from_millis(20);
+/// Writes wait for an fsync at the origin: a little more room by default.
+pub const WRITE_DEADLINE_DEFAULT: Duration = Duration::from_millis(200);
+
+/// When to send a second request ("The Tail at Scale"): after the `percentile` of
+/// recent latencies, clamped to [`floor`, `ceiling`] (and to half the deadline),
+/// within a budget of `budget_fraction` extra requests.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HedgePolicy {
+    pub percentile: f64,
+    pub floor: Duration,
+    pub ceiling: Duration,
+    /// At most this fraction of requests may be hedged (token bucket; default 5 %).
+    pub budget_fraction: f64,
+}
+
+impl Default for HedgePolicy {
+    fn default() -> Self {
+        HedgePolicy {
+            percentile: 0.95,
+            floor: Duration::from_millis(2),
+            ceiling: Duration::from_millis(50),
+            budget_fraction: 0.05,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ReadOptions {
+    pub consistency: Consistency,
+    pub deadline: Duration,
+    /// `None` disables hedging for the call.
+    pub hedge: Option<HedgePolicy>,
+    /// Families and columns to return (server-side).
+    pub filter: ReadFilter,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions {
+            consistency: Consistency::Eventual,
+            deadline: READ_DEADLINE_DEFAULT,
+            hedge: Some(HedgePolicy::default()),
+            filter: ReadFilter::default(),
+        }
+    }
+}
+
+impl ReadOptions {
+    pub fn with_consistency(mut self, c: Consistency) -> Self {
+        self.consistency = c;
+        self
+    }
+
+    pub fn with_deadline(mut self, d: Duration) -> Self {
+        self.deadline = d;
+        self
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct WriteOptions {
+    /// Default [`WRITE_DEADLINE_DEFAULT`].
+    pub deadline: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ScanOptions {
+    /// Most rows (0: the replica's default, 100; the replica caps it at 1,000).
+    pub limit: u32,
+    /// Resume after this key (from the previous page).
+    pub resume_after: Bytes,
+}
+
+pub(crate) fn consistency_to_proto(c: &Consistency) -> pb::Consistency {
+    use pb::consistency::Mode;
+    let mode = match c {
+        Consistency::Eventual => Mode::Eventual(pb::consistency::Eventual {}),
+        Consistency::RowAffinity => Mode::RowAffinity(pb::consistency::RowAffinity {}),
+        Consistency::Watermark(t) => Mode::WatermarkToken(t.encode()),
+        Consistency::BoundedStaleness { max_ms } => Mode::BoundedStalenessMs(*max_ms),
+    };
+    pb::Consistency { mode: Some(mode) }
+}
+
+pub(crate) fn filter_to_proto(f: &ReadFilter) -> pb::RowFilter {
+    pb::RowFilter {
+        families: f.families.iter().map(|s| s.to_string()).collect(),
+        columns: f
+            .columns
+            .iter()
+            .map(|(fam, col)| pb::ColumnRef {
+                family: fam.to_string(),
+                column: col.clone(),
+            })
+            .collect(),
+        versions_per_column: f.versions_per_column,
+    }
+}

@@ -1,0 +1,105 @@
+//! Connections to replicas (one per replica, reused, re-established when lost) and
+//! one request on one QUIC stream.
+
+use crate::{ClientConfig, Error};
+use dashmap::DashMap;
+use pangea_net::{FRAME_BYTES_MAX, PeerIdentity, certs, read_frame, tls, write_frame};
+use pangea_proto::v1 as pb;
+use pangea_topology::ReplicaId;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub(crate) struct Transport {
+    endpoint: quinn::Endpoint,
+    addresses: BTreeMap<ReplicaId, SocketAddr>,
+    connections: DashMap<ReplicaId, quinn::Connection>,
+}
+
+impl Transport {
+    pub(crate) fn new(config: &ClientConfig) -> Result<Transport, Error> {
+        let ca = certs::load_ca(&config.certs)?;
+        let own = certs::load_client(&config.certs, &config.client_name)?;
+        let client = tls::client_config(&ca, own)?;
+        let wan = config.emulate_wan.then(|| {
+            // Replicas do not delay answers to clients: this side carries the whole
+            // round trip from the client's region.
+            let control = pangea_net::wan::WanControl::new();
+            for (r, addr) in &config.addresses {
+                let rtt_ms =
+                    pangea_core::read::estimated_rtt_ms(&config.deployment, &config.region, r);
+                if rtt_ms.is_finite() {
+                    control.set_delay(*addr, Duration::from_micros((rtt_ms * 1_000.0) as u64));
+                }
+            }
+            pangea_net::wan::WanEmulator::new(control, 1)
+        });
+        let bind: SocketAddr = ([127, 0, 0, 1], 0).into();
+        let any = config.addresses.values().any(|a| !a.ip().is_loopback());
+        let bind = if any {
+            SocketAddr::from(([0, 0, 0, 0], 0))
+        } else {
+            bind
+        };
+        let endpoint = pangea_net::bind_endpoint(bind, None, client, wan)?;
+        Ok(Transport {
+            endpoint,
+            addresses: config.addresses.clone(),
+            connections: DashMap::new(),
+        })
+    }
+
+    async fn connection(&self, replica: &ReplicaId) -> Result<quinn::Connection, Error> {
+        if let Some(c) = self.connections.get(replica).map(|c| c.clone())
+            && c.close_reason().is_none()
+        {
+            return Ok(c);
+        }
+        let addr = *self
+            .addresses
+            .get(replica)
+            .ok_or_else(|| Error::Unavailable(format!("no address for replica {replica}")))?;
+        let connecting = self
+            .endpoint
+            .connect(addr, tls::server_name(replica.as_str()))
+            .map_err(|e| Error::Unavailable(format!("replica {replica} at {addr}: {e}")))?;
+        let c = connecting
+            .await
+            .map_err(|e| Error::Unavailable(format!("replica {replica} at {addr}: {e}")))?;
+        match pangea_net::peer_identity(&c)? {
+            PeerIdentity::Replica { id, .. } if id == replica.as_str() => {}
+            other => {
+                return Err(Error::Unavailable(format!(
+                    "{addr} presented {other}, expected replica {replica}"
+                )));
+            }
+        }
+        self.connections.insert(replica.clone(), c.clone());
+        Ok(c)
+    }
+
+    /// One request, one stream, one response.
+    pub(crate) async fn call(
+        &self,
+        replica: &ReplicaId,
+        req: &pb::ClientRequest,
+    ) -> Result<pb::ClientResponse, Error> {
+        let c = self.connection(replica).await?;
+        let lost =
+            |e: &dyn std::fmt::Display| Error::Unavailable(format!("replica {replica}: {e}"));
+        let (mut send, mut recv) = match c.open_bi().await {
+            Ok(s) => s,
+            Err(e) => {
+                self.connections.remove(replica);
+                return Err(lost(&e));
+            }
+        };
+        write_frame(&mut send, req).await.map_err(|e| lost(&e))?;
+        let _ = send.finish();
+        match read_frame::<pb::ClientResponse>(&mut recv, FRAME_BYTES_MAX).await {
+            Ok(Some(r)) => Ok(r),
+            Ok(None) => Err(lost(&"closed the stream without an answer")),
+            Err(e) => Err(lost(&e)),
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! The node's configuration: a file, then `PANGEA_*` environment variables, then
+//! command-line flags (figment layering lives here, at the edge; library crates take
+//! plain structs).
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Everything `pangea start` needs. Field names are the config-file keys and, upper-
+/// cased with a `PANGEA_` prefix, the environment variables.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// The topology file.
+    pub topology: PathBuf,
+    /// The placement file; without one only the global policy exists.
+    #[serde(default)]
+    pub placement: Option<PathBuf>,
+    /// This replica's id in the topology.
+    pub replica: String,
+    /// Where the store lives.
+    pub data_dir: PathBuf,
+    /// The cluster certificates directory (`pangea certs init`).
+    pub certs: PathBuf,
+    /// QUIC listen address; default: the replica's `address` in the topology.
+    #[serde(default)]
+    pub listen: Option<SocketAddr>,
+    /// Admin HTTP address (`/metrics`, `/health`, `/watermarks`); default: none.
+    #[serde(default)]
+    pub admin: Option<SocketAddr>,
+    /// Delay outgoing replication datagrams by the topology's one-way latency to
+    /// each peer (local clusters; no root or netem needed).
+    #[serde(default)]
+    pub emulate_wan: bool,
+    /// Seed of the WAN emulator's jitter and loss.
+    #[serde(default)]
+    pub wan_seed: u64,
+    /// `fsync` (default: acknowledged writes survive power loss) or `os-buffer`
+    /// (they survive `kill -9` of the process only).
+    #[serde(default = "default_durability")]
+    pub durability: String,
+    /// Send traces to this OTLP endpoint (off by default; needs the `otel` feature).
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+    /// Heartbeat interval of the replication core, in ms.
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_interval_ms: u64,
+    /// Most client requests served at once; beyond it, requests wait.
+    #[serde(default = "default_requests_max")]
+    pub client_requests_max: usize,
+    /// How long a graceful shutdown waits for in-flight requests, in ms.
+    #[serde(default = "default_drain_ms")]
+    pub drain_ms: u64,
+}
+
+fn default_durability() -> String {
+    "fsync".into()
+}
+
+fn default_heartbeat_ms() -> u64 {
+    50
+}
+
+fn default_requests_max() -> usize {
+    4_096
+}
+
+fn default_drain_ms() -> u64 {
+    5_000
+}
+
+impl NodeConfig {
+    /// Layers an optional config file, `PANGEA_*` environment variables and the
+    /// flags given (`overrides`, already serialized), later layers winning.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        overrides: &impl Serialize,
+    ) -> anyhow::Result<NodeConfig> {
+        use figment::providers::{Env, Format, Serialized, Toml};
+        let mut f = figment::Figment::new();
+        if let Some(file) = file {
+            anyhow::ensure!(
+                file.exists(),
+                "node config file {} does not exist",
+                file.display()
+            );
+            f = f.merge(Toml::file(file));
+        }
+        f = f.merge(
+            Env::prefixed("PANGEA_")
+                .ignore(&["topology_", "placement_"])
+                .only(&FIELDS),
+        );
+        f = f.merge(Serialized::defaults(overrides));
+        f.extract()
+            .map_err(|e| anyhow::anyhow!("node configuration: {e}"))
+    }
+}
+
+/// Keys the environment may set (so unrelated `PANGEA_*` variables, such as the
+/// topology overrides, are not mistaken for node settings).
+const FIELDS: [&str; 14] = [
+    "topology",
+    "placement",
+    "replica",
+    "data_dir",
+    "certs",
+    "listen",
+    "admin",
+    "emulate_wan",
+    "wan_seed",
+    "durability",
+    "otlp_endpoint",
+    "heartbeat_interval_ms",
+    "client_requests_max",
+    "drain_ms",
+];

@@ -1,0 +1,219 @@
+//! The driver: one task owns the replication core (`pangea_core::replica::Replica`)
+//! and feeds it inputs in order, as quinn's `ConnectionDriver` drives quinn-proto.
+//!
+//! Each turn: take every queued input (frames from peers, local writes, send reports),
+//! or the timer if it fired; then `flush` — one fsync for the whole turn (group
+//! commit) — and only then acknowledge local writes, hand frames to the peer tasks
+//! and publish the new durable watermarks for the serving path.
+
+use crate::Shared;
+use crate::metrics::NodeMetrics;
+use pangea_core::frame::Frame;
+use pangea_core::replica::{Event, Replica, Transmit};
+use pangea_core::{Error as CoreError, RowMutation, ScopeId, Token};
+use pangea_store::Store;
+use pangea_topology::ReplicaId;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Most inputs handled in one turn before a flush, so a flood of frames cannot delay
+/// acknowledgements indefinitely.
+const INPUTS_PER_TURN_MAX: usize = 1_024;
+
+/// What the driver is told.
+#[derive(Debug)]
+pub enum Input {
+    Frame {
+        from: ReplicaId,
+        frame: Frame,
+    },
+    Malformed {
+        from: ReplicaId,
+        reason: &'static str,
+    },
+    /// A client write; the reply comes once it is durable.
+    Propose {
+        mutation: RowMutation,
+        reply: oneshot::Sender<Result<Token, CoreError>>,
+    },
+    /// A peer task wrote (or dropped) a frame of this many bytes.
+    Sent {
+        to: ReplicaId,
+        bytes: usize,
+    },
+    /// Flush and stop.
+    Shutdown {
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// Where frames for each peer go: one bounded queue per peer task.
+pub type PeerQueues = BTreeMap<ReplicaId, mpsc::Sender<Transmit>>;
+
+type Waiters = BTreeMap<(ScopeId, ReplicaId, u64), oneshot::Sender<Result<Token, CoreError>>>;
+
+pub async fn run(
+    mut replica: Replica<Store>,
+    mut rx: mpsc::Receiver<Input>,
+    shared: Arc<Shared>,
+    peers: PeerQueues,
+) {
+    let mut waiters: Waiters = BTreeMap::new();
+    let mut shutdown: Option<oneshot::Sender<()>> = None;
+    publish(&replica, &shared);
+    loop {
+        let deadline = replica
+            .poll_timeout()
+            .map(|t| tokio::time::Instant::from_std(shared.clock.instant_of(t)));
+        tokio::select! {
+            input = rx.recv() => {
+                let Some(input) = input else { break };
+                let mut next = Some(input);
+                let mut handled = 0;
+                while let Some(input) = next.take() {
+                    handle(&mut replica, &shared, input, &mut waiters, &mut shutdown);
+                    handled += 1;
+                    if handled >= INPUTS_PER_TURN_MAX || shutdown.is_some() {
+                        break;
+                    }
+                    next = rx.try_recv().ok();
+                }
+            }
+            _ = sleep_until(deadline) => {
+                let now = shared.clock.now();
+                if let Err(e) = replica.handle_timeout(now) {
+                    tracing::error!(error = %e, "replication timer failed");
+                }
+            }
+        }
+        let now = shared.clock.now();
+        if let Err(e) = replica.flush(now) {
+            // Storage failed: nothing is acknowledged; the node reports unhealthy.
+            tracing::error!(error = %e, "flush failed; refusing writes");
+            shared
+                .healthy
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            for (_, w) in std::mem::take(&mut waiters) {
+                let _ = w.send(Err(e.clone()));
+            }
+        }
+        drain_events(&mut replica, &shared, &mut waiters);
+        drain_transmits(&mut replica, &shared, &peers);
+        publish(&replica, &shared);
+        if let Some(done) = shutdown.take() {
+            let _ = done.send(());
+            break;
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn handle(
+    replica: &mut Replica<Store>,
+    shared: &Shared,
+    input: Input,
+    waiters: &mut Waiters,
+    shutdown: &mut Option<oneshot::Sender<()>>,
+) {
+    let now = shared.clock.now();
+    match input {
+        Input::Frame { from, frame } => {
+            if let Err(e) = replica.handle_frame(now, &from, frame) {
+                tracing::error!(peer = %from, error = %e, "applying a frame failed");
+            }
+        }
+        Input::Malformed { from, reason } => {
+            replica.note_malformed(&from);
+            shared.metrics.inc_frames_rejected(reason);
+        }
+        Input::Propose { mutation, reply } => match replica.propose(now, mutation) {
+            Ok(token) => {
+                waiters.insert(
+                    (token.scope.clone(), token.origin.clone(), token.sequence),
+                    reply,
+                );
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        },
+        Input::Sent { to, bytes } => replica.handle_sent(&to, bytes),
+        Input::Shutdown { done } => *shutdown = Some(done),
+    }
+}
+
+fn drain_events(replica: &mut Replica<Store>, shared: &Shared, waiters: &mut Waiters) {
+    let m: &NodeMetrics = &shared.metrics;
+    while let Some(e) = replica.poll_event() {
+        match e {
+            Event::Committed(token) => {
+                if let Some(w) =
+                    waiters.remove(&(token.scope.clone(), token.origin.clone(), token.sequence))
+                {
+                    let _ = w.send(Ok(token));
+                }
+            }
+            Event::Applied { scope, origin, .. } => m.inc_applied(scope.as_str(), origin.as_str()),
+            Event::Rejected { reason, .. } => m.inc_frames_rejected(reason.as_str()),
+            Event::PeerSuspected(p) => {
+                tracing::warn!(peer = %p, "peer suspected");
+                m.set_peer_suspected(p.as_str(), true);
+            }
+            Event::PeerRecovered(p) => {
+                tracing::info!(peer = %p, "peer recovered");
+                m.set_peer_suspected(p.as_str(), false);
+            }
+            Event::TreeChanged { scope, edges } => tracing::info!(%scope, edges, "tree changed"),
+            Event::SnapshotNeeded { scope, from } => {
+                tracing::info!(%scope, %from, "snapshot requested")
+            }
+            Event::SnapshotInstalled { scope, rows } => {
+                tracing::info!(%scope, rows, "snapshot installed")
+            }
+            Event::GapDetected {
+                scope,
+                origin,
+                from,
+                to,
+            } => {
+                tracing::debug!(%scope, %origin, from, to, "gap detected");
+            }
+            Event::WatermarkAdvanced { .. } => {}
+        }
+    }
+}
+
+fn drain_transmits(replica: &mut Replica<Store>, shared: &Shared, peers: &PeerQueues) {
+    while let Some(t) = replica.poll_transmit() {
+        let (to, bytes) = (t.to.clone(), t.bytes);
+        let delivered = peers.get(&to).is_some_and(|q| q.try_send(t).is_ok());
+        if !delivered {
+            // The peer's queue is full (it is slow or unreachable): drop the frame;
+            // gap repair fetches what it carried (I8).
+            replica.handle_sent(&to, bytes);
+            shared.metrics.inc_frames_rejected("peer_queue_full");
+        }
+    }
+}
+
+/// Makes the durable watermarks visible to the serving path.
+fn publish(replica: &Replica<Store>, shared: &Shared) {
+    let wms: BTreeMap<_, _> = replica
+        .scopes()
+        .filter_map(|s| replica.watermarks(s).map(|w| (s.clone(), w)))
+        .collect();
+    let suspected = replica.suspected().cloned().collect();
+    if let Ok(mut w) = shared.watermarks.write() {
+        *w = wms;
+    }
+    if let Ok(mut s) = shared.suspected.write() {
+        *s = suspected;
+    }
+}

@@ -1,0 +1,426 @@
+//! `pangea-node`: the replica process — the sans-IO replication core driven over
+//! QUIC with mutual TLS, on the fjall store, with an admin endpoint.
+//!
+//! The shape follows mini-redis: [`run`] takes a configuration and a shutdown
+//! future; the `pangea start` binary only parses flags. Inside:
+//!
+//! - [`driver`]: one task owns the core; every turn ends with one fsync (group
+//!   commit) before writes are acknowledged and frames leave;
+//! - [`peers`]: a task per peer sends its frames over a long-lived connection
+//!   (reconnecting with backoff); incoming peer streams are checked (hello against
+//!   certificate) and read into the driver;
+//! - [`serve`]: client requests, one QUIC stream each, reads answered from the store
+//!   after the consistency check, writes through the driver;
+//! - [`admin`] and [`metrics`]: `/metrics`, `/health`, `/watermarks`;
+//! - [`config`]: file, `PANGEA_*` environment and flags, layered by figment;
+//! - [`clock`]: monotonic and (offsettable) wall time.
+
+pub mod admin;
+pub mod clock;
+pub mod config;
+pub mod driver;
+pub mod metrics;
+pub mod peers;
+pub mod serve;
+
+use anyhow::{Context, Result};
+use pangea_core::replica::{Config as CoreConfig, Replica};
+use pangea_core::{Limits, RowState, ScopeId, ScopeWatermarks, StorageError};
+use pangea_net::{PeerIdentity, certs, tls};
+use pangea_store::{Durability, Store, StoreOptions};
+use pangea_topology::{Deployment, RegionId, ReplicaId};
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::{Semaphore, mpsc};
+
+pub use config::NodeConfig;
+
+/// Inputs waiting for the driver; readers of peer streams wait when it is full,
+/// which pushes back through QUIC flow control to the senders.
+pub const DRIVER_QUEUE_MAX: usize = 8_192;
+
+/// Requests being served, for draining at shutdown.
+#[derive(Debug, Default)]
+pub struct Inflight(AtomicUsize);
+
+#[derive(Debug)]
+pub struct InflightGuard<'a>(&'a Inflight);
+
+impl Inflight {
+    pub fn enter(&self) -> InflightGuard<'_> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        InflightGuard(self)
+    }
+
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for InflightGuard<'_> {
+    fn drop(&mut self) {
+        self.0.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// State shared by the driver, the peer tasks and the request handlers.
+pub struct Shared {
+    pub id: ReplicaId,
+    pub region: RegionId,
+    deployment: RwLock<Arc<Deployment>>,
+    store: Store,
+    /// Durable watermarks per scope, published by the driver after every flush.
+    pub watermarks: RwLock<BTreeMap<ScopeId, ScopeWatermarks>>,
+    pub suspected: RwLock<BTreeSet<ReplicaId>>,
+    pub metrics: Arc<metrics::NodeMetrics>,
+    pub clock: Arc<clock::Clock>,
+    pub core_limits: Limits,
+    pub driver: mpsc::Sender<driver::Input>,
+    /// Caps concurrent client requests (`client_requests_max`).
+    pub requests: Arc<Semaphore>,
+    pub inflight: Inflight,
+    /// False once storage failed: the node refuses writes and reports unhealthy.
+    pub healthy: AtomicBool,
+    pub seed: u64,
+    pub peer_connections: AtomicUsize,
+    pub client_connections: AtomicUsize,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("id", &self.id)
+            .field("region", &self.region)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub fn deployment(&self) -> Arc<Deployment> {
+        self.deployment
+            .read()
+            .map(|d| d.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Durable watermarks of `scope` (all origins at zero if none published yet).
+    pub fn watermarks_of(&self, scope: &ScopeId) -> ScopeWatermarks {
+        self.watermarks
+            .read()
+            .ok()
+            .and_then(|m| m.get(scope).cloned())
+            .unwrap_or_else(|| ScopeWatermarks::new(scope.clone()))
+    }
+
+    fn store_row(&self, table: &str, key: &[u8]) -> Result<Option<RowState>, StorageError> {
+        use pangea_core::Storage;
+        self.store.get_row(table, key)
+    }
+
+    fn scan(
+        &self,
+        table: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(bytes::Bytes, RowState)>, StorageError> {
+        use pangea_core::Storage;
+        self.store.scan_rows(table, prefix, after, limit)
+    }
+
+    /// Refreshes the gauges derived from watermarks before an export.
+    fn refresh_gauges(&self) {
+        let now_ms = self.clock.now().wall_ms as f64;
+        let secs = |ts: pangea_core::Timestamp| ((now_ms - ts.wall_ms() as f64) / 1e3).max(0.0);
+        if let Ok(all) = self.watermarks.read() {
+            for (scope, wm) in all.iter() {
+                self.metrics
+                    .set_watermark_age(scope.as_str(), secs(wm.low_watermark()));
+                for (origin, w) in &wm.origins {
+                    self.metrics.set_replication_lag(
+                        scope.as_str(),
+                        origin.as_str(),
+                        secs(w.timestamp),
+                    );
+                    self.metrics.set_watermark_sequence(
+                        scope.as_str(),
+                        origin.as_str(),
+                        w.sequence as i64,
+                    );
+                }
+            }
+        }
+        self.metrics
+            .set_connections("peer", self.peer_connections.load(Ordering::Relaxed) as i64);
+        self.metrics.set_connections(
+            "client",
+            self.client_connections.load(Ordering::Relaxed) as i64,
+        );
+    }
+}
+
+impl admin::AdminState for Shared {
+    fn metrics_text(&self) -> String {
+        self.refresh_gauges();
+        self.metrics.encode()
+    }
+
+    fn health(&self) -> admin::Health {
+        let ok = self.healthy.load(Ordering::Relaxed) && !self.driver.is_closed();
+        let suspected: Vec<String> = self
+            .suspected
+            .read()
+            .map(|s| s.iter().map(|r| r.to_string()).collect())
+            .unwrap_or_default();
+        admin::Health {
+            ok,
+            replica: self.id.to_string(),
+            region: self.region.to_string(),
+            detail: serde_json::json!({ "suspected_peers": suspected, "requests_in_flight": self.inflight.count() }),
+        }
+    }
+
+    fn watermarks(&self) -> serde_json::Value {
+        let now_ms = self.clock.now().wall_ms;
+        let all = self
+            .watermarks
+            .read()
+            .map(|m| m.clone())
+            .unwrap_or_default();
+        let scopes: Vec<serde_json::Value> = all
+            .values()
+            .map(|wm| {
+                let origins: serde_json::Map<String, serde_json::Value> = wm
+                    .origins
+                    .iter()
+                    .map(|(o, w)| {
+                        (
+                            o.to_string(),
+                            serde_json::json!({
+                                "sequence": w.sequence,
+                                "timestamp": w.timestamp.as_u64(),
+                                "lag_ms": now_ms.saturating_sub(w.timestamp.wall_ms()),
+                            }),
+                        )
+                    })
+                    .collect();
+                serde_json::json!({
+                    "scope": wm.scope.as_str(),
+                    "low_watermark": wm.low_watermark().as_u64(),
+                    "low_watermark_age_ms": now_ms.saturating_sub(wm.low_watermark().wall_ms()),
+                    "origins": origins,
+                })
+            })
+            .collect();
+        serde_json::json!({ "replica": self.id.as_str(), "region": self.region.as_str(), "scopes": scopes })
+    }
+}
+
+fn parse_addr(what: &str, s: &str) -> Result<SocketAddr> {
+    s.parse()
+        .with_context(|| format!("{what}: {s:?} is not host:port"))
+}
+
+/// Runs a replica until `shutdown` resolves, then stops accepting, drains in-flight
+/// requests (up to `drain_ms`), fsyncs and closes.
+pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let deployment = Arc::new(
+        Deployment::load(&config.topology, config.placement.as_deref())
+            .map_err(|p| anyhow::anyhow!("{p}"))?,
+    );
+    let id = ReplicaId::from(config.replica.as_str());
+    let me = deployment
+        .topology
+        .replica(&config.replica)
+        .with_context(|| {
+            format!(
+                "replica {:?} is not in topology {}",
+                config.replica,
+                config.topology.display()
+            )
+        })?
+        .clone();
+    let listen = match (config.listen, &me.address) {
+        (Some(a), _) => a,
+        (None, Some(a)) => parse_addr("topology address", a)?,
+        (None, None) => anyhow::bail!("replica {id} has no address in the topology; pass --listen"),
+    };
+    let durability = match config.durability.as_str() {
+        "fsync" => Durability::Fsync,
+        "os-buffer" => Durability::OsBuffer,
+        other => anyhow::bail!("durability {other:?} is not fsync or os-buffer"),
+    };
+    let store = Store::open(
+        &config.data_dir,
+        StoreOptions {
+            durability,
+            ..Default::default()
+        },
+    )?;
+
+    let ca = certs::load_ca(&config.certs)?;
+    let server = tls::server_config(&ca, certs::load_replica(&config.certs, id.as_str())?)?;
+    let client = tls::client_config(&ca, certs::load_replica(&config.certs, id.as_str())?)?;
+    // Peers: every member of every scope we belong to, with an address.
+    let mut peers: BTreeMap<ReplicaId, SocketAddr> = BTreeMap::new();
+    for scope in deployment.scopes().filter(|s| deployment.allowed(&id, s)) {
+        for m in deployment.scope_members(scope) {
+            if m != id
+                && let Some(a) = deployment
+                    .topology
+                    .replica(m.as_str())
+                    .and_then(|r| r.address.as_deref())
+            {
+                peers.insert(m.clone(), parse_addr("topology address", a)?);
+            }
+        }
+    }
+    let wan = config.emulate_wan.then(|| {
+        let control = pangea_net::wan::WanControl::new();
+        for (peer, addr) in &peers {
+            let rtt_ms = deployment.topology.rtt_ms(&id, peer).unwrap_or(0.0);
+            control.set_delay(*addr, Duration::from_micros((rtt_ms * 500.0) as u64));
+        }
+        pangea_net::wan::WanEmulator::new(control, config.wan_seed)
+    });
+    let endpoint = pangea_net::bind_endpoint(listen, Some(server), client, wan)?;
+
+    let clock = Arc::new(clock::Clock::default());
+    let core_config = CoreConfig {
+        heartbeat_interval_ms: config.heartbeat_interval_ms,
+        ..CoreConfig::default()
+    };
+    let core_limits = core_config.limits;
+    let seed = u64::from(listen.port()) ^ 0x7061_6e67_6561;
+    let replica = Replica::new(
+        id.clone(),
+        deployment.clone(),
+        core_config,
+        store.clone(),
+        seed,
+        clock.now(),
+    )?;
+    let (tx, rx) = mpsc::channel(DRIVER_QUEUE_MAX);
+    let shared = Arc::new(Shared {
+        id: id.clone(),
+        region: me.region.clone(),
+        deployment: RwLock::new(deployment.clone()),
+        store,
+        watermarks: RwLock::new(BTreeMap::new()),
+        suspected: RwLock::new(BTreeSet::new()),
+        metrics: Arc::new(metrics::NodeMetrics::new()),
+        clock,
+        core_limits,
+        driver: tx,
+        requests: Arc::new(Semaphore::new(config.client_requests_max)),
+        inflight: Inflight::default(),
+        healthy: AtomicBool::new(true),
+        seed,
+        peer_connections: AtomicUsize::new(0),
+        client_connections: AtomicUsize::new(0),
+    });
+    let mut queues = driver::PeerQueues::new();
+    for (peer, addr) in peers {
+        let (ptx, prx) = mpsc::channel(peers::PEER_QUEUE_FRAMES_MAX);
+        queues.insert(peer.clone(), ptx);
+        tokio::spawn(peers::run_peer(
+            shared.clone(),
+            endpoint.clone(),
+            peer,
+            addr,
+            prx,
+        ));
+    }
+    let driver = tokio::spawn(driver::run(replica, rx, shared.clone(), queues));
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(admin_addr) = config.admin {
+        let listener = tokio::net::TcpListener::bind(admin_addr)
+            .await
+            .with_context(|| format!("admin address {admin_addr}"))?;
+        let state: Arc<dyn admin::AdminState> = shared.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if let Err(e) = admin::serve(listener, state, stopped).await {
+                tracing::error!(error = %e, "admin endpoint failed");
+            }
+        });
+    }
+    tracing::info!(replica = %id, region = %me.region, %listen, admin = ?config.admin, "replica serving");
+
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            incoming = endpoint.accept() => {
+                let Some(incoming) = incoming else { break };
+                let shared = shared.clone();
+                tokio::spawn(async move { handle_incoming(shared, incoming).await });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+
+    // Graceful stop: refuse new connections, drain requests, fsync, close.
+    tracing::info!(replica = %id, "shutting down");
+    endpoint.set_server_config(None);
+    let drain_until = tokio::time::Instant::now() + Duration::from_millis(config.drain_ms);
+    while shared.inflight.count() > 0 && tokio::time::Instant::now() < drain_until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    if shared
+        .driver
+        .send(driver::Input::Shutdown { done: done_tx })
+        .await
+        .is_ok()
+    {
+        let _ = done_rx.await;
+    }
+    let _ = driver.await;
+    let _ = stop_tx.send(true);
+    endpoint.close(peers::CLOSE_SHUTDOWN.into(), b"replica shutting down");
+    let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
+    tracing::info!(replica = %id, "stopped");
+    Ok(())
+}
+
+async fn handle_incoming(shared: Arc<Shared>, incoming: quinn::Incoming) {
+    let connection = match incoming.await {
+        Ok(c) => c,
+        Err(e) => {
+            // Wrong CA, no client certificate, wrong ALPN...
+            tracing::debug!(error = %e, "handshake refused");
+            shared.metrics.inc_frames_rejected("handshake");
+            return;
+        }
+    };
+    match pangea_net::peer_identity(&connection) {
+        Ok(PeerIdentity::Replica { id, region }) => {
+            shared.peer_connections.fetch_add(1, Ordering::Relaxed);
+            peers::handle_peer(shared.clone(), connection, id, region).await;
+            shared.peer_connections.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(PeerIdentity::Client { name, app_profile }) => {
+            shared.client_connections.fetch_add(1, Ordering::Relaxed);
+            serve::handle_client(
+                shared.clone(),
+                connection,
+                serve::Caller { name, app_profile },
+            )
+            .await;
+            shared.client_connections.fetch_sub(1, Ordering::Relaxed);
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "no usable identity in the certificate");
+            shared.metrics.inc_frames_rejected("identity");
+            connection.close(peers::CLOSE_UNKNOWN_REPLICA.into(), b"no pangea identity");
+        }
+    }
+}

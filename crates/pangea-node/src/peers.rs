@@ -1,0 +1,253 @@
+//! Replication links: one task per peer sends what the core queued for it over a
+//! long-lived QUIC connection (reconnecting with backoff), and incoming peer
+//! connections are read frame by frame into the driver.
+//!
+//! Each connection carries two unidirectional streams: `main` (heartbeats, gap
+//! traffic, mutations — FIFO, so a heartbeat rarely overtakes the mutations it
+//! describes) and `bulk` (snapshot chunks, lower priority, so a snapshot never
+//! delays the stream). Both start with a `Hello` that must match the peer's
+//! certificate.
+
+use crate::Shared;
+use crate::driver::Input;
+use pangea_core::frame::{Frame, FrameClass};
+use pangea_core::replica::Transmit;
+use pangea_net::{Backoff, FRAME_BYTES_MAX, PeerIdentity, read_frame, write_frame};
+use pangea_proto::v1 as pb;
+use pangea_topology::ReplicaId;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Frames waiting for one peer; beyond it the driver drops them (gap repair).
+pub const PEER_QUEUE_FRAMES_MAX: usize = 4_096;
+/// QUIC application error codes we close connections with.
+pub const CLOSE_HELLO_MISMATCH: u32 = 1;
+pub const CLOSE_UNKNOWN_REPLICA: u32 = 2;
+pub const CLOSE_SHUTDOWN: u32 = 3;
+
+struct Link {
+    connection: quinn::Connection,
+    main: quinn::SendStream,
+    bulk: quinn::SendStream,
+}
+
+fn hello(shared: &Shared) -> pb::ReplicationFrame {
+    pb::ReplicationFrame {
+        frame: Some(pb::replication_frame::Frame::Hello(pb::Hello {
+            replica_id: shared.id.to_string(),
+            region: shared.region.to_string(),
+            protocol_version: pangea_proto::PROTOCOL_VERSION,
+        })),
+    }
+}
+
+async fn connect(
+    shared: &Shared,
+    endpoint: &quinn::Endpoint,
+    peer: &ReplicaId,
+    addr: SocketAddr,
+) -> anyhow::Result<Link> {
+    let name = pangea_net::tls::server_name(peer.as_str());
+    let connection = endpoint.connect(addr, name)?.await?;
+    match pangea_net::peer_identity(&connection)? {
+        PeerIdentity::Replica { id, .. } if id == peer.as_str() => {}
+        other => anyhow::bail!("{addr} presented {other}, expected replica {peer}"),
+    }
+    let mut main = connection.open_uni().await?;
+    let mut bulk = connection.open_uni().await?;
+    // Serving traffic outranks replication, and the stream outranks snapshots.
+    let _ = main.set_priority(0);
+    let _ = bulk.set_priority(-1);
+    write_frame(&mut main, &hello(shared)).await?;
+    write_frame(&mut bulk, &hello(shared)).await?;
+    Ok(Link {
+        connection,
+        main,
+        bulk,
+    })
+}
+
+/// Sends everything queued for `peer`, connecting (and reconnecting) as needed.
+pub async fn run_peer(
+    shared: Arc<Shared>,
+    endpoint: quinn::Endpoint,
+    peer: ReplicaId,
+    addr: SocketAddr,
+    mut rx: mpsc::Receiver<Transmit>,
+) {
+    let mut backoff = Backoff::new(
+        Duration::from_millis(50),
+        Duration::from_secs(5),
+        shared.seed ^ addr.port() as u64,
+    );
+    let mut link: Option<Link> = None;
+    let mut retry_at = tokio::time::Instant::now();
+    let class_of = |a: &ReplicaId, b: &ReplicaId| {
+        shared
+            .deployment()
+            .topology
+            .link_class(a, b)
+            .map_or("inter_region", |c| c.as_str())
+    };
+    while let Some(t) = rx.recv().await {
+        if link
+            .as_ref()
+            .is_some_and(|l| l.connection.close_reason().is_some())
+        {
+            link = None;
+        }
+        if link.is_none() && tokio::time::Instant::now() >= retry_at {
+            match connect(&shared, &endpoint, &peer, addr).await {
+                Ok(l) => {
+                    backoff.reset();
+                    tracing::info!(%peer, %addr, "replication link up");
+                    link = Some(l);
+                }
+                Err(e) => {
+                    let delay = backoff.next_delay();
+                    tracing::debug!(%peer, %addr, error = %e, ?delay, "cannot reach peer");
+                    retry_at = tokio::time::Instant::now() + delay;
+                }
+            }
+        }
+        let mut sent = false;
+        if let Some(l) = link.as_mut() {
+            let stream = if t.class == FrameClass::Bulk {
+                &mut l.bulk
+            } else {
+                &mut l.main
+            };
+            match write_frame(stream, &t.frame.to_proto()).await {
+                Ok(()) => sent = true,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "replication link lost");
+                    link = None;
+                }
+            }
+        }
+        if sent {
+            shared
+                .metrics
+                .add_bytes_sent(class_of(&shared.id, &peer), t.bytes as u64);
+            shared
+                .metrics
+                .inc_frames_sent(t.frame.kind(), peer.as_str());
+        }
+        // Sent or dropped, the bytes are no longer in flight.
+        if shared
+            .driver
+            .send(Input::Sent {
+                to: peer.clone(),
+                bytes: t.bytes,
+            })
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Reads an incoming replica connection: every unidirectional stream it opens.
+pub async fn handle_peer(
+    shared: Arc<Shared>,
+    connection: quinn::Connection,
+    id: String,
+    region: String,
+) {
+    let d = shared.deployment();
+    let known = d
+        .topology
+        .replica(&id)
+        .is_some_and(|r| r.region.as_str() == region);
+    if !known {
+        tracing::warn!(peer = %id, %region, "refused: not a replica of this topology in that region");
+        shared.metrics.inc_frames_rejected("unknown_replica");
+        connection.close(
+            CLOSE_UNKNOWN_REPLICA.into(),
+            b"unknown replica or wrong region",
+        );
+        return;
+    }
+    let peer = ReplicaId::from(id.as_str());
+    while let Ok(recv) = connection.accept_uni().await {
+        let (shared, connection, peer, region) = (
+            shared.clone(),
+            connection.clone(),
+            peer.clone(),
+            region.clone(),
+        );
+        tokio::spawn(async move { read_stream(shared, connection, peer, region, recv).await });
+    }
+}
+
+async fn read_stream(
+    shared: Arc<Shared>,
+    connection: quinn::Connection,
+    peer: ReplicaId,
+    region: String,
+    mut recv: quinn::RecvStream,
+) {
+    // The first frame must be a Hello agreeing with the certificate.
+    let first = read_frame::<pb::ReplicationFrame>(&mut recv, FRAME_BYTES_MAX).await;
+    let ok = match &first {
+        Ok(Some(pb::ReplicationFrame {
+            frame: Some(pb::replication_frame::Frame::Hello(h)),
+        })) => {
+            h.replica_id == peer.as_str()
+                && h.region == region
+                && h.protocol_version == pangea_proto::PROTOCOL_VERSION
+        }
+        _ => false,
+    };
+    if !ok {
+        tracing::warn!(%peer, ?first, "refused: hello does not match the certificate");
+        shared.metrics.inc_frames_rejected("hello_mismatch");
+        connection.close(
+            CLOSE_HELLO_MISMATCH.into(),
+            b"hello does not match certificate",
+        );
+        return;
+    }
+    let limits = shared.core_limits;
+    let frame_limits = pangea_core::frame::FrameLimits::default();
+    loop {
+        let input = match read_frame::<pb::ReplicationFrame>(&mut recv, FRAME_BYTES_MAX).await {
+            Ok(Some(p)) => match Frame::from_proto(p, &limits, &frame_limits) {
+                Ok(frame) => Input::Frame {
+                    from: peer.clone(),
+                    frame,
+                },
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "malformed frame");
+                    Input::Malformed {
+                        from: peer.clone(),
+                        reason: "malformed",
+                    }
+                }
+            },
+            Ok(None) => return,
+            Err(pangea_net::Error::FrameTooLarge { .. }) => {
+                // The length prefix is all we read: the stream cannot be resynchronized.
+                let _ = shared
+                    .driver
+                    .send(Input::Malformed {
+                        from: peer.clone(),
+                        reason: "frame_too_large",
+                    })
+                    .await;
+                return;
+            }
+            Err(pangea_net::Error::FrameDecode(_)) => Input::Malformed {
+                from: peer.clone(),
+                reason: "malformed",
+            },
+            Err(_) => return,
+        };
+        if shared.driver.send(input).await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,468 @@
+//! Serving client requests: one bidirectional QUIC stream per request, carrying its
+//! deadline. Reads are answered straight from the store (concurrently with the
+//! driver) after `pangea_core::read::decide` checks the consistency the client
+//! asked for against the durable watermarks the driver published. Writes go through
+//! the driver and are answered once durable.
+
+use crate::Shared;
+use crate::driver::Input;
+use bytes::Bytes;
+use pangea_core::read::{Consistency, Decision, decide};
+use pangea_core::{
+    Error as CoreError, Limits, ReadFilter, RowMutation, ScopeId, ScopeWatermarks, Token,
+};
+use pangea_net::{read_frame, write_frame};
+use pangea_proto::v1 as pb;
+use pangea_topology::{Priority, Role, Routing};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Largest client request frame: a maximal row mutation plus its envelope.
+pub const CLIENT_FRAME_BYTES_MAX: usize = pangea_net::FRAME_BYTES_MAX;
+/// Requests without a deadline get this one.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
+/// Most rows one scan returns, whatever the client asks.
+pub const SCAN_ROWS_MAX: usize = 1_000;
+/// Rows a scan returns when the client does not say.
+pub const SCAN_ROWS_DEFAULT: usize = 100;
+/// Most keys in one get-many.
+pub const GET_MANY_KEYS_MAX: usize = 1_000;
+
+type Code = pb::error::Code;
+
+/// Who is asking, from the client certificate.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub name: String,
+    pub app_profile: String,
+}
+
+/// A failed request: a code the client can act on, and a message naming what.
+#[derive(Debug)]
+struct Failure {
+    code: Code,
+    message: String,
+    /// Watermarks to attach (not-covered answers carry them so the client learns).
+    watermarks: Option<ScopeWatermarks>,
+}
+
+impl Failure {
+    fn new(code: Code, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            message: message.into(),
+            watermarks: None,
+        }
+    }
+
+    fn outcome(&self) -> &'static str {
+        match self.code {
+            Code::NotCovered => "not_covered",
+            Code::TooStale => "too_stale",
+            Code::PolicyForbids => "policy",
+            Code::DeadlineExceeded => "deadline",
+            Code::InvalidArgument => "invalid",
+            Code::NotFound => "not_found",
+            Code::Unavailable => "unavailable",
+            _ => "internal",
+        }
+    }
+}
+
+impl From<CoreError> for Failure {
+    fn from(e: CoreError) -> Self {
+        let code = match &e {
+            CoreError::UnknownTable { .. } | CoreError::UnknownFamily { .. } => Code::NotFound,
+            CoreError::PolicyForbids { .. } => Code::PolicyForbids,
+            CoreError::Storage(_) => Code::Unavailable,
+            _ => Code::InvalidArgument,
+        };
+        Failure::new(code, e.to_string())
+    }
+}
+
+/// Serves every request stream of one client connection.
+pub async fn handle_client(shared: Arc<Shared>, connection: quinn::Connection, caller: Caller) {
+    while let Ok((send, recv)) = connection.accept_bi().await {
+        let (shared, caller) = (shared.clone(), caller.clone());
+        tokio::spawn(async move { serve_stream(shared, caller, send, recv).await });
+    }
+}
+
+async fn serve_stream(
+    shared: Arc<Shared>,
+    caller: Caller,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+) {
+    let Ok(_permit) = shared.requests.clone().acquire_owned().await else {
+        return;
+    };
+    let _inflight = shared.inflight.enter();
+    let started = Instant::now();
+    let req = match read_frame::<pb::ClientRequest>(&mut recv, CLIENT_FRAME_BYTES_MAX).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return,
+        Err(e) => {
+            let reason = if matches!(e, pangea_net::Error::FrameTooLarge { .. }) {
+                "frame_too_large"
+            } else {
+                "malformed"
+            };
+            shared.metrics.inc_frames_rejected(reason);
+            let resp = response(
+                &shared,
+                Err(Failure::new(
+                    Code::InvalidArgument,
+                    format!("malformed request: {e}"),
+                )),
+                None,
+            );
+            let _ = write_frame(&mut send, &resp).await;
+            let _ = send.finish();
+            return;
+        }
+    };
+    let (op, mode) = describe(&req);
+    let budget = if req.deadline_us > 0 {
+        Duration::from_micros(req.deadline_us)
+    } else {
+        DEFAULT_DEADLINE
+    };
+    let span = tracing::debug_span!("request", op, mode, caller = %caller.name);
+    let result = {
+        let _g = span.enter();
+        match tokio::time::timeout(budget, process(&shared, &caller, req)).await {
+            Ok(r) => r,
+            Err(_) => Err(Failure::new(
+                Code::DeadlineExceeded,
+                format!(
+                    "deadline of {} µs exceeded at replica {}",
+                    budget.as_micros(),
+                    shared.id
+                ),
+            )),
+        }
+    };
+    let outcome = match &result {
+        Ok(_) => "ok",
+        Err(f) => f.outcome(),
+    };
+    let resp = match result {
+        Ok((body, wm)) => response(&shared, Ok(body), wm),
+        Err(f) => {
+            let wm = f.watermarks.clone();
+            response(&shared, Err(f), wm)
+        }
+    };
+    shared
+        .metrics
+        .observe_request(op, mode, outcome, started.elapsed().as_secs_f64());
+    let _ = write_frame(&mut send, &resp).await;
+    let _ = send.finish();
+}
+
+fn describe(req: &pb::ClientRequest) -> (&'static str, &'static str) {
+    use pb::client_request::Request as R;
+    let mode = |c: &Option<pb::Consistency>| match c.as_ref().and_then(|c| c.mode.as_ref()) {
+        None | Some(pb::consistency::Mode::Eventual(_)) => "eventual",
+        Some(pb::consistency::Mode::RowAffinity(_)) => "affinity",
+        Some(pb::consistency::Mode::WatermarkToken(_)) => "watermark",
+        Some(pb::consistency::Mode::BoundedStalenessMs(_)) => "bounded",
+    };
+    match &req.request {
+        Some(R::Get(g)) => ("get", mode(&g.consistency)),
+        Some(R::GetMany(g)) => ("get_many", mode(&g.consistency)),
+        Some(R::ScanPrefix(s)) => ("scan", mode(&s.consistency)),
+        Some(R::Mutate(_)) => ("mutate", "none"),
+        Some(R::Watermarks(_)) => ("watermarks", "none"),
+        None => ("unknown", "none"),
+    }
+}
+
+fn response(
+    shared: &Shared,
+    result: Result<pb::client_response::Response, Failure>,
+    wm: Option<ScopeWatermarks>,
+) -> pb::ClientResponse {
+    let served_by = Some(pb::ServedBy {
+        replica: shared.id.to_string(),
+        region: shared.region.to_string(),
+        watermarks: wm.map(|w| w.to_proto()),
+    });
+    let response = match result {
+        Ok(r) => r,
+        Err(f) => pb::client_response::Response::Error(pb::Error {
+            code: f.code as i32,
+            message: f.message,
+        }),
+    };
+    pb::ClientResponse {
+        served_by,
+        response: Some(response),
+    }
+}
+
+fn consistency(c: Option<pb::Consistency>) -> Result<Consistency, Failure> {
+    use pb::consistency::Mode;
+    Ok(match c.and_then(|c| c.mode) {
+        None | Some(Mode::Eventual(_)) => Consistency::Eventual,
+        Some(Mode::RowAffinity(_)) => Consistency::RowAffinity,
+        Some(Mode::WatermarkToken(t)) => {
+            Consistency::Watermark(Token::decode(&t).map_err(|e| {
+                Failure::new(Code::InvalidArgument, format!("consistency token: {e}"))
+            })?)
+        }
+        Some(Mode::BoundedStalenessMs(ms)) => Consistency::BoundedStaleness { max_ms: ms },
+    })
+}
+
+fn filter(f: Option<pb::RowFilter>) -> ReadFilter {
+    let f = f.unwrap_or_default();
+    ReadFilter {
+        families: f.families.iter().map(|s| s.as_str().into()).collect(),
+        columns: f
+            .columns
+            .into_iter()
+            .map(|c| (c.family.as_str().into(), c.column))
+            .collect(),
+        versions_per_column: f.versions_per_column,
+    }
+}
+
+/// The app profile named in the request must be the certificate's (an empty one means
+/// the certificate's), and must allow this replica (priority class, pinned list).
+fn check_profile(shared: &Shared, caller: &Caller, requested: &str) -> Result<(), Failure> {
+    if !requested.is_empty() && requested != caller.app_profile {
+        return Err(Failure::new(
+            Code::PolicyForbids,
+            format!(
+                "app profile {requested:?} is not the certificate's ({:?})",
+                caller.app_profile
+            ),
+        ));
+    }
+    let d = shared.deployment();
+    let Some(profile) = d.topology.app_profiles.get(&caller.app_profile) else {
+        return Err(Failure::new(
+            Code::PolicyForbids,
+            format!("unknown app profile {:?}", caller.app_profile),
+        ));
+    };
+    let role = d.topology.replica(shared.id.as_str()).map(|r| r.role);
+    let class_ok = match profile.priority {
+        Priority::Serving => role == Some(Role::Serving),
+        Priority::Batch => role == Some(Role::Batch),
+    };
+    let pinned_ok = match &profile.routing {
+        Routing::Pinned(list) => list.contains(&shared.id),
+        _ => true,
+    };
+    if !class_ok || !pinned_ok {
+        return Err(Failure::new(
+            Code::PolicyForbids,
+            format!(
+                "app profile {:?} may not use replica {} ({:?})",
+                profile.name, shared.id, role
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The scope of a row, refusing rows this replica must not hold (residency).
+fn scope_here(shared: &Shared, table: &str, key: &[u8]) -> Result<ScopeId, Failure> {
+    let d = shared.deployment();
+    if d.placement.schema.table(table).is_none() {
+        return Err(Failure::new(
+            Code::NotFound,
+            format!("unknown table {table:?}"),
+        ));
+    }
+    let scope = d.scope_of(table, key).clone();
+    if !d.allowed(&shared.id, &scope) {
+        return Err(Failure::new(
+            Code::PolicyForbids,
+            format!(
+                "placement policy {:?} does not allow replica {} to serve this row",
+                scope.as_str(),
+                shared.id
+            ),
+        ));
+    }
+    Ok(scope)
+}
+
+/// Checks the consistency asked for against our durable watermarks.
+fn admit(shared: &Shared, scope: &ScopeId, c: &Consistency) -> Result<ScopeWatermarks, Failure> {
+    let wm = shared.watermarks_of(scope);
+    match decide(c, &wm, shared.clock.now().wall_ms) {
+        Decision::Serve => Ok(wm),
+        Decision::NotCovered { origin, have, need } => Err(Failure {
+            code: Code::NotCovered,
+            message: format!(
+                "replica {} has applied {origin}'s writes up to #{have}, the token needs #{need}",
+                shared.id
+            ),
+            watermarks: Some(wm),
+        }),
+        Decision::TooStale { lag_ms, max_ms } => Err(Failure {
+            code: Code::TooStale,
+            message: format!("replica {} lags {lag_ms} ms, bound {max_ms} ms", shared.id),
+            watermarks: Some(wm),
+        }),
+    }
+}
+
+fn read_row(
+    shared: &Shared,
+    table: &str,
+    key: &Bytes,
+    f: &ReadFilter,
+) -> Result<Option<pb::Row>, Failure> {
+    let d = shared.deployment();
+    let row = shared
+        .store_row(table, key)
+        .map_err(|e| Failure::new(Code::Unavailable, e.to_string()))?;
+    Ok(row.and_then(|r| {
+        r.read(
+            key,
+            f,
+            d.placement.schema.table(table),
+            shared.clock.now().wall_ms,
+        )
+    }))
+}
+
+type Served = (pb::client_response::Response, Option<ScopeWatermarks>);
+
+async fn process(
+    shared: &Shared,
+    caller: &Caller,
+    req: pb::ClientRequest,
+) -> Result<Served, Failure> {
+    use pb::client_request::Request as R;
+    use pb::client_response::Response as W;
+    check_profile(shared, caller, &req.app_profile)?;
+    let limits: Limits = shared.core_limits;
+    match req
+        .request
+        .ok_or_else(|| Failure::new(Code::InvalidArgument, "empty request"))?
+    {
+        R::Get(g) => {
+            Limits::check(
+                pangea_core::limits::Limited::RowKey,
+                g.row_key.len(),
+                limits.row_key_bytes_max,
+            )?;
+            let scope = scope_here(shared, &g.table, &g.row_key)?;
+            let wm = admit(shared, &scope, &consistency(g.consistency)?)?;
+            let row = read_row(shared, &g.table, &g.row_key, &filter(g.filter))?;
+            Ok((W::Get(pb::GetResponse { row }), Some(wm)))
+        }
+        R::GetMany(g) => {
+            if g.row_keys.len() > GET_MANY_KEYS_MAX {
+                return Err(Failure::new(
+                    Code::InvalidArgument,
+                    format!("{} keys, limit {GET_MANY_KEYS_MAX}", g.row_keys.len()),
+                ));
+            }
+            let c = consistency(g.consistency)?;
+            let f = filter(g.filter);
+            let mut scope: Option<ScopeId> = None;
+            let mut rows = Vec::with_capacity(g.row_keys.len());
+            let mut wm = None;
+            for key in &g.row_keys {
+                let s = scope_here(shared, &g.table, key)?;
+                if scope.as_ref().is_some_and(|x| *x != s) {
+                    return Err(Failure::new(
+                        Code::InvalidArgument,
+                        "get-many keys span placement policies; split the request by policy",
+                    ));
+                }
+                if scope.is_none() {
+                    wm = Some(admit(shared, &s, &c)?);
+                    scope = Some(s);
+                }
+                rows.push(
+                    read_row(shared, &g.table, key, &f)?.unwrap_or_else(|| pb::Row {
+                        key: key.clone(),
+                        families: vec![],
+                    }),
+                );
+            }
+            Ok((W::GetMany(pb::GetManyResponse { rows }), wm))
+        }
+        R::ScanPrefix(s) => {
+            let scope = scope_here(shared, &s.table, &s.prefix)?;
+            let wm = admit(shared, &scope, &consistency(s.consistency)?)?;
+            let limit = match s.limit as usize {
+                0 => SCAN_ROWS_DEFAULT,
+                n => n.min(SCAN_ROWS_MAX),
+            };
+            let f = filter(s.filter);
+            let d = shared.deployment();
+            let after = (!s.resume_after.is_empty()).then_some(&s.resume_after[..]);
+            let found = shared
+                .scan(&s.table, &s.prefix, after, limit + 1)
+                .map_err(|e| Failure::new(Code::Unavailable, e.to_string()))?;
+            let more = found.len() > limit;
+            let mut rows = Vec::new();
+            let mut last = Bytes::new();
+            let now = shared.clock.now().wall_ms;
+            for (key, row) in found.into_iter().take(limit) {
+                last = key.clone();
+                // Rows of a policy this replica may not serve never leave it.
+                if !d.allowed(&shared.id, d.scope_of(&s.table, &key)) {
+                    continue;
+                }
+                if let Some(r) = row.read(&key, &f, d.placement.schema.table(&s.table), now) {
+                    rows.push(r);
+                }
+            }
+            let resume_key = if more { last } else { Bytes::new() };
+            Ok((
+                W::ScanPrefix(pb::ScanPrefixResponse { rows, resume_key }),
+                Some(wm),
+            ))
+        }
+        R::Mutate(m) => {
+            let m = m
+                .mutation
+                .ok_or_else(|| Failure::new(Code::InvalidArgument, "mutate without a mutation"))?;
+            let mutation = RowMutation::from_proto(m, &limits)?;
+            mutation.check_schema(&shared.deployment().placement.schema)?;
+            let scope = scope_here(shared, mutation.table(), mutation.row_key())?;
+            let (reply, wait) = oneshot::channel();
+            shared
+                .driver
+                .send(Input::Propose { mutation, reply })
+                .await
+                .map_err(|_| Failure::new(Code::Unavailable, "replica is shutting down"))?;
+            let token = wait
+                .await
+                .map_err(|_| Failure::new(Code::Unavailable, "replica is shutting down"))??;
+            let wm = shared.watermarks_of(&scope);
+            Ok((
+                W::Mutate(pb::MutateResponse {
+                    token: token.encode(),
+                }),
+                Some(wm),
+            ))
+        }
+        R::Watermarks(w) => {
+            let all = shared
+                .watermarks
+                .read()
+                .map(|m| m.clone())
+                .unwrap_or_default();
+            let scopes = all
+                .values()
+                .filter(|s| w.scope.is_empty() || s.scope.as_str() == w.scope)
+                .map(ScopeWatermarks::to_proto)
+                .collect();
+            Ok((W::Watermarks(pb::WatermarkResponse { scopes }), None))
+        }
+    }
+}
