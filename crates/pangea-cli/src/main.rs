@@ -3,8 +3,10 @@
 
 use clap::{Parser, Subcommand};
 
+mod bench_cmd;
 mod cluster_cmd;
 mod data_cmd;
+mod demo_cmd;
 mod node_cmd;
 mod output;
 mod store_cmd;
@@ -23,6 +25,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// The main job: a local multi-region cluster with emulated WAN, sample ad
+    /// profiles, clients in every region and mode, and what they see.
+    Demo(demo_cmd::DemoArgs),
+    /// Load a cluster from one region and report HDR latencies (or `bench echo`).
+    Bench(bench_cmd::BenchArgs),
     /// Run one replica.
     Start(node_cmd::StartArgs),
     /// Cluster certificates: a CA, replica and client leaf certificates.
@@ -83,6 +90,8 @@ fn main() -> std::process::ExitCode {
     quiet_on_broken_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(args) => demo_cmd::run(args),
+        Command::Bench(args) => bench_cmd::run(args),
         Command::Start(args) => node_cmd::start(args),
         Command::Certs(cmd) => node_cmd::certs(cmd),
         Command::Cluster(cmd) => cluster_cmd::run(cmd),

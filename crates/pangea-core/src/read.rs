@@ -258,10 +258,15 @@ pub fn plan_read(
         view.rtt_ms(r)
             .unwrap_or_else(|| estimated_rtt_ms(d, client_region, r))
     };
-    let home = d.placement.home_of(table, key);
     let in_region =
         |r: &ReplicaId, region: &RegionId| d.topology.region_of(r.as_str()) == Some(region);
-    // Healthy before failing; then the home region (when the row has one); then by
+    // A row's home region directs reads only when the caller's own region cannot
+    // serve the row (its policy keeps the row elsewhere): then the home region's
+    // replicas go first, the policy's other regions after. A row the caller's
+    // region holds is read there — the 20 ms budget does not survive an ocean.
+    let local = eligible.iter().any(|r| in_region(r, client_region));
+    let home = d.placement.home_of(table, key).filter(|_| !local);
+    // Healthy before failing; then the home region (when it applies); then by
     // round trip; then by id, so equal inputs give equal plans.
     let mut ordered: Vec<(bool, bool, f64, &ReplicaId)> = eligible
         .iter()

@@ -373,11 +373,23 @@ fn read_plans_follow_mode_profile_and_placement() {
     let p = plan("x/1", &Consistency::Eventual, frontend, &view).unwrap();
     assert_eq!(p.primary[0].replica.as_str(), "apne1-a");
     assert_eq!(p.primary.last().unwrap().replica.as_str(), "apne1-b");
-    // A row homed in us-east-1 goes there first even from Tokyo.
+    // A global row homed in us-east-1 is still read in Tokyo, where it is too...
     let p = plan("us/1", &Consistency::Eventual, frontend, &view).unwrap();
+    assert_eq!(p.primary[0].replica.as_str(), "apne1-a");
+    // ...but when the caller's region holds no replica of the row, the home region
+    // goes first: from us-east-1, an EU-resident row homed in eu-west-1 is read there.
+    let virginia: RegionId = "us-east-1".into();
+    let req = ReadRequest {
+        client_region: &virginia,
+        profile: frontend,
+        table: "ad_profiles",
+        key: b"eu/1",
+        consistency: &Consistency::Eventual,
+    };
+    let p = plan_read(&d, &req, &view, T0).unwrap();
     assert_eq!(
         d.topology.replicas[&p.primary[0].replica].region.as_str(),
-        "us-east-1"
+        "eu-west-1"
     );
     assert_eq!(p.primary[0].reason, Reason::Home);
     // An EU-resident row never plans a replica outside eu-west-1.

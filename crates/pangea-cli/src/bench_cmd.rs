@@ -1,0 +1,346 @@
+//! `pangea bench`: closed-loop load from one region against a running cluster, with
+//! HDR-histogram latencies; and `pangea bench echo`, the same request/response sizes
+//! over a bare quinn echo server, the floor any QUIC service on this machine sees.
+
+use crate::data_cmd::{Connect, parse_consistency};
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use clap::{Args, Subcommand};
+use hdrhistogram::Histogram;
+use pangea_client::{Client, Mutation, ReadOptions, RowMutation, WriteOptions};
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub(crate) struct BenchArgs {
+    #[command(subcommand)]
+    echo: Option<EchoCommand>,
+    #[command(flatten)]
+    load: Option<LoadArgs>,
+}
+
+#[derive(Debug, Subcommand)]
+enum EchoCommand {
+    /// The floor: request/response of the same sizes over a bare quinn echo server
+    /// (TLS 1.3, ring), in this process.
+    Echo {
+        #[arg(long, default_value_t = 1024)]
+        value_bytes: usize,
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        #[arg(long, default_value = "10s")]
+        duration: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LoadArgs {
+    #[command(flatten)]
+    connect: Connect,
+    /// get, put or mix (90 % get, 10 % put).
+    #[arg(long, default_value = "get")]
+    op: String,
+    /// Consistency of reads: eventual, affinity, bounded:MS (watermark reads use the
+    /// token of each task's last write).
+    #[arg(long, default_value = "eventual")]
+    mode: String,
+    #[arg(long, default_value_t = 1024)]
+    value_bytes: usize,
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    #[arg(long, default_value = "10s")]
+    duration: String,
+    /// Distinct keys written first and then read.
+    #[arg(long, default_value_t = 1_000)]
+    keys: usize,
+    /// Key prefix (placement rules apply: e.g. us/ homes in us-east-1).
+    #[arg(long, default_value = "bench/")]
+    prefix: String,
+}
+
+/// Latency figures of one kind of operation.
+#[derive(Debug, Serialize)]
+pub(crate) struct Figures {
+    pub count: u64,
+    pub errors: u64,
+    pub ops_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+}
+
+pub(crate) fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds are valid")
+}
+
+pub(crate) fn figures(h: &Histogram<u64>, errors: u64, elapsed: Duration) -> Figures {
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
+    Figures {
+        count: h.len(),
+        errors,
+        ops_per_s: h.len() as f64 / elapsed.as_secs_f64().max(1e-9),
+        p50_ms: ms(0.5),
+        p99_ms: ms(0.99),
+        p999_ms: ms(0.999),
+        max_ms: h.max() as f64 / 1e3,
+    }
+}
+
+pub(crate) fn parse_duration(s: &str) -> Result<Duration> {
+    pangea_topology::placement::parse_duration_ms(s)
+        .map(Duration::from_millis)
+        .with_context(|| format!("duration {s:?}: like 500ms, 10s, 5m"))
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    machine: String,
+    op: String,
+    mode: String,
+    region: String,
+    value_bytes: usize,
+    concurrency: usize,
+    duration_s: f64,
+    reads: Figures,
+    writes: Figures,
+    hedges: u64,
+    failovers: u64,
+}
+
+pub(crate) fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores, {cpu}")
+}
+
+pub(crate) fn run(args: BenchArgs) -> Result<()> {
+    if let Some(EchoCommand::Echo {
+        value_bytes,
+        concurrency,
+        duration,
+        json,
+    }) = args.echo
+    {
+        return echo(value_bytes, concurrency, parse_duration(&duration)?, json);
+    }
+    let a = args
+        .load
+        .context("pangea bench --cluster FILE --region R ... (or pangea bench echo)")?;
+    let duration = parse_duration(&a.duration)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let client = a.connect.client().await?;
+        let value = Bytes::from(vec![b'x'; a.value_bytes]);
+        // Load the keys first (concurrently).
+        let keys: Vec<Bytes> = (0..a.keys).map(|i| Bytes::from(format!("{}{i:08}", a.prefix))).collect();
+        let wopts = WriteOptions { deadline: Some(Duration::from_secs(5)) };
+        let mut loaders = tokio::task::JoinSet::new();
+        for chunk in keys.chunks(a.keys.div_ceil(a.concurrency.max(1)).max(1)) {
+            let (client, chunk, value, wopts, table) = (client.clone(), chunk.to_vec(), value.clone(), wopts.clone(), a.connect.table.clone());
+            loaders.spawn(async move {
+                for k in chunk {
+                    put(&client, &table, k, value.clone(), &wopts).await?;
+                }
+                anyhow::Ok(())
+            });
+        }
+        while let Some(r) = loaders.join_next().await {
+            r??;
+        }
+        let reads = Arc::new(Mutex::new(histogram()));
+        let writes = Arc::new(Mutex::new(histogram()));
+        let errors = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for t in 0..a.concurrency {
+            let (client, keys, value) = (client.clone(), keys.clone(), value.clone());
+            let (reads, writes, errors, stop) = (reads.clone(), writes.clone(), errors.clone(), stop.clone());
+            let (op, mode, table, deadline) = (a.op.clone(), a.mode.clone(), a.connect.table.clone(), a.connect.deadline_ms);
+            tasks.spawn(async move {
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
+                let mut token = None;
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let key = keys[(x % keys.len() as u64) as usize].clone();
+                    let write = op == "put" || (op == "mix" && x % 10 == 0);
+                    let t0 = Instant::now();
+                    if write {
+                        match put(&client, &table, key, value.clone(), &WriteOptions { deadline: Some(Duration::from_millis(deadline)) }).await {
+                            Ok(tok) => {
+                                token = Some(tok);
+                                let _ = writes.lock().expect("not poisoned").record(t0.elapsed().as_micros() as u64);
+                            }
+                            Err(_) => {
+                                errors.1.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    } else {
+                        let consistency = match (mode.as_str(), &token) {
+                            ("watermark", Some(t)) => pangea_client::Consistency::Watermark(t.clone()),
+                            ("watermark", None) => pangea_client::Consistency::Eventual,
+                            (m, _) => parse_consistency(m, None).unwrap_or(pangea_client::Consistency::Eventual),
+                        };
+                        let opts = ReadOptions::default().with_consistency(consistency).with_deadline(Duration::from_millis(deadline));
+                        match client.get(&table, key, &opts).await {
+                            Ok(_) => {
+                                let _ = reads.lock().expect("not poisoned").record(t0.elapsed().as_micros() as u64);
+                            }
+                            Err(_) => {
+                                errors.0.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+            });
+        }
+        tokio::time::sleep(duration).await;
+        stop.store(true, Ordering::Relaxed);
+        while tasks.join_next().await.is_some() {}
+        let elapsed = started.elapsed();
+        let report = Report {
+            machine: machine(),
+            op: a.op.clone(),
+            mode: a.mode.clone(),
+            region: a.connect.region.clone(),
+            value_bytes: a.value_bytes,
+            concurrency: a.concurrency,
+            duration_s: elapsed.as_secs_f64(),
+            reads: figures(&reads.lock().expect("not poisoned"), errors.0.load(Ordering::Relaxed), elapsed),
+            writes: figures(&writes.lock().expect("not poisoned"), errors.1.load(Ordering::Relaxed), elapsed),
+            hedges: client.stats().hedges.load(Ordering::Relaxed),
+            failovers: client.stats().failovers.load(Ordering::Relaxed),
+        };
+        if a.connect.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            println!("bench {} {} from {}: {} B values, concurrency {}, {:.1} s ({})", report.op, report.mode, report.region, report.value_bytes, report.concurrency, report.duration_s, report.machine);
+            for (name, f) in [("reads", &report.reads), ("writes", &report.writes)] {
+                if f.count > 0 || f.errors > 0 {
+                    println!(
+                        "  {name:<6} {:>10.0} ops/s  p50 {:>7.3} ms  p99 {:>7.3} ms  p999 {:>7.3} ms  max {:>8.3} ms  errors {}",
+                        f.ops_per_s, f.p50_ms, f.p99_ms, f.p999_ms, f.max_ms, f.errors
+                    );
+                }
+            }
+            println!("  hedges {}  failovers {}", report.hedges, report.failovers);
+        }
+        Ok(())
+    })
+}
+
+async fn put(
+    client: &Client,
+    table: &str,
+    key: Bytes,
+    value: Bytes,
+    opts: &WriteOptions,
+) -> Result<pangea_client::Token> {
+    let m = Mutation::SetCell {
+        family: "profile".into(),
+        column: Bytes::from_static(b"p"),
+        value,
+    };
+    let mutation = RowMutation::new(table, key, vec![m], &pangea_core::Limits::default())?;
+    Ok(client.mutate(mutation, opts).await?.value)
+}
+
+/// The echo floor: a bare quinn server that returns each request's payload.
+fn echo(value_bytes: usize, concurrency: usize, duration: Duration, json: bool) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let dir = tempfile::tempdir()?;
+        pangea_net::certs::init_ca(dir.path())?;
+        pangea_net::certs::issue_replica(dir.path(), "echo", "local")?;
+        pangea_net::certs::issue_client(dir.path(), "bench", "frontend")?;
+        let ca = pangea_net::certs::load_ca(dir.path())?;
+        let server = pangea_net::tls::server_config(&ca, pangea_net::certs::load_replica(dir.path(), "echo")?)?;
+        let client = pangea_net::tls::client_config(&ca, pangea_net::certs::load_client(dir.path(), "bench")?)?;
+        let client2 = pangea_net::tls::client_config(&ca, pangea_net::certs::load_client(dir.path(), "bench")?)?;
+        let server_ep = pangea_net::bind_endpoint(([127, 0, 0, 1], 0).into(), Some(server), client2, None)?;
+        let addr = server_ep.local_addr()?;
+        tokio::spawn(async move {
+            while let Some(inc) = server_ep.accept().await {
+                tokio::spawn(async move {
+                    let Ok(conn) = inc.await else { return };
+                    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                        tokio::spawn(async move {
+                            if let Ok(Some(req)) = pangea_net::read_frame::<pangea_proto::v1::ClientRequest>(&mut recv, pangea_net::FRAME_BYTES_MAX).await {
+                                let _ = pangea_net::write_frame(&mut send, &req).await;
+                                let _ = send.finish();
+                            }
+                        });
+                    }
+                });
+            }
+        });
+        let ep = pangea_net::bind_endpoint(([127, 0, 0, 1], 0).into(), None, client, None)?;
+        let conn = ep.connect(addr, "echo")?.await?;
+        let payload = Bytes::from(vec![b'x'; value_bytes]);
+        let req = pangea_proto::v1::ClientRequest {
+            deadline_us: 0,
+            app_profile: String::new(),
+            request: Some(pangea_proto::v1::client_request::Request::Get(pangea_proto::v1::GetRequest {
+                table: "t".into(),
+                row_key: payload,
+                ..Default::default()
+            })),
+        };
+        let hist = Arc::new(Mutex::new(histogram()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..concurrency {
+            let (conn, req, hist, stop) = (conn.clone(), req.clone(), hist.clone(), stop.clone());
+            tasks.spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let t0 = Instant::now();
+                    let Ok((mut send, mut recv)) = conn.open_bi().await else { return };
+                    if pangea_net::write_frame(&mut send, &req).await.is_err() {
+                        return;
+                    }
+                    let _ = send.finish();
+                    if let Ok(Some(_)) = pangea_net::read_frame::<pangea_proto::v1::ClientRequest>(&mut recv, pangea_net::FRAME_BYTES_MAX).await {
+                        let _ = hist.lock().expect("not poisoned").record(t0.elapsed().as_micros() as u64);
+                    }
+                }
+            });
+        }
+        tokio::time::sleep(duration).await;
+        stop.store(true, Ordering::Relaxed);
+        while tasks.join_next().await.is_some() {}
+        let f = figures(&hist.lock().expect("not poisoned"), 0, started.elapsed());
+        if json {
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({"machine": machine(), "value_bytes": value_bytes, "concurrency": concurrency, "echo": f}))?);
+        } else {
+            println!(
+                "echo {value_bytes} B, concurrency {concurrency} ({}): {:.0} ops/s  p50 {:.3} ms  p99 {:.3} ms  p999 {:.3} ms",
+                machine(),
+                f.ops_per_s,
+                f.p50_ms,
+                f.p99_ms,
+                f.p999_ms
+            );
+        }
+        Ok(())
+    })
+}
