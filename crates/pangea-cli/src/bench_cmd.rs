@@ -180,7 +180,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
                     x ^= x >> 7;
                     x ^= x << 17;
                     let key = keys[(x % keys.len() as u64) as usize].clone();
-                    let write = op == "put" || (op == "mix" && x % 10 == 0);
+                    let write = op == "put" || (op == "mix" && x.is_multiple_of(10));
                     let t0 = Instant::now();
                     if write {
                         match put(&client, &table, key, value.clone(), &WriteOptions { deadline: Some(Duration::from_millis(deadline)) }).await {

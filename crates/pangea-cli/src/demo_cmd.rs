@@ -214,7 +214,7 @@ async fn workload(a: &DemoArgs, cluster: &pangea_topology::cluster::ClusterFile)
     println!(
         "Point a client at it, e.g.:\n  pangea get --cluster {} --region ap-northeast-1 us/00042 --consistency affinity",
         cluster_cmd::cluster_path(
-            &cluster
+            cluster
                 .topology
                 .parent()
                 .unwrap_or(std::path::Path::new("."))
@@ -322,7 +322,7 @@ async fn client_loop(
         x ^= x >> 7;
         x ^= x << 17;
         let user = &users[(x % users.len() as u64) as usize];
-        if i % 10 == 0 {
+        if i.is_multiple_of(10) {
             // An event-driven profile update, from this region.
             let t0 = Instant::now();
             if let Ok(r) = client
