@@ -5,7 +5,7 @@
 use crate::data_cmd::{Connect, parse_consistency};
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use clap::{Args, Subcommand};
+use clap::Args;
 use hdrhistogram::Histogram;
 use pangea_client::{Client, Mutation, ReadOptions, RowMutation, WriteOptions};
 use serde::Serialize;
@@ -13,29 +13,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// `pangea bench-echo`: the floor.
 #[derive(Debug, Args)]
-#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
-pub(crate) struct BenchArgs {
-    #[command(subcommand)]
-    echo: Option<EchoCommand>,
-    #[command(flatten)]
-    load: Option<LoadArgs>,
-}
-
-#[derive(Debug, Subcommand)]
-enum EchoCommand {
-    /// The floor: request/response of the same sizes over a bare quinn echo server
-    /// (TLS 1.3, ring), in this process.
-    Echo {
-        #[arg(long, default_value_t = 1024)]
-        value_bytes: usize,
-        #[arg(long, default_value_t = 32)]
-        concurrency: usize,
-        #[arg(long, default_value = "10s")]
-        duration: String,
-        #[arg(long)]
-        json: bool,
-    },
+pub(crate) struct EchoArgs {
+    #[arg(long, default_value_t = 1024)]
+    value_bytes: usize,
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    #[arg(long, default_value = "10s")]
+    duration: String,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -126,19 +114,16 @@ pub(crate) fn machine() -> String {
     format!("{cores} cores, {cpu}")
 }
 
-pub(crate) fn run(args: BenchArgs) -> Result<()> {
-    if let Some(EchoCommand::Echo {
-        value_bytes,
-        concurrency,
-        duration,
-        json,
-    }) = args.echo
-    {
-        return echo(value_bytes, concurrency, parse_duration(&duration)?, json);
-    }
-    let a = args
-        .load
-        .context("pangea bench --cluster FILE --region R ... (or pangea bench echo)")?;
+pub(crate) fn run_echo(a: EchoArgs) -> Result<()> {
+    echo(
+        a.value_bytes,
+        a.concurrency,
+        parse_duration(&a.duration)?,
+        a.json,
+    )
+}
+
+pub(crate) fn run(a: LoadArgs) -> Result<()> {
     let duration = parse_duration(&a.duration)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -28,8 +28,10 @@ enum Command {
     /// The main job: a local multi-region cluster with emulated WAN, sample ad
     /// profiles, clients in every region and mode, and what they see.
     Demo(demo_cmd::DemoArgs),
-    /// Load a cluster from one region and report HDR latencies (or `bench echo`).
-    Bench(bench_cmd::BenchArgs),
+    /// Load a cluster from one region and report HDR latencies.
+    Bench(bench_cmd::LoadArgs),
+    /// The floor: the same request/response sizes over a bare quinn echo server.
+    BenchEcho(bench_cmd::EchoArgs),
     /// Run one replica.
     Start(node_cmd::StartArgs),
     /// Cluster certificates: a CA, replica and client leaf certificates.
@@ -92,6 +94,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Demo(args) => demo_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
+        Command::BenchEcho(args) => bench_cmd::run_echo(args),
         Command::Start(args) => node_cmd::start(args),
         Command::Certs(cmd) => node_cmd::certs(cmd),
         Command::Cluster(cmd) => cluster_cmd::run(cmd),

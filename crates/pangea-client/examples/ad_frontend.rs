@@ -1,0 +1,89 @@
+//! An ad frontend in miniature: look up a user's profile, boost the segments an ad
+//! event touched, and write the profile back — then read it back from another
+//! region with the write's token (read-your-writes across regions).
+//!
+//! ```sh
+//! pangea cluster up topology/local-3-regions.toml --placement topology/local-3-regions.placement.toml --data-dir /tmp/pangea --emulate-wan
+//! cargo run -p pangea-client --example ad_frontend -- /tmp/pangea/cluster.toml
+//! ```
+
+use pangea_client::{
+    AdProfile, Client, ClientConfig, Consistency, ReadOptions, Segment, WriteOptions,
+};
+use pangea_topology::cluster::ClusterFile;
+use std::time::Duration;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let path = std::env::args()
+        .nth(1)
+        .ok_or("usage: ad_frontend CLUSTER_FILE")?;
+    let cluster = ClusterFile::load(path.as_ref())?;
+    let frontend = Client::connect(ClientConfig::from_cluster(
+        &cluster,
+        "us-east-1",
+        "frontend",
+    )?)
+    .await?;
+    let user = "us/frontend-example";
+
+    // 1. Look the profile up (eventual: the nearest replica answers).
+    let found = frontend.get_profile(user, &ReadOptions::default()).await?;
+    let mut profile = found.value.unwrap_or_else(|| AdProfile {
+        user_id: user.into(),
+        ..Default::default()
+    });
+    println!(
+        "read {user} from {} ({}, {:?}): {} segments",
+        found.replica,
+        found.reason,
+        found.latency,
+        profile.segments.len()
+    );
+
+    // 2. An ad event: the user clicked a red-shoe ad. Boost the segments it touched.
+    for (name, boost) in [("color:Red", 3), ("category:Shoes", 5)] {
+        match profile.segments.iter_mut().find(|s| s.name == name) {
+            Some(s) => s.score += boost,
+            None => profile.segments.push(Segment {
+                name: name.into(),
+                score: boost,
+            }),
+        }
+    }
+    profile.segments.sort_by(|a, b| a.name.cmp(&b.name));
+    profile.update_time_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64;
+
+    // 3. Write it back; keep the token with the user's session.
+    let written = frontend
+        .put_profile(user, &profile, &WriteOptions::default())
+        .await?;
+    println!(
+        "wrote {user} at {} in {:?}",
+        written.replica, written.latency
+    );
+
+    // 4. The user's next request lands in Europe: read-your-writes with the token.
+    let europe = Client::connect(ClientConfig::from_cluster(
+        &cluster,
+        "eu-west-1",
+        "frontend",
+    )?)
+    .await?;
+    let opts = ReadOptions::default()
+        .with_consistency(Consistency::Watermark(written.value))
+        .with_deadline(Duration::from_millis(500));
+    let seen = europe.get_profile(user, &opts).await?;
+    let red = seen
+        .value
+        .as_ref()
+        .and_then(|p| p.segments.iter().find(|s| s.name == "color:Red"))
+        .map(|s| s.score);
+    println!(
+        "read back in eu-west-1 from {} ({}): color:Red = {red:?}",
+        seen.replica, seen.reason
+    );
+    Ok(())
+}
