@@ -11,14 +11,23 @@ use pangea_client::{
     AdProfile, Client, ClientConfig, Consistency, ReadOptions, Segment, WriteOptions,
 };
 use pangea_topology::cluster::ClusterFile;
+use std::fmt::Write;
 use std::time::Duration;
 
+#[allow(dead_code)] // unused when the tests compile this file as a module
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args()
         .nth(1)
         .ok_or("usage: ad_frontend CLUSTER_FILE")?;
-    let cluster = ClusterFile::load(path.as_ref())?;
+    print!("{}", run(path.as_ref()).await?);
+    Ok(())
+}
+
+/// The frontend's work; returns what it prints (the tests check it).
+pub(crate) async fn run(path: &std::path::Path) -> Result<String, Box<dyn std::error::Error>> {
+    let mut out = String::new();
+    let cluster = ClusterFile::load(path)?;
     let frontend = Client::connect(ClientConfig::from_cluster(
         &cluster,
         "us-east-1",
@@ -33,13 +42,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         user_id: user.into(),
         ..Default::default()
     });
-    println!(
+    writeln!(
+        out,
         "read {user} from {} ({}, {:?}): {} segments",
         found.replica,
         found.reason,
         found.latency,
         profile.segments.len()
-    );
+    )?;
 
     // 2. An ad event: the user clicked a red-shoe ad. Boost the segments it touched.
     for (name, boost) in [("color:Red", 3), ("category:Shoes", 5)] {
@@ -60,10 +70,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let written = frontend
         .put_profile(user, &profile, &WriteOptions::default())
         .await?;
-    println!(
+    writeln!(
+        out,
         "wrote {user} at {} in {:?}",
         written.replica, written.latency
-    );
+    )?;
 
     // 4. The user's next request lands in Europe: read-your-writes with the token.
     let europe = Client::connect(ClientConfig::from_cluster(
@@ -81,9 +92,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .as_ref()
         .and_then(|p| p.segments.iter().find(|s| s.name == "color:Red"))
         .map(|s| s.score);
-    println!(
+    writeln!(
+        out,
         "read back in eu-west-1 from {} ({}): color:Red = {red:?}",
         seen.replica, seen.reason
-    );
-    Ok(())
+    )?;
+    Ok(out)
 }

@@ -56,6 +56,8 @@ const DOWN_FOR: Duration = Duration::from_secs(1);
 const RTT_EWMA_ALPHA: f64 = 0.2;
 /// How often known watermarks are refreshed in the background.
 const WATERMARK_REFRESH: Duration = Duration::from_secs(2);
+/// A watermark read nobody covers yet asks again after this long.
+const WATERMARK_RETRY: Duration = Duration::from_millis(10);
 
 /// Everything `Client::connect` needs.
 #[derive(Debug, Clone)]
@@ -76,6 +78,10 @@ pub struct ClientConfig {
     pub emulate_wan: bool,
     /// Defaults for every call.
     pub read: ReadOptions,
+    /// Put this client's datagrams through a WAN emulator controlled from outside
+    /// (tests and drills slow or cut a replica at runtime); `emulate_wan` fills in
+    /// the topology's delays.
+    pub wan: Option<pangea_net::wan::WanControl>,
 }
 
 impl ClientConfig {
@@ -110,6 +116,7 @@ impl ClientConfig {
             client_name: format!("client-{app_profile}"),
             emulate_wan: cluster.emulate_wan,
             read: ReadOptions::default(),
+            wan: None,
         })
     }
 }
@@ -409,7 +416,7 @@ impl Client {
         opts: &WriteOptions,
     ) -> Result<Response<Token>, Error> {
         let started = Instant::now();
-        let deadline = opts.deadline.unwrap_or(self.inner.config.read.deadline);
+        let deadline = opts.deadline.unwrap_or(options::WRITE_DEADLINE_DEFAULT);
         let d = self.inner.config.deployment.clone();
         let snapshot = self.snapshot(d.scope_of(mutation.table(), mutation.row_key()));
         let req = ReadRequest {
@@ -593,6 +600,17 @@ impl Inner {
         *e = *e * (1.0 - RTT_EWMA_ALPHA) + ms * RTT_EWMA_ALPHA;
     }
 
+    /// A request to `r` has been outstanding this long and lost the race: raise its
+    /// estimate toward that.
+    fn note_slower(&self, r: &ReplicaId, at_least: Duration) {
+        let ms = at_least.as_secs_f64() * 1e3;
+        if let Some(mut e) = self.rtt_ms.get_mut(r)
+            && *e < ms
+        {
+            *e = *e * (1.0 - RTT_EWMA_ALPHA) + ms * RTT_EWMA_ALPHA;
+        }
+    }
+
     /// One request to one candidate within `budget`; learns from the answer.
     pub(crate) async fn attempt(
         &self,
@@ -669,31 +687,47 @@ mod read {
     ) -> Result<Response<pb::client_response::Response>, Error> {
         let started = Instant::now();
         let deadline_at = started + deadline;
+        let primary_all = plan.primary.clone();
         let mut primary: std::collections::VecDeque<Candidate> = plan.primary.into_iter().collect();
         let mut fallback: Vec<Candidate> = plan.fallback;
         let mut set: JoinSet<Outcome> = JoinSet::new();
-        let mut attempts = 0u32;
+        // Who has been asked, since when. When one answers first, the slower ones
+        // have taken at least that long, which their round-trip estimates learn
+        // (otherwise a slow replica, always beaten by a hedge, would look fast forever).
+        let mut asked: Vec<(ReplicaId, Instant)> = Vec::new();
         let mut last_err: Option<Error> = None;
         let mut raced_fallback = false;
-        let launch =
-            |set: &mut JoinSet<Outcome>, c: Candidate, hedged: bool, attempts: &mut u32| {
-                let inner = inner.clone();
-                let body = body.clone();
-                let budget = deadline_at.saturating_duration_since(Instant::now());
-                *attempts += 1;
-                set.spawn(async move {
-                    let result = inner.attempt(&c, &body, budget).await;
-                    Outcome {
-                        candidate: c,
-                        hedged,
-                        result,
-                    }
-                });
-            };
+        let launch = |set: &mut JoinSet<Outcome>,
+                      c: Candidate,
+                      hedged: bool,
+                      asked: &mut Vec<(ReplicaId, Instant)>| {
+            asked.push((c.replica.clone(), Instant::now()));
+            let inner = inner.clone();
+            let body = body.clone();
+            let budget = deadline_at.saturating_duration_since(Instant::now());
+            set.spawn(async move {
+                let result = inner.attempt(&c, &body, budget).await;
+                Outcome {
+                    candidate: c,
+                    hedged,
+                    result,
+                }
+            });
+        };
         match primary.pop_front() {
-            Some(c) => launch(&mut set, c, false, &mut attempts),
+            Some(c) => launch(&mut set, c, false, &mut asked),
             None => return Err(Error::Unavailable("no replica to ask".into())),
         }
+        // Watermark reads that found no covered replica poll these again.
+        let mut retry_set: Vec<Candidate> = fallback.clone();
+        if let Some(first) = asked
+            .first()
+            .and_then(|(r, _)| primary_all.iter().find(|c| &c.replica == r))
+            && !retry_set.iter().any(|c| c.replica == first.replica)
+        {
+            retry_set.push(first.clone());
+        }
+        let mut retry_at: Option<Instant> = None;
         let mut hedge_at = hedge
             .as_ref()
             .map(|h| Instant::now() + inner.hedge.delay(h, deadline));
@@ -705,13 +739,22 @@ mod read {
             let wake = hedge_at
                 .filter(|t| *t > now)
                 .unwrap_or(deadline_at)
+                .min(retry_at.unwrap_or(deadline_at))
                 .min(deadline_at);
             tokio::select! {
                 done = set.join_next(), if !set.is_empty() => {
                     let Some(Ok(o)) = done else { continue };
                     match o.result {
                         Ok((resp, served)) => {
-                            set.abort_all();
+                            // Losers finish in the background, so their real latency
+                            // is measured (a slow replica always beaten by a hedge would
+                            // otherwise look fast forever); meanwhile they count as
+                            // at least as slow as they have been.
+                            set.detach_all();
+                            for (r, since) in asked.iter().filter(|(r, _)| *r != o.candidate.replica) {
+                                inner.note_slower(r, since.elapsed());
+                            }
+                            let attempts = asked.len() as u32;
                             let reason = if o.hedged { Reason::Hedge } else { o.candidate.reason };
                             return Ok(Response { value: resp, replica: o.candidate.replica, region: served.region, reason, watermarks: served.watermarks, latency: started.elapsed(), attempts });
                         }
@@ -722,7 +765,7 @@ mod read {
                             raced_fallback = true;
                             for c in fallback.drain(..).filter(|c| c.replica != o.candidate.replica) {
                                 inner.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
-                                launch(&mut set, c, false, &mut attempts);
+                                launch(&mut set, c, false, &mut asked);
                             }
                             last_err = Some(o.result.err().unwrap_or(Error::Internal(String::new())));
                         }
@@ -732,7 +775,7 @@ mod read {
                             let next = if watermark && raced_fallback { None } else { primary.pop_front() };
                             if let Some(c) = next {
                                 inner.stats.failovers.fetch_add(1, Ordering::Relaxed);
-                                launch(&mut set, c, false, &mut attempts);
+                                launch(&mut set, c, false, &mut asked);
                             }
                             last_err = Some(e);
                         }
@@ -741,18 +784,25 @@ mod read {
                             return Err(e);
                         }
                     }
-                    if set.is_empty() && primary.is_empty() && (!watermark || raced_fallback) {
-                        break;
-                    }
-                    if set.is_empty() && !(watermark && raced_fallback) {
-                        if let Some(c) = primary.pop_front() {
-                            launch(&mut set, c, false, &mut attempts);
+                    if set.is_empty() {
+                        if watermark && raced_fallback {
+                            // Nobody covers the token yet: ask again shortly, until
+                            // the deadline (replicas catch up in milliseconds).
+                            retry_at = Some(Instant::now() + WATERMARK_RETRY);
+                        } else if let Some(c) = primary.pop_front() {
+                            launch(&mut set, c, false, &mut asked);
                         } else {
                             break;
                         }
                     }
                 }
                 _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {
+                    if retry_at.is_some_and(|t| Instant::now() >= t) && set.is_empty() {
+                        retry_at = None;
+                        for c in retry_set.iter().cloned() {
+                            launch(&mut set, c, false, &mut asked);
+                        }
+                    }
                     if hedge_at.is_some_and(|t| Instant::now() >= t) {
                         hedge_at = None;
                         // Hedge to the next candidate; for watermark reads only to one
@@ -767,13 +817,16 @@ mod read {
                             && inner.hedge.try_spend()
                         {
                             inner.stats.hedges.fetch_add(1, Ordering::Relaxed);
-                            launch(&mut set, c, true, &mut attempts);
+                            launch(&mut set, c, true, &mut asked);
                         }
                     }
                 }
             }
         }
-        set.abort_all();
+        set.detach_all();
+        for (r, since) in &asked {
+            inner.note_slower(r, since.elapsed());
+        }
         Err(match last_err {
             Some(Error::NotCovered {
                 replica, detail, ..
@@ -787,7 +840,10 @@ mod read {
             {
                 e
             }
-            _ => Error::DeadlineExceeded { deadline, attempts },
+            _ => Error::DeadlineExceeded {
+                deadline,
+                attempts: asked.len() as u32,
+            },
         })
     }
 }

@@ -21,15 +21,17 @@ impl Transport {
         let ca = certs::load_ca(&config.certs)?;
         let own = certs::load_client(&config.certs, &config.client_name)?;
         let client = tls::client_config(&ca, own)?;
-        let wan = config.emulate_wan.then(|| {
-            // Replicas do not delay answers to clients: this side carries the whole
-            // round trip from the client's region.
-            let control = pangea_net::wan::WanControl::new();
-            for (r, addr) in &config.addresses {
-                let rtt_ms =
-                    pangea_core::read::estimated_rtt_ms(&config.deployment, &config.region, r);
-                if rtt_ms.is_finite() {
-                    control.set_delay(*addr, Duration::from_micros((rtt_ms * 1_000.0) as u64));
+        let wan = (config.emulate_wan || config.wan.is_some()).then(|| {
+            let control = config.wan.clone().unwrap_or_default();
+            if config.emulate_wan {
+                // Replicas do not delay answers to clients: this side carries the
+                // whole round trip from the client's region.
+                for (r, addr) in &config.addresses {
+                    let rtt_ms =
+                        pangea_core::read::estimated_rtt_ms(&config.deployment, &config.region, r);
+                    if rtt_ms.is_finite() {
+                        control.set_delay(*addr, Duration::from_micros((rtt_ms * 1_000.0) as u64));
+                    }
                 }
             }
             pangea_net::wan::WanEmulator::new(control, 1)

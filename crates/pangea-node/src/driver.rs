@@ -98,9 +98,11 @@ pub async fn run(
                 let _ = w.send(Err(e.clone()));
             }
         }
+        // Publish first: a client holding a token from this turn's acknowledgements
+        // must find it covered here (the origin always covers its own writes).
+        publish(&replica, &shared);
         drain_events(&mut replica, &shared, &mut waiters);
         drain_transmits(&mut replica, &shared, &peers);
-        publish(&replica, &shared);
         if let Some(done) = shutdown.take() {
             let _ = done.send(());
             break;

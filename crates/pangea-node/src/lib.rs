@@ -335,7 +335,20 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
             prx,
         ));
     }
-    let driver = tokio::spawn(driver::run(replica, rx, shared.clone(), queues));
+    // The driver gets its own thread and runtime: storage calls (fsync above all)
+    // block, and must never stall the tasks that serve clients (principle 6).
+    let driver_shared = shared.clone();
+    let driver = std::thread::Builder::new()
+        .name(format!("pangea-driver-{id}"))
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+            {
+                Ok(rt) => rt.block_on(driver::run(replica, rx, driver_shared, queues)),
+                Err(e) => tracing::error!(error = %e, "cannot start the driver runtime"),
+            }
+        })?;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     if let Some(admin_addr) = config.admin {
@@ -383,7 +396,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
     {
         let _ = done_rx.await;
     }
-    let _ = driver.await;
+    let _ = tokio::task::spawn_blocking(move || driver.join()).await;
     let _ = stop_tx.send(true);
     endpoint.close(peers::CLOSE_SHUTDOWN.into(), b"replica shutting down");
     let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;

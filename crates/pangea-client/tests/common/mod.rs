@@ -1,0 +1,151 @@
+//! An in-process local cluster for the client's tests: every replica of a topology
+//! runs `pangea_node::run` on 127.0.0.1 (real QUIC sockets, real fjall stores, mutual
+//! TLS), in this test's tokio runtime, and stops when the cluster is dropped.
+
+#![allow(dead_code)]
+
+use anyhow::Result;
+use pangea_topology::cluster::{ClusterFile, ClusterReplica};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// One cluster at a time per test binary: several clusters of in-process replicas at
+/// once would fight for the machine's two cores and make latencies meaningless.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+pub(crate) struct LocalCluster {
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) file: ClusterFile,
+    pub(crate) cluster_path: PathBuf,
+    stop: tokio::sync::watch::Sender<bool>,
+    nodes: Vec<tokio::task::JoinHandle<Result<()>>>,
+}
+
+pub(crate) fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
+}
+
+fn free_udp_port() -> Result<u16> {
+    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+impl LocalCluster {
+    pub(crate) async fn start(
+        topology: &str,
+        placement: &str,
+        emulate_wan: bool,
+    ) -> Result<LocalCluster> {
+        let serial = SERIAL.lock().await;
+        let dir = tempfile::tempdir()?;
+        let d = pangea_topology::Deployment::load(&repo(topology), Some(&repo(placement)))
+            .map_err(|p| anyhow::anyhow!("{p}"))?;
+        let certs = dir.path().join("certs");
+        pangea_net::certs::init_ca(&certs)?;
+        for r in d.topology.replicas.values() {
+            pangea_net::certs::issue_replica(&certs, r.id.as_str(), r.region.as_str())?;
+        }
+        for p in d.topology.app_profiles.keys() {
+            pangea_net::certs::issue_client(&certs, &format!("client-{p}"), p)?;
+        }
+        let mut replicas = Vec::new();
+        let mut text = std::fs::read_to_string(repo(topology))?;
+        for r in d.topology.replicas.values() {
+            let address = format!("127.0.0.1:{}", free_udp_port()?);
+            // Fill in the address right after the replica's id line.
+            text = text.replacen(
+                &format!("id = \"{}\"\n", r.id),
+                &format!("id = \"{}\"\n    address = \"{address}\"\n", r.id),
+                1,
+            );
+            replicas.push(ClusterReplica {
+                id: r.id.to_string(),
+                region: r.region.to_string(),
+                address,
+                admin: String::new(),
+                data_dir: dir.path().join("replicas").join(r.id.as_str()),
+                pid: None,
+                log: None,
+            });
+        }
+        let topo_path = dir.path().join("topology.toml");
+        std::fs::write(&topo_path, text)?;
+        let place_path = dir.path().join("placement.toml");
+        std::fs::copy(repo(placement), &place_path)?;
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let mut nodes = Vec::new();
+        for r in &replicas {
+            let config = pangea_node::NodeConfig {
+                topology: topo_path.clone(),
+                placement: Some(place_path.clone()),
+                replica: r.id.clone(),
+                data_dir: r.data_dir.clone(),
+                certs: certs.clone(),
+                listen: None,
+                admin: None,
+                emulate_wan,
+                wan_seed: 7,
+                durability: "fsync".into(),
+                otlp_endpoint: None,
+                heartbeat_interval_ms: 50,
+                client_requests_max: 4_096,
+                drain_ms: 2_000,
+            };
+            let mut rx = stop_rx.clone();
+            // Each replica on its own thread and runtime, as separate processes would
+            // be: the test's own tasks (clients) do not share a scheduler with them.
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .enable_all()
+                    .build();
+                let result = match rt {
+                    Ok(rt) => rt.block_on(pangea_node::run(config, async move {
+                        let _ = rx.wait_for(|s| *s).await;
+                    })),
+                    Err(e) => Err(e.into()),
+                };
+                let _ = done_tx.send(result);
+            });
+            nodes.push(tokio::spawn(async move {
+                done_rx
+                    .await
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("replica thread died")))
+            }));
+        }
+        let file = ClusterFile {
+            name: d.topology.name.clone(),
+            topology: topo_path,
+            placement: Some(place_path),
+            certs,
+            emulate_wan,
+            replicas,
+        };
+        let cluster_path = dir.path().join("cluster.toml");
+        file.save(&cluster_path).map_err(anyhow::Error::msg)?;
+        // Give the endpoints a moment to bind.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(LocalCluster {
+            _serial: serial,
+            dir,
+            file,
+            cluster_path,
+            stop,
+            nodes,
+        })
+    }
+
+    /// Stops every replica gracefully and waits for them.
+    pub(crate) async fn stop(self) -> Result<tempfile::TempDir> {
+        let _ = self.stop.send(true);
+        for n in self.nodes {
+            tokio::time::timeout(Duration::from_secs(10), n).await???;
+        }
+        Ok(self.dir)
+    }
+}
