@@ -31,6 +31,7 @@ pub mod frame;
 pub mod hlc;
 pub use pangea_topology::ids;
 pub mod limits;
+pub mod location;
 pub mod mutation;
 pub mod read;
 pub mod replica;

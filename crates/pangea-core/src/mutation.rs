@@ -4,6 +4,7 @@
 use crate::Error;
 use crate::hlc::Timestamp;
 use crate::limits::{Limited, Limits};
+use crate::row::RowState;
 use bytes::Bytes;
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
@@ -83,6 +84,8 @@ pub enum Mutation {
         family: Arc<str>,
     },
     DeleteFromRow,
+    /// Merge a whole replicated row state (placement migration backfill).
+    MergeRow(Box<RowState>),
 }
 
 impl Mutation {
@@ -91,7 +94,7 @@ impl Mutation {
             Mutation::SetCell { family, .. }
             | Mutation::DeleteFromColumn { family, .. }
             | Mutation::DeleteFromFamily { family } => Some(family),
-            Mutation::DeleteFromRow => None,
+            Mutation::DeleteFromRow | Mutation::MergeRow(_) => None,
         }
     }
 
@@ -125,6 +128,13 @@ impl Mutation {
                 family: family(d.family)?,
             }),
             Some(Kind::DeleteFromRow(_)) => Ok(Mutation::DeleteFromRow),
+            Some(Kind::MergeRow(m)) => {
+                let state = m
+                    .state
+                    .ok_or_else(|| Error::malformed("MergeRow", "no state"))?;
+                let (_, row) = RowState::from_proto(state)?;
+                Ok(Mutation::MergeRow(Box::new(row)))
+            }
             None => Err(Error::malformed("Mutation", "no kind set")),
         }
     }
@@ -154,6 +164,9 @@ impl Mutation {
                 family: family.to_string(),
             }),
             Mutation::DeleteFromRow => Kind::DeleteFromRow(m::DeleteFromRow {}),
+            Mutation::MergeRow(row) => Kind::MergeRow(m::MergeRow {
+                state: Some(row.to_proto(&Bytes::new())),
+            }),
         };
         pb::Mutation { kind: Some(kind) }
     }
@@ -232,7 +245,16 @@ impl RowMutation {
             .ok_or_else(|| Error::UnknownTable {
                 table: self.table.to_string(),
             })?;
-        for family in self.mutations.iter().filter_map(Mutation::family) {
+        let merged = self.mutations.iter().filter_map(|m| match m {
+            Mutation::MergeRow(r) => Some(r.family_names()),
+            _ => None,
+        });
+        for family in self
+            .mutations
+            .iter()
+            .filter_map(Mutation::family)
+            .chain(merged.flatten())
+        {
             if table.family(family).is_none() {
                 return Err(Error::UnknownFamily {
                     table: self.table.to_string(),
@@ -264,6 +286,7 @@ impl RowMutation {
                 .map(|m| match m {
                     Mutation::SetCell { column, value, .. } => column.len() + value.len(),
                     Mutation::DeleteFromColumn { column, .. } => column.len(),
+                    Mutation::MergeRow(row) => row.value_bytes(),
                     _ => 0,
                 })
                 .sum::<usize>()

@@ -31,8 +31,9 @@ use crate::frame::{Frame, FrameClass, FrameLimits, GapFill, GapRequest, Heartbea
 use crate::hlc::{HybridClock, Timestamp};
 use crate::ids::{ReplicaId, ScopeId};
 use crate::limits::Limits;
+use crate::location::{LOCATION_TABLE, Location};
 use crate::mutation::RowMutation;
-use crate::row::Version;
+use crate::row::{RowState, Version};
 use crate::storage::{LogEntry, RowWrite, Storage, Watermark, WriteBatch};
 use crate::token::Token;
 use crate::watermark::ScopeWatermarks;
@@ -355,6 +356,8 @@ pub struct Replica<S: Storage> {
     next_check_us: u64,
     /// Where the compaction sweep resumes: (table, after this key).
     sweep: Option<(Arc<str>, Bytes)>,
+    /// Location metadata (the `_location` table): run-time placement overrides.
+    location: Location,
     stats: Stats,
 }
 
@@ -394,9 +397,15 @@ impl<S: Storage> Replica<S> {
             next_compaction_us: now.mono_us,
             next_check_us: now.mono_us,
             sweep: None,
+            location: Location::new(),
             stats: Stats::default(),
         };
         r.rebuild_scopes(now);
+        // Location metadata, as this replica last applied it.
+        let rows = r.storage.scan_rows(LOCATION_TABLE, b"", None, usize::MAX)?;
+        for (key, row) in rows {
+            r.location.apply_row(&key, Some(&row));
+        }
         // Restore durable watermarks; the clock never issues below what we wrote (I1).
         for (scope, origin, wm) in r.storage.watermarks()? {
             if origin == r.id {
@@ -473,6 +482,46 @@ impl<S: Storage> Replica<S> {
     /// The purge horizon this replica computed for `scope`.
     pub fn purge_horizon(&self, scope: &ScopeId) -> Option<Timestamp> {
         self.scopes.get(scope).map(|s| s.purge_horizon)
+    }
+
+    /// Location metadata as this replica has applied it.
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// The effective scope of a row: its location entry, else the placement file.
+    pub fn scope_of(&self, table: &str, key: &[u8]) -> ScopeId {
+        self.location.scope_of(&self.deployment, table, key)
+    }
+
+    /// Whether this replica may store a row: its scope allows us, or a migration is
+    /// moving it to a scope that does.
+    fn may_hold(&self, table: &str, key: &[u8]) -> bool {
+        self.scopes.contains_key(&self.scope_of(table, key))
+            || self
+                .location
+                .migrating_to(table, key)
+                .is_some_and(|b| self.scopes.contains_key(b))
+    }
+
+    /// Whether every member of `scope` has reported applying `origin`'s stream up to
+    /// `sequence` (from the applied-watermark gossip of heartbeats).
+    pub fn applied_everywhere(&self, scope: &ScopeId, origin: &ReplicaId, sequence: u64) -> bool {
+        let Some(s) = self.scopes.get(scope) else {
+            return false;
+        };
+        s.members.iter().all(|m| {
+            if m == &self.id {
+                s.streams
+                    .get(origin)
+                    .is_some_and(|st| st.durable.sequence >= sequence)
+            } else {
+                s.applied_by
+                    .get(m)
+                    .and_then(|w| w.get(origin))
+                    .is_some_and(|w| w.sequence >= sequence)
+            }
+        })
     }
 
     /// A one-line-per-stream dump of replication state, for diagnosing a stuck
@@ -629,15 +678,39 @@ impl<S: Storage> Replica<S> {
     /// [`Replica::flush`] emits [`Event::Committed`] for it.
     pub fn propose(&mut self, now: Now, mutation: RowMutation) -> Result<Token, Error> {
         mutation.check_schema(&self.deployment.placement.schema)?;
-        let scope = self
-            .deployment
-            .scope_of(mutation.table(), mutation.row_key())
-            .clone();
+        let scope = self.scope_of(mutation.table(), mutation.row_key());
         if !self.stores_rows || !self.scopes.contains_key(&scope) {
             return Err(Error::PolicyForbids {
                 scope: scope.to_string(),
                 replica: self.id.to_string(),
             });
+        }
+        // During a migration writes go to both policies' streams, so only a replica
+        // of both may take them (no write can slip past the backfill).
+        let also = self
+            .location
+            .migrating_to(mutation.table(), mutation.row_key())
+            .cloned();
+        if let Some(b) = &also
+            && b != &scope
+        {
+            if !self.scopes.contains_key(b) {
+                return Err(Error::PolicyForbids {
+                    scope: format!("{scope} (migrating to {b})"),
+                    replica: self.id.to_string(),
+                });
+            }
+            let timestamp = self.clock.now(now.wall_ms);
+            let sequence = self.stream_mut(b, &self.id.clone()).applied.sequence + 1;
+            let entry = LogEntry {
+                scope: b.clone(),
+                origin: self.id.clone(),
+                sequence,
+                timestamp,
+                mutation: mutation.clone(),
+            };
+            self.apply_entry(now, &entry)?;
+            self.unflushed.push(entry);
         }
         let timestamp = self.clock.now(now.wall_ms);
         let sequence = self.stream_mut(&scope, &self.id.clone()).applied.sequence + 1;
@@ -714,7 +787,9 @@ impl<S: Storage> Replica<S> {
             .get(&e.scope)
             .map_or(Timestamp::ZERO, |s| s.purge_horizon);
         let mut batch = WriteBatch::default();
-        if self.stores_rows {
+        let is_location = &**e.mutation.table() == LOCATION_TABLE;
+        let mut location_row = None;
+        if self.stores_rows && self.may_hold(e.mutation.table(), e.mutation.row_key()) {
             let key = e.mutation.row_key();
             let mut row = self
                 .storage
@@ -727,6 +802,9 @@ impl<S: Storage> Replica<S> {
             );
             // I5: everything not yet applied here is newer than the horizon.
             row.compact(table, horizon, now.wall_ms);
+            if is_location {
+                location_row = Some(row.clone());
+            }
             batch.rows.push(RowWrite {
                 table: e.mutation.table().clone(),
                 key: key.clone(),
@@ -761,7 +839,50 @@ impl<S: Storage> Replica<S> {
             origin: e.origin.clone(),
             sequence: e.sequence,
         });
+        if is_location {
+            self.location_changed(e.mutation.row_key(), location_row.as_ref())?;
+        }
         Ok(())
+    }
+
+    /// A `_location` row changed: update the location table, and if rows under its
+    /// prefix may no longer live here (a migration flipped them away), purge them
+    /// from this replica's store (I10). The purge is local: the rows live on in the
+    /// replicas their policy allows.
+    fn location_changed(
+        &mut self,
+        key: &Bytes,
+        row: Option<&RowState>,
+    ) -> Result<(), StorageError> {
+        let Some(entry) = self.location.apply_row(key, row) else {
+            return Ok(());
+        };
+        if !self.stores_rows || self.may_hold(&entry.table, &entry.prefix) {
+            return Ok(());
+        }
+        loop {
+            let rows = self
+                .storage
+                .scan_rows(&entry.table, &entry.prefix, None, 1_000)?;
+            if rows.is_empty() {
+                return Ok(());
+            }
+            let mut batch = WriteBatch::default();
+            for (key, _) in rows {
+                // Only rows this entry governs (a longer prefix may say otherwise).
+                if !self.may_hold(&entry.table, &key) {
+                    batch.rows.push(RowWrite {
+                        table: entry.table.clone(),
+                        key,
+                        row: None,
+                    });
+                }
+            }
+            if batch.rows.is_empty() {
+                return Ok(());
+            }
+            self.storage.write(batch)?;
+        }
     }
 
     /// Accepts an entry from `from`: applies it if next in line, buffers it if early,
@@ -778,8 +899,16 @@ impl<S: Storage> Replica<S> {
         let until_us = now.mono_us + self.inbound_ttl_us();
         let s = self.scopes.get_mut(&e.scope).expect("checked above");
         s.adopt(from, until_us);
-        let st = s.streams.get(&e.origin).cloned().unwrap_or_default();
-        if e.sequence <= st.applied.sequence {
+        // Copy the watermark only: cloning the whole stream (with its buffer of up to
+        // `reorder_window` out-of-order entries) for every entry made catching up
+        // quadratic; a replica restarted behind a busy origin spent over a minute of
+        // CPU in here, unable to heartbeat (pangea-cli/tests/node_process.rs).
+        let applied = s
+            .streams
+            .get(&e.origin)
+            .map(|st| st.applied)
+            .unwrap_or_default();
+        if e.sequence <= applied.sequence {
             self.stats.duplicates += 1;
             return Ok(());
         }
@@ -788,7 +917,7 @@ impl<S: Storage> Replica<S> {
             self.reject(from, Reject::ForeignOwnSequence);
             return Ok(());
         }
-        if e.sequence > st.applied.sequence + self.config.reorder_window {
+        if e.sequence > applied.sequence + self.config.reorder_window {
             self.reject(from, Reject::SequenceTooFarAhead);
             let st = self.stream_mut(&e.scope, &e.origin);
             st.known_last = st.known_last.max(st.applied.sequence + 1);
@@ -802,7 +931,7 @@ impl<S: Storage> Replica<S> {
             return Ok(());
         }
         let (scope, origin) = (e.scope.clone(), e.origin.clone());
-        if e.sequence == st.applied.sequence + 1 {
+        if e.sequence == applied.sequence + 1 {
             self.apply_entry(now, &e)?;
             self.forward(now, &e, Some(from));
             self.drain_pending(now, &scope, &origin)?;
@@ -1169,7 +1298,7 @@ impl<S: Storage> Replica<S> {
             }
             for (key, row) in batch {
                 o.after = Some(key.clone());
-                if d.scope_of(&current, &key) != &o.scope {
+                if self.location.scope_of(&d, &current, &key) != o.scope {
                     continue;
                 }
                 bytes += key.len() + row.value_bytes() + 64;
@@ -1229,7 +1358,7 @@ impl<S: Storage> Replica<S> {
             let table = d.placement.schema.table(&c.table);
             for (key, incoming) in c.rows {
                 // Residency: a row of another scope has no business here.
-                if d.scope_of(&c.table, &key) != &c.scope {
+                if self.location.scope_of(&d, &c.table, &key) != c.scope {
                     self.reject(from, Reject::NotInScope);
                     continue;
                 }
@@ -1553,8 +1682,8 @@ impl<S: Storage> Replica<S> {
             let mut last = None;
             for (key, mut row) in rows {
                 last = Some(key.clone());
-                let scope = d.scope_of(&table, &key);
-                let Some(horizon) = self.scopes.get(scope).map(|s| s.purge_horizon) else {
+                let scope = self.location.scope_of(&d, &table, &key);
+                let Some(horizon) = self.scopes.get(&scope).map(|s| s.purge_horizon) else {
                     continue;
                 };
                 let before = row.clone();

@@ -250,6 +250,7 @@ impl RowState {
                     self.delete_from_family(version, family, &gc_of(table, family));
                 }
                 Mutation::DeleteFromRow => self.delete_from_row(version, table),
+                Mutation::MergeRow(other) => self.merge(other, table),
             }
         }
     }
@@ -592,6 +593,11 @@ impl RowState {
             row.families.insert(name, fam);
         }
         Ok((p.key, row))
+    }
+
+    /// Names of the families this row holds anything of.
+    pub fn family_names(&self) -> impl Iterator<Item = &str> {
+        self.families.keys().map(|f| &**f)
     }
 
     /// Bytes of keys and values held, for store statistics.

@@ -51,6 +51,23 @@ pub struct Placement {
     pub home_rules: Vec<HomeRule>,
 }
 
+/// System tables every deployment has: location metadata (`_location`) and placement
+/// migration jobs (`_jobs`), both replicated in the global scope.
+pub const SYSTEM_TABLES: [(&str, &str); 2] = [("_location", "l"), ("_jobs", "j")];
+
+fn add_system_tables(schema: &mut Schema) {
+    for (table, family) in SYSTEM_TABLES {
+        let families = BTreeMap::from([(
+            Arc::from(family),
+            GcPolicy {
+                max_versions: Some(1),
+                ttl_ms: None,
+            },
+        )]);
+        schema.tables.insert(table.into(), TableSchema { families });
+    }
+}
+
 /// Parses `"500ms"`, `"90s"`, `"30m"`, `"12h"`, `"30d"` into milliseconds.
 pub fn parse_duration_ms(s: &str) -> Option<u64> {
     let split = s.find(|c: char| !c.is_ascii_digit())?;
@@ -87,8 +104,10 @@ impl Placement {
             name: ScopeId::global(),
             regions: topology.all_regions(),
         };
+        let mut schema = Schema::default();
+        add_system_tables(&mut schema);
         Placement {
-            schema: Schema::default(),
+            schema,
             policies: BTreeMap::from([(ScopeId::global(), global)]),
             table_defaults: BTreeMap::new(),
             rules: Vec::new(),
@@ -185,6 +204,7 @@ impl Placement {
         }
 
         let mut schema = Schema::default();
+        add_system_tables(&mut schema);
         let mut table_defaults = BTreeMap::new();
         for (i, t) in raw.tables.iter().enumerate() {
             let k = root.key("tables").index(i);
@@ -192,6 +212,17 @@ impl Placement {
                 p(ProblemKind::InvalidName, &k.key("name"), e.to_string());
             }
             let name: Arc<str> = t.name.as_str().into();
+            if t.name.starts_with('_') {
+                p(
+                    ProblemKind::InvalidName,
+                    &k.key("name"),
+                    format!(
+                        "table names starting with '_' are reserved for system tables ({:?})",
+                        t.name
+                    ),
+                );
+                continue;
+            }
             if schema.tables.contains_key(&name) {
                 p(
                     ProblemKind::Duplicate,
