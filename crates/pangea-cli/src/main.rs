@@ -9,6 +9,7 @@ mod data_cmd;
 mod demo_cmd;
 mod node_cmd;
 mod output;
+mod placement_cmd;
 mod store_cmd;
 mod topology_cmd;
 
@@ -50,6 +51,9 @@ enum Command {
     Scan(data_cmd::ScanArgs),
     /// Watermarks of every replica (or one).
     Watermarks(data_cmd::WatermarksArgs),
+    /// Placement on a running cluster: move rows between policies, job status, audit.
+    #[command(subcommand)]
+    Placement(placement_cmd::PlacementCommand),
     /// Offline tools for a replica's data directory (the replica must be stopped).
     #[command(subcommand)]
     Store(store_cmd::StoreCommand),
@@ -98,6 +102,7 @@ fn main() -> std::process::ExitCode {
         Command::Start(args) => node_cmd::start(args),
         Command::Certs(cmd) => node_cmd::certs(cmd),
         Command::Cluster(cmd) => cluster_cmd::run(cmd),
+        Command::Placement(cmd) => placement_cmd::run(cmd),
         Command::Get(a) => data_cmd::get(a),
         Command::Put(a) => data_cmd::put(a),
         Command::Delete(a) => data_cmd::delete(a),

@@ -32,7 +32,8 @@ pub use pangea_proto::v1::{AdProfile, FrequencyCap, Row, Segment};
 
 use bytes::Bytes;
 use dashmap::DashMap;
-use pangea_core::read::{Candidate, PeerView, ReadRequest, plan_read};
+use pangea_core::location::Location;
+use pangea_core::read::{Candidate, PeerView, ReadRequest, plan_read_at};
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
 use pangea_topology::cluster::ClusterFile;
@@ -55,7 +56,7 @@ const DOWN_FOR: Duration = Duration::from_secs(1);
 /// Weight of a new sample in the round-trip average.
 const RTT_EWMA_ALPHA: f64 = 0.2;
 /// How often known watermarks are refreshed in the background.
-const WATERMARK_REFRESH: Duration = Duration::from_secs(2);
+const WATERMARK_REFRESH: Duration = Duration::from_secs(1);
 /// A watermark read nobody covers yet asks again after this long.
 const WATERMARK_RETRY: Duration = Duration::from_millis(10);
 
@@ -165,6 +166,9 @@ pub(crate) struct Inner {
     down: DashMap<ReplicaId, Instant>,
     /// Last-known watermarks per (replica, scope), from every response.
     known: DashMap<(ReplicaId, ScopeId), ScopeWatermarks>,
+    /// Location metadata (`_location`), refreshed in the background: run-time
+    /// placement of rows, their policy and home region.
+    location: std::sync::RwLock<Location>,
     hedge: hedge::Hedger,
     pub stats: ClientStats,
 }
@@ -174,7 +178,7 @@ pub(crate) struct Inner {
 struct Snapshot {
     rtt_ms: BTreeMap<ReplicaId, f64>,
     down: Vec<ReplicaId>,
-    known: BTreeMap<ReplicaId, ScopeWatermarks>,
+    known: BTreeMap<(ReplicaId, ScopeId), ScopeWatermarks>,
 }
 
 impl PeerView for Snapshot {
@@ -184,8 +188,8 @@ impl PeerView for Snapshot {
     fn is_down(&self, replica: &ReplicaId) -> bool {
         self.down.contains(replica)
     }
-    fn watermarks(&self, replica: &ReplicaId, _scope: &ScopeId) -> Option<&ScopeWatermarks> {
-        self.known.get(replica)
+    fn watermarks(&self, replica: &ReplicaId, scope: &ScopeId) -> Option<&ScopeWatermarks> {
+        self.known.get(&(replica.clone(), scope.clone()))
     }
 }
 
@@ -231,18 +235,22 @@ impl Client {
             rtt_ms: DashMap::new(),
             down: DashMap::new(),
             known: DashMap::new(),
+            location: std::sync::RwLock::new(Location::new()),
             hedge: hedge::Hedger::new(),
             stats: ClientStats::default(),
             config,
         });
         let client = Client { inner };
         client.probe_all(Duration::from_secs(2)).await;
+        let _ = client.refresh_location().await;
         let weak = Arc::downgrade(&client.inner);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(WATERMARK_REFRESH).await;
                 let Some(inner) = weak.upgrade() else { return };
-                Client { inner }.probe_all(Duration::from_secs(1)).await;
+                let client = Client { inner };
+                client.probe_all(Duration::from_secs(1)).await;
+                let _ = client.refresh_location().await;
             }
         });
         Ok(client)
@@ -304,14 +312,65 @@ impl Client {
                     }
                     inner.down.remove(&r);
                 } else {
-                    inner.down.insert(r.clone(), Instant::now() + DOWN_FOR);
+                    // Until the next probe says otherwise.
+                    inner
+                        .down
+                        .insert(r.clone(), Instant::now() + 3 * WATERMARK_REFRESH);
                 }
             });
         }
         while set.join_next().await.is_some() {}
     }
 
-    fn snapshot(&self, scope: &ScopeId) -> Snapshot {
+    /// Re-reads the `_location` table (eventual, nearest replica).
+    pub async fn refresh_location(&self) -> Result<(), Error> {
+        let opts = ReadOptions {
+            hedge: None,
+            deadline: Duration::from_millis(500),
+            ..Default::default()
+        };
+        let scan = ScanOptions {
+            limit: 1_000,
+            ..Default::default()
+        };
+        let table = pangea_core::location::LOCATION_TABLE;
+        let body = pb::client_request::Request::ScanPrefix(pb::ScanPrefixRequest {
+            table: table.to_owned(),
+            limit: scan.limit,
+            consistency: Some(options::consistency_to_proto(&Consistency::Eventual)),
+            ..Default::default()
+        });
+        // Not through `read`, which refreshes location metadata on policy errors.
+        let resp = self.read_once(table, b"", body, &opts).await?;
+        let rows = match resp.value {
+            pb::client_response::Response::ScanPrefix(s) => s.rows,
+            other => return Err(Error::Internal(format!("unexpected response {other:?}"))),
+        };
+        let mut loc = Location::new();
+        for row in &rows {
+            let cell = row.families.iter().flat_map(|f| f.cells.iter()).next();
+            if let Some(c) = cell
+                && let Ok(e) = pangea_core::location::LocationEntry::from_row(&row.key, &c.value)
+            {
+                loc.set(e.table.clone(), e.prefix.clone(), Some(e));
+            }
+        }
+        if let Ok(mut l) = self.inner.location.write() {
+            *l = loc;
+        }
+        Ok(())
+    }
+
+    /// Location metadata as this client last read it.
+    pub fn location(&self) -> Location {
+        self.inner
+            .location
+            .read()
+            .map(|l| l.clone())
+            .unwrap_or_default()
+    }
+
+    fn snapshot(&self) -> Snapshot {
         let now = Instant::now();
         Snapshot {
             rtt_ms: self
@@ -331,8 +390,7 @@ impl Client {
                 .inner
                 .known
                 .iter()
-                .filter(|e| &e.key().1 == scope)
-                .map(|e| (e.key().0.clone(), e.value().clone()))
+                .map(|e| (e.key().clone(), e.value().clone()))
                 .collect(),
         }
     }
@@ -418,7 +476,8 @@ impl Client {
         let started = Instant::now();
         let deadline = opts.deadline.unwrap_or(options::WRITE_DEADLINE_DEFAULT);
         let d = self.inner.config.deployment.clone();
-        let snapshot = self.snapshot(d.scope_of(mutation.table(), mutation.row_key()));
+        let location = self.location();
+        let snapshot = self.snapshot();
         let req = ReadRequest {
             client_region: &self.inner.config.region,
             profile: &self.inner.profile,
@@ -426,8 +485,12 @@ impl Client {
             key: mutation.row_key(),
             consistency: &Consistency::Eventual,
         };
-        let plan = plan_read(&d, &req, &snapshot, wall_ms())
+        let mut plan = plan_read_at(&d, &location, &req, &snapshot, wall_ms())
             .map_err(|e| Error::PolicyForbids(e.to_string()))?;
+        // During a migration only replicas of both policies take writes.
+        if let Some(b) = location.migrating_to(mutation.table(), mutation.row_key()) {
+            plan.primary.retain(|c| d.allowed(&c.replica, b));
+        }
         let body = pb::client_request::Request::Mutate(pb::MutateRequest {
             mutation: Some(mutation.to_proto()),
         });
@@ -435,13 +498,20 @@ impl Client {
         let mut last_err = None;
         // Writes are not hedged (they are not idempotent across origins); they fail
         // over to the next replica only when the first could not be reached.
-        for c in plan.primary.iter().take(3) {
+        let candidates: Vec<&Candidate> = plan.primary.iter().take(3).collect();
+        for (i, c) in candidates.iter().enumerate() {
             let left = deadline.saturating_sub(started.elapsed());
             if left.is_zero() {
                 break;
             }
+            // Leave room to fail over: a dead replica must not eat the whole deadline.
+            let budget = if i + 1 < candidates.len() {
+                left / 2
+            } else {
+                left
+            };
             attempts += 1;
-            match self.inner.attempt(c, &body, left).await {
+            match self.inner.attempt(c, &body, budget).await {
                 Ok((resp, served)) => match resp {
                     pb::client_response::Response::Mutate(m) => {
                         let token = Token::decode(&m.token)
@@ -459,6 +529,12 @@ impl Client {
                     other => return Err(Error::Internal(format!("unexpected response {other:?}"))),
                 },
                 Err(e) if e.is_retryable() => last_err = Some(e),
+                Err(Error::PolicyForbids(m)) => {
+                    // Our location metadata may be stale (a migration moved the row):
+                    // refresh, then try the next candidate.
+                    let _ = self.refresh_location().await;
+                    last_err = Some(Error::PolicyForbids(m));
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -516,6 +592,100 @@ impl Client {
         self.mutate(mutation, opts).await
     }
 
+    /// Starts moving the rows of `table` under `prefix` to placement policy `to`
+    /// (optionally with a new home region), on a replica of both the current and the
+    /// new policy. Returns that replica and the job id; `jobs` reports progress.
+    pub async fn placement_move(
+        &self,
+        table: &str,
+        prefix: &[u8],
+        to: &str,
+        home: Option<&str>,
+    ) -> Result<(ReplicaId, String), Error> {
+        let d = &self.inner.config.deployment;
+        let from = self.location().scope_of(d, table, prefix);
+        let to_scope = ScopeId::from(to);
+        let mut runners: Vec<&ReplicaId> = d
+            .topology
+            .replicas
+            .values()
+            .filter(|r| {
+                r.role.stores_rows() && d.allowed(&r.id, &from) && d.allowed(&r.id, &to_scope)
+            })
+            .map(|r| &r.id)
+            .collect();
+        runners.sort_by(|a, b| {
+            let (ra, rb) = (
+                self.inner.rtt_ms.get(*a).map_or(f64::MAX, |e| *e),
+                self.inner.rtt_ms.get(*b).map_or(f64::MAX, |e| *e),
+            );
+            ra.total_cmp(&rb)
+        });
+        let runner = runners.first().copied().cloned().ok_or_else(|| {
+            Error::PolicyForbids(format!("no replica is in both policies {from:?} and {to:?}; move through \"global\" in two steps"))
+        })?;
+        let req = pb::ClientRequest {
+            deadline_us: 10_000_000,
+            app_profile: self.inner.profile.name.clone(),
+            request: Some(pb::client_request::Request::PlacementMove(
+                pb::PlacementMoveRequest {
+                    table: table.to_owned(),
+                    prefix: Bytes::copy_from_slice(prefix),
+                    to_policy: to.to_owned(),
+                    home_region: home.unwrap_or_default().to_owned(),
+                },
+            )),
+        };
+        match self.inner.transport.call(&runner, &req).await?.response {
+            Some(pb::client_response::Response::PlacementMove(m)) => Ok((runner, m.job_id)),
+            Some(pb::client_response::Response::Error(e)) => Err(Error::from_wire(&e, &runner)),
+            other => Err(Error::Internal(format!("unexpected response {other:?}"))),
+        }
+    }
+
+    /// Every placement migration job (from the `_jobs` table, as the nearest replica
+    /// has it).
+    pub async fn jobs(&self) -> Result<Vec<pb::MigrationJob>, Error> {
+        let scan = ScanOptions {
+            limit: 1_000,
+            ..Default::default()
+        };
+        let opts = ReadOptions {
+            hedge: None,
+            deadline: Duration::from_secs(2),
+            ..Default::default()
+        };
+        let page = self
+            .scan_prefix(
+                pangea_core::location::JOBS_TABLE,
+                Bytes::new(),
+                &scan,
+                &opts,
+            )
+            .await?;
+        Ok(page
+            .value
+            .rows
+            .iter()
+            .filter_map(|r| r.families.iter().flat_map(|f| f.cells.iter()).next())
+            .filter_map(|c| pb::MigrationJob::decode(c.value.clone()).ok())
+            .collect())
+    }
+
+    /// One replica's residency audit of its own store.
+    pub async fn audit(&self, replica: &ReplicaId) -> Result<pb::AuditResponse, Error> {
+        let req = pb::ClientRequest {
+            deadline_us: 60_000_000,
+            app_profile: self.inner.profile.name.clone(),
+            request: Some(pb::client_request::Request::Audit(pb::AuditRequest {})),
+        };
+        match self.inner.transport.call(replica, &req).await?.response {
+            Some(pb::client_response::Response::Audit(a)) => Ok(a),
+            Some(pb::client_response::Response::Error(e)) => Err(Error::from_wire(&e, replica)),
+            other => Err(Error::Internal(format!("unexpected response {other:?}"))),
+        }
+    }
+
     /// Watermarks of one replica, all scopes.
     pub async fn watermarks(&self, replica: &ReplicaId) -> Result<Vec<ScopeWatermarks>, Error> {
         let req = pb::ClientRequest {
@@ -546,9 +716,27 @@ impl Client {
         opts: &ReadOptions,
     ) -> Result<Response<pb::client_response::Response>, Error> {
         self.inner.stats.requests.fetch_add(1, Ordering::Relaxed);
+        match self.read_once(table, key, body.clone(), opts).await {
+            // A replica refused the row: our location metadata may be stale (rows
+            // moved). Refresh it and plan once more.
+            Err(Error::PolicyForbids(_)) if !table.starts_with('_') => {
+                self.refresh_location().await?;
+                self.read_once(table, key, body, opts).await
+            }
+            other => other,
+        }
+    }
+
+    async fn read_once(
+        &self,
+        table: &str,
+        key: &[u8],
+        body: pb::client_request::Request,
+        opts: &ReadOptions,
+    ) -> Result<Response<pb::client_response::Response>, Error> {
         let d = self.inner.config.deployment.clone();
-        let scope = d.scope_of(table, key).clone();
-        let snapshot = self.snapshot(&scope);
+        let location = self.location();
+        let snapshot = self.snapshot();
         let req = ReadRequest {
             client_region: &self.inner.config.region,
             profile: &self.inner.profile,
@@ -556,7 +744,7 @@ impl Client {
             key,
             consistency: &opts.consistency,
         };
-        let plan = plan_read(&d, &req, &snapshot, wall_ms())
+        let plan = plan_read_at(&d, &location, &req, &snapshot, wall_ms())
             .map_err(|e| Error::PolicyForbids(e.to_string()))?;
         let deadline = opts.deadline;
         let hedge = opts.hedge.clone();
@@ -627,6 +815,16 @@ impl Inner {
         let result = tokio::time::timeout(budget, self.transport.call(&c.replica, &req)).await;
         let resp = match result {
             Err(_) => {
+                // No answer in time: at least that slow. If the budget was several
+                // round trips, the replica is likely gone (a killed process keeps a
+                // QUIC connection open until its idle timeout): mark it down.
+                self.note_slower(&c.replica, budget);
+                let rtt_ms = self.rtt_ms.get(&c.replica).map_or(f64::INFINITY, |e| *e);
+                if budget.as_secs_f64() * 1e3 > 4.0 * rtt_ms.min(1e9) + 20.0 {
+                    self.down
+                        .insert(c.replica.clone(), Instant::now() + DOWN_FOR);
+                    self.transport.forget(&c.replica);
+                }
                 return Err(Error::DeadlineExceeded {
                     deadline: budget,
                     attempts: 1,
@@ -768,6 +966,9 @@ mod read {
                                 launch(&mut set, c, false, &mut asked);
                             }
                             last_err = Some(o.result.err().unwrap_or(Error::Internal(String::new())));
+                        }
+                        Err(Error::DeadlineExceeded { .. }) if matches!(last_err, Some(Error::NotCovered { .. })) => {
+                            // Keep the more telling answer: nobody covered the token.
                         }
                         Err(e) if e.is_retryable() => {
                             // Fail over to the next candidate (for watermark reads,

@@ -80,6 +80,14 @@ impl Transport {
         Ok(c)
     }
 
+    /// Drops the cached connection to a replica (it looks dead); the next call
+    /// connects afresh.
+    pub(crate) fn forget(&self, replica: &ReplicaId) {
+        if let Some((_, c)) = self.connections.remove(replica) {
+            c.close(0u32.into(), b"replica unresponsive");
+        }
+    }
+
     /// One request, one stream, one response.
     pub(crate) async fn call(
         &self,

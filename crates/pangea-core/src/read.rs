@@ -9,6 +9,7 @@
 
 use crate::hlc::Timestamp;
 use crate::ids::{RegionId, ReplicaId, ScopeId};
+use crate::location::Location;
 use crate::token::Token;
 use crate::watermark::ScopeWatermarks;
 use pangea_topology::{AppProfile, Deployment, Priority, Role, Routing};
@@ -239,6 +240,18 @@ pub fn plan_read(
     view: &dyn PeerView,
     now_ms: u64,
 ) -> Result<ReadPlan, RouteError> {
+    plan_read_at(d, &Location::default(), req, view, now_ms)
+}
+
+/// [`plan_read`] with location metadata: a row's effective policy and home region
+/// come from its `_location` entry when it has one.
+pub fn plan_read_at(
+    d: &Deployment,
+    location: &Location,
+    req: &ReadRequest<'_>,
+    view: &dyn PeerView,
+    now_ms: u64,
+) -> Result<ReadPlan, RouteError> {
     let ReadRequest {
         client_region,
         profile,
@@ -246,7 +259,7 @@ pub fn plan_read(
         key,
         consistency,
     } = *req;
-    let scope = d.scope_of(table, key).clone();
+    let scope = location.scope_of(d, table, key);
     let eligible = eligible(d, profile, client_region, &scope);
     if eligible.is_empty() {
         return Err(RouteError::NoEligibleReplica {
@@ -265,7 +278,8 @@ pub fn plan_read(
     // replicas go first, the policy's other regions after. A row the caller's
     // region holds is read there — the 20 ms budget does not survive an ocean.
     let local = eligible.iter().any(|r| in_region(r, client_region));
-    let home = d.placement.home_of(table, key).filter(|_| !local);
+    let home_owned = location.home_of(d, table, key).filter(|_| !local);
+    let home = home_owned.as_ref();
     // Healthy before failing; then the home region (when it applies); then by
     // round trip; then by id, so equal inputs give equal plans.
     let mut ordered: Vec<(bool, bool, f64, &ReplicaId)> = eligible
@@ -340,7 +354,7 @@ pub fn plan_read(
                         ..c.clone()
                     });
                 } else if view
-                    .watermarks(&c.replica, &scope)
+                    .watermarks(&c.replica, &token.scope)
                     .is_some_and(|w| w.covers(token))
                     && !view.is_down(&c.replica)
                 {

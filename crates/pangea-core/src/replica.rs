@@ -358,6 +358,10 @@ pub struct Replica<S: Storage> {
     sweep: Option<(Arc<str>, Bytes)>,
     /// Location metadata (the `_location` table): run-time placement overrides.
     location: Location,
+    /// Prefixes whose rows a flip moved away from this replica, purged by
+    /// [`Replica::purge_moved_rows`] once the driver has published the new location
+    /// (so no read sees a purged row under the old placement).
+    pending_purges: Vec<(Arc<str>, Bytes)>,
     stats: Stats,
 }
 
@@ -398,6 +402,7 @@ impl<S: Storage> Replica<S> {
             next_check_us: now.mono_us,
             sweep: None,
             location: Location::new(),
+            pending_purges: Vec::new(),
             stats: Stats::default(),
         };
         r.rebuild_scopes(now);
@@ -679,41 +684,59 @@ impl<S: Storage> Replica<S> {
     pub fn propose(&mut self, now: Now, mutation: RowMutation) -> Result<Token, Error> {
         mutation.check_schema(&self.deployment.placement.schema)?;
         let scope = self.scope_of(mutation.table(), mutation.row_key());
-        if !self.stores_rows || !self.scopes.contains_key(&scope) {
-            return Err(Error::PolicyForbids {
-                scope: scope.to_string(),
-                replica: self.id.to_string(),
-            });
-        }
         // During a migration writes go to both policies' streams, so only a replica
         // of both may take them (no write can slip past the backfill).
         let also = self
             .location
             .migrating_to(mutation.table(), mutation.row_key())
             .cloned();
-        if let Some(b) = &also
-            && b != &scope
-        {
-            if !self.scopes.contains_key(b) {
+        if let Some(b) = also.filter(|b| b != &scope) {
+            if !self.scopes.contains_key(&b) {
                 return Err(Error::PolicyForbids {
                     scope: format!("{scope} (migrating to {b})"),
                     replica: self.id.to_string(),
                 });
             }
-            let timestamp = self.clock.now(now.wall_ms);
-            let sequence = self.stream_mut(b, &self.id.clone()).applied.sequence + 1;
-            let entry = LogEntry {
-                scope: b.clone(),
-                origin: self.id.clone(),
-                sequence,
-                timestamp,
-                mutation: mutation.clone(),
-            };
-            self.apply_entry(now, &entry)?;
-            self.unflushed.push(entry);
+            self.append_local(now, &b, mutation.clone())?;
+        }
+        self.append_local(now, &scope, mutation)
+    }
+
+    /// A local write into one given scope's stream: the row's own scope, or the
+    /// scope a migration moves it to (backfill writes there only).
+    pub fn propose_in(
+        &mut self,
+        now: Now,
+        scope: &ScopeId,
+        mutation: RowMutation,
+    ) -> Result<Token, Error> {
+        mutation.check_schema(&self.deployment.placement.schema)?;
+        let (table, key) = (mutation.table(), mutation.row_key());
+        let allowed = self.scope_of(table, key) == *scope
+            || self.location.migrating_to(table, key) == Some(scope);
+        if !allowed {
+            return Err(Error::PolicyForbids {
+                scope: scope.to_string(),
+                replica: self.id.to_string(),
+            });
+        }
+        self.append_local(now, scope, mutation)
+    }
+
+    fn append_local(
+        &mut self,
+        now: Now,
+        scope: &ScopeId,
+        mutation: RowMutation,
+    ) -> Result<Token, Error> {
+        if !self.stores_rows || !self.scopes.contains_key(scope) {
+            return Err(Error::PolicyForbids {
+                scope: scope.to_string(),
+                replica: self.id.to_string(),
+            });
         }
         let timestamp = self.clock.now(now.wall_ms);
-        let sequence = self.stream_mut(&scope, &self.id.clone()).applied.sequence + 1;
+        let sequence = self.stream_mut(scope, &self.id.clone()).applied.sequence + 1;
         let entry = LogEntry {
             scope: scope.clone(),
             origin: self.id.clone(),
@@ -724,7 +747,7 @@ impl<S: Storage> Replica<S> {
         self.apply_entry(now, &entry)?;
         self.unflushed.push(entry);
         Ok(Token {
-            scope,
+            scope: scope.clone(),
             origin: self.id.clone(),
             sequence,
             timestamp,
@@ -857,32 +880,44 @@ impl<S: Storage> Replica<S> {
         let Some(entry) = self.location.apply_row(key, row) else {
             return Ok(());
         };
-        if !self.stores_rows || self.may_hold(&entry.table, &entry.prefix) {
-            return Ok(());
+        if self.stores_rows && !self.may_hold(&entry.table, &entry.prefix) {
+            self.pending_purges.push((entry.table, entry.prefix));
         }
-        loop {
-            let rows = self
-                .storage
-                .scan_rows(&entry.table, &entry.prefix, None, 1_000)?;
-            if rows.is_empty() {
-                return Ok(());
-            }
-            let mut batch = WriteBatch::default();
-            for (key, _) in rows {
-                // Only rows this entry governs (a longer prefix may say otherwise).
-                if !self.may_hold(&entry.table, &key) {
-                    batch.rows.push(RowWrite {
-                        table: entry.table.clone(),
-                        key,
-                        row: None,
-                    });
+        Ok(())
+    }
+
+    /// Deletes, from this replica's store only, the rows a placement flip moved to a
+    /// policy that excludes this replica (I10). Drivers call it after publishing the
+    /// new location metadata to their serving path; the rows live on at the replicas
+    /// their policy allows. Returns the number of rows purged.
+    pub fn purge_moved_rows(&mut self) -> Result<u64, StorageError> {
+        let mut purged = 0;
+        for (table, prefix) in std::mem::take(&mut self.pending_purges) {
+            let mut after: Option<Bytes> = None;
+            loop {
+                let rows = self
+                    .storage
+                    .scan_rows(&table, &prefix, after.as_deref(), 1_000)?;
+                let Some((last, _)) = rows.last() else { break };
+                after = Some(last.clone());
+                let mut batch = WriteBatch::default();
+                for (key, _) in rows {
+                    // Only rows this entry governs (a longer prefix may say otherwise).
+                    if !self.may_hold(&table, &key) {
+                        batch.rows.push(RowWrite {
+                            table: table.clone(),
+                            key,
+                            row: None,
+                        });
+                    }
+                }
+                purged += batch.rows.len() as u64;
+                if !batch.rows.is_empty() {
+                    self.storage.write(batch)?;
                 }
             }
-            if batch.rows.is_empty() {
-                return Ok(());
-            }
-            self.storage.write(batch)?;
         }
+        Ok(purged)
     }
 
     /// Accepts an entry from `from`: applies it if next in line, buffers it if early,
@@ -1121,12 +1156,17 @@ impl<S: Storage> Replica<S> {
             self.reject(from, Reject::NotInScope);
             return Ok(());
         }
-        let st = s.streams.get(&g.origin).cloned().unwrap_or_default();
+        // Only the watermarks (cloning the stream would copy its reorder buffer).
+        let (applied, durable) = s
+            .streams
+            .get(&g.origin)
+            .map(|st| (st.applied, st.durable))
+            .unwrap_or_default();
         // Our own writes leave only once durable; others' as soon as applied.
         let upto = if g.origin == self.id {
-            st.durable.sequence
+            durable.sequence
         } else {
-            st.applied.sequence
+            applied.sequence
         };
         let to = g.to.min(upto);
         let entries = if to >= g.from {
@@ -1138,7 +1178,7 @@ impl<S: Storage> Replica<S> {
         let log_start = match self.storage.log_bounds(&g.scope, &g.origin)? {
             Some((first, _)) => first,
             // No log at all: everything up to our watermark is gone from it.
-            None => st.applied.sequence + 1,
+            None => applied.sequence + 1,
         };
         self.queue_frame(
             from,
@@ -1186,10 +1226,13 @@ impl<S: Storage> Replica<S> {
             st.gap = None;
             if !filled {
                 // It did not have it yet; try someone else soon.
+                // Half the retry delay, not zero: late answers from several peers
+                // must not each fire a new request at once.
+                let soon_us = now.mono_us.saturating_sub(self.config.gap_retry_ms * 500);
                 let st = self.stream_mut(&scope, &origin);
                 st.gap = Some(GapInFlight {
                     asked: from.clone(),
-                    at_us: 0,
+                    at_us: soon_us,
                     attempt,
                 });
             }

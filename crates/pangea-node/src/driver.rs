@@ -37,6 +37,19 @@ pub enum Input {
         mutation: RowMutation,
         reply: oneshot::Sender<Result<Token, CoreError>>,
     },
+    /// A write into one given scope (migration backfill), acknowledged once durable.
+    ProposeIn {
+        scope: ScopeId,
+        mutation: RowMutation,
+        reply: oneshot::Sender<Result<Token, CoreError>>,
+    },
+    /// Has every member of `scope` applied `origin`'s stream up to `sequence`?
+    AppliedEverywhere {
+        scope: ScopeId,
+        origin: ReplicaId,
+        sequence: u64,
+        reply: oneshot::Sender<bool>,
+    },
     /// A peer task wrote (or dropped) a frame of this many bytes.
     Sent {
         to: ReplicaId,
@@ -101,6 +114,12 @@ pub async fn run(
         // Publish first: a client holding a token from this turn's acknowledgements
         // must find it covered here (the origin always covers its own writes).
         publish(&replica, &shared);
+        // Only now that readers see the new placement may moved rows disappear.
+        match replica.purge_moved_rows() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(rows = n, "purged rows a placement change moved away"),
+            Err(e) => tracing::error!(error = %e, "purging moved rows failed"),
+        }
         drain_events(&mut replica, &shared, &mut waiters);
         drain_transmits(&mut replica, &shared, &peers);
         if let Some(done) = shutdown.take() {
@@ -146,6 +165,29 @@ fn handle(
                 let _ = reply.send(Err(e));
             }
         },
+        Input::ProposeIn {
+            scope,
+            mutation,
+            reply,
+        } => match replica.propose_in(now, &scope, mutation) {
+            Ok(token) => {
+                waiters.insert(
+                    (token.scope.clone(), token.origin.clone(), token.sequence),
+                    reply,
+                );
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        },
+        Input::AppliedEverywhere {
+            scope,
+            origin,
+            sequence,
+            reply,
+        } => {
+            let _ = reply.send(replica.applied_everywhere(&scope, &origin, sequence));
+        }
         Input::Sent { to, bytes } => replica.handle_sent(&to, bytes),
         Input::Shutdown { done } => *shutdown = Some(done),
     }
@@ -163,7 +205,15 @@ fn drain_events(replica: &mut Replica<Store>, shared: &Shared, waiters: &mut Wai
                 }
             }
             Event::Applied { scope, origin, .. } => m.inc_applied(scope.as_str(), origin.as_str()),
-            Event::Rejected { reason, .. } => m.inc_frames_rejected(reason.as_str()),
+            Event::Rejected { reason, .. } => {
+                if reason == pangea_core::replica::Reject::NotInScope {
+                    shared
+                        .residency_from_outsiders
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    m.inc_residency_violation();
+                }
+                m.inc_frames_rejected(reason.as_str());
+            }
             Event::PeerSuspected(p) => {
                 tracing::warn!(peer = %p, "peer suspected");
                 m.set_peer_suspected(p.as_str(), true);
@@ -212,6 +262,11 @@ fn publish(replica: &Replica<Store>, shared: &Shared) {
         .filter_map(|s| replica.watermarks(s).map(|w| (s.clone(), w)))
         .collect();
     let suspected = replica.suspected().cloned().collect();
+    if let Ok(mut l) = shared.location.write()
+        && *l != *replica.location()
+    {
+        *l = replica.location().clone();
+    }
     if let Ok(mut w) = shared.watermarks.write() {
         *w = wms;
     }

@@ -20,6 +20,7 @@ pub mod clock;
 pub mod config;
 pub mod driver;
 pub mod metrics;
+pub mod migration;
 pub mod peers;
 pub mod serve;
 
@@ -76,6 +77,12 @@ pub struct Shared {
     /// Durable watermarks per scope, published by the driver after every flush.
     pub watermarks: RwLock<BTreeMap<ScopeId, ScopeWatermarks>>,
     pub suspected: RwLock<BTreeSet<ReplicaId>>,
+    /// Location metadata as the driver last applied it.
+    pub location: RwLock<pangea_core::location::Location>,
+    /// Residency audit counters: restricted-scope frames sent to, or refused from,
+    /// replicas outside the scope's policy.
+    pub residency_to_outsiders: std::sync::atomic::AtomicU64,
+    pub residency_from_outsiders: std::sync::atomic::AtomicU64,
     pub metrics: Arc<metrics::NodeMetrics>,
     pub clock: Arc<clock::Clock>,
     pub core_limits: Limits,
@@ -107,6 +114,15 @@ impl Shared {
             .unwrap_or_else(|p| p.into_inner().clone())
     }
 
+    /// The effective scope of a row (location metadata, else the placement file).
+    pub fn scope_of(&self, table: &str, key: &[u8]) -> ScopeId {
+        let d = self.deployment();
+        match self.location.read() {
+            Ok(l) => l.scope_of(&d, table, key),
+            Err(_) => d.scope_of(table, key).clone(),
+        }
+    }
+
     /// Durable watermarks of `scope` (all origins at zero if none published yet).
     pub fn watermarks_of(&self, scope: &ScopeId) -> ScopeWatermarks {
         self.watermarks
@@ -116,12 +132,16 @@ impl Shared {
             .unwrap_or_else(|| ScopeWatermarks::new(scope.clone()))
     }
 
-    fn store_row(&self, table: &str, key: &[u8]) -> Result<Option<RowState>, StorageError> {
+    pub(crate) fn store_row(
+        &self,
+        table: &str,
+        key: &[u8],
+    ) -> Result<Option<RowState>, StorageError> {
         use pangea_core::Storage;
         self.store.get_row(table, key)
     }
 
-    fn scan(
+    pub(crate) fn scan(
         &self,
         table: &str,
         prefix: &[u8],
@@ -312,6 +332,9 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
         store,
         watermarks: RwLock::new(BTreeMap::new()),
         suspected: RwLock::new(BTreeSet::new()),
+        location: RwLock::new(replica.location().clone()),
+        residency_to_outsiders: std::sync::atomic::AtomicU64::new(0),
+        residency_from_outsiders: std::sync::atomic::AtomicU64::new(0),
         metrics: Arc::new(metrics::NodeMetrics::new()),
         clock,
         core_limits,
@@ -367,6 +390,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
         });
     }
     tracing::info!(replica = %id, region = %me.region, %listen, admin = ?config.admin, "replica serving");
+    migration::resume(shared.clone());
 
     tokio::pin!(shutdown);
     loop {

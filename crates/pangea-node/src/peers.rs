@@ -112,6 +112,31 @@ pub async fn run_peer(
                 }
             }
         }
+        // Residency (I10): the core never addresses a restricted scope's frames to a
+        // replica outside it; count it if it ever did.
+        let outsider = match &t.frame {
+            Frame::Mutations(es) => es
+                .iter()
+                .any(|e| !shared.deployment().allowed(&peer, &e.scope)),
+            Frame::GapFill(g) => !shared.deployment().allowed(&peer, &g.scope),
+            Frame::SnapshotChunk(c) => !shared.deployment().allowed(&peer, &c.scope),
+            _ => false,
+        };
+        if outsider {
+            shared
+                .residency_to_outsiders
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shared.metrics.inc_residency_violation();
+            tracing::error!(%peer, kind = t.frame.kind(), "restricted frame addressed to a replica outside its policy; dropped");
+            let _ = shared
+                .driver
+                .send(Input::Sent {
+                    to: peer.clone(),
+                    bytes: t.bytes,
+                })
+                .await;
+            continue;
+        }
         let mut sent = false;
         if let Some(l) = link.as_mut() {
             let stream = if t.class == FrameClass::Bulk {

@@ -134,6 +134,16 @@ async fn serve_stream(
     let result = {
         let _g = span.enter();
         match tokio::time::timeout(budget, process(&shared, &caller, req)).await {
+            // Reads complete without yielding, so the timer may not have fired: an
+            // answer later than the deadline is still an expired request.
+            Ok(Ok(_)) if started.elapsed() > budget => Err(Failure::new(
+                Code::DeadlineExceeded,
+                format!(
+                    "deadline of {} µs exceeded at replica {}",
+                    budget.as_micros(),
+                    shared.id
+                ),
+            )),
             Ok(r) => r,
             Err(_) => Err(Failure::new(
                 Code::DeadlineExceeded,
@@ -177,6 +187,8 @@ fn describe(req: &pb::ClientRequest) -> (&'static str, &'static str) {
         Some(R::ScanPrefix(s)) => ("scan", mode(&s.consistency)),
         Some(R::Mutate(_)) => ("mutate", "none"),
         Some(R::Watermarks(_)) => ("watermarks", "none"),
+        Some(R::PlacementMove(_)) => ("placement_move", "none"),
+        Some(R::Audit(_)) => ("audit", "none"),
         None => ("unknown", "none"),
     }
 }
@@ -280,7 +292,7 @@ fn scope_here(shared: &Shared, table: &str, key: &[u8]) -> Result<ScopeId, Failu
             format!("unknown table {table:?}"),
         ));
     }
-    let scope = d.scope_of(table, key).clone();
+    let scope = shared.scope_of(table, key);
     if !d.allowed(&shared.id, &scope) {
         return Err(Failure::new(
             Code::PolicyForbids,
@@ -296,7 +308,17 @@ fn scope_here(shared: &Shared, table: &str, key: &[u8]) -> Result<ScopeId, Failu
 
 /// Checks the consistency asked for against our durable watermarks.
 fn admit(shared: &Shared, scope: &ScopeId, c: &Consistency) -> Result<ScopeWatermarks, Failure> {
-    let wm = shared.watermarks_of(scope);
+    // A token is checked against its own scope's stream: after a row changed
+    // placement, a token from its old scope is still a valid promise wherever that
+    // stream is applied.
+    let wm = match c {
+        Consistency::Watermark(t)
+            if &t.scope != scope && shared.deployment().allowed(&shared.id, &t.scope) =>
+        {
+            shared.watermarks_of(&t.scope)
+        }
+        _ => shared.watermarks_of(scope),
+    };
     match decide(c, &wm, shared.clock.now().wall_ms) {
         Decision::Serve => Ok(wm),
         Decision::NotCovered { origin, have, need } => Err(Failure {
@@ -337,14 +359,73 @@ fn read_row(
 
 type Served = (pb::client_response::Response, Option<ScopeWatermarks>);
 
+/// This replica's store against placement: rows it holds that their policy does not
+/// allow here (a residency violation; 0 is the only acceptable answer).
+fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
+    let d = shared.deployment();
+    let mut tables = Vec::new();
+    for table in d
+        .placement
+        .schema
+        .tables
+        .keys()
+        .filter(|t| !t.starts_with('_'))
+    {
+        let mut t = pb::AuditTable {
+            table: table.to_string(),
+            ..Default::default()
+        };
+        let mut after: Option<Bytes> = None;
+        loop {
+            let rows = shared
+                .scan(table, b"", after.as_deref(), 10_000)
+                .map_err(|e| Failure::new(Code::Unavailable, e.to_string()))?;
+            let Some((last, _)) = rows.last() else { break };
+            after = Some(last.clone());
+            for (key, row) in &rows {
+                t.rows += 1;
+                let scope = shared.scope_of(table, key);
+                let migrating = shared
+                    .location
+                    .read()
+                    .ok()
+                    .and_then(|l| l.migrating_to(table, key).cloned());
+                let allowed = d.allowed(&shared.id, &scope)
+                    || migrating.is_some_and(|m| d.allowed(&shared.id, &m));
+                if !allowed {
+                    t.rows_disallowed += 1;
+                    t.bytes_disallowed += (key.len() + row.value_bytes()) as u64;
+                }
+            }
+        }
+        tables.push(t);
+    }
+    use std::sync::atomic::Ordering::Relaxed;
+    Ok(pb::AuditResponse {
+        replica: shared.id.to_string(),
+        region: shared.region.to_string(),
+        tables,
+        restricted_frames_to_outsiders: shared.residency_to_outsiders.load(Relaxed),
+        restricted_frames_from_outsiders: shared.residency_from_outsiders.load(Relaxed),
+    })
+}
+
 async fn process(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     caller: &Caller,
     req: pb::ClientRequest,
 ) -> Result<Served, Failure> {
     use pb::client_request::Request as R;
     use pb::client_response::Response as W;
-    check_profile(shared, caller, &req.app_profile)?;
+    // Data requests obey the app profile; operator requests (watermarks, audit,
+    // placement moves) are open to every client certificate of the cluster.
+    let operator = matches!(
+        req.request,
+        Some(R::Watermarks(_) | R::Audit(_) | R::PlacementMove(_))
+    );
+    if !operator {
+        check_profile(shared, caller, &req.app_profile)?;
+    }
     let limits: Limits = shared.core_limits;
     match req
         .request
@@ -451,6 +532,22 @@ async fn process(
                 Some(wm),
             ))
         }
+        R::PlacementMove(m) => {
+            let id = crate::migration::start(
+                shared.clone(),
+                m.table,
+                m.prefix,
+                m.to_policy,
+                m.home_region,
+            )
+            .await
+            .map_err(|e| Failure::new(Code::InvalidArgument, e))?;
+            Ok((
+                W::PlacementMove(pb::PlacementMoveResponse { job_id: id }),
+                None,
+            ))
+        }
+        R::Audit(_) => Ok((W::Audit(audit(shared)?), None)),
         R::Watermarks(w) => {
             let all = shared
                 .watermarks

@@ -1,0 +1,557 @@
+//! Harness for tests on real replica processes: a local cluster that always stops,
+//! a raw QUIC client for requests the client library would never send, and the
+//! admin endpoint over plain HTTP.
+//!
+//! Every wait here has a deadline, so a broken node fails a test instead of hanging
+//! it, and [`Cluster`]'s `Drop` stops every process it knows of, also when the test
+//! panics: `pangea cluster down --grace-ms 2000`, then SIGKILL of every pid still in
+//! the cluster file, then of replicas the test restarted itself.
+//!
+//! Debugging: with `PANGEA_TEST_KEEP=1` the cluster directory (logs, data,
+//! certificates) is kept after the test and its path printed; `PANGEA_LOG` reaches
+//! the replicas (e.g. `info,pangea_node=debug`).
+
+#![allow(dead_code, unreachable_pub)]
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use pangea_net::{FRAME_BYTES_MAX, certs, read_frame, tls, write_frame};
+use pangea_proto::v1 as pb;
+use pangea_topology::cluster::{ClusterFile, ClusterReplica};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `pangea` binary built for these tests.
+pub const PANGEA: &str = env!("CARGO_BIN_EXE_pangea");
+
+/// Longest `pangea cluster up` may take (it comes up in about a second).
+pub const UP_TIME_MAX: Duration = Duration::from_secs(30);
+/// Grace period the clean-up gives replicas before SIGKILL.
+pub const CLEANUP_GRACE_MS: u64 = 2_000;
+/// Bound on one QUIC request made by the raw client.
+pub const CALL_TIME_MAX: Duration = Duration::from_secs(5);
+
+/// The regions of topology/local-3-regions.toml.
+pub const US: &str = "us-east-1";
+pub const EU: &str = "eu-west-1";
+pub const AP: &str = "ap-northeast-1";
+
+pub fn repo_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
+}
+
+/// Runs `pangea ARGS`, killing it after `limit`.
+pub fn pangea(args: &[&str], limit: Duration) -> Result<Output> {
+    let mut child = Command::new(PANGEA)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running pangea")?;
+    let started = Instant::now();
+    loop {
+        if child.try_wait()?.is_some() {
+            return Ok(child.wait_with_output()?);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output()?;
+            bail!(
+                "`pangea {}` did not finish within {limit:?}; stderr:\n{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether `pid` is a live (not zombie) process.
+pub fn alive(pid: u32) -> bool {
+    let Ok(p) = i32::try_from(pid) else {
+        return false;
+    };
+    if nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_err() {
+        return false;
+    }
+    !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+pub fn sigkill(pid: u32) {
+    if let Ok(p) = i32::try_from(pid) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// A local cluster of topology/local-3-regions.toml in a temporary directory. Dropping
+/// it stops every replica (see the module documentation).
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    /// The cluster file as last loaded (restarts update it).
+    pub file: ClusterFile,
+    /// Replicas this test restarted itself (its children: reaped on drop).
+    restarted: Vec<Child>,
+}
+
+impl Cluster {
+    /// `pangea cluster up topology/local-3-regions.toml --placement … [--emulate-wan]`.
+    pub fn up(emulate_wan: bool) -> Result<Cluster> {
+        let dir = tempfile::Builder::new().prefix("pangea-node-").tempdir()?;
+        let mut cluster = Cluster {
+            file: ClusterFile {
+                name: String::new(),
+                topology: PathBuf::new(),
+                placement: None,
+                certs: PathBuf::new(),
+                emulate_wan,
+                replicas: vec![],
+            },
+            dir,
+            restarted: vec![],
+        };
+        cluster.start(emulate_wan)?;
+        Ok(cluster)
+    }
+
+    /// (Re)starts the cluster in this directory (`cluster up` reuses its ports).
+    pub fn start(&mut self, emulate_wan: bool) -> Result<Duration> {
+        let topology = repo_file("topology/local-3-regions.toml");
+        let placement = repo_file("topology/local-3-regions.placement.toml");
+        let dir = self
+            .dir
+            .path()
+            .to_str()
+            .context("temp dir path")?
+            .to_owned();
+        let mut args = vec![
+            "cluster",
+            "up",
+            topology.to_str().context("path")?,
+            "--placement",
+            placement.to_str().context("path")?,
+            "--data-dir",
+            &dir,
+        ];
+        if emulate_wan {
+            args.push("--emulate-wan");
+        }
+        let started = Instant::now();
+        let out = pangea(&args, UP_TIME_MAX);
+        // Whatever happened, learn the pids so that Drop can stop them.
+        let _ = self.reload();
+        let out = out?;
+        ensure!(
+            out.status.success(),
+            "cluster up failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.reload()?;
+        ensure!(self.file.replicas.len() == 7, "expected 7 replicas");
+        Ok(started.elapsed())
+    }
+
+    pub fn cluster_path(&self) -> PathBuf {
+        self.dir.path().join("cluster.toml")
+    }
+
+    pub fn reload(&mut self) -> Result<()> {
+        self.file = ClusterFile::load(&self.cluster_path()).map_err(|e| anyhow!(e))?;
+        Ok(())
+    }
+
+    pub fn replica(&self, id: &str) -> Result<&ClusterReplica> {
+        self.file
+            .replica(id)
+            .with_context(|| format!("no replica {id} in the cluster file"))
+    }
+
+    pub fn addr(&self, id: &str) -> Result<SocketAddr> {
+        Ok(self.replica(id)?.address.parse()?)
+    }
+
+    pub fn pid(&self, id: &str) -> Result<u32> {
+        self.replica(id)?.pid.context("no pid")
+    }
+
+    pub fn ids(&self) -> Vec<String> {
+        self.file.replicas.iter().map(|r| r.id.clone()).collect()
+    }
+
+    pub fn ids_in(&self, region: &str) -> Vec<String> {
+        self.file
+            .replicas
+            .iter()
+            .filter(|r| r.region == region)
+            .map(|r| r.id.clone())
+            .collect()
+    }
+
+    pub fn region_of(&self, id: &str) -> Option<&str> {
+        self.file.replica(id).map(|r| r.region.as_str())
+    }
+
+    /// SIGKILL one replica and wait until it is gone.
+    pub fn kill9(&self, id: &str) -> Result<()> {
+        let pid = self.pid(id)?;
+        sigkill(pid);
+        let until = Instant::now() + Duration::from_secs(5);
+        while alive(pid) {
+            ensure!(Instant::now() < until, "replica {id} survived SIGKILL");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
+    /// Starts replica `id` again exactly as `pangea cluster up` does (same topology,
+    /// placement, data directory, certificates, admin address, durability; the QUIC
+    /// address comes from the topology), appending to its log, and records its new
+    /// pid in the cluster file so that `cluster down` stops it.
+    pub fn restart(&mut self, id: &str) -> Result<u32> {
+        let r = self.replica(id)?.clone();
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(r.log.as_ref().context("no log file")?)?;
+        let mut cmd = Command::new(PANGEA);
+        cmd.arg("start")
+            .arg("--topology")
+            .arg(&self.file.topology)
+            .arg("--replica")
+            .arg(&r.id)
+            .arg("--data-dir")
+            .arg(&r.data_dir)
+            .arg("--certs")
+            .arg(&self.file.certs)
+            .arg("--admin")
+            .arg(&r.admin)
+            .arg("--durability")
+            .arg("fsync");
+        if let Some(p) = &self.file.placement {
+            cmd.arg("--placement").arg(p);
+        }
+        if self.file.emulate_wan {
+            cmd.arg("--emulate-wan");
+        }
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = cmd.spawn().with_context(|| format!("restarting {id}"))?;
+        let pid = child.id();
+        self.restarted.push(child);
+        if let Some(rep) = self.file.replicas.iter_mut().find(|x| x.id == id) {
+            rep.pid = Some(pid);
+        }
+        self.file
+            .save(&self.cluster_path())
+            .map_err(|e| anyhow!(e))?;
+        Ok(pid)
+    }
+
+    /// `pangea cluster down --data-dir D --grace-ms G`.
+    pub fn down(&self, grace_ms: u64) -> Result<Output> {
+        let dir = self.dir.path().to_str().context("temp dir path")?;
+        pangea(
+            &[
+                "cluster",
+                "down",
+                "--data-dir",
+                dir,
+                "--grace-ms",
+                &grace_ms.to_string(),
+            ],
+            Duration::from_millis(grace_ms) + Duration::from_secs(10),
+        )
+    }
+
+    /// The last lines of a replica's log, for failure messages.
+    pub fn log_tail(&self, id: &str, lines: usize) -> String {
+        let text = self
+            .file
+            .replica(id)
+            .and_then(|r| r.log.as_ref())
+            .and_then(|l| std::fs::read_to_string(l).ok())
+            .unwrap_or_default();
+        let v: Vec<&str> = text.lines().collect();
+        v[v.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// A client of the library, acting from `region` for `app_profile`.
+    pub async fn client(&self, region: &str, app_profile: &str) -> Result<pangea_client::Client> {
+        let config = pangea_client::ClientConfig::from_cluster(&self.file, region, app_profile)?;
+        Ok(tokio::time::timeout(
+            Duration::from_secs(10),
+            pangea_client::Client::connect(config),
+        )
+        .await
+        .context("client connect timed out")??)
+    }
+
+    /// A raw QUIC client presenting the cluster's `client-<app_profile>` certificate.
+    pub fn raw_client(&self, app_profile: &str) -> Result<RawClient> {
+        let ca = certs::load_ca(&self.file.certs)?;
+        let own = certs::load_client(&self.file.certs, &format!("client-{app_profile}"))?;
+        RawClient::new(tls::client_config(&ca, own)?)
+    }
+
+    /// The app profile that may use replica `id` (batch replicas serve only
+    /// `batch-training`).
+    pub fn profile_for(id: &str) -> &'static str {
+        if id.contains("batch") {
+            "batch-training"
+        } else {
+            "frontend"
+        }
+    }
+
+    /// `GET path` on a replica's admin endpoint.
+    pub fn admin_get(&self, id: &str, path: &str) -> Result<(u16, String)> {
+        http_get(&self.replica(id)?.admin, path)
+    }
+
+    /// Every live pid of the cluster file.
+    pub fn live_pids(&self) -> Vec<(String, u32)> {
+        let file = ClusterFile::load(&self.cluster_path()).unwrap_or_else(|_| self.file.clone());
+        file.replicas
+            .iter()
+            .filter_map(|r| r.pid.map(|p| (r.id.clone(), p)))
+            .filter(|(_, p)| alive(*p))
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.cluster_path().exists() {
+            let _ = self.down(CLEANUP_GRACE_MS);
+            // Last resort: anything the cluster file names that is still running.
+            for (_, pid) in self.live_pids() {
+                sigkill(pid);
+            }
+        }
+        for child in &mut self.restarted {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // Debugging aid: PANGEA_TEST_KEEP=1 keeps the directory (logs, data).
+        if std::env::var_os("PANGEA_TEST_KEEP").is_some()
+            && let Ok(spare) = tempfile::tempdir()
+        {
+            let dir = std::mem::replace(&mut self.dir, spare);
+            eprintln!("kept {}", dir.keep().display());
+        }
+    }
+}
+
+/// `GET path` over HTTP/1.1 on `addr`: (status, body).
+pub fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    let addr: SocketAddr = addr.parse()?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let code = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no HTTP status")?;
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// The value of one series in a Prometheus exposition (0 when absent).
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(series))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter_map(|v| v.parse::<f64>().ok())
+        .next()
+        .unwrap_or(0.0)
+}
+
+/// A replica's applied sequence per origin in `scope`, from its admin `/watermarks`.
+pub fn admin_watermarks(
+    admin: &str,
+    scope: &str,
+) -> Result<std::collections::BTreeMap<String, u64>> {
+    let (code, body) = http_get(admin, "/watermarks")?;
+    ensure!(code == 200, "/watermarks answered {code}");
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    let mut out = std::collections::BTreeMap::new();
+    for s in v["scopes"].as_array().into_iter().flatten() {
+        if s["scope"] == scope {
+            for (origin, w) in s["origins"].as_object().into_iter().flatten() {
+                out.insert(origin.clone(), w["sequence"].as_u64().unwrap_or(0));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A QUIC endpoint that dials replicas with a configuration the test chooses and
+/// speaks the client protocol by hand.
+pub struct RawClient {
+    pub endpoint: quinn::Endpoint,
+}
+
+impl RawClient {
+    pub fn new(config: quinn::ClientConfig) -> Result<RawClient> {
+        let endpoint =
+            pangea_net::bind_endpoint(SocketAddr::from(([127, 0, 0, 1], 0)), None, config, None)?;
+        Ok(RawClient { endpoint })
+    }
+
+    /// Connects to replica `id` at `addr` (TLS server name as the client library uses).
+    pub async fn connect(&self, addr: SocketAddr, id: &str) -> Result<quinn::Connection> {
+        let connecting = self.endpoint.connect(addr, tls::server_name(id))?;
+        Ok(tokio::time::timeout(CALL_TIME_MAX, connecting)
+            .await
+            .context("handshake timed out")??)
+    }
+}
+
+/// One request on its own stream, one response.
+pub async fn call(conn: &quinn::Connection, req: &pb::ClientRequest) -> Result<pb::ClientResponse> {
+    tokio::time::timeout(CALL_TIME_MAX, async {
+        let (mut send, mut recv) = conn.open_bi().await?;
+        write_frame(&mut send, req).await?;
+        let _ = send.finish();
+        read_frame::<pb::ClientResponse>(&mut recv, FRAME_BYTES_MAX)
+            .await?
+            .context("stream closed without a response")
+    })
+    .await
+    .context("request timed out")?
+}
+
+/// Raw bytes on a new request stream; the response, if the replica sent one.
+pub async fn call_bytes(
+    conn: &quinn::Connection,
+    bytes: &[u8],
+) -> Result<Option<pb::ClientResponse>> {
+    tokio::time::timeout(CALL_TIME_MAX, async {
+        let (mut send, mut recv) = conn.open_bi().await?;
+        send.write_all(bytes).await?;
+        let _ = send.finish();
+        Ok(read_frame::<pb::ClientResponse>(&mut recv, FRAME_BYTES_MAX).await?)
+    })
+    .await
+    .context("request timed out")?
+}
+
+pub fn request(
+    app_profile: &str,
+    deadline_us: u64,
+    r: pb::client_request::Request,
+) -> pb::ClientRequest {
+    pb::ClientRequest {
+        deadline_us,
+        app_profile: app_profile.to_owned(),
+        request: Some(r),
+    }
+}
+
+pub fn get_request(
+    table: &str,
+    key: &[u8],
+    consistency: Option<pb::Consistency>,
+) -> pb::client_request::Request {
+    pb::client_request::Request::Get(pb::GetRequest {
+        table: table.to_owned(),
+        row_key: key.to_vec().into(),
+        filter: None,
+        consistency,
+    })
+}
+
+pub fn set_cell(
+    table: &str,
+    key: &[u8],
+    family: &str,
+    column: &[u8],
+    value: Vec<u8>,
+) -> pb::client_request::Request {
+    pb::client_request::Request::Mutate(pb::MutateRequest {
+        mutation: Some(pb::RowMutation {
+            table: table.to_owned(),
+            row_key: key.to_vec().into(),
+            mutations: vec![pb::Mutation {
+                kind: Some(pb::mutation::Kind::SetCell(pb::mutation::SetCell {
+                    family: family.to_owned(),
+                    column: column.to_vec().into(),
+                    value: value.into(),
+                })),
+            }],
+        }),
+    })
+}
+
+/// The error of a response, if it is one.
+pub fn error_of(resp: &pb::ClientResponse) -> Option<(pb::error::Code, &str)> {
+    match &resp.response {
+        Some(pb::client_response::Response::Error(e)) => Some((
+            pb::error::Code::try_from(e.code).unwrap_or(pb::error::Code::Unspecified),
+            e.message.as_str(),
+        )),
+        _ => None,
+    }
+}
+
+/// The first cell value of family `family`, column `column` of a row.
+pub fn cell_value<'a>(row: &'a pb::Row, family: &str, column: &[u8]) -> Option<&'a [u8]> {
+    row.families
+        .iter()
+        .filter(|f| f.name == family)
+        .flat_map(|f| f.cells.iter())
+        .find(|c| c.column.as_ref() == column)
+        .map(|c| c.value.as_ref())
+}
+
+/// Polls `f` every `every` until it returns `Some`, or fails after `limit`.
+pub async fn eventually<T, F, Fut>(
+    limit: Duration,
+    every: Duration,
+    what: &str,
+    mut f: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let until = tokio::time::Instant::now() + limit;
+    let mut last_err = None;
+    loop {
+        match f().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if tokio::time::Instant::now() >= until {
+            bail!("{what}: not within {limit:?} (last error: {last_err:?})");
+        }
+        tokio::time::sleep(every).await;
+    }
+}
