@@ -94,6 +94,26 @@ impl Transport {
         replica: &ReplicaId,
         req: &pb::ClientRequest,
     ) -> Result<pb::ClientResponse, Error> {
+        let cached = self
+            .connections
+            .get(replica)
+            .is_some_and(|c| c.close_reason().is_none());
+        match self.call_once(replica, req).await {
+            // A cached connection can be dead without knowing it yet (its process was
+            // killed and restarted): once, forget it and try a fresh one.
+            Err(Error::Unavailable(_)) if cached => {
+                self.forget(replica);
+                self.call_once(replica, req).await
+            }
+            other => other,
+        }
+    }
+
+    async fn call_once(
+        &self,
+        replica: &ReplicaId,
+        req: &pb::ClientRequest,
+    ) -> Result<pb::ClientResponse, Error> {
         let c = self.connection(replica).await?;
         let lost =
             |e: &dyn std::fmt::Display| Error::Unavailable(format!("replica {replica}: {e}"));
@@ -109,7 +129,12 @@ impl Transport {
         match read_frame::<pb::ClientResponse>(&mut recv, FRAME_BYTES_MAX).await {
             Ok(Some(r)) => Ok(r),
             Ok(None) => Err(lost(&"closed the stream without an answer")),
-            Err(e) => Err(lost(&e)),
+            Err(e) => {
+                if c.close_reason().is_some() {
+                    self.connections.remove(replica);
+                }
+                Err(lost(&e))
+            }
         }
     }
 }

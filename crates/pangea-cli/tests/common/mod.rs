@@ -105,11 +105,23 @@ pub struct Cluster {
     pub file: ClusterFile,
     /// Replicas this test restarted itself (its children: reaped on drop).
     restarted: Vec<Child>,
+    /// The topology and placement files (relative to the repository root).
+    topology: String,
+    placement: String,
 }
 
 impl Cluster {
     /// `pangea cluster up topology/local-3-regions.toml --placement … [--emulate-wan]`.
     pub fn up(emulate_wan: bool) -> Result<Cluster> {
+        Cluster::up_with(
+            "topology/local-3-regions.toml",
+            "topology/local-3-regions.placement.toml",
+            emulate_wan,
+        )
+    }
+
+    /// A local cluster of any topology and placement (paths from the repository root).
+    pub fn up_with(topology: &str, placement: &str, emulate_wan: bool) -> Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("pangea-node-").tempdir()?;
         let mut cluster = Cluster {
             file: ClusterFile {
@@ -122,6 +134,8 @@ impl Cluster {
             },
             dir,
             restarted: vec![],
+            topology: topology.to_owned(),
+            placement: placement.to_owned(),
         };
         cluster.start(emulate_wan)?;
         Ok(cluster)
@@ -129,8 +143,8 @@ impl Cluster {
 
     /// (Re)starts the cluster in this directory (`cluster up` reuses its ports).
     pub fn start(&mut self, emulate_wan: bool) -> Result<Duration> {
-        let topology = repo_file("topology/local-3-regions.toml");
-        let placement = repo_file("topology/local-3-regions.placement.toml");
+        let topology = repo_file(&self.topology);
+        let placement = repo_file(&self.placement);
         let dir = self
             .dir
             .path()
@@ -161,7 +175,10 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         self.reload()?;
-        ensure!(self.file.replicas.len() == 7, "expected 7 replicas");
+        ensure!(
+            !self.file.replicas.is_empty(),
+            "no replicas in the cluster file"
+        );
         Ok(started.elapsed())
     }
 
