@@ -350,12 +350,11 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
     for (peer, addr) in peers {
         let (ptx, prx) = mpsc::channel(peers::PEER_QUEUE_FRAMES_MAX);
         queues.insert(peer.clone(), ptx);
-        tokio::spawn(peers::run_peer(
-            shared.clone(),
-            endpoint.clone(),
-            peer,
-            addr,
-            prx,
+        // A span per tree edge (outgoing side): its logs carry both ends.
+        let span = tracing::info_span!("edge", from = %id, to = %peer);
+        tokio::spawn(tracing::Instrument::instrument(
+            peers::run_peer(shared.clone(), endpoint.clone(), peer, addr, prx),
+            span,
         ));
     }
     // The driver gets its own thread and runtime: storage calls (fsync above all)

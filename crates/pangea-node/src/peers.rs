@@ -204,7 +204,12 @@ pub async fn handle_peer(
             peer.clone(),
             region.clone(),
         );
-        tokio::spawn(async move { read_stream(shared, connection, peer, region, recv).await });
+        // A span per tree edge (incoming side).
+        let span = tracing::info_span!("edge", from = %peer, to = %shared.id);
+        tokio::spawn(tracing::Instrument::instrument(
+            async move { read_stream(shared, connection, peer, region, recv).await },
+            span,
+        ));
     }
 }
 
