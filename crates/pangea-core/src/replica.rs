@@ -563,6 +563,11 @@ impl<S: Storage> Replica<S> {
         out
     }
 
+    /// Replication bytes handed to the driver for each peer and not yet reported sent.
+    pub fn inflight_bytes(&self) -> impl Iterator<Item = (&ReplicaId, usize)> {
+        self.peers.iter().map(|(id, p)| (id, p.inflight_bytes))
+    }
+
     pub fn suspected(&self) -> impl Iterator<Item = &ReplicaId> {
         self.peers
             .iter()

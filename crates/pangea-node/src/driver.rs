@@ -74,6 +74,7 @@ pub async fn run(
 ) {
     let mut waiters: Waiters = BTreeMap::new();
     let mut shutdown: Option<oneshot::Sender<()>> = None;
+    let mut gauges_at = std::time::Instant::now();
     publish(&replica, &shared);
     loop {
         let deadline = replica
@@ -109,6 +110,15 @@ pub async fn run(
                 .store(false, std::sync::atomic::Ordering::Relaxed);
             for (_, w) in std::mem::take(&mut waiters) {
                 let _ = w.send(Err(e.clone()));
+            }
+        }
+        // Gauges owned by the core, at most ten times a second.
+        if gauges_at.elapsed() >= std::time::Duration::from_millis(100) {
+            gauges_at = std::time::Instant::now();
+            for (peer, bytes) in replica.inflight_bytes() {
+                shared
+                    .metrics
+                    .set_inflight_bytes(peer.as_str(), bytes as i64);
             }
         }
         // Publish first: a client holding a token from this turn's acknowledgements
