@@ -183,7 +183,50 @@ pub(crate) fn up(o: &UpOptions) -> Result<ClusterFile> {
         });
     }
     // The topology with addresses filled in (comments kept).
-    let text = std::fs::read_to_string(&o.topology)?;
+    let text = fill_addresses(&std::fs::read_to_string(&o.topology)?, &replicas)?;
+    let topology = dir.join("topology.toml");
+    std::fs::write(&topology, text)?;
+    let placement = match &o.placement {
+        Some(p) => {
+            let to = dir.join("placement.toml");
+            std::fs::copy(p, &to).with_context(|| format!("copying {}", p.display()))?;
+            Some(to)
+        }
+        None => None,
+    };
+    std::fs::create_dir_all(dir.join("logs"))?;
+    for r in &mut replicas {
+        r.pid = Some(spawn_replica(
+            &topology,
+            placement.as_deref(),
+            &certs,
+            r,
+            o.emulate_wan,
+            &o.durability,
+            false,
+        )?);
+    }
+    let cluster = ClusterFile {
+        name: deployment.topology.name,
+        topology,
+        placement,
+        certs,
+        emulate_wan: o.emulate_wan,
+        replicas,
+    };
+    cluster
+        .save(&cluster_path(&dir))
+        .map_err(anyhow::Error::msg)?;
+    // Wait for every replica to report healthy.
+    for r in &cluster.replicas {
+        wait_healthy(r, HEALTH_WAIT)?;
+    }
+    Ok(cluster)
+}
+
+/// The topology text with every replica's `address` set from `replicas` (comments and
+/// layout kept).
+pub(crate) fn fill_addresses(text: &str, replicas: &[ClusterReplica]) -> Result<String> {
     let mut doc: toml_edit::DocumentMut = text.parse().context("topology")?;
     let addr_of = |id: &str| {
         replicas
@@ -222,94 +265,88 @@ pub(crate) fn up(o: &UpOptions) -> Result<ClusterFile> {
             }
         }
     }
-    let topology = dir.join("topology.toml");
-    std::fs::write(&topology, doc.to_string())?;
-    let placement = match &o.placement {
-        Some(p) => {
-            let to = dir.join("placement.toml");
-            std::fs::copy(p, &to).with_context(|| format!("copying {}", p.display()))?;
-            Some(to)
-        }
-        None => None,
-    };
-    std::fs::create_dir_all(dir.join("logs"))?;
-    let exe = std::env::current_exe()?;
-    for r in &mut replicas {
-        let log = std::fs::File::create(r.log.as_ref().expect("set above"))?;
-        let mut cmd = Command::new(&exe);
-        cmd.arg("start")
-            .arg("--topology")
-            .arg(&topology)
-            .arg("--replica")
-            .arg(&r.id)
-            .arg("--data-dir")
-            .arg(&r.data_dir)
-            .arg("--certs")
-            .arg(&certs)
-            .arg("--admin")
-            .arg(&r.admin)
-            .arg("--durability")
-            .arg(&o.durability);
-        if let Some(p) = &placement {
-            cmd.arg("--placement").arg(p);
-        }
-        if o.emulate_wan {
-            cmd.arg("--emulate-wan");
-        }
-        // Its own process group: Ctrl-C in this terminal does not reach it.
-        use std::os::unix::process::CommandExt;
-        cmd.process_group(0)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting replica {}", r.id))?;
-        r.pid = Some(child.id());
+    Ok(doc.to_string())
+}
+
+/// Starts one replica process as `cluster up` does (its own process group, log file
+/// appended to when `append`). Returns its pid.
+pub(crate) fn spawn_replica(
+    topology: &Path,
+    placement: Option<&Path>,
+    certs: &Path,
+    r: &ClusterReplica,
+    emulate_wan: bool,
+    durability: &str,
+    append: bool,
+) -> Result<u32> {
+    let log_path = r.log.as_ref().context("replica without a log file")?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(append)
+        .write(true)
+        .truncate(!append)
+        .open(log_path)?;
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg("start")
+        .arg("--topology")
+        .arg(topology)
+        .arg("--replica")
+        .arg(&r.id)
+        .arg("--data-dir")
+        .arg(&r.data_dir)
+        .arg("--certs")
+        .arg(certs)
+        .arg("--admin")
+        .arg(&r.admin)
+        .arg("--durability")
+        .arg(durability);
+    if let Some(p) = placement {
+        cmd.arg("--placement").arg(p);
     }
-    let cluster = ClusterFile {
-        name: deployment.topology.name,
-        topology,
-        placement,
-        certs,
-        emulate_wan: o.emulate_wan,
-        replicas,
-    };
-    cluster
-        .save(&cluster_path(&dir))
-        .map_err(anyhow::Error::msg)?;
-    // Wait for every replica to report healthy.
+    if emulate_wan {
+        cmd.arg("--emulate-wan");
+    }
+    // Its own process group: Ctrl-C in this terminal does not reach it.
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("starting replica {}", r.id))?;
+    Ok(child.id())
+}
+
+/// Waits until a replica's admin endpoint reports healthy.
+pub(crate) fn wait_healthy(r: &ClusterReplica, limit: Duration) -> Result<()> {
     let started = Instant::now();
-    for r in &cluster.replicas {
-        loop {
-            if health(&r.admin).is_ok_and(|(code, _)| code == 200) {
-                break;
-            }
-            if !r.pid.is_some_and(alive) {
-                let tail = r
-                    .log
-                    .as_ref()
-                    .and_then(|l| std::fs::read_to_string(l).ok())
-                    .unwrap_or_default();
-                let tail: Vec<&str> = tail.lines().rev().take(10).collect();
-                anyhow::bail!(
-                    "replica {} exited during start-up; last log lines:\n{}",
-                    r.id,
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                );
-            }
-            if started.elapsed() > HEALTH_WAIT {
-                anyhow::bail!(
-                    "replica {} not healthy after {:?}; see {:?}",
-                    r.id,
-                    HEALTH_WAIT,
-                    r.log
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
+    loop {
+        if health(&r.admin).is_ok_and(|(code, _)| code == 200) {
+            return Ok(());
         }
+        if !r.pid.is_some_and(alive) {
+            let tail = r
+                .log
+                .as_ref()
+                .and_then(|l| std::fs::read_to_string(l).ok())
+                .unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(10).collect();
+            anyhow::bail!(
+                "replica {} exited during start-up; last log lines:\n{}",
+                r.id,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        if started.elapsed() > limit {
+            anyhow::bail!(
+                "replica {} not healthy after {limit:?}; see {:?}",
+                r.id,
+                r.log
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(cluster)
 }
 
 pub(crate) fn alive(pid: u32) -> bool {
@@ -433,5 +470,119 @@ fn status(path: &Path, json: bool) -> Result<()> {
             state
         );
     }
+    Ok(())
+}
+
+/// `pangea topology apply --cluster FILE NEW [--placement NEW]` on a local cluster:
+/// validates the new files (an invalid file changes nothing and says why), shows the
+/// diff, writes the new topology (addresses kept, new replicas given ports), starts
+/// added replicas (they bootstrap by snapshot), makes every running replica reload
+/// (SIGHUP), then stops removed replicas.
+pub(crate) fn apply(
+    cluster_path: &Path,
+    new_topology: &Path,
+    new_placement: Option<&Path>,
+) -> Result<()> {
+    use nix::sys::signal::Signal;
+    let mut cluster = ClusterFile::load(cluster_path).map_err(anyhow::Error::msg)?;
+    let placement = new_placement
+        .map(Path::to_path_buf)
+        .or_else(|| cluster.placement.clone());
+    let new = crate::topology_cmd::load(new_topology, placement.as_deref())
+        .context("the new files are invalid; nothing changed")?;
+    let old = crate::topology_cmd::load(&cluster.topology, cluster.placement.as_deref())?;
+    let diff = old.diff(&new);
+    if diff.is_empty() {
+        println!("no changes");
+    }
+    crate::topology_cmd::print_diff(&diff);
+    let dir = cluster_path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    // Replicas: keep the running ones, add new ones with fresh ports.
+    let mut added = Vec::new();
+    for r in new.topology.replicas.values() {
+        if cluster.replica(r.id.as_str()).is_none() {
+            pangea_net::certs::issue_replica(&cluster.certs, r.id.as_str(), r.region.as_str()).ok();
+            added.push(ClusterReplica {
+                id: r.id.to_string(),
+                region: r.region.to_string(),
+                address: format!("127.0.0.1:{}", free_udp_port()?),
+                admin: format!("127.0.0.1:{}", free_tcp_port()?),
+                data_dir: dir.join("replicas").join(r.id.as_str()),
+                pid: None,
+                log: Some(dir.join("logs").join(format!("{}.log", r.id))),
+            });
+        }
+    }
+    let removed: Vec<ClusterReplica> = cluster
+        .replicas
+        .iter()
+        .filter(|r| new.topology.replica(&r.id).is_none())
+        .cloned()
+        .collect();
+    let kept: Vec<ClusterReplica> = cluster
+        .replicas
+        .iter()
+        .filter(|r| new.topology.replica(&r.id).is_some())
+        .cloned()
+        .collect();
+    let mut all = kept.clone();
+    all.extend(added.iter().cloned());
+    let text = fill_addresses(&std::fs::read_to_string(new_topology)?, &all)?;
+    let tmp = cluster.topology.with_extension("toml.new");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, &cluster.topology)?;
+    if let Some(p) = new_placement {
+        let to = cluster
+            .placement
+            .clone()
+            .unwrap_or_else(|| dir.join("placement.toml"));
+        std::fs::copy(p, &to)?;
+        cluster.placement = Some(to);
+    }
+    // New replicas first, so that the others find them when they reload.
+    for r in &mut added {
+        r.pid = Some(spawn_replica(
+            &cluster.topology,
+            cluster.placement.as_deref(),
+            &cluster.certs,
+            r,
+            cluster.emulate_wan,
+            "fsync",
+            false,
+        )?);
+        println!("started replica {} ({})", r.id, r.region);
+    }
+    for r in &kept {
+        if let Some(pid) = r.pid.filter(|p| alive(*p)) {
+            signal(pid, Signal::SIGHUP);
+        }
+    }
+    println!("asked {} running replicas to reload", kept.len());
+    for r in &added {
+        wait_healthy(r, HEALTH_WAIT)?;
+    }
+    // Removed replicas stop once the others have let them go.
+    if !removed.is_empty() {
+        std::thread::sleep(Duration::from_millis(500));
+        for r in &removed {
+            if let Some(pid) = r.pid {
+                signal(pid, Signal::SIGTERM);
+                println!("stopping replica {} (removed)", r.id);
+            }
+        }
+    }
+    cluster.replicas = all;
+    cluster.replicas.sort_by(|a, b| a.id.cmp(&b.id));
+    cluster.name = new.topology.name;
+    cluster.save(cluster_path).map_err(anyhow::Error::msg)?;
+    println!(
+        "applied: {} replicas ({} added, {} removed)",
+        cluster.replicas.len(),
+        added.len(),
+        removed.len()
+    );
     Ok(())
 }

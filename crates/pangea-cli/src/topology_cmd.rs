@@ -27,6 +27,16 @@ pub(crate) enum TopologyCommand {
         #[arg(long)]
         svg: Option<PathBuf>,
     },
+    /// Apply edited files to a running local cluster: validated first (an invalid file
+    /// changes nothing), diff shown, replicas added or removed, every replica reloads.
+    Apply {
+        /// The cluster file (`pangea cluster up` writes DIR/cluster.toml).
+        #[arg(long)]
+        cluster: PathBuf,
+        topology: PathBuf,
+        #[arg(long)]
+        placement: Option<PathBuf>,
+    },
     /// What changes between two versions of the files.
     Diff {
         old: PathBuf,
@@ -67,6 +77,11 @@ pub(crate) fn run(cmd: TopologyCommand) -> Result<()> {
             }
             Ok(())
         }
+        TopologyCommand::Apply {
+            cluster,
+            topology,
+            placement,
+        } => crate::cluster_cmd::apply(&cluster, &topology, placement.as_deref()),
         TopologyCommand::Diff {
             old,
             new,
@@ -178,7 +193,7 @@ fn print_plan(d: &Deployment, plan: &Plan) {
     }
 }
 
-fn print_diff(diff: &Diff) {
+pub(crate) fn print_diff(diff: &Diff) {
     if diff.is_empty() {
         println!("no changes");
         return;

@@ -55,6 +55,8 @@ pub enum Input {
         to: ReplicaId,
         bytes: usize,
     },
+    /// A new deployment (topology or placement reloaded).
+    View(Arc<pangea_topology::Deployment>),
     /// Flush and stop.
     Shutdown {
         done: oneshot::Sender<()>,
@@ -70,7 +72,7 @@ pub async fn run(
     mut replica: Replica<Store>,
     mut rx: mpsc::Receiver<Input>,
     shared: Arc<Shared>,
-    peers: PeerQueues,
+    mut peers: PeerQueues,
 ) {
     let mut waiters: Waiters = BTreeMap::new();
     let mut shutdown: Option<oneshot::Sender<()>> = None;
@@ -86,7 +88,11 @@ pub async fn run(
                 let mut next = Some(input);
                 let mut handled = 0;
                 while let Some(input) = next.take() {
-                    handle(&mut replica, &shared, input, &mut waiters, &mut shutdown);
+                    if let Input::View(d) = input {
+                        view(&mut replica, &shared, d, &mut peers);
+                    } else {
+                        handle(&mut replica, &shared, input, &mut waiters, &mut shutdown);
+                    }
                     handled += 1;
                     if handled >= INPUTS_PER_TURN_MAX || shutdown.is_some() {
                         break;
@@ -199,6 +205,7 @@ fn handle(
             let _ = reply.send(replica.applied_everywhere(&scope, &origin, sequence));
         }
         Input::Sent { to, bytes } => replica.handle_sent(&to, bytes),
+        Input::View(_) => {}
         Input::Shutdown { done } => *shutdown = Some(done),
     }
 }
@@ -248,6 +255,25 @@ fn drain_events(replica: &mut Replica<Store>, shared: &Shared, waiters: &mut Wai
                 tracing::debug!(%scope, %origin, from, to, "gap detected");
             }
             Event::WatermarkAdvanced { .. } => {}
+        }
+    }
+}
+
+/// A reloaded deployment: the core recomputes scopes and trees; links to new peers
+/// start, links to departed ones end (dropping a queue ends its task).
+fn view(
+    replica: &mut Replica<Store>,
+    shared: &Arc<Shared>,
+    d: Arc<pangea_topology::Deployment>,
+    peers: &mut PeerQueues,
+) {
+    replica.handle_view(shared.clock.now(), d.clone());
+    let wanted = crate::peer_addresses(&d, &shared.id);
+    peers.retain(|p, _| wanted.contains_key(p));
+    for (peer, addr) in wanted {
+        if !peers.contains_key(&peer) {
+            tracing::info!(%peer, %addr, "new peer");
+            peers.insert(peer.clone(), crate::peers::spawn(shared, peer, addr));
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod driver;
 pub mod metrics;
 pub mod migration;
 pub mod peers;
+pub mod reload;
 pub mod serve;
 
 use anyhow::{Context, Result};
@@ -95,6 +96,13 @@ pub struct Shared {
     pub seed: u64,
     pub peer_connections: AtomicUsize,
     pub client_connections: AtomicUsize,
+    /// The QUIC endpoint (peer links are started from it, also after a reload).
+    pub endpoint: quinn::Endpoint,
+    /// The main runtime, where peer links and request handlers run (the driver has
+    /// its own).
+    pub runtime: tokio::runtime::Handle,
+    /// How this node was started: where to reload its files from.
+    pub config: NodeConfig,
 }
 
 impl std::fmt::Debug for Shared {
@@ -107,6 +115,13 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
+    /// Replaces the deployment (after a validated reload).
+    pub fn set_deployment(&self, d: Arc<Deployment>) {
+        if let Ok(mut w) = self.deployment.write() {
+            *w = d;
+        }
+    }
+
     pub fn deployment(&self) -> Arc<Deployment> {
         self.deployment
             .read()
@@ -240,6 +255,34 @@ impl admin::AdminState for Shared {
     }
 }
 
+/// Every peer this replica talks to: the members of every scope it belongs to that
+/// have an address (a malformed address is skipped with a warning: validation of the
+/// topology file is where it is refused).
+pub fn peer_addresses(d: &Deployment, id: &ReplicaId) -> BTreeMap<ReplicaId, SocketAddr> {
+    let mut peers = BTreeMap::new();
+    for scope in d.scopes().filter(|s| d.allowed(id, s)) {
+        for m in d.scope_members(scope) {
+            let Some(a) = d
+                .topology
+                .replica(m.as_str())
+                .and_then(|r| r.address.as_deref())
+            else {
+                continue;
+            };
+            if m == *id {
+                continue;
+            }
+            match parse_addr("topology address", a) {
+                Ok(addr) => {
+                    peers.insert(m.clone(), addr);
+                }
+                Err(e) => tracing::warn!(replica = %m, error = %e, "peer has an unusable address"),
+            }
+        }
+    }
+    peers
+}
+
 fn parse_addr(what: &str, s: &str) -> Result<SocketAddr> {
     s.parse()
         .with_context(|| format!("{what}: {s:?} is not host:port"))
@@ -285,20 +328,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
     let ca = certs::load_ca(&config.certs)?;
     let server = tls::server_config(&ca, certs::load_replica(&config.certs, id.as_str())?)?;
     let client = tls::client_config(&ca, certs::load_replica(&config.certs, id.as_str())?)?;
-    // Peers: every member of every scope we belong to, with an address.
-    let mut peers: BTreeMap<ReplicaId, SocketAddr> = BTreeMap::new();
-    for scope in deployment.scopes().filter(|s| deployment.allowed(&id, s)) {
-        for m in deployment.scope_members(scope) {
-            if m != id
-                && let Some(a) = deployment
-                    .topology
-                    .replica(m.as_str())
-                    .and_then(|r| r.address.as_deref())
-            {
-                peers.insert(m.clone(), parse_addr("topology address", a)?);
-            }
-        }
-    }
+    let peers = peer_addresses(&deployment, &id);
     let wan = config.emulate_wan.then(|| {
         let control = pangea_net::wan::WanControl::new();
         for (peer, addr) in &peers {
@@ -345,17 +375,13 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
         seed,
         peer_connections: AtomicUsize::new(0),
         client_connections: AtomicUsize::new(0),
+        endpoint: endpoint.clone(),
+        runtime: tokio::runtime::Handle::current(),
+        config: config.clone(),
     });
     let mut queues = driver::PeerQueues::new();
     for (peer, addr) in peers {
-        let (ptx, prx) = mpsc::channel(peers::PEER_QUEUE_FRAMES_MAX);
-        queues.insert(peer.clone(), ptx);
-        // A span per tree edge (outgoing side): its logs carry both ends.
-        let span = tracing::info_span!("edge", from = %id, to = %peer);
-        tokio::spawn(tracing::Instrument::instrument(
-            peers::run_peer(shared.clone(), endpoint.clone(), peer, addr, prx),
-            span,
-        ));
+        queues.insert(peer.clone(), peers::spawn(&shared, peer, addr));
     }
     // The driver gets its own thread and runtime: storage calls (fsync above all)
     // block, and must never stall the tasks that serve clients (principle 6).
@@ -390,6 +416,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
     }
     tracing::info!(replica = %id, region = %me.region, %listen, admin = ?config.admin, "replica serving");
     migration::resume(shared.clone());
+    reload::on_sighup(shared.clone());
 
     tokio::pin!(shutdown);
     loop {

@@ -69,6 +69,18 @@ async fn connect(
     })
 }
 
+/// Starts the link task of one peer, on the node's main runtime, and returns its
+/// queue. A span per tree edge (outgoing side) carries both ends in its logs.
+pub fn spawn(shared: &Arc<Shared>, peer: ReplicaId, addr: SocketAddr) -> mpsc::Sender<Transmit> {
+    let (tx, rx) = mpsc::channel(PEER_QUEUE_FRAMES_MAX);
+    let span = tracing::info_span!("edge", from = %shared.id, to = %peer);
+    let task = run_peer(shared.clone(), shared.endpoint.clone(), peer, addr, rx);
+    shared
+        .runtime
+        .spawn(tracing::Instrument::instrument(task, span));
+    tx
+}
+
 /// Sends everything queued for `peer`, connecting (and reconnecting) as needed.
 pub async fn run_peer(
     shared: Arc<Shared>,

@@ -397,6 +397,8 @@ impl Placement {
                     .filter(|r| *r.table == *h.table && r.prefix.starts_with(&h.prefix))
                     .map(|r| r.policy.clone()),
             );
+            governing.sort();
+            governing.dedup();
             for pol in governing {
                 if let Some(policy) = policies.get(&pol)
                     && !policy.regions.contains(&home)

@@ -1,0 +1,313 @@
+//! Live changes on real processes: `pangea topology apply` adds a replica (it
+//! bootstraps from a neighbour and serves), removes another (it stops once the others
+//! let it go), and applies a placement rule change (a migration job moves the rows),
+//! while a frontend keeps reading: failed reads = 0 throughout. An invalid file
+//! changes nothing.
+
+mod common;
+
+use anyhow::{Context, Result, ensure};
+use bytes::Bytes;
+use common::{Cluster, EU, alive, call, cell_value, eventually, get_request, pangea, request};
+use pangea_client::{Client, Mutation, ReadOptions, RowMutation, WriteOptions};
+use pangea_proto::v1 as pb;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+const ROWS: usize = 200;
+const APPLY_TIME_MAX: Duration = Duration::from_secs(60);
+
+fn key(i: usize) -> String {
+    format!("us/{i:04}")
+}
+
+async fn write_rows(client: &Client) -> Result<()> {
+    for i in 0..ROWS {
+        let m = Mutation::SetCell {
+            family: "profile".into(),
+            column: Bytes::from_static(b"p"),
+            value: Bytes::from(format!("value-{i}")),
+        };
+        let row = RowMutation::new("ad_profiles", key(i), vec![m], &Default::default())?;
+        client
+            .mutate(
+                row,
+                &WriteOptions {
+                    deadline: Some(Duration::from_secs(5)),
+                },
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// Reads every row in turn until told to stop; counts reads and failures (an error,
+/// or a missing or wrong value) and keeps the first few failures for the report.
+struct Reader {
+    stop: Arc<AtomicBool>,
+    reads: Arc<AtomicU64>,
+    failures: Arc<std::sync::Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Reader {
+    fn start(client: Client) -> Reader {
+        let stop = Arc::new(AtomicBool::new(false));
+        let reads = Arc::new(AtomicU64::new(0));
+        let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (s, r, f) = (stop.clone(), reads.clone(), failures.clone());
+        let task = tokio::spawn(async move {
+            let options = ReadOptions::default().with_deadline(Duration::from_secs(2));
+            let mut i = 0;
+            while !s.load(Ordering::Relaxed) {
+                let k = key(i % ROWS);
+                let want = format!("value-{}", i % ROWS);
+                let outcome = client
+                    .get("ad_profiles", Bytes::from(k.clone()), &options)
+                    .await;
+                let failure = match outcome {
+                    Err(e) => Some(format!("{k}: {e}")),
+                    Ok(resp) => {
+                        let got = resp
+                            .value
+                            .as_ref()
+                            .and_then(|row| cell_value(row, "profile", b"p"));
+                        (got != Some(want.as_bytes()))
+                            .then(|| format!("{k}: {got:?} from {}", resp.replica))
+                    }
+                };
+                r.fetch_add(1, Ordering::Relaxed);
+                if let Some(failure) = failure
+                    && let Ok(mut f) = f.lock()
+                {
+                    f.push(failure);
+                }
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+        Reader {
+            stop,
+            reads,
+            failures,
+            task,
+        }
+    }
+
+    async fn finish(self) -> Result<(u64, Vec<String>)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await?;
+        let failures = self.failures.lock().map(|f| f.clone()).unwrap_or_default();
+        Ok((self.reads.load(Ordering::Relaxed), failures))
+    }
+}
+
+fn apply(cluster: &Cluster, topology: &Path, placement: Option<&Path>) -> Result<String> {
+    let cluster_file = cluster.cluster_path();
+    let mut args = vec![
+        "topology",
+        "apply",
+        "--cluster",
+        cluster_file.to_str().context("path")?,
+        topology.to_str().context("path")?,
+    ];
+    if let Some(p) = placement {
+        args.extend(["--placement", p.to_str().context("path")?]);
+    }
+    let out = pangea(&args, APPLY_TIME_MAX)?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success(),
+        "topology apply failed:\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(stdout)
+}
+
+/// Replica `id` answers a read of `key(ROWS - 1)` with the right value.
+async fn serves_last_row(cluster: &Cluster, id: &str) -> Result<Option<()>> {
+    let raw = cluster.raw_client("frontend")?;
+    let conn = raw.connect(cluster.addr(id)?, id).await?;
+    let k = key(ROWS - 1);
+    let resp = call(
+        &conn,
+        &request(
+            "frontend",
+            2_000_000,
+            get_request("ad_profiles", k.as_bytes(), None),
+        ),
+    )
+    .await?;
+    let want = format!("value-{}", ROWS - 1);
+    Ok(match resp.response {
+        Some(pb::client_response::Response::Get(g))
+            if g.row
+                .as_ref()
+                .and_then(|row| cell_value(row, "profile", b"p"))
+                == Some(want.as_bytes()) =>
+        {
+            Some(())
+        }
+        _ => None,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_and_remove_replicas_and_change_placement_with_no_failed_reads() -> Result<()> {
+    let mut cluster = Cluster::up(false)?;
+    let writer = cluster.client("us-east-1", "frontend").await?;
+    write_rows(&writer).await?;
+    let reader = Reader::start(cluster.client(EU, "frontend").await?);
+    let work = tempfile::tempdir()?;
+    let original = std::fs::read_to_string(common::repo_file("topology/local-3-regions.toml"))?;
+    let euw1_b = "    id = \"euw1-b\"\n    role = \"serving\"\n    zone = \"eu-west-1b\"\n";
+    ensure!(original.contains(euw1_b), "topology layout changed");
+
+    // An invalid file changes nothing and says why.
+    let broken = work.path().join("broken.toml");
+    std::fs::write(
+        &broken,
+        original.replace("id = \"euw1-b\"", "id = \"use1-a\""),
+    )?;
+    let out = pangea(
+        &[
+            "topology",
+            "apply",
+            "--cluster",
+            cluster.cluster_path().to_str().context("path")?,
+            broken.to_str().context("path")?,
+        ],
+        APPLY_TIME_MAX,
+    )?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "a duplicate replica id was applied");
+    ensure!(
+        stderr.contains("nothing changed") && stderr.contains("use1-a"),
+        "unclear refusal: {stderr}"
+    );
+
+    // Add euw1-c: it bootstraps from a neighbour and serves every row.
+    let added = work.path().join("added.toml");
+    let euw1_c = "\n    [[continents.regions.replicas]]\n    id = \"euw1-c\"\n    role = \"serving\"\n    zone = \"eu-west-1c\"\n";
+    let with_c = original.replace(euw1_b, &format!("{euw1_b}{euw1_c}"));
+    std::fs::write(&added, &with_c)?;
+    let out = apply(&cluster, &added, None)?;
+    ensure!(
+        out.contains("euw1-c"),
+        "the diff does not name euw1-c: {out}"
+    );
+    cluster.reload()?;
+    eventually(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "euw1-c serves the rows written before it joined",
+        || serves_last_row(&cluster, "euw1-c"),
+    )
+    .await?;
+
+    // Remove euw1-b: the others let it go, and it stops.
+    let gone_pid = cluster.pid("euw1-b")?;
+    let removed = work.path().join("removed.toml");
+    let without_b = with_c.replace(
+        &format!("    [[continents.regions.replicas]]\n{euw1_b}"),
+        "",
+    );
+    std::fs::write(&removed, without_b)?;
+    let out = apply(&cluster, &removed, None);
+    let stopped = eventually(
+        Duration::from_secs(15),
+        Duration::from_millis(50),
+        "the removed replica stops",
+        || async { Ok((!alive(gone_pid)).then_some(())) },
+    )
+    .await;
+    if stopped.is_err() {
+        common::sigkill(gone_pid);
+    }
+    let out = out?;
+    stopped?;
+    ensure!(
+        out.contains("euw1-b"),
+        "the diff does not name euw1-b: {out}"
+    );
+    cluster.reload()?;
+    ensure!(
+        cluster.replica("euw1-b").is_err(),
+        "euw1-b is still in the cluster file"
+    );
+
+    // A placement rule change: rows under us/ become EU-resident. A migration job
+    // moves them; reads keep succeeding.
+    let placement = work.path().join("placement.toml");
+    // The home of us/ moves with it: a home outside the row's policy is refused.
+    let rules =
+        std::fs::read_to_string(common::repo_file("topology/local-3-regions.placement.toml"))?
+            .replace(
+                "prefix = \"us/\"\nhome = \"us-east-1\"",
+                "prefix = \"us/\"\nhome = \"eu-west-1\"",
+            );
+    ensure!(
+        rules.matches("home = \"eu-west-1\"").count() == 2,
+        "the home rule of us/ was not found in the placement file"
+    );
+    std::fs::write(
+        &placement,
+        format!(
+            "{rules}\n[[rules]]\ntable = \"ad_profiles\"\nprefix = \"us/\"\npolicy = \"eu-resident\"\n"
+        ),
+    )?;
+    let out = apply(&cluster, &removed, Some(&placement))?;
+    ensure!(
+        out.contains("us/"),
+        "the diff does not name the rule: {out}"
+    );
+    cluster.reload()?;
+    let admin = cluster.client(EU, "frontend").await?;
+    let job = eventually(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        "a migration job of us/ to eu-resident finishes",
+        || async {
+            let jobs = admin.jobs().await?;
+            let job = jobs
+                .into_iter()
+                .find(|j| j.prefix.as_ref() == b"us/" && j.to_policy == "eu-resident");
+            if let Some(j) = &job {
+                ensure!(j.phase != "failed", "migration failed: {}", j.error);
+            }
+            Ok(job.filter(|j| j.phase == "done"))
+        },
+    )
+    .await?;
+    ensure!(
+        job.rows_copied >= ROWS as u64,
+        "only {} rows copied",
+        job.rows_copied
+    );
+    admin.refresh_location().await?;
+    let resp = admin
+        .get(
+            "ad_profiles",
+            Bytes::from(key(0)),
+            &ReadOptions::default().with_deadline(Duration::from_secs(2)),
+        )
+        .await?;
+    ensure!(
+        resp.region == EU,
+        "a moved row was served from {}",
+        resp.region
+    );
+
+    let (reads, failures) = reader.finish().await?;
+    eprintln!("live changes: {reads} reads, {} failed", failures.len());
+    ensure!(reads > 500, "only {reads} reads ran during the changes");
+    ensure!(
+        failures.is_empty(),
+        "{} of {reads} reads failed, first: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    Ok(())
+}

@@ -1,0 +1,149 @@
+//! Live changes: on SIGHUP (or `pangea topology apply`) a replica re-reads its
+//! topology and placement files. An invalid file changes nothing and says why; a
+//! valid one is diffed against the running deployment (the diff is logged), then
+//! applied: the core recomputes scopes and trees, links to new peers start and
+//! links to departed ones end.
+//!
+//! A changed placement rule does not move rows by itself: rows whose policy the new
+//! file changes keep their current policy (pinned) until a migration job — started
+//! by one designated replica of both policies — moves them with no downtime
+//! (docs/placement.md); the job's flip writes the location entry that matches the
+//! new rule.
+
+use crate::Shared;
+use crate::driver::Input;
+use pangea_topology::placement::PrefixRule;
+use pangea_topology::{Deployment, ReplicaId, ScopeId};
+use std::sync::Arc;
+
+/// Re-reads the files this node started with and applies them. Returns what changed,
+/// one line per change.
+pub async fn reload(shared: &Arc<Shared>) -> Result<Vec<String>, String> {
+    let c = &shared.config;
+    let new = Deployment::load(&c.topology, c.placement.as_deref())
+        .map_err(|p| format!("reload refused, nothing changed: {p}"))?;
+    let Some(me) = new.topology.replica(shared.id.as_str()) else {
+        return Err(format!(
+            "reload refused: replica {} is not in the new topology (stop it instead)",
+            shared.id
+        ));
+    };
+    if me.region != shared.region {
+        return Err(format!(
+            "reload refused: replica {} moved from {} to {} (a region change needs a new replica)",
+            shared.id, shared.region, me.region
+        ));
+    }
+    let old = shared.deployment();
+    let diff = old.diff(&new);
+    let mut lines = Vec::new();
+    for r in &diff.replicas_added {
+        lines.push(format!("+ replica {r}"));
+    }
+    for r in &diff.replicas_removed {
+        lines.push(format!("- replica {r}"));
+    }
+    for t in &diff.tree_changes {
+        lines.push(format!(
+            "scope {}: {} tree edges added, {} removed",
+            t.scope,
+            t.edges_added.len(),
+            t.edges_removed.len()
+        ));
+    }
+    for p in &diff.policy_changes {
+        lines.push(format!("policy {}: {}", p.policy, p.change));
+    }
+    // Rows whose policy the new file changes stay where they are, for now.
+    let mut effective = new.clone();
+    let mut moves: Vec<(String, String, ScopeId, Option<String>)> = Vec::new();
+    let location = shared
+        .location
+        .read()
+        .map(|l| l.clone())
+        .unwrap_or_default();
+    for ch in &diff.placement_changes {
+        let current = location.scope_of(&old, &ch.table, ch.prefix.as_bytes());
+        lines.push(format!(
+            "rows of {} under {:?}: policy {} -> {}, home {:?} -> {:?}",
+            ch.table, ch.prefix, ch.old_policy, ch.new_policy, ch.old_home, ch.new_home
+        ));
+        if current != ch.new_policy {
+            effective
+                .placement
+                .rules
+                .retain(|r| !(*r.table == *ch.table && r.prefix == ch.prefix));
+            effective.placement.rules.push(PrefixRule {
+                table: ch.table.as_str().into(),
+                prefix: ch.prefix.clone(),
+                policy: current.clone(),
+            });
+            moves.push((
+                ch.table.clone(),
+                ch.prefix.clone(),
+                ch.new_policy.clone(),
+                ch.new_home.as_ref().map(|h| h.to_string()),
+            ));
+        }
+    }
+    effective
+        .placement
+        .rules
+        .sort_by(|a, b| (&a.table, &a.prefix).cmp(&(&b.table, &b.prefix)));
+    let effective = Arc::new(effective);
+    shared.set_deployment(effective.clone());
+    shared
+        .driver
+        .send(Input::View(effective.clone()))
+        .await
+        .map_err(|_| "the replica is shutting down".to_owned())?;
+    // One replica of both policies starts each move: the smallest id, so that every
+    // replica agrees without talking.
+    for (table, prefix, to, home) in moves {
+        let from = location.scope_of(&old, &table, prefix.as_bytes());
+        let runner = runner_for(&effective, &from, &to);
+        match runner {
+            Some(r) if r == shared.id => {
+                match crate::migration::start(shared.clone(), table.clone(), prefix.clone().into(), to.to_string(), home.unwrap_or_default()).await {
+                    Ok(job) => lines.push(format!("started migration job {job}")),
+                    Err(e) => lines.push(format!("cannot start the migration of {table}/{prefix:?}: {e}")),
+                }
+            }
+            Some(r) => lines.push(format!("replica {r} moves {table}/{prefix:?} to {to}")),
+            None => lines.push(format!(
+                "no replica is in both {from} and {to}: rows of {table} under {prefix:?} stay in {from}; move them through \"global\" in two steps"
+            )),
+        }
+    }
+    for l in &lines {
+        tracing::info!("reload: {l}");
+    }
+    Ok(lines)
+}
+
+fn runner_for(d: &Deployment, from: &ScopeId, to: &ScopeId) -> Option<ReplicaId> {
+    d.topology
+        .replicas
+        .values()
+        .filter(|r| r.role.stores_rows() && d.allowed(&r.id, from) && d.allowed(&r.id, to))
+        .map(|r| r.id.clone())
+        .min()
+}
+
+/// Reloads on every SIGHUP until the node stops.
+pub fn on_sighup(shared: Arc<Shared>) {
+    tokio::spawn(async move {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            tracing::warn!("cannot listen for SIGHUP: live reload disabled");
+            return;
+        };
+        while hup.recv().await.is_some() {
+            match reload(&shared).await {
+                Ok(lines) if lines.is_empty() => tracing::info!("reload: no changes"),
+                Ok(_) => {}
+                Err(e) => tracing::error!("{e}"),
+            }
+        }
+    });
+}
