@@ -10,6 +10,7 @@ mod demo_cmd;
 mod node_cmd;
 mod output;
 mod placement_cmd;
+mod sim_cmd;
 mod store_cmd;
 mod topology_cmd;
 
@@ -60,6 +61,10 @@ enum Command {
     /// Check, plan and compare topology and placement files.
     #[command(subcommand)]
     Topology(topology_cmd::TopologyCommand),
+    /// Failover drills and swarm testing in virtual time, on the replication code
+    /// the replicas run (docs/drills.md).
+    #[command(subcommand)]
+    Sim(sim_cmd::SimCommand),
 }
 
 /// Output piped into `head` and the like: a closed pipe ends the command quietly,
@@ -112,6 +117,7 @@ fn main() -> std::process::ExitCode {
         Command::Watermarks(a) => data_cmd::watermarks(a),
         Command::Store(cmd) => store_cmd::run(cmd),
         Command::Topology(cmd) => topology_cmd::run(cmd),
+        Command::Sim(cmd) => sim_cmd::run(cmd),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -36,14 +36,24 @@
 //! }
 //! ```
 
+pub mod charts;
+pub mod drill;
 pub mod error;
+mod ids;
 pub mod net;
 pub mod queue;
 pub mod rng;
+pub mod runner;
+pub mod scenario;
+pub mod sim;
+pub mod swarm;
 pub mod time;
+pub mod workload;
 
 pub use error::NetError;
-pub use net::{Delivery, DropReason, NetConfig, NetStats, Network, ReplicaIdx, SendOutcome};
+pub use net::{
+    Delivery, DropReason, Dropped, NetConfig, NetStats, Network, PathState, ReplicaIdx, SendOutcome,
+};
 pub use queue::EventQueue;
 pub use rng::SimRng;
 pub use time::{SimDuration, SimTime};

@@ -53,6 +53,35 @@ impl SimRng {
     pub fn chance(&mut self, p: f64) -> bool {
         self.next_f64() < p
     }
+
+    /// An independent generator for one consumer (a client, the workload, the
+    /// faults), so that adding draws in one place does not shift every other stream.
+    pub fn fork(&mut self, salt: u64) -> SimRng {
+        SimRng::new(self.next_u64() ^ salt.wrapping_mul(0xD1B5_4A32_D192_ED03))
+    }
+}
+
+/// So that `rand_distr` distributions (Zipf, log-normal, exponential) draw from the
+/// seeded stream. Infallible: the blanket impl makes it a `rand::Rng`.
+impl rand::TryRng for SimRng {
+    type Error = std::convert::Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        // The high half of a splitmix64 output is as good as the whole.
+        Ok((self.next_u64() >> 32) as u32)
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        Ok(self.next_u64())
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+        for chunk in dst.chunks_mut(8) {
+            let bytes = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

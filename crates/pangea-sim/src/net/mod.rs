@@ -99,6 +99,13 @@ pub const REPLICAS_MAX: usize = 1024;
 pub struct ReplicaIdx(u32);
 
 impl ReplicaIdx {
+    /// The index of the `i`-th replica in id order; meaningful only below
+    /// [`Network::replica_count`] (others are refused like unknown replicas).
+    pub fn new(i: usize) -> Self {
+        // Callers pass indices below REPLICAS_MAX, which fit in u32.
+        ReplicaIdx(u32::try_from(i).unwrap_or(u32::MAX))
+    }
+
     pub fn index(self) -> usize {
         // u32 → usize is lossless on every supported (≥ 32-bit) target.
         self.0 as usize
@@ -137,6 +144,28 @@ pub struct Delivery<M> {
     pub bytes: usize,
     pub sent_at: SimTime,
     pub deliver_at: SimTime,
+}
+
+/// A message accepted earlier and dropped in flight by a fault (a partition or its
+/// receiver going down). Drivers learn of it from [`Network::take_dropped`], to
+/// release what the sender counts as in flight (`Replica::handle_sent`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dropped {
+    pub from: ReplicaIdx,
+    pub to: ReplicaIdx,
+    pub bytes: usize,
+    pub reason: DropReason,
+}
+
+/// What [`Network::path_state`] reports about one directed region pair.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PathState {
+    /// A partition cuts this direction.
+    pub cut: bool,
+    /// Added to the one-way latency by a link override.
+    pub extra_latency_us: u64,
+    /// The loss probability in effect (file or override).
+    pub loss: f64,
 }
 
 /// Names an active partition, to heal it alone.
@@ -288,6 +317,10 @@ pub struct Network<M> {
     dropped_in_flight: Drops,
     retransmissions: u64,
     in_flight_max: usize,
+    /// Messages dropped in flight since the last [`Network::take_dropped`]. Bound:
+    /// at most the messages in flight when a fault strikes; drivers drain it after
+    /// every fault call (tests that never do hold what their faults dropped).
+    dropped: Vec<Dropped>,
 }
 
 impl<M> Network<M> {
@@ -405,6 +438,7 @@ impl<M> Network<M> {
             dropped_in_flight: Drops::default(),
             retransmissions: 0,
             in_flight_max: 0,
+            dropped: Vec::new(),
         })
     }
 
@@ -451,6 +485,39 @@ impl<M> Network<M> {
         Some(SimDuration::from_us(
             self.conns[c].base_latency_us + self.region_pairs[rp].extra_latency_us,
         ))
+    }
+
+    /// Region names in id order; a region's position is the index the `*_idx`
+    /// methods take.
+    pub fn regions(&self) -> &[RegionId] {
+        &self.regions
+    }
+
+    /// The dense index of a region.
+    pub fn region_idx(&self, id: &RegionId) -> Option<usize> {
+        self.region_index.get(id).map(|&i| i as usize)
+    }
+
+    /// The dense region index of a replica.
+    pub fn region_idx_of(&self, idx: ReplicaIdx) -> Option<usize> {
+        self.replicas.get(idx.index()).map(|r| r.region as usize)
+    }
+
+    /// The state of the path from region `from` to region `to` (dense indices) as
+    /// traffic that is not replication sees it (clients of the simulator): whether a
+    /// partition cuts it, the override's extra one-way latency, and its loss.
+    /// `None` for an unknown index.
+    pub fn path_state(&self, from: usize, to: usize) -> Option<PathState> {
+        let nr = self.regions.len();
+        if from >= nr || to >= nr {
+            return None;
+        }
+        let rp = &self.region_pairs[from * nr + to];
+        Some(PathState {
+            cut: rp.cuts > 0,
+            extra_latency_us: rp.extra_latency_us,
+            loss: rp.loss,
+        })
     }
 
     fn conn_index(&self, from: ReplicaIdx, to: ReplicaIdx) -> Option<usize> {
@@ -758,13 +825,27 @@ impl<M> Network<M> {
     /// Drops everything in flight on a connection and clears its FIFO floor.
     /// The caller must then call [`Network::drop_stale_heads`].
     fn reset_conn(&mut self, c: usize, reason: DropReason) {
+        let n = self.replicas.len();
         let conn = &mut self.conns[c];
         conn.last_deliver_at = SimTime::ZERO;
         let dropped = drops_mut(&mut self.dropped_in_flight, reason);
         for m in conn.in_flight.drain(..) {
             dropped.add(m.bytes);
             self.in_flight -= 1;
+            self.dropped.push(Dropped {
+                // Both < REPLICAS_MAX, so they fit in u32.
+                from: ReplicaIdx((c / n) as u32),
+                to: ReplicaIdx((c % n) as u32),
+                bytes: m.bytes,
+                reason,
+            });
         }
+    }
+
+    /// The messages dropped in flight since the last call, in the order they were
+    /// dropped (connection order, then send order).
+    pub fn take_dropped(&mut self) -> Vec<Dropped> {
+        std::mem::take(&mut self.dropped)
     }
 
     /// Removes the heads of emptied connections. Connections are only ever emptied

@@ -1,0 +1,93 @@
+//! Entry points for the `pangea sim` command (and the `sim` example): run a drill
+//! file, write its report, tell pass from fail.
+
+use crate::charts::write_report_dir;
+use crate::drill::Drill;
+use crate::sim::Simulation;
+use crate::sim::metrics::RunReport;
+use anyhow::{Context, Result};
+use std::path::Path;
+
+/// What one `pangea sim run` produced.
+#[derive(Debug)]
+pub struct DrillRun {
+    pub drill: Drill,
+    pub report: RunReport,
+}
+
+/// Loads a drill, runs it (with `seed` instead of the file's, if given), and fills
+/// in the process's peak memory.
+pub fn run_drill(path: &Path, seed: Option<u64>) -> Result<DrillRun> {
+    let mut drill = Drill::load(path).map_err(|p| anyhow::anyhow!("{p}"))?;
+    if let Some(s) = seed {
+        drill.scenario.seed = s;
+    }
+    let mut report = Simulation::new(drill.scenario.clone())
+        .with_context(|| format!("setting up {}", path.display()))?
+        .run()?;
+    report.peak_rss_mib = peak_rss_mib();
+    Ok(DrillRun { drill, report })
+}
+
+/// Writes the JSON report to `json` and the report directory to `dir`, if given.
+pub fn write_outputs(run: &DrillRun, json: Option<&Path>, dir: Option<&Path>) -> Result<()> {
+    if let Some(j) = json {
+        if let Some(parent) = j.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(j, serde_json::to_string_pretty(&run.report)? + "\n")
+            .with_context(|| format!("writing {}", j.display()))?;
+    }
+    if let Some(d) = dir {
+        write_report_dir(d, &run.drill.scenario, &run.drill.description, &run.report)
+            .with_context(|| format!("writing {}", d.display()))?;
+    }
+    Ok(())
+}
+
+/// A few lines for a terminal.
+pub fn one_screen(run: &DrillRun) -> String {
+    let r = &run.report;
+    let mut s = format!(
+        "{} {}: seed {}, {:.0} s virtual in {:.2} s wall ({:.1}x; {:.2} s CPU, {:.1}x), trace {}\n",
+        if r.passed() { "PASS" } else { "FAIL" },
+        r.drill,
+        r.seed,
+        r.virtual_s,
+        r.wall_s,
+        r.speedup,
+        r.cpu_s.unwrap_or(0.0),
+        r.speedup_cpu.unwrap_or(0.0),
+        r.trace_hash
+    );
+    for (m, x) in &r.reads_by_mode {
+        s += &format!(
+            "  {m:<9} reads {:>8}  errors {:>6}  p50 {:>7.2} ms  p99 {:>7.2} ms  p99.9 {:>7.2} ms\n",
+            x.count, x.errors, x.p50_ms, x.p99_ms, x.p999_ms
+        );
+    }
+    s += &format!(
+        "  availability {:.5}  lag p99 {:.1} ms max {:.1} ms  convergence {}  lost {}  violations wm {} token {}  leak {} B\n",
+        r.availability,
+        r.replication_lag_ms.p99,
+        r.replication_lag_ms.max,
+        r.convergence_ms
+            .map_or("never".into(), |c| format!("{c:.0} ms")),
+        r.lost_writes,
+        r.watermark_violations,
+        r.token_violations,
+        r.residency_leak_bytes
+    );
+    for f in &r.slo_failures {
+        s += &format!("  FAILED: {f}\n");
+    }
+    s
+}
+
+/// The process's peak resident memory in MiB (Linux `/proc/self/status` VmHWM).
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}

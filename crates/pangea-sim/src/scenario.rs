@@ -1,0 +1,301 @@
+//! What one simulation runs: the deployment, the workload, the fault timeline and
+//! the expected outcomes, as plain validated data. Drill files ([`crate::drill`])
+//! and the swarm ([`crate::swarm`]) both build a [`Scenario`]; the driver
+//! ([`crate::sim`]) only ever sees this form.
+
+use crate::net::{LinkOverride, NetConfig};
+use crate::time::SimDuration;
+use pangea_core::replica::Config as ReplicaConfig;
+use pangea_topology::{Deployment, RegionId, ReplicaId};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// One run, fully specified: a function of this and nothing else.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// A name for reports (the drill file's stem, or `swarm-<seed>`).
+    pub name: String,
+    pub seed: u64,
+    pub deployment: Arc<Deployment>,
+    /// Where the deployment came from, for reports (relative to the repo root).
+    pub topology_path: String,
+    pub placement_path: Option<String>,
+    /// How long the workload runs (the safety phase: faults happen inside it).
+    pub duration: SimDuration,
+    /// After the workload stops every fault is healed and the run waits, at most
+    /// this long, for every replica to converge (the liveness phase; C5).
+    pub drain_max: SimDuration,
+    pub net: NetConfig,
+    pub replica: ReplicaConfig,
+    /// Static wall-clock skew of each replica, drawn uniformly from
+    /// `[-clock_skew_ms_max, +clock_skew_ms_max]` at the start.
+    pub clock_skew_ms_max: u64,
+    pub workload: Workload,
+    pub faults: Vec<Fault>,
+    pub slo: Slo,
+}
+
+/// How keys are drawn from the key space.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KeyDistribution {
+    Uniform,
+    /// Zipf over key ranks with exponent `theta` (0.99 is the YCSB default).
+    Zipf {
+        theta: f64,
+    },
+}
+
+/// How large a written value is, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ValueSize {
+    Fixed(usize),
+    Uniform {
+        min: usize,
+        max: usize,
+    },
+    /// Log-normal around `median`, clamped to `[1, max]`: profile sizes are
+    /// heavy-tailed (p99 under 1 MB in the brief).
+    LogNormal {
+        median: usize,
+        sigma: f64,
+        max: usize,
+    },
+}
+
+impl ValueSize {
+    /// The largest value this distribution can produce.
+    pub fn max_bytes(&self) -> usize {
+        match *self {
+            ValueSize::Fixed(n) => n,
+            ValueSize::Uniform { max, .. } | ValueSize::LogNormal { max, .. } => max,
+        }
+    }
+}
+
+/// Fractions of reads by consistency mode (normalized when used).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModeMix {
+    pub eventual: f64,
+    pub affinity: f64,
+    /// Read-your-writes: the key and token of the client's last write.
+    pub watermark: f64,
+    pub bounded: f64,
+}
+
+/// Load from one region's frontends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegionLoad {
+    pub region: RegionId,
+    /// Frontend processes, each with its own client-library state (round-trip
+    /// estimates, known watermarks, hedge budget, last write token).
+    pub clients: u32,
+    /// Operations per second from this region (a Poisson process).
+    pub rate: f64,
+}
+
+/// The client workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    pub table: String,
+    pub family: String,
+    /// Columns written, `c0..c{columns-1}`.
+    pub columns: u32,
+    /// Distinct keys per key prefix.
+    pub keys: u64,
+    pub key_distribution: KeyDistribution,
+    pub value_size: ValueSize,
+    /// Fractions of operations (normalized): reads, cell writes, row deletes.
+    pub read: f64,
+    pub write: f64,
+    pub delete: f64,
+    pub modes: ModeMix,
+    /// The bound of bounded-staleness reads.
+    pub bounded_ms: u64,
+    pub deadline: SimDuration,
+    pub write_deadline: SimDuration,
+    pub hedge: bool,
+    /// The app profile every client acts for.
+    pub app_profile: String,
+    /// Key prefix of each continent's users (`eu/`, `apac/`, `us/`): placement rules
+    /// route rows by prefix. Continents not listed use `global_prefix`.
+    pub prefixes: BTreeMap<String, String>,
+    /// Prefix of keys every region reads (rows of the global scope).
+    pub global_prefix: String,
+    /// Fraction of operations on the client's own continent's keys; the rest go to
+    /// global keys.
+    pub local_fraction: f64,
+    pub regions: Vec<RegionLoad>,
+}
+
+impl Workload {
+    /// Operations per second over all regions.
+    pub fn total_rate(&self) -> f64 {
+        self.regions.iter().map(|r| r.rate).sum()
+    }
+}
+
+/// A fault on the timeline.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    /// When it starts, from the start of the run.
+    pub at: SimDuration,
+    /// How long it lasts; `None`: until the end of the safety phase.
+    pub duration: Option<SimDuration>,
+    pub kind: FaultKind,
+    /// How reports name it (`lose-region eu-west-1`).
+    pub label: String,
+}
+
+/// Faults in operator terms, resolved to replicas and regions.
+#[derive(Debug, Clone)]
+pub enum FaultKind {
+    /// Crash these replicas (unsynced writes lost), restart them from their storage
+    /// when the fault ends. Losing a region or a continent also stops its frontends.
+    Lose {
+        replicas: Vec<ReplicaId>,
+        /// Regions whose frontends stop issuing while the fault lasts.
+        regions: Vec<RegionId>,
+    },
+    /// Cut traffic from every region of `a` to every region of `b` (and back unless
+    /// `one_way`): replication and client requests alike.
+    Partition {
+        a: Vec<RegionId>,
+        b: Vec<RegionId>,
+        one_way: bool,
+    },
+    /// Change every link between a region of `a` and a region of `b`.
+    DegradeLink {
+        a: Vec<RegionId>,
+        b: Vec<RegionId>,
+        link: LinkOverride,
+    },
+    /// Shift these replicas' wall clocks by `offset_ms` (on top of their static
+    /// skew) while the fault lasts: a step, so with no duration it is a jump.
+    ClockSkew {
+        replicas: Vec<ReplicaId>,
+        offset_ms: i64,
+    },
+    /// Stop delivering to these replicas and stop their timers; on resume, what was
+    /// held is delivered in order and timers fire late.
+    Pause { replicas: Vec<ReplicaId> },
+    /// Hand a new deployment (a changed placement) to every replica via
+    /// `handle_view`, one at a time over `rollout`, in an order drawn from the seed;
+    /// clients switch when the rollout starts. Permanent.
+    ChangePlacement {
+        deployment: Arc<Deployment>,
+        path: String,
+        rollout: SimDuration,
+    },
+}
+
+/// Expected outcomes; a violated one is listed in `slo_failures`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Slo {
+    /// p99 read latency bound per mode (`eventual`, `affinity`, `watermark`,
+    /// `bounded`), over answered reads.
+    pub p99_ms: BTreeMap<String, f64>,
+    /// Least fraction of reads answered correctly within their deadline.
+    pub availability_min: Option<f64>,
+    /// Largest replication lag any replica may show.
+    pub replication_lag_ms_max: Option<f64>,
+    /// Longest catch-up after the last heal.
+    pub convergence_ms_max: Option<f64>,
+    // Checker violations, lost writes and residency leaks always fail a run: they
+    // are invariants, not objectives.
+}
+
+impl Workload {
+    /// A read-heavy ad-serving mix on `deployment`: the first table and family of
+    /// the placement, Zipf(0.99) keys, 1 KiB values, 94 % reads, 5 % writes, 1 %
+    /// deletes, mostly eventual reads, `rate` operations per second spread over the
+    /// regions in proportion to their serving replicas, two frontends per region.
+    pub fn ad_serving(deployment: &Deployment, rate: f64) -> Workload {
+        let schema = &deployment.placement.schema;
+        let (table, family) = schema
+            .tables
+            .iter()
+            .next()
+            .map(|(t, s)| {
+                (
+                    t.to_string(),
+                    s.families
+                        .keys()
+                        .next()
+                        .map_or_else(|| "f".to_owned(), |f| f.to_string()),
+                )
+            })
+            .unwrap_or_else(|| ("t".to_owned(), "f".to_owned()));
+        let serving: Vec<(RegionId, usize)> = deployment
+            .topology
+            .regions
+            .values()
+            .map(|r| {
+                let n = r
+                    .replicas
+                    .iter()
+                    .filter(|id| {
+                        deployment.topology.replicas[*id].role == pangea_topology::Role::Serving
+                    })
+                    .count();
+                (r.name.clone(), n)
+            })
+            .collect();
+        let total: usize = serving.iter().map(|(_, n)| n).sum::<usize>().max(1);
+        Workload {
+            table,
+            family,
+            columns: 4,
+            keys: 10_000,
+            key_distribution: KeyDistribution::Zipf { theta: 0.99 },
+            value_size: ValueSize::Fixed(1024),
+            read: 0.94,
+            write: 0.05,
+            delete: 0.01,
+            modes: ModeMix {
+                eventual: 0.8,
+                affinity: 0.1,
+                watermark: 0.05,
+                bounded: 0.05,
+            },
+            bounded_ms: 2_000,
+            deadline: SimDuration::from_ms(20),
+            write_deadline: SimDuration::from_ms(200),
+            hedge: true,
+            app_profile: "frontend".into(),
+            prefixes: BTreeMap::new(),
+            global_prefix: "g/".into(),
+            local_fraction: 0.0,
+            regions: serving
+                .into_iter()
+                .map(|(region, n)| RegionLoad {
+                    region,
+                    clients: 2,
+                    rate: rate * n as f64 / total as f64,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Scenario {
+    /// A scenario with the ad-serving workload, no faults and no SLOs beyond the
+    /// invariants: the base that drill files and the swarm fill in.
+    pub fn new(name: &str, deployment: Arc<Deployment>, seed: u64, duration: SimDuration) -> Self {
+        let workload = Workload::ad_serving(&deployment, 500.0);
+        Scenario {
+            name: name.to_owned(),
+            seed,
+            topology_path: deployment.topology.name.clone(),
+            placement_path: None,
+            deployment,
+            duration,
+            drain_max: SimDuration::from_secs(60),
+            net: NetConfig::default(),
+            replica: ReplicaConfig::default(),
+            clock_skew_ms_max: 0,
+            workload,
+            faults: Vec::new(),
+            slo: Slo::default(),
+        }
+    }
+}

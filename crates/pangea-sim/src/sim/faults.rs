@@ -1,0 +1,507 @@
+//! The fault timeline, the end of the workload, and convergence.
+
+use super::*;
+
+impl Simulation {
+    pub(super) fn fault_start(&mut self, i: usize) {
+        if !self.workload_on || self.faults[i].started {
+            return;
+        }
+        self.faults[i].started = true;
+        let f: Fault = self.sc.faults[i].clone();
+        self.trace([50, i as u64, 0, 0]);
+        tracing::debug!(at = %self.now, fault = %f.label, "fault starts");
+        match &f.kind {
+            FaultKind::Lose { replicas, regions } => {
+                for id in replicas {
+                    if let Some(r) = self.names.get(id.as_str()) {
+                        self.take_down(r);
+                    }
+                }
+                for region in regions {
+                    if let Some(ri) = self.net.region_idx(region) {
+                        self.region_lost[ri] += 1;
+                    }
+                }
+            }
+            FaultKind::Partition { a, b, one_way } => match self.net.partition(a, b, *one_way) {
+                Ok(id) => self.faults[i].partition = Some(id),
+                Err(e) => self.checks.violation(format!("fault {}: {e}", f.label)),
+            },
+            FaultKind::DegradeLink { a, b, link } => {
+                for x in a {
+                    for y in b {
+                        if let Err(e) = self.net.degrade_link(x, y, *link) {
+                            self.checks.violation(format!("fault {}: {e}", f.label));
+                        }
+                    }
+                }
+            }
+            FaultKind::ClockSkew {
+                replicas,
+                offset_ms,
+            } => {
+                for id in replicas {
+                    if let Some(r) = self.names.get(id.as_str()) {
+                        self.nodes[r].skew_ms += offset_ms;
+                    }
+                }
+            }
+            FaultKind::Pause { replicas } => {
+                for id in replicas {
+                    if let Some(r) = self.names.get(id.as_str()) {
+                        self.nodes[r].paused += 1;
+                    }
+                }
+            }
+            FaultKind::ChangePlacement { rollout, .. } => {
+                // Views are numbered in fault order from 1 (see `Simulation::new`).
+                let view = 1 + self.sc.faults[..i]
+                    .iter()
+                    .filter(|f| matches!(f.kind, FaultKind::ChangePlacement { .. }))
+                    .count();
+                let mut order: Vec<usize> = (0..self.nodes.len()).collect();
+                for k in (1..order.len()).rev() {
+                    let j = self.fault_rng.next_below(k + 1);
+                    order.swap(k, j);
+                }
+                self.faults[i].order = order;
+                self.faults[i].view = view;
+                self.client_view = view;
+                let n = self.nodes.len() as u64;
+                for step in 0..self.nodes.len() {
+                    let at =
+                        self.now + SimDuration::from_us(rollout.as_us() * step as u64 / n.max(1));
+                    self.queue.push(
+                        at,
+                        Ev::Rollout {
+                            fault: i as u32,
+                            step: step as u32,
+                        },
+                    );
+                }
+            }
+        }
+        self.release_dropped();
+        let permanent = matches!(
+            f.kind,
+            FaultKind::ChangePlacement { .. } | FaultKind::ClockSkew { .. }
+        ) && f.duration.is_none();
+        if permanent {
+            self.faults[i].ended = true;
+        } else if let Some(d) = f.duration {
+            self.queue.push(self.now + d, Ev::FaultEnd(i as u32));
+        }
+    }
+
+    pub(super) fn fault_end(&mut self, i: usize) {
+        let st = &mut self.faults[i];
+        if !st.started || st.ended {
+            return;
+        }
+        st.ended = true;
+        let f: Fault = self.sc.faults[i].clone();
+        self.trace([51, i as u64, 0, 0]);
+        tracing::debug!(at = %self.now, fault = %f.label, "fault ends");
+        match &f.kind {
+            FaultKind::Lose { replicas, regions } => {
+                for region in regions {
+                    if let Some(ri) = self.net.region_idx(region) {
+                        self.region_lost[ri] -= 1;
+                    }
+                }
+                for id in replicas {
+                    if let Some(r) = self.names.get(id.as_str()) {
+                        self.bring_up(r);
+                    }
+                }
+            }
+            FaultKind::Partition { .. } => {
+                if let Some(id) = self.faults[i].partition.take() {
+                    self.net.heal(id);
+                }
+            }
+            FaultKind::DegradeLink { a, b, .. } => {
+                for x in a {
+                    for y in b {
+                        let _ = self.net.restore_link(x, y);
+                    }
+                }
+            }
+            FaultKind::ClockSkew {
+                replicas,
+                offset_ms,
+            } => {
+                for id in replicas {
+                    if let Some(r) = self.names.get(id.as_str()) {
+                        self.nodes[r].skew_ms -= offset_ms;
+                    }
+                }
+            }
+            FaultKind::Pause { replicas } => {
+                for id in replicas {
+                    if let Some(r) = self.names.get(id.as_str()) {
+                        self.resume(r);
+                    }
+                }
+            }
+            FaultKind::ChangePlacement { .. } => {}
+        }
+        if self.workload_on {
+            self.start_catch_up();
+        }
+    }
+
+    pub(super) fn rollout_step(&mut self, fault: usize, step: usize) {
+        let st = &self.faults[fault];
+        let (Some(&r), view) = (st.order.get(step), st.view) else {
+            return;
+        };
+        let d = self.views[view].clone();
+        let node = &mut self.nodes[r];
+        node.view = view;
+        let nw = node.now(self.now);
+        if let Some(rep) = node.replica.as_mut() {
+            rep.handle_view(nw, d);
+            self.settle(r);
+        }
+        self.trace([52, fault as u64, r as u64, 0]);
+    }
+
+    /// Messages the network dropped in flight: release the senders' in-flight bytes.
+    fn release_dropped(&mut self) {
+        for dropped in self.net.take_dropped() {
+            let to_id = self.nodes[dropped.to.index()].id.clone();
+            if let Some(rep) = self.nodes[dropped.from.index()].replica.as_mut() {
+                rep.handle_sent(&to_id, dropped.bytes);
+            }
+            self.metrics.counters.messages_dropped += 1;
+        }
+    }
+
+    /// A crash: unsynced writes are lost, the storage waits for the restart.
+    fn take_down(&mut self, r: usize) {
+        let node = &mut self.nodes[r];
+        node.down += 1;
+        if node.down > 1 {
+            return;
+        }
+        let Some(rep) = node.replica.take() else {
+            return;
+        };
+        let mut storage = rep.into_storage();
+        storage.crash();
+        node.parked = Some(storage);
+        node.timer_gen += 1;
+        node.timer_at = None;
+        // Its process is gone: nothing held for it survives.
+        node.held_frames.clear();
+        node.held_requests.clear();
+        let _ = self.net.set_down_idx(crate::net::ReplicaIdx::new(r), true);
+        self.trace([53, r as u64, 0, 0]);
+        // Writes it proposed and never committed are not acknowledged.
+        self.pending_commits.retain(|k, _| k.0 as usize != r);
+    }
+
+    /// A restart from the crashed storage (C3 across restarts).
+    fn bring_up(&mut self, r: usize) {
+        let node = &mut self.nodes[r];
+        if node.down == 0 {
+            return;
+        }
+        node.down -= 1;
+        if node.down > 0 {
+            return;
+        }
+        let Some(storage) = node.parked.take() else {
+            return;
+        };
+        node.life += 1;
+        let d = self.views[node.view].clone();
+        let seed = replica_seed(self.sc.seed, r, node.life);
+        let nw = node.now(self.now);
+        let rep = match Replica::new(
+            node.id.clone(),
+            d,
+            self.sc.replica.clone(),
+            storage,
+            seed,
+            nw,
+        ) {
+            Ok(rep) => rep,
+            Err(e) => {
+                let id = node.id.clone();
+                self.checks.other_violations += 1;
+                self.checks.violation(format!("{id}: restart failed: {e}"));
+                return;
+            }
+        };
+        let restored = rep.storage().watermarks().unwrap_or_default();
+        node.replica = Some(rep);
+        let _ = self.net.set_down_idx(crate::net::ReplicaIdx::new(r), false);
+        // C3: what survived must cover what was advertised; applied restarts there.
+        let n = self.names.len();
+        let mut survived = vec![0u64; self.checks.scopes * n];
+        for (s, o, w) in restored {
+            if let (Some(s), Some(o)) = (self.scopes.get(s.as_str()), self.names.get(o.as_str())) {
+                survived[s * n + o] = w.sequence;
+            }
+        }
+        for s in 0..self.checks.scopes {
+            for o in 0..n {
+                let k = self.checks.idx(r, s, o);
+                let (adv, _) = self.checks.advertised[k];
+                if survived[s * n + o] < adv {
+                    self.checks.watermark_violations += 1;
+                    let (id, sc, or) = (
+                        self.nodes[r].id.clone(),
+                        self.scopes.name(s).to_owned(),
+                        self.names.name(o).to_owned(),
+                    );
+                    self.checks.violation(format!(
+                        "C3: {id} restarted with {sc}/{or} at #{} below advertised #{adv}",
+                        survived[s * n + o]
+                    ));
+                }
+                self.checks.applied[k] = survived[s * n + o];
+            }
+        }
+        self.trace([54, r as u64, 0, 0]);
+        self.settle(r);
+    }
+
+    fn resume(&mut self, r: usize) {
+        let node = &mut self.nodes[r];
+        if node.paused == 0 {
+            return;
+        }
+        node.paused -= 1;
+        if node.paused > 0 {
+            return;
+        }
+        let frames: Vec<(usize, Wire, usize)> = node.held_frames.drain(..).collect();
+        let requests = std::mem::take(&mut node.held_requests);
+        // Timers fire late: as if the process had just been continued.
+        node.timer_gen += 1;
+        node.timer_at = None;
+        let nw = node.now(self.now);
+        if let Some(rep) = node.replica.as_mut() {
+            let _ = rep.handle_timeout(nw);
+        }
+        self.settle(r);
+        for (from, wire, _) in frames {
+            self.handle_frame(from, r, wire.frame);
+        }
+        for ev in requests {
+            self.handle(ev);
+        }
+        self.trace([55, r as u64, 0, 0]);
+    }
+
+    // ---- convergence --------------------------------------------------------------
+
+    /// The durable set's highest sequence per stream (what every member must reach).
+    fn durable_targets(&self) -> Vec<u64> {
+        self.checks.streams.iter().map(|v| v.len() as u64).collect()
+    }
+
+    fn start_catch_up(&mut self) {
+        self.catch_up = Some(CatchUp {
+            heal_at: self.now,
+            targets: self.durable_targets(),
+            done_at: None,
+        });
+        self.queue.push(self.now + CATCH_UP_CHECK, Ev::CatchUpCheck);
+    }
+
+    /// Whether every up replica storing each scope durably covers `targets`.
+    fn covers(&self, targets: &[u64]) -> bool {
+        let d = &self.views[self.client_view];
+        let n = self.names.len();
+        for s in 0..self.scopes.len() {
+            let scope = ScopeId::new(self.scopes.name(s));
+            if d.placement.policy(&scope).is_none() {
+                continue;
+            }
+            for (r, node) in self.nodes.iter().enumerate() {
+                if !node.stores_rows || !self.allowed[self.client_view][s][r] {
+                    continue;
+                }
+                let Some(rep) = node.replica.as_ref() else {
+                    continue; // down: it cannot catch up until it is back
+                };
+                let Some(wm) = rep.watermarks(&scope) else {
+                    return false;
+                };
+                for o in 0..n {
+                    let t = targets[s * n + o];
+                    if t > 0 && wm.get(&self.nodes[o].id).sequence < t {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    pub(super) fn on_catch_up_check(&mut self) {
+        let Some(c) = &self.catch_up else { return };
+        if c.done_at.is_some() {
+            return;
+        }
+        if self.covers(&c.targets) {
+            let now = self.now;
+            if let Some(c) = self.catch_up.as_mut() {
+                c.done_at = Some(now);
+            }
+        } else if self.workload_on || self.drain_started.is_some() {
+            self.queue.push(self.now + CATCH_UP_CHECK, Ev::CatchUpCheck);
+        }
+    }
+
+    /// The end of the safety phase: stop the workload, heal everything.
+    pub(super) fn on_end_workload(&mut self) {
+        self.workload_on = false;
+        self.trace([56, 0, 0, 0]);
+        let had_heal_inside = self.catch_up.is_some();
+        for i in 0..self.faults.len() {
+            if self.faults[i].started && !self.faults[i].ended {
+                self.fault_end(i);
+            }
+        }
+        // Anything down or paused by overlapping faults is back now.
+        for r in 0..self.nodes.len() {
+            while self.nodes[r].down > 0 {
+                self.bring_up(r);
+            }
+            while self.nodes[r].paused > 0 {
+                self.resume(r);
+            }
+        }
+        self.net.heal_all();
+        self.net.restore_all_links();
+        self.region_lost.iter_mut().for_each(|x| *x = 0);
+        self.drain_started = Some(self.now);
+        if !had_heal_inside {
+            // No heal inside the workload phase: measure catch-up from this one.
+            self.catch_up = Some(CatchUp {
+                heal_at: self.now,
+                targets: self.durable_targets(),
+                done_at: None,
+            });
+            self.queue.push(self.now, Ev::CatchUpCheck);
+        } else if self.catch_up.as_ref().is_some_and(|c| c.done_at.is_none()) {
+            self.queue.push(self.now, Ev::CatchUpCheck);
+        }
+        self.queue.push(self.now + DRAIN_CHECK, Ev::DrainCheck);
+    }
+
+    pub(super) fn on_drain_check(&mut self) {
+        let targets = self.durable_targets();
+        if self.covers(&targets) {
+            match self.digests_agree() {
+                Ok(()) => {
+                    self.final_convergence = Some(self.now);
+                    self.stop = true;
+                    return;
+                }
+                Err(why) => {
+                    // Equal watermarks with unequal rows: waiting will not help.
+                    self.checks.other_violations += 1;
+                    self.checks.violation(format!("C5: {why}"));
+                    self.stop = true;
+                    return;
+                }
+            }
+        }
+        self.queue.push(self.now + DRAIN_CHECK, Ev::DrainCheck);
+    }
+
+    /// C5: every replica storing a scope has the same content digest as the oracle.
+    pub(super) fn digests_agree(&self) -> std::result::Result<(), String> {
+        let d = &self.views[self.client_view];
+        let schema = &d.placement.schema;
+        let now_ms = self.now_wall_ms();
+        let ns = self.scopes.len();
+        let mut oracle = vec![ContentDigest::new(); ns];
+        for ((table, key), row) in &self.checks.oracle {
+            if let Some(s) = self.scopes.get(d.scope_of(table, key).as_str()) {
+                oracle[s].add(schema, table, key, row, now_ms);
+            }
+        }
+        for (r, node) in self.nodes.iter().enumerate() {
+            if !node.stores_rows {
+                continue;
+            }
+            let Some(rep) = node.replica.as_ref() else {
+                return Err(format!("{} is down", node.id));
+            };
+            let mut mine = vec![ContentDigest::new(); ns];
+            for (table, key, row) in rep.storage().rows() {
+                if let Some(s) = self.scopes.get(d.scope_of(table, key).as_str()) {
+                    mine[s].add(schema, table, key, row, now_ms);
+                }
+            }
+            for s in 0..ns {
+                if !self.allowed[self.client_view][s][r] {
+                    continue;
+                }
+                if mine[s].finish() != oracle[s].finish() {
+                    return Err(format!(
+                        "{}: digest of scope {} differs from the oracle ({} vs {} rows)",
+                        node.id,
+                        self.scopes.name(s),
+                        mine[s].rows(),
+                        oracle[s].rows()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a C5 violation naming a replica that is behind, with its state.
+    pub(super) fn explain_not_converged(&mut self) {
+        let targets = self.durable_targets();
+        let d = self.views[self.client_view].clone();
+        let n = self.names.len();
+        let mut why = String::from("not converged within the drain limit");
+        'outer: for s in 0..self.scopes.len() {
+            let scope = ScopeId::new(self.scopes.name(s));
+            for (r, node) in self.nodes.iter().enumerate() {
+                if !node.stores_rows || !self.allowed[self.client_view][s][r] {
+                    continue;
+                }
+                let Some(rep) = node.replica.as_ref() else {
+                    continue;
+                };
+                let wm = rep.watermarks(&scope);
+                for o in 0..n {
+                    let t = targets[s * n + o];
+                    let have = wm.as_ref().map_or(0, |w| w.get(&self.nodes[o].id).sequence);
+                    if t > have {
+                        why = format!(
+                            "{}: {scope}/{} at #{have} < #{t}\n{}",
+                            node.id,
+                            self.nodes[o].id,
+                            rep.debug_state()
+                        );
+                        // And every other member's view of the scope.
+                        for (k, other) in self.nodes.iter().enumerate() {
+                            if k != r
+                                && self.allowed[self.client_view][s][k]
+                                && let Some(orep) = other.replica.as_ref()
+                            {
+                                why += &orep.debug_state();
+                            }
+                        }
+                        break 'outer;
+                    }
+                }
+            }
+        }
+        let _ = d;
+        self.checks.other_violations += 1;
+        self.checks.violation(format!("C5: {why}"));
+    }
+}

@@ -1,0 +1,308 @@
+//! What a run measures, and the JSON report it produces.
+//!
+//! Latencies are HDR histograms in microseconds (3 significant digits), reported in
+//! milliseconds, so a drill's `p99_ms` reads like a real cluster's benchmark output
+//! and the two compare field by field. Per-cell and per-time-bucket distributions
+//! (the lag heatmap, latency over time) use [`LogBins`], a fixed-size log histogram
+//! of ~9 % resolution, so hundreds of them stay small.
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Microseconds, 1 µs to 1 hour: anything longer is clamped to an hour.
+pub(crate) const HIST_MAX_US: u64 = 3_600_000_000;
+
+pub(crate) fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, HIST_MAX_US, 3).expect("static bounds are valid")
+}
+
+pub(crate) fn record(h: &mut Histogram<u64>, us: u64) {
+    // Clamped into the bounds, so `record` cannot fail.
+    let _ = h.record(us.clamp(1, HIST_MAX_US));
+}
+
+fn ms(us: u64) -> f64 {
+    // Rounded to the microsecond, printed as ms.
+    us as f64 / 1_000.0
+}
+
+/// Latency summary of one class of operations.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LatencySummary {
+    /// Operations issued.
+    pub count: u64,
+    /// Operations that failed (deadline, not covered, too stale, unavailable, policy).
+    pub errors: u64,
+    /// Over answered operations.
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+}
+
+/// Counts and latencies of one class of operations.
+#[derive(Debug, Clone)]
+pub(crate) struct OpStats {
+    pub(crate) count: u64,
+    pub(crate) errors: u64,
+    pub(crate) ok: Histogram<u64>,
+}
+
+impl Default for OpStats {
+    fn default() -> Self {
+        OpStats {
+            count: 0,
+            errors: 0,
+            ok: histogram(),
+        }
+    }
+}
+
+impl OpStats {
+    pub(crate) fn summary(&self) -> LatencySummary {
+        let q = |p: f64| {
+            if self.ok.is_empty() {
+                0.0
+            } else {
+                ms(self.ok.value_at_quantile(p))
+            }
+        };
+        LatencySummary {
+            count: self.count,
+            errors: self.errors,
+            p50_ms: q(0.50),
+            p99_ms: q(0.99),
+            p999_ms: q(0.999),
+            max_ms: if self.ok.is_empty() {
+                0.0
+            } else {
+                ms(self.ok.max())
+            },
+        }
+    }
+}
+
+/// A log-scale histogram with 8 bins per power of two from 1 µs up (2^40 µs is 12
+/// days): fixed 1.3 KiB, ~9 % resolution.
+#[derive(Debug, Clone)]
+pub(crate) struct LogBins {
+    bins: Box<[u32; LOG_BINS]>,
+    count: u64,
+    max: u64,
+}
+
+const LOG_BINS: usize = 320;
+const SUB: f64 = 8.0;
+
+impl Default for LogBins {
+    fn default() -> Self {
+        LogBins {
+            bins: Box::new([0; LOG_BINS]),
+            count: 0,
+            max: 0,
+        }
+    }
+}
+
+impl LogBins {
+    fn bin(us: u64) -> usize {
+        if us <= 1 {
+            return 0;
+        }
+        (((us as f64).log2() * SUB) as usize).min(LOG_BINS - 1)
+    }
+
+    /// The upper edge of a bin, in µs.
+    fn upper(bin: usize) -> u64 {
+        (((bin + 1) as f64) / SUB).exp2() as u64
+    }
+
+    pub(crate) fn record(&mut self, us: u64) {
+        let b = Self::bin(us);
+        self.bins[b] = self.bins[b].saturating_add(1);
+        self.count += 1;
+        self.max = self.max.max(us);
+    }
+
+    pub(crate) fn count(&self) -> u64 {
+        self.count
+    }
+
+    pub(crate) fn max_us(&self) -> u64 {
+        self.max
+    }
+
+    /// The `q` quantile in µs (the upper edge of its bin, capped at the maximum).
+    pub(crate) fn quantile_us(&self, q: f64) -> u64 {
+        if self.count == 0 {
+            return 0;
+        }
+        let rank = ((q * self.count as f64).ceil() as u64).clamp(1, self.count);
+        let mut seen = 0u64;
+        for (i, &n) in self.bins.iter().enumerate() {
+            seen += u64::from(n);
+            if seen >= rank {
+                return Self::upper(i).min(self.max);
+            }
+        }
+        self.max
+    }
+}
+
+/// Replication lag summary.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LagSummary {
+    /// Applies measured (one per write per replica that stores its scope).
+    pub count: u64,
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+/// WAN bytes of replication traffic by link class (messages accepted by the network).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct WanBytes {
+    pub intra_region: u64,
+    pub inter_region: u64,
+    pub inter_continent: u64,
+    /// Client request and response bytes crossing regions (not in the three above).
+    pub client_cross_region: u64,
+}
+
+/// One point of a time series: a bucket of virtual time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SeriesPoint {
+    /// Start of the bucket, seconds of virtual time.
+    pub t_s: f64,
+    pub reads: u64,
+    pub errors: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// A fault as reports show it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FaultMarker {
+    pub label: String,
+    pub start_s: f64,
+    /// `None`: lasted until the end of the safety phase.
+    pub end_s: Option<f64>,
+}
+
+/// Counters from the replicas and the network worth seeing in a report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Counters {
+    pub writes_acknowledged: u64,
+    pub entries_applied: u64,
+    pub gap_requests: u64,
+    pub snapshots_installed: u64,
+    pub peer_suspicions: u64,
+    pub frames_rejected: BTreeMap<String, u64>,
+    pub hedges: u64,
+    pub fallback_races: u64,
+    pub failovers: u64,
+    pub messages_delivered: u64,
+    pub messages_dropped: u64,
+    pub network_in_flight_max: usize,
+    /// Read errors by kind (deadline, not_covered, too_stale, unavailable, policy).
+    pub read_errors: BTreeMap<String, u64>,
+    /// Simulator events processed (deliveries, timers, client messages).
+    pub events: u64,
+}
+
+/// The result of one run; `pangea sim run --json` writes it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub drill: String,
+    pub seed: u64,
+    pub topology: String,
+    pub placement: Option<String>,
+    pub replicas: usize,
+    /// Virtual seconds simulated: the workload phase plus the drain.
+    pub virtual_s: f64,
+    /// Wall-clock seconds the run took on this machine.
+    pub wall_s: f64,
+    /// `virtual_s / wall_s`.
+    pub speedup: f64,
+    /// CPU seconds the simulating thread used (Linux `/proc/thread-self/schedstat`):
+    /// unlike `wall_s`, not inflated when other processes share the cores.
+    pub cpu_s: Option<f64>,
+    /// `virtual_s / cpu_s`.
+    pub speedup_cpu: Option<f64>,
+    /// xxh3 over every transmit, replica event and client outcome: equal for equal
+    /// (drill, seed) on any machine (C6).
+    pub trace_hash: String,
+    pub operations: u64,
+    pub reads_by_mode: BTreeMap<String, LatencySummary>,
+    pub reads_by_region: BTreeMap<String, LatencySummary>,
+    pub writes: LatencySummary,
+    /// Fraction of reads answered correctly within their deadline.
+    pub availability: f64,
+    /// Apply time at each replica storing the scope minus the write's proposal time
+    /// at its origin (virtual ms).
+    pub replication_lag_ms: LagSummary,
+    pub wan_bytes: WanBytes,
+    /// After the last heal inside the workload phase (or, without one, after the
+    /// final heal), until every replica has durably applied every write that existed
+    /// at the heal (virtual ms); `None` if that never happened.
+    pub convergence_ms: Option<f64>,
+    /// After the workload stopped and everything healed, until every replica's
+    /// content digest per scope was equal to the oracle's (virtual ms); `None` if
+    /// not within the drain limit (a C5 failure).
+    pub final_convergence_ms: Option<f64>,
+    /// Acknowledged writes not applied everywhere after the drain, plus any
+    /// sequence carrying two different writes (C1).
+    pub lost_writes: u64,
+    /// C2 and C3 violations: a watermark advertised beyond what was applied, out of
+    /// order applies, or a watermark going backwards (across restarts too).
+    pub watermark_violations: u64,
+    /// C4 violations: a watermark read served by a replica that had not applied the
+    /// token's write.
+    pub token_violations: u64,
+    /// Bytes of a restricted scope's frames delivered to a replica outside its
+    /// policy. Must be 0.
+    pub residency_leak_bytes: u64,
+    /// The first violations of each checker, in words.
+    pub violations: Vec<String>,
+    pub slo_failures: Vec<String>,
+    pub faults: Vec<FaultMarker>,
+    pub counters: Counters,
+    /// Latency of answered reads over time, per client region.
+    pub series_by_region: BTreeMap<String, Vec<SeriesPoint>>,
+    /// Replication lag over time: p99 and max per bucket (ms).
+    pub lag_series: Vec<(f64, f64, f64)>,
+    /// p99 replication lag (ms) from origin (row) to replica (column); replica ids in
+    /// `lag_matrix_ids` order; `None` where nothing was measured.
+    pub lag_matrix_ids: Vec<String>,
+    pub lag_matrix_p99_ms: Vec<Vec<Option<f64>>>,
+    /// Peak resident memory of the process (from /proc, Linux only), MiB.
+    pub peak_rss_mib: Option<f64>,
+}
+
+impl RunReport {
+    /// Whether the run passed: no SLO failure and no violation of any checker.
+    pub fn passed(&self) -> bool {
+        self.slo_failures.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_bins_quantiles_are_within_a_bin() {
+        let mut b = LogBins::default();
+        for us in 1..=10_000u64 {
+            b.record(us);
+        }
+        let p50 = b.quantile_us(0.5) as f64;
+        let p99 = b.quantile_us(0.99) as f64;
+        assert!((p50 / 5_000.0 - 1.0).abs() < 0.1, "{p50}");
+        assert!((p99 / 9_900.0 - 1.0).abs() < 0.1, "{p99}");
+        assert_eq!(b.quantile_us(1.0), 10_000);
+        assert_eq!(b.count(), 10_000);
+        assert_eq!(LogBins::default().quantile_us(0.99), 0);
+    }
+}

@@ -1,0 +1,1373 @@
+//! The driver: `pangea_core` replicas over the simulated WAN, frontends that route
+//! with `pangea_core::read`, a fault timeline, and checkers on every step.
+//!
+//! # Driving protocol (the one `Replica`'s module documentation prescribes)
+//! After every input to a replica (`handle_frame`, `handle_timeout`, `propose`,
+//! `handle_view`) the driver calls `flush(now)`, then drains `poll_transmit` (each
+//! frame goes into the [`Network`]; `handle_sent` is called when it is delivered or
+//! dropped), then `poll_event`, then arms the replica's timer at `poll_timeout()`.
+//! Each replica has its own wall clock: virtual time plus a static skew plus any
+//! clock fault, while `mono_us` is virtual time.
+//!
+//! # Clients
+//! Frontends are modelled per region ([`client`]). Their requests do not go
+//! through the [`Network`] (built from the topology's replicas, with per-connection
+//! FIFO that QUIC streams of independent requests do not have): a request costs the
+//! topology's round trip from the client's region to the replica
+//! (`pangea_core::read::estimated_rtt_ms`) / 2 each way, plus the link override's
+//! extra latency, jitter and loss retransmissions from the same [`NetConfig`], and
+//! is refused while a partition cuts the path (checked when it is sent and when it
+//! arrives). A crashed replica refuses connections (the client sees a transport
+//! error after the round trip and marks it down for 1 s, as `pangea-client` does);
+//! a partitioned or paused one is silent (the attempt runs into the deadline).
+//! Client traffic has no bandwidth limit.
+//!
+//! Reads are served from `replica.storage().get_row` after
+//! `pangea_core::read::decide` against the replica's durable `watermarks(scope)`;
+//! every answer carries those watermarks back to the client, which remembers them
+//! for later plans. Reads, hedging, failover and the watermark fallback race follow
+//! `pangea-client`'s `read::run` step by step; writes follow `Client::mutate`.
+//!
+//! # Phases
+//! The workload runs for the scenario's duration while faults come and go (the
+//! safety phase). Then the workload stops, every fault still active heals (crashed
+//! replicas restart, partitions heal, links are restored, paused replicas resume;
+//! clock jumps and placement changes stay), and the run waits until every replica
+//! has converged (the liveness phase), at most `drain_max`.
+
+pub mod client;
+mod faults;
+pub mod metrics;
+mod ops;
+mod report;
+
+use crate::ids::Interner;
+use crate::net::{NetConfig, Network};
+use crate::queue::EventQueue;
+use crate::rng::SimRng;
+use crate::scenario::{Fault, FaultKind, Scenario};
+use crate::time::{SimDuration, SimTime};
+use crate::workload::{Generator, Mode, OpKind};
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use client::{Client, PROBE_INTERVAL, PROBE_TIMEOUT, View};
+use hdrhistogram::Histogram;
+use metrics::{
+    Counters, FaultMarker, LagSummary, LogBins, OpStats, RunReport, SeriesPoint, WanBytes,
+};
+use pangea_core::digest::ContentDigest;
+use pangea_core::frame::Frame;
+use pangea_core::read::{
+    Candidate, Consistency, Decision, ReadRequest, Reason, decide, estimated_rtt_ms, plan_read,
+};
+use pangea_core::replica::{Event, Now, Replica};
+use pangea_core::storage::{LogEntry, Storage};
+use pangea_core::{
+    Limits, MemStorage, Mutation, RowMutation, RowState, ScopeId, ScopeWatermarks, Timestamp,
+    Token, Version,
+};
+use pangea_topology::{AppProfile, Deployment, LinkClass, RegionId, ReplicaId};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use xxhash_rust::xxh3::{Xxh3, Xxh3DefaultBuilder, xxh3_64};
+
+/// Wall-clock time (Unix ms) at virtual time zero, as the core's cluster harness uses.
+pub const BASE_WALL_MS: u64 = 1_700_000_000_000;
+/// Time a replica spends serving one client request (a store read or write).
+const SERVICE_US: u64 = 100;
+/// Bytes of a request or response beyond its key and value (headers, watermarks).
+const ENVELOPE_BYTES: usize = 96;
+/// How often convergence is checked after a heal, and during the drain.
+const CATCH_UP_CHECK: SimDuration = SimDuration::from_ms(50);
+const DRAIN_CHECK: SimDuration = SimDuration::from_ms(250);
+/// Most violations kept in words (all are counted).
+const VIOLATIONS_KEPT: usize = 50;
+/// Latency-over-time charts use at most this many buckets.
+const SERIES_BUCKETS_MAX: u64 = 300;
+
+/// A frame on the simulated wire, tagged with the life of the replica that sent it
+/// so that a restarted replica is not credited for its previous life's sends.
+#[derive(Debug)]
+struct Wire {
+    frame: Frame,
+    life: u32,
+}
+
+/// One replica slot: the running state machine, or its storage while it is down.
+#[derive(Debug)]
+struct Node {
+    id: ReplicaId,
+    region: usize,
+    stores_rows: bool,
+    replica: Option<Replica<MemStorage>>,
+    /// The store while the replica is down.
+    parked: Option<MemStorage>,
+    /// Incremented at every restart.
+    life: u32,
+    /// Active faults that took it down / paused it (they may overlap).
+    down: u32,
+    paused: u32,
+    /// Frames that arrived while paused, in arrival order.
+    held_frames: VecDeque<(usize, Wire, usize)>,
+    /// Client requests that arrived while paused.
+    held_requests: Vec<Ev>,
+    timer_gen: u64,
+    timer_at: Option<u64>,
+    skew_ms: i64,
+    /// Index of the deployment this replica was last handed (`Sim::views`).
+    view: usize,
+}
+
+impl Node {
+    fn now(&self, t: SimTime) -> Now {
+        let wall = (BASE_WALL_MS + t.as_us() / 1_000) as i64 + self.skew_ms;
+        Now {
+            mono_us: t.as_us(),
+            wall_ms: wall.max(0) as u64,
+        }
+    }
+}
+
+/// Names an operation in the slab; stale references (a finished op) are ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OpRef {
+    slot: u32,
+    generation: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ErrKind {
+    Deadline,
+    NotCovered,
+    TooStale,
+    Unavailable,
+    Policy,
+}
+
+impl ErrKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            ErrKind::Deadline => "deadline",
+            ErrKind::NotCovered => "not_covered",
+            ErrKind::TooStale => "too_stale",
+            ErrKind::Unavailable => "unavailable",
+            ErrKind::Policy => "policy",
+        }
+    }
+
+    /// `pangea_client::Error::is_retryable`.
+    fn retryable(self) -> bool {
+        !matches!(self, ErrKind::Policy)
+    }
+}
+
+#[derive(Debug)]
+enum Reply {
+    Ok {
+        wm: Option<ScopeWatermarks>,
+        token: Option<Token>,
+    },
+    Err(ErrKind, Option<ScopeWatermarks>),
+    /// The replica's process is gone: a transport error, not an answer.
+    Refused,
+}
+
+#[derive(Debug)]
+enum Ev {
+    Timer {
+        r: u32,
+        generation: u64,
+    },
+    Issue {
+        region: u32,
+    },
+    Request {
+        op: OpRef,
+        attempt: u16,
+        r: u32,
+        client: u32,
+        write: Option<Box<RowMutation>>,
+    },
+    Response {
+        op: OpRef,
+        attempt: u16,
+        r: u32,
+        reply: Box<Reply>,
+    },
+    Hedge {
+        op: OpRef,
+    },
+    Deadline {
+        op: OpRef,
+    },
+    Probe {
+        client: u32,
+    },
+    ProbeRequest {
+        client: u32,
+        r: u32,
+        sent_at: SimTime,
+    },
+    ProbeReply {
+        client: u32,
+        r: u32,
+        sent_at: SimTime,
+        /// `None`: connection refused.
+        wms: Option<Vec<(usize, ScopeWatermarks)>>,
+    },
+    ProbeTimeout {
+        client: u32,
+        r: u32,
+        sent_at: SimTime,
+    },
+    FaultStart(u32),
+    FaultEnd(u32),
+    Rollout {
+        fault: u32,
+        step: u32,
+    },
+    CatchUpCheck,
+    EndWorkload,
+    DrainCheck,
+}
+
+#[derive(Debug)]
+struct Attempt {
+    replica: usize,
+    reason: Reason,
+    hedged: bool,
+    sent_at: SimTime,
+    done: bool,
+}
+
+#[derive(Debug)]
+struct Op {
+    client: usize,
+    /// `None` for writes and deletes.
+    mode: Option<Mode>,
+    key: Bytes,
+    scope: usize,
+    scope_id: ScopeId,
+    consistency: Consistency,
+    mutation: Option<RowMutation>,
+    started: SimTime,
+    deadline_at: SimTime,
+    primary: VecDeque<Candidate>,
+    fallback: Vec<Candidate>,
+    attempts: Vec<Attempt>,
+    outstanding: u32,
+    raced_fallback: bool,
+    hedge_fired: bool,
+    last_err: Option<ErrKind>,
+    /// Writes try at most 3 candidates (`Client::mutate`).
+    write_candidates_left: u32,
+}
+
+/// Operations in flight, by slot; a slot's generation changes when it is reused.
+#[derive(Debug, Default)]
+struct Slab {
+    ops: Vec<Option<Op>>,
+    gens: Vec<u32>,
+    free: Vec<u32>,
+}
+
+impl Slab {
+    fn insert(&mut self, op: Op) -> OpRef {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.ops.push(None);
+                self.gens.push(0);
+                // Fewer than 2^32 operations are ever in flight at once.
+                (self.ops.len() - 1) as u32
+            }
+        };
+        self.ops[slot as usize] = Some(op);
+        OpRef {
+            slot,
+            generation: self.gens[slot as usize],
+        }
+    }
+
+    fn get_mut(&mut self, r: OpRef) -> Option<&mut Op> {
+        if self.gens.get(r.slot as usize) != Some(&r.generation) {
+            return None;
+        }
+        self.ops[r.slot as usize].as_mut()
+    }
+
+    fn remove(&mut self, r: OpRef) -> Option<Op> {
+        if self.gens.get(r.slot as usize) != Some(&r.generation) {
+            return None;
+        }
+        let op = self.ops[r.slot as usize].take()?;
+        self.gens[r.slot as usize] = self.gens[r.slot as usize].wrapping_add(1);
+        self.free.push(r.slot);
+        Some(op)
+    }
+}
+
+/// One durable write as the checkers know it: its timestamp and a hash of its row
+/// key, enough to tell a reused sequence (C1) from a second copy of the same write.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Fingerprint {
+    timestamp: u64,
+    key_hash: u64,
+}
+
+/// C1–C5 state, in dense tables.
+#[derive(Debug)]
+struct Checks {
+    replicas: usize,
+    scopes: usize,
+    /// `[(replica × scopes + scope) × replicas + origin]`: highest applied sequence.
+    applied: Vec<u64>,
+    /// Same index: highest advertised (durable) watermark.
+    advertised: Vec<(u64, Timestamp)>,
+    /// `[scope × replicas + origin]`: the durable writes of each stream, by
+    /// sequence − 1 (the oracle's membership test and C1's reuse detector).
+    streams: Vec<Vec<Fingerprint>>,
+    /// `[scope × replicas + origin]`: proposal time of each write, by sequence − 1.
+    proposed_us: Vec<Vec<u64>>,
+    /// `[scope × replicas + origin]`: highest acknowledged sequence.
+    acked_max: Vec<u64>,
+    /// Every durable write applied to empty rows (C5's oracle).
+    oracle: BTreeMap<(Arc<str>, Bytes), RowState>,
+    lost_writes: u64,
+    watermark_violations: u64,
+    token_violations: u64,
+    other_violations: u64,
+    violations: Vec<String>,
+    /// Tables and GC policies, which the oracle applies exactly as replicas do.
+    schema: pangea_topology::schema::Schema,
+}
+
+impl Checks {
+    fn idx(&self, r: usize, s: usize, o: usize) -> usize {
+        (r * self.scopes + s) * self.replicas + o
+    }
+
+    fn stream(&self, s: usize, o: usize) -> usize {
+        s * self.replicas + o
+    }
+
+    fn violation(&mut self, what: String) {
+        if self.violations.len() < VIOLATIONS_KEPT {
+            self.violations.push(what);
+        }
+    }
+}
+
+/// What is measured.
+#[derive(Debug)]
+struct Metrics {
+    modes: [OpStats; 4],
+    regions: Vec<OpStats>,
+    writes: OpStats,
+    reads: u64,
+    reads_ok: u64,
+    lag: Histogram<u64>,
+    /// `[origin × replicas + replica]`.
+    lag_matrix: Vec<LogBins>,
+    bucket_us: u64,
+    /// `[region][bucket]`: answered-read latencies; errors per bucket.
+    series: Vec<Vec<(LogBins, u64)>>,
+    lag_series: Vec<LogBins>,
+    counters: Counters,
+    client_cross_region_bytes: u64,
+}
+
+/// Per-fault runtime state.
+#[derive(Debug, Default)]
+struct FaultState {
+    started: bool,
+    ended: bool,
+    partition: Option<crate::net::PartitionId>,
+    /// Rollout order for a placement change.
+    order: Vec<usize>,
+    view: usize,
+}
+
+/// The catch-up measurement after the last heal.
+#[derive(Debug)]
+struct CatchUp {
+    heal_at: SimTime,
+    /// `[scope × replicas + origin]`: sequences every member must reach.
+    targets: Vec<u64>,
+    done_at: Option<SimTime>,
+}
+
+/// A write proposed and waiting for its `Committed` event: the operation, the
+/// attempt and the client to answer, and the mutation (for the oracle, even when
+/// the client has given up).
+type PendingCommit = (OpRef, u16, u32, RowMutation);
+
+/// A trace hasher with a `Debug` that shows nothing (xxh3's state is opaque).
+struct Trace(Xxh3);
+
+impl std::fmt::Debug for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Trace")
+    }
+}
+
+/// One simulation run. Build with [`Simulation::new`], run with [`Simulation::run`].
+#[derive(Debug)]
+pub struct Simulation {
+    sc: Scenario,
+    net: Network<Wire>,
+    queue: EventQueue<Ev>,
+    now: SimTime,
+    nodes: Vec<Node>,
+    names: Interner,
+    scopes: Interner,
+    /// Every deployment handed out so far (index 0: the initial one).
+    views: Vec<Arc<Deployment>>,
+    /// `[view][scope][replica]`: may the replica hold the scope's rows.
+    allowed: Vec<Vec<Vec<bool>>>,
+    /// The deployment clients plan with (the newest).
+    client_view: usize,
+    profile: AppProfile,
+    /// `[region][replica]`: one-way client latency before overrides (µs).
+    client_one_way_us: Vec<Vec<u64>>,
+    clients: Vec<Client>,
+    /// Client indices by region, and the load of each region.
+    region_clients: Vec<Vec<usize>>,
+    region_rate: Vec<f64>,
+    /// Key prefix of each region's users.
+    region_prefix: Vec<String>,
+    /// Active faults that lost each region's frontends.
+    region_lost: Vec<u32>,
+    ops: Slab,
+    /// Writes proposed and waiting for their `Committed` event:
+    /// (replica, scope, sequence) → (op, attempt, client, the entry).
+    pending_commits: HashMap<(u32, u32, u64), PendingCommit, Xxh3DefaultBuilder>,
+    generator: Generator,
+    path_rng: SimRng,
+    fault_rng: SimRng,
+    faults: Vec<FaultState>,
+    checks: Checks,
+    metrics: Metrics,
+    trace: Trace,
+    workload_on: bool,
+    catch_up: Option<CatchUp>,
+    drain_started: Option<SimTime>,
+    final_convergence: Option<SimTime>,
+    stop: bool,
+    events_buf: Vec<Event>,
+    leak_bytes: u64,
+}
+
+fn residency_bytes(e: &LogEntry) -> usize {
+    e.wire_bytes()
+}
+
+impl Simulation {
+    /// Builds the network, the replicas and the clients of a scenario.
+    pub fn new(sc: Scenario) -> Result<Simulation> {
+        let d = sc.deployment.clone();
+        let mut rng = SimRng::new(sc.seed);
+        let net: Network<Wire> =
+            Network::new(&d.topology, sc.net.clone(), rng.next_u64()).context("network")?;
+        let names = Interner::new(net.replicas().map(|(_, id)| id.as_str()));
+        let n = names.len();
+        // Every scope of every deployment the run will hand out, in a fixed order.
+        let mut views = vec![d.clone()];
+        for f in &sc.faults {
+            if let FaultKind::ChangePlacement { deployment, .. } = &f.kind {
+                views.push(deployment.clone());
+            }
+        }
+        let mut scopes = Interner::default();
+        for v in &views {
+            for s in v.scopes() {
+                scopes.intern(s.as_str());
+            }
+        }
+        let allowed = views
+            .iter()
+            .map(|v| {
+                (0..scopes.len())
+                    .map(|s| {
+                        let scope = ScopeId::new(scopes.name(s));
+                        (0..n)
+                            .map(|r| v.allowed(&ReplicaId::new(names.name(r)), &scope))
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+
+        let mut nodes = Vec::with_capacity(n);
+        let skew_max = sc.clock_skew_ms_max as i64;
+        let mut skew_rng = rng.fork(1);
+        for (i, (idx, id)) in net.replicas().enumerate() {
+            let skew_ms = if skew_max > 0 {
+                skew_rng.next_u64_inclusive(2 * skew_max as u64) as i64 - skew_max
+            } else {
+                0
+            };
+            let region = net.region_idx_of(idx).expect("replica of the network");
+            let stores_rows = d.topology.replicas[id].role.stores_rows();
+            let mut node = Node {
+                id: id.clone(),
+                region,
+                stores_rows,
+                replica: None,
+                parked: None,
+                life: 0,
+                down: 0,
+                paused: 0,
+                held_frames: VecDeque::new(),
+                held_requests: Vec::new(),
+                timer_gen: 0,
+                timer_at: None,
+                skew_ms,
+                view: 0,
+            };
+            let replica = Replica::new(
+                id.clone(),
+                d.clone(),
+                sc.replica.clone(),
+                MemStorage::new(),
+                replica_seed(sc.seed, i, 0),
+                node.now(SimTime::ZERO),
+            )
+            .with_context(|| format!("starting replica {id}"))?;
+            node.replica = Some(replica);
+            nodes.push(node);
+        }
+
+        let profile = d
+            .topology
+            .app_profiles
+            .get(&sc.workload.app_profile)
+            .cloned()
+            .or_else(|| {
+                (sc.workload.app_profile == "frontend").then(|| AppProfile {
+                    name: "frontend".into(),
+                    routing: pangea_topology::Routing::Nearest,
+                    priority: pangea_topology::Priority::Serving,
+                })
+            })
+            .with_context(|| {
+                format!(
+                    "app profile {:?} is not in the topology",
+                    sc.workload.app_profile
+                )
+            })?;
+
+        let regions: Vec<RegionId> = net.regions().to_vec();
+        let client_one_way_us = regions
+            .iter()
+            .map(|region| {
+                (0..n)
+                    .map(|r| {
+                        let rtt = estimated_rtt_ms(&d, region, &ReplicaId::new(names.name(r)));
+                        SimDuration::from_ms_f64(rtt / 2.0).as_us()
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut clients = Vec::new();
+        let mut region_clients = vec![Vec::new(); regions.len()];
+        let mut region_rate = vec![0.0; regions.len()];
+        for load in &sc.workload.regions {
+            let ri = net.region_idx(&load.region).with_context(|| {
+                format!("workload region {} is not in the topology", load.region)
+            })?;
+            region_rate[ri] += load.rate;
+            for _ in 0..load.clients.max(1) {
+                region_clients[ri].push(clients.len());
+                clients.push(Client::new(
+                    ri,
+                    load.region.clone(),
+                    n,
+                    scopes.len(),
+                    SimTime::ZERO,
+                ));
+            }
+        }
+        let region_prefix = regions
+            .iter()
+            .map(|r| {
+                let continent = &d.topology.regions[r].continent;
+                sc.workload
+                    .prefixes
+                    .get(continent)
+                    .cloned()
+                    .unwrap_or_else(|| sc.workload.global_prefix.clone())
+            })
+            .collect();
+
+        let bucket_us = (sc.duration.as_us() / SERIES_BUCKETS_MAX).max(1_000_000);
+        let buckets = (sc.duration.as_us() + sc.drain_max.as_us()) / bucket_us + 2;
+        let metrics = Metrics {
+            modes: Default::default(),
+            regions: (0..regions.len()).map(|_| OpStats::default()).collect(),
+            writes: OpStats::default(),
+            reads: 0,
+            reads_ok: 0,
+            lag: metrics::histogram(),
+            lag_matrix: vec![LogBins::default(); n * n],
+            bucket_us,
+            series: vec![vec![(LogBins::default(), 0); buckets as usize]; regions.len()],
+            lag_series: vec![LogBins::default(); buckets as usize],
+            counters: Counters::default(),
+            client_cross_region_bytes: 0,
+        };
+        let s = scopes.len();
+        let checks = Checks {
+            replicas: n,
+            scopes: s,
+            applied: vec![0; n * s * n],
+            advertised: vec![(0, Timestamp::ZERO); n * s * n],
+            streams: vec![Vec::new(); s * n],
+            proposed_us: vec![Vec::new(); s * n],
+            acked_max: vec![0; s * n],
+            oracle: BTreeMap::new(),
+            lost_writes: 0,
+            watermark_violations: 0,
+            token_violations: 0,
+            other_violations: 0,
+            violations: Vec::new(),
+            schema: d.placement.schema.clone(),
+        };
+        let generator = Generator::new(&sc.workload, rng.next_u64())?;
+        let path_rng = rng.fork(2);
+        let fault_rng = rng.fork(3);
+        let faults = sc.faults.iter().map(|_| FaultState::default()).collect();
+        let n_regions = regions.len();
+        let mut sim = Simulation {
+            net,
+            queue: EventQueue::with_capacity(4096),
+            now: SimTime::ZERO,
+            nodes,
+            names,
+            scopes,
+            allowed,
+            views,
+            client_view: 0,
+            profile,
+            client_one_way_us,
+            clients,
+            region_clients,
+            region_rate,
+            region_prefix,
+            region_lost: vec![0; n_regions],
+            ops: Slab::default(),
+            pending_commits: HashMap::default(),
+            generator,
+            path_rng,
+            fault_rng,
+            faults,
+            checks,
+            metrics,
+            trace: Trace(Xxh3::new()),
+            workload_on: true,
+            catch_up: None,
+            drain_started: None,
+            final_convergence: None,
+            stop: false,
+            events_buf: Vec::new(),
+            leak_bytes: 0,
+            sc,
+        };
+        for r in 0..n {
+            sim.settle(r);
+        }
+        Ok(sim)
+    }
+
+    /// Runs the scenario to the end and reports.
+    pub fn run(mut self) -> Result<RunReport> {
+        let wall = std::time::Instant::now();
+        let cpu0 = thread_cpu_s();
+        for ri in 0..self.region_rate.len() {
+            if self.region_rate[ri] > 0.0 && !self.region_clients[ri].is_empty() {
+                let dt = self.generator.interarrival(self.region_rate[ri]);
+                self.queue
+                    .push(SimTime::ZERO + dt, Ev::Issue { region: ri as u32 });
+            }
+        }
+        for c in 0..self.clients.len() {
+            self.queue
+                .push(SimTime::ZERO, Ev::Probe { client: c as u32 });
+        }
+        for (i, f) in self.sc.faults.iter().enumerate() {
+            if f.at < self.sc.duration {
+                self.queue
+                    .push(SimTime::ZERO + f.at, Ev::FaultStart(i as u32));
+            }
+        }
+        let end_workload = SimTime::ZERO + self.sc.duration;
+        self.queue.push(end_workload, Ev::EndWorkload);
+        let hard_end = end_workload + self.sc.drain_max;
+        self.run_until(hard_end);
+        if self.final_convergence.is_none() {
+            self.explain_not_converged();
+        }
+        self.final_checks();
+        let wall_s = wall.elapsed().as_secs_f64();
+        let cpu_s = thread_cpu_s().zip(cpu0).map(|(b, a)| b - a);
+        let mut report = self.report(wall_s);
+        report.cpu_s = cpu_s;
+        report.speedup_cpu = cpu_s.filter(|c| *c > 0.0).map(|c| report.virtual_s / c);
+        Ok(report)
+    }
+
+    // ---- the event loop ---------------------------------------------------------
+
+    fn run_until(&mut self, end: SimTime) {
+        loop {
+            if self.stop {
+                return;
+            }
+            let tq = self.queue.peek_time();
+            let tn = self.net.next_delivery();
+            let net_first = match (tn, tq) {
+                (Some(a), Some(b)) => a <= b,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => return,
+            };
+            let next = if net_first { tn } else { tq }.expect("one is some");
+            if next > end {
+                self.now = end;
+                return;
+            }
+            self.now = self.now.max(next);
+            self.metrics.counters.events += 1;
+            if net_first {
+                let d = self
+                    .net
+                    .pop_delivery(next)
+                    .expect("a delivery is due at its time");
+                self.deliver(d.from.index(), d.to.index(), d.msg, d.bytes);
+            } else {
+                let (_, ev) = self.queue.pop().expect("peeked");
+                self.handle(ev);
+            }
+        }
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Timer { r, generation } => self.on_timer(r as usize, generation),
+            Ev::Issue { region } => self.on_issue(region as usize),
+            Ev::Request {
+                op,
+                attempt,
+                r,
+                client,
+                write,
+            } => self.on_request(op, attempt, r as usize, client as usize, write),
+            Ev::Response {
+                op,
+                attempt,
+                r,
+                reply,
+            } => self.on_response(op, attempt as usize, r as usize, *reply),
+            Ev::Hedge { op } => self.on_hedge(op),
+            Ev::Deadline { op } => self.on_deadline(op),
+            Ev::Probe { client } => self.on_probe(client as usize),
+            Ev::ProbeRequest { client, r, sent_at } => {
+                self.on_probe_request(client as usize, r as usize, sent_at)
+            }
+            Ev::ProbeReply {
+                client,
+                r,
+                sent_at,
+                wms,
+            } => self.on_probe_reply(client as usize, r as usize, sent_at, wms),
+            Ev::ProbeTimeout { client, r, sent_at } => {
+                let c = &mut self.clients[client as usize];
+                if c.probe_sent[r as usize] == Some(sent_at) {
+                    c.probe_sent[r as usize] = None;
+                    c.mark_down(r as usize, self.now);
+                }
+            }
+            Ev::FaultStart(i) => self.fault_start(i as usize),
+            Ev::FaultEnd(i) => self.fault_end(i as usize),
+            Ev::Rollout { fault, step } => self.rollout_step(fault as usize, step as usize),
+            Ev::CatchUpCheck => self.on_catch_up_check(),
+            Ev::EndWorkload => self.on_end_workload(),
+            Ev::DrainCheck => self.on_drain_check(),
+        }
+    }
+
+    fn trace(&mut self, words: [u64; 4]) {
+        let mut b = [0u8; 40];
+        b[..8].copy_from_slice(&self.now.as_us().to_le_bytes());
+        for (i, w) in words.iter().enumerate() {
+            b[8 + 8 * i..16 + 8 * i].copy_from_slice(&w.to_le_bytes());
+        }
+        self.trace.0.update(&b);
+    }
+
+    // ---- replicas ---------------------------------------------------------------
+
+    /// After any input to replica `r`: flush, send what it transmits, handle its
+    /// events, re-arm its timer.
+    fn settle(&mut self, r: usize) {
+        let now = self.now;
+        let node = &mut self.nodes[r];
+        let nw = node.now(now);
+        let life = node.life;
+        let Some(rep) = node.replica.as_mut() else {
+            return;
+        };
+        if let Err(e) = rep.flush(nw) {
+            self.checks.other_violations += 1;
+            self.checks
+                .violation(format!("{}: flush failed: {e}", node.id));
+        }
+        while let Some(t) = rep.poll_transmit() {
+            let Some(to) = self.names.get(t.to.as_str()) else {
+                rep.handle_sent(&t.to, t.bytes);
+                continue;
+            };
+            let kind = t.frame.kind();
+            note_wire(&mut self.checks, &self.scopes, &self.names, &t.frame, now);
+            let out = self.net.send_idx(
+                now,
+                crate::net::ReplicaIdx::new(r),
+                crate::net::ReplicaIdx::new(to),
+                Wire {
+                    frame: t.frame,
+                    life,
+                },
+                t.bytes,
+            );
+            if matches!(out, crate::net::SendOutcome::Dropped { .. }) {
+                rep.handle_sent(&t.to, t.bytes);
+            }
+            let mut b = [0u8; 40];
+            b[..8].copy_from_slice(&now.as_us().to_le_bytes());
+            b[8..16].copy_from_slice(&(r as u64).to_le_bytes());
+            b[16..24].copy_from_slice(&(to as u64).to_le_bytes());
+            b[24..32].copy_from_slice(&xxh3_64(kind.as_bytes()).to_le_bytes());
+            b[32..40].copy_from_slice(&(t.bytes as u64).to_le_bytes());
+            self.trace.0.update(&b);
+        }
+        let mut events = std::mem::take(&mut self.events_buf);
+        while let Some(e) = rep.poll_event() {
+            events.push(e);
+        }
+        let timeout = rep.poll_timeout();
+        if let Some(t) = timeout
+            && node.timer_at != Some(t)
+        {
+            node.timer_gen += 1;
+            node.timer_at = Some(t);
+            let generation = node.timer_gen;
+            self.queue.push(
+                SimTime::from_us(t).max(now),
+                Ev::Timer {
+                    r: r as u32,
+                    generation,
+                },
+            );
+        }
+        for e in events.drain(..) {
+            self.on_replica_event(r, e);
+        }
+        self.events_buf = events;
+    }
+
+    fn on_timer(&mut self, r: usize, generation: u64) {
+        let node = &mut self.nodes[r];
+        if node.timer_gen != generation {
+            return;
+        }
+        node.timer_at = None;
+        if node.paused > 0 {
+            return; // re-armed on resume
+        }
+        let nw = node.now(self.now);
+        let Some(rep) = node.replica.as_mut() else {
+            return;
+        };
+        if let Err(e) = rep.handle_timeout(nw) {
+            self.checks.other_violations += 1;
+            let id = node.id.clone();
+            self.checks.violation(format!("{id}: timeout failed: {e}"));
+        }
+        self.settle(r);
+    }
+
+    fn deliver(&mut self, from: usize, to: usize, msg: Wire, bytes: usize) {
+        self.metrics.counters.messages_delivered += 1;
+        // The frame has left the sender's transport: release its in-flight bytes,
+        // unless the sender restarted since sending it.
+        let to_id = self.nodes[to].id.clone();
+        let sender = &mut self.nodes[from];
+        if sender.life == msg.life
+            && let Some(rep) = sender.replica.as_mut()
+        {
+            rep.handle_sent(&to_id, bytes);
+        }
+        self.check_residency(from, to, &msg.frame, bytes);
+        let node = &mut self.nodes[to];
+        if node.paused > 0 {
+            node.held_frames.push_back((from, msg, bytes));
+            return;
+        }
+        self.handle_frame(from, to, msg.frame);
+    }
+
+    fn handle_frame(&mut self, from: usize, to: usize, frame: Frame) {
+        let from_id = self.nodes[from].id.clone();
+        let node = &mut self.nodes[to];
+        let nw = node.now(self.now);
+        let Some(rep) = node.replica.as_mut() else {
+            return;
+        };
+        if let Err(e) = rep.handle_frame(nw, &from_id, frame) {
+            self.checks.other_violations += 1;
+            let id = node.id.clone();
+            self.checks
+                .violation(format!("{id}: frame from {from_id} failed: {e}"));
+        }
+        self.settle(to);
+    }
+
+    /// I10: bytes of a restricted scope delivered to a replica outside its policy
+    /// (under the newest deployment and under the sender's own view).
+    fn check_residency(&mut self, from: usize, to: usize, frame: &Frame, bytes: usize) {
+        let newest = self.views.len() - 1;
+        let sender_view = self.nodes[from].view;
+        let allowed = |sim: &Simulation, scope: &str| -> bool {
+            let Some(s) = sim.scopes.get(scope) else {
+                return false;
+            };
+            sim.allowed[newest][s][to] || sim.allowed[sender_view][s][to]
+        };
+        let leak: usize = match frame {
+            Frame::Mutations(es) => es
+                .iter()
+                .filter(|e| !allowed(self, e.scope.as_str()))
+                .map(residency_bytes)
+                .sum(),
+            Frame::Heartbeats(hbs) => hbs
+                .iter()
+                .filter(|h| !allowed(self, h.scope.as_str()))
+                .map(|h| 48 + 24 * h.applied.len())
+                .sum(),
+            Frame::GapRequest(g) if !allowed(self, g.scope.as_str()) => bytes,
+            Frame::GapFill(g) if !allowed(self, g.scope.as_str()) => bytes,
+            Frame::SnapshotRequest { scope } if !allowed(self, scope.as_str()) => bytes,
+            Frame::SnapshotChunk(c) if !allowed(self, c.scope.as_str()) => bytes,
+            _ => 0,
+        };
+        if leak > 0 {
+            self.residency_leak(from, to, frame, leak);
+        }
+    }
+
+    fn residency_leak(&mut self, from: usize, to: usize, frame: &Frame, bytes: usize) {
+        self.leak_bytes += bytes as u64;
+        let (a, b) = (self.nodes[from].id.clone(), self.nodes[to].id.clone());
+        self.checks.violation(format!(
+            "I10: {a} sent {} bytes of a restricted scope to {b} ({})",
+            bytes,
+            frame.kind()
+        ));
+    }
+}
+
+/// CPU time of the calling thread in seconds (Linux; `None` elsewhere). Measurement
+/// only: nothing in a run depends on it.
+fn thread_cpu_s() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: f64 = s.split_whitespace().next()?.parse().ok()?;
+    Some(ns / 1e9)
+}
+
+/// The seed of replica `i` in its `life`-th life.
+fn replica_seed(seed: u64, i: usize, life: u32) -> u64 {
+    xxh3_64(
+        &[
+            seed.to_le_bytes(),
+            (i as u64).to_le_bytes(),
+            u64::from(life).to_le_bytes(),
+        ]
+        .concat(),
+    )
+}
+
+/// Entries on the wire are durable at their origin (I11): they join the oracle, and
+/// a sequence seen twice with different writes is a C1 violation.
+fn note_wire(checks: &mut Checks, scopes: &Interner, names: &Interner, f: &Frame, now: SimTime) {
+    let entries: &[LogEntry] = match f {
+        Frame::Mutations(es) => es,
+        Frame::GapFill(g) => &g.entries,
+        _ => return,
+    };
+    let _ = now;
+    for e in entries {
+        note_durable(checks, scopes, names, e);
+    }
+}
+
+fn note_durable(checks: &mut Checks, scopes: &Interner, names: &Interner, e: &LogEntry) {
+    let (Some(s), Some(o)) = (scopes.get(e.scope.as_str()), names.get(e.origin.as_str())) else {
+        return;
+    };
+    let st = checks.stream(s, o);
+    let i = (e.sequence - 1) as usize;
+    let fp = Fingerprint {
+        timestamp: e.timestamp.as_u64(),
+        key_hash: xxh3_64(e.mutation.row_key()),
+    };
+    let known = checks.streams[st].get(i).copied().unwrap_or_default();
+    if known == fp {
+        return;
+    }
+    if known != Fingerprint::default() {
+        checks.lost_writes += 1;
+        checks.violation(format!(
+            "C1: {}/{} #{} carries two different writes",
+            e.scope, e.origin, e.sequence
+        ));
+        return;
+    }
+    let v = &mut checks.streams[st];
+    if v.len() <= i {
+        v.resize(i + 1, Fingerprint::default());
+    }
+    v[i] = fp;
+    let _ = names;
+    let table: Arc<str> = e.mutation.table().clone();
+    let row = checks
+        .oracle
+        .entry((table, e.mutation.row_key().clone()))
+        .or_default();
+    row.apply(
+        &Version::new(e.timestamp, e.origin.clone()),
+        e.mutation.mutations(),
+        checks.schema.table(e.mutation.table()),
+    );
+}
+
+impl Simulation {
+    fn on_replica_event(&mut self, r: usize, e: Event) {
+        let c = &mut self.metrics.counters;
+        match e {
+            Event::Applied {
+                scope,
+                origin,
+                sequence,
+            } => {
+                c.entries_applied += 1;
+                let (Some(s), Some(o)) = (
+                    self.scopes.get(scope.as_str()),
+                    self.names.get(origin.as_str()),
+                ) else {
+                    return;
+                };
+                self.trace([1, r as u64, (s * 1024 + o) as u64, sequence]);
+                let k = self.checks.idx(r, s, o);
+                let prev = self.checks.applied[k];
+                if sequence > prev + 1 {
+                    self.checks.watermark_violations += 1;
+                    self.checks.violation(format!(
+                        "C2: {} applied {scope}/{origin} #{sequence} after #{prev}",
+                        self.nodes[r].id
+                    ));
+                }
+                self.checks.applied[k] = prev.max(sequence);
+                // Replication lag: at replicas that store rows, for others' writes.
+                if self.nodes[r].stores_rows && o != r {
+                    let st = self.checks.stream(s, o);
+                    if let Some(&t0) = self.checks.proposed_us[st].get((sequence - 1) as usize)
+                        && t0 != u64::MAX
+                    {
+                        let lag_us = self.now.as_us().saturating_sub(t0);
+                        metrics::record(&mut self.metrics.lag, lag_us);
+                        let n = self.names.len();
+                        self.metrics.lag_matrix[o * n + r].record(lag_us);
+                        let b = self.bucket();
+                        self.metrics.lag_series[b].record(lag_us);
+                    }
+                }
+            }
+            Event::WatermarkAdvanced {
+                scope,
+                origin,
+                watermark,
+            } => {
+                let (Some(s), Some(o)) = (
+                    self.scopes.get(scope.as_str()),
+                    self.names.get(origin.as_str()),
+                ) else {
+                    return;
+                };
+                let k = self.checks.idx(r, s, o);
+                let applied = self.checks.applied[k];
+                if watermark.sequence > applied {
+                    self.checks.watermark_violations += 1;
+                    self.checks.violation(format!(
+                        "C2: {} advertises {scope}/{origin} #{} but applied only #{applied}",
+                        self.nodes[r].id, watermark.sequence
+                    ));
+                }
+                let prev = self.checks.advertised[k];
+                let new = (watermark.sequence, watermark.timestamp);
+                if new < prev {
+                    self.checks.watermark_violations += 1;
+                    self.checks.violation(format!(
+                        "C3: {} watermark {scope}/{origin} went back from {prev:?} to {new:?}",
+                        self.nodes[r].id
+                    ));
+                }
+                self.checks.advertised[k] = prev.max(new);
+            }
+            Event::Committed(token) => {
+                c.writes_acknowledged += 1;
+                let (Some(s), Some(o)) = (
+                    self.scopes.get(token.scope.as_str()),
+                    self.names.get(token.origin.as_str()),
+                ) else {
+                    return;
+                };
+                self.trace([2, r as u64, (s * 1024 + o) as u64, token.sequence]);
+                let st = self.checks.stream(s, o);
+                let known = self.checks.streams[st]
+                    .get((token.sequence - 1) as usize)
+                    .is_some_and(|f| f.timestamp == token.timestamp.as_u64());
+                if !known {
+                    // Forwarded at flush, so normally already seen on the wire; a
+                    // write with no peer to send to is still durable at its origin.
+                    // The mutation is kept with the pending commit: the client may
+                    // have given up on the write, which is applied all the same.
+                    if let Some((_, _, _, m)) =
+                        self.pending_commits
+                            .get(&(r as u32, s as u32, token.sequence))
+                    {
+                        let m = m.clone();
+                        let e = LogEntry {
+                            scope: token.scope.clone(),
+                            origin: token.origin.clone(),
+                            sequence: token.sequence,
+                            timestamp: token.timestamp,
+                            mutation: m,
+                        };
+                        note_durable(&mut self.checks, &self.scopes, &self.names, &e);
+                    }
+                }
+                self.checks.acked_max[st] = self.checks.acked_max[st].max(token.sequence);
+                if let Some((op, attempt, client, _)) =
+                    self.pending_commits
+                        .remove(&(r as u32, s as u32, token.sequence))
+                {
+                    self.reply(
+                        op,
+                        attempt,
+                        r,
+                        client as usize,
+                        Reply::Ok {
+                            wm: None,
+                            token: Some(token),
+                        },
+                        ENVELOPE_BYTES,
+                    );
+                }
+            }
+            Event::SnapshotInstalled { scope, .. } => {
+                c.snapshots_installed += 1;
+                // Applied state jumps to the snapshot's watermarks.
+                let Some(s) = self.scopes.get(scope.as_str()) else {
+                    return;
+                };
+                self.trace([3, r as u64, s as u64, 0]);
+                if let Some(rep) = self.nodes[r].replica.as_ref()
+                    && let Ok(wms) = rep.storage().watermarks()
+                {
+                    for (ws, o, w) in wms {
+                        if ws == scope
+                            && let Some(o) = self.names.get(o.as_str())
+                        {
+                            let k = self.checks.idx(r, s, o);
+                            self.checks.applied[k] = self.checks.applied[k].max(w.sequence);
+                        }
+                    }
+                }
+            }
+            Event::GapDetected { .. } => {
+                c.gap_requests += 1;
+                self.trace([4, r as u64, 0, 0]);
+            }
+            Event::PeerSuspected(p) => {
+                c.peer_suspicions += 1;
+                let p = self.names.get(p.as_str()).unwrap_or(usize::MAX);
+                self.trace([5, r as u64, p as u64, 0]);
+            }
+            Event::PeerRecovered(p) => {
+                let p = self.names.get(p.as_str()).unwrap_or(usize::MAX);
+                self.trace([6, r as u64, p as u64, 0]);
+            }
+            Event::Rejected { reason, .. } => {
+                *c.frames_rejected
+                    .entry(reason.as_str().to_owned())
+                    .or_default() += 1;
+                self.trace([7, r as u64, 0, 0]);
+            }
+            Event::TreeChanged { .. } | Event::SnapshotNeeded { .. } => {
+                self.trace([8, r as u64, 0, 0]);
+            }
+        }
+    }
+
+    /// The time-series bucket of now.
+    fn bucket(&self) -> usize {
+        let b = (self.now.as_us() / self.metrics.bucket_us) as usize;
+        b.min(self.metrics.lag_series.len() - 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The checkers must catch what they claim to: each test breaks one thing on
+    //! purpose and expects the matching violation.
+    use super::*;
+    use pangea_core::storage::Watermark;
+    use pangea_core::storage::{RowWrite, WriteBatch};
+    use std::path::Path;
+
+    fn small() -> Scenario {
+        let topo = r#"
+name = "three"
+intra_region_rtt_ms = 1.0
+[[continents]]
+name = "c"
+  [[continents.regions]]
+  name = "r1"
+    [[continents.regions.replicas]]
+    id = "a"
+    role = "serving"
+    [[continents.regions.replicas]]
+    id = "b"
+    role = "serving"
+  [[continents.regions]]
+  name = "r2"
+    [[continents.regions.replicas]]
+    id = "c"
+    role = "serving"
+[[links]]
+a = "r1"
+b = "r2"
+rtt_ms = 30.0
+"#;
+        let t = pangea_topology::Topology::parse(Path::new("three.toml"), topo).unwrap();
+        let p = pangea_topology::Placement::parse(
+            Path::new("p.toml"),
+            "[[tables]]\nname = \"t\"\n[[tables.families]]\nname = \"f\"\nmax_versions = 1\n",
+            &t,
+        )
+        .unwrap();
+        let d = Arc::new(Deployment {
+            topology: t,
+            placement: p,
+        });
+        let mut sc = Scenario::new("three", d.clone(), 3, SimDuration::from_secs(3));
+        sc.workload = crate::scenario::Workload::ad_serving(&d, 200.0);
+        sc
+    }
+
+    fn run_to(sim: &mut Simulation, t: SimTime) {
+        let regions: Vec<usize> = (0..sim.region_rate.len()).collect();
+        for ri in regions {
+            if sim.region_rate[ri] > 0.0 {
+                sim.queue
+                    .push(SimTime::ZERO, Ev::Issue { region: ri as u32 });
+            }
+        }
+        sim.run_until(t);
+        sim.workload_on = false;
+        sim.run_until(t + SimDuration::from_secs(5));
+    }
+
+    #[test]
+    fn c5_catches_a_replica_that_lost_a_row() {
+        let mut sim = Simulation::new(small()).unwrap();
+        run_to(&mut sim, SimTime::from_secs(3));
+        assert_eq!(sim.digests_agree(), Ok(()), "a healthy run converges");
+        let rep = sim.nodes[1].replica.as_mut().unwrap();
+        let (table, key) = {
+            let (t, k, _) = rep.storage().rows().next().expect("rows were written");
+            (t.clone(), k.clone())
+        };
+        rep.storage_mut()
+            .write(WriteBatch {
+                rows: vec![RowWrite {
+                    table,
+                    key,
+                    row: None,
+                }],
+                ..WriteBatch::default()
+            })
+            .unwrap();
+        let err = sim.digests_agree().unwrap_err();
+        assert!(err.starts_with("b: digest"), "{err}");
+    }
+
+    #[test]
+    fn c2_and_c3_catch_bad_watermarks() {
+        let mut sim = Simulation::new(small()).unwrap();
+        run_to(&mut sim, SimTime::from_secs(2));
+        assert_eq!(sim.checks.watermark_violations, 0);
+        let scope = ScopeId::global();
+        // Advertising beyond what was applied (C2).
+        sim.on_replica_event(
+            0,
+            Event::WatermarkAdvanced {
+                scope: scope.clone(),
+                origin: "c".into(),
+                watermark: Watermark {
+                    sequence: 1_000_000,
+                    timestamp: Timestamp::ZERO,
+                },
+            },
+        );
+        assert_eq!(sim.checks.watermark_violations, 1);
+        // Going backwards (C3).
+        sim.on_replica_event(
+            0,
+            Event::WatermarkAdvanced {
+                scope,
+                origin: "c".into(),
+                watermark: Watermark::default(),
+            },
+        );
+        assert_eq!(sim.checks.watermark_violations, 2);
+        assert!(sim.checks.violations.iter().any(|v| v.starts_with("C3")));
+    }
+
+    #[test]
+    fn c1_catches_a_reused_sequence() {
+        let mut sim = Simulation::new(small()).unwrap();
+        run_to(&mut sim, SimTime::from_secs(2));
+        let m =
+            RowMutation::new("t", "x", vec![Mutation::DeleteFromRow], &Limits::default()).unwrap();
+        let e = |ts: u64| LogEntry {
+            scope: ScopeId::global(),
+            origin: "a".into(),
+            // Far beyond anything the workload wrote.
+            sequence: 5_000,
+            timestamp: Timestamp::from_u64(ts),
+            mutation: m.clone(),
+        };
+        note_durable(&mut sim.checks, &sim.scopes, &sim.names, &e(1));
+        note_durable(&mut sim.checks, &sim.scopes, &sim.names, &e(1));
+        assert_eq!(
+            sim.checks.lost_writes, 0,
+            "a second copy of one write is fine"
+        );
+        note_durable(&mut sim.checks, &sim.scopes, &sim.names, &e(2));
+        assert_eq!(
+            sim.checks.lost_writes, 1,
+            "another write under the same sequence"
+        );
+    }
+}

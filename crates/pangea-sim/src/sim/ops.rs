@@ -1,0 +1,840 @@
+//! Client operations: issuing, routing (`plan_read`), the request's trip to a
+//! replica and back, serving it there (`decide`, `get_row`, `propose`), and the
+//! client's reaction to each answer — `pangea-client`'s `read::run` and `mutate` as
+//! event handlers.
+
+use super::*;
+
+impl Simulation {
+    /// One-way delay of client traffic between a client region and replica `r`
+    /// (`to_replica` gives the direction); `None` while a partition cuts the path.
+    fn client_path(&mut self, region: usize, r: usize, to_replica: bool) -> Option<SimDuration> {
+        let rr = self.nodes[r].region;
+        let ps = if to_replica {
+            self.net.path_state(region, rr)?
+        } else {
+            self.net.path_state(rr, region)?
+        };
+        if ps.cut {
+            return None;
+        }
+        let cfg: &NetConfig = self.net.config();
+        let latency = self.client_one_way_us[region][r] + ps.extra_latency_us;
+        let jitter = if cfg.jitter_fraction > 0.0 && latency > 0 {
+            self.path_rng
+                .next_u64_inclusive((latency as f64 * cfg.jitter_fraction) as u64)
+        } else {
+            0
+        };
+        let mut loss_us = 0;
+        if ps.loss > 0.0 {
+            let rto = ((2 * latency) as f64 * cfg.rto_rtt_factor) as u64;
+            let rto = rto.max(SimDuration::from_ms_f64(cfg.rto_min_ms).as_us());
+            let mut lost = 0;
+            while lost < cfg.retransmissions_max && self.path_rng.chance(ps.loss) {
+                lost += 1;
+                loss_us += rto;
+            }
+        }
+        Some(SimDuration::from_us(latency + jitter + loss_us))
+    }
+
+    fn count_client_bytes(&mut self, region: usize, r: usize, bytes: usize) {
+        if self.nodes[r].region != region {
+            self.metrics.client_cross_region_bytes += bytes as u64;
+        }
+    }
+
+    // ---- issuing --------------------------------------------------------------
+
+    pub(super) fn on_issue(&mut self, region: usize) {
+        if !self.workload_on {
+            return;
+        }
+        let dt = self.generator.interarrival(self.region_rate[region]);
+        self.queue.push(
+            self.now + dt,
+            Ev::Issue {
+                region: region as u32,
+            },
+        );
+        if self.region_lost[region] > 0 {
+            return; // the region's frontends are gone with it
+        }
+        let clients = &self.region_clients[region];
+        let client = clients[self.generator.pick(clients.len())];
+        let drawn = self
+            .generator
+            .draw(&self.region_prefix[region], &self.sc.workload.global_prefix);
+        let w = &self.sc.workload;
+        let table: Arc<str> = w.table.as_str().into();
+        match drawn.kind {
+            OpKind::Read(mode) => {
+                let (key, consistency) = match mode {
+                    Mode::Eventual => (drawn.key, Consistency::Eventual),
+                    Mode::Affinity => (drawn.key, Consistency::RowAffinity),
+                    Mode::Bounded => (
+                        drawn.key,
+                        Consistency::BoundedStaleness {
+                            max_ms: w.bounded_ms,
+                        },
+                    ),
+                    Mode::Watermark => match &self.clients[client].last_write {
+                        // Read-your-writes: the row of the client's last write.
+                        Some((k, t)) => (k.clone(), Consistency::Watermark(t.clone())),
+                        None => (drawn.key, Consistency::Eventual),
+                    },
+                };
+                let mode = match consistency {
+                    Consistency::Eventual => Mode::Eventual,
+                    _ => mode,
+                };
+                self.start_read(client, mode, table, key, consistency);
+            }
+            OpKind::Write { column, value } => {
+                let m = Mutation::SetCell {
+                    family: w.family.as_str().into(),
+                    column: Bytes::from(format!("c{column}")),
+                    value,
+                };
+                self.start_write(client, table, drawn.key, m);
+            }
+            OpKind::Delete => self.start_write(client, table, drawn.key, Mutation::DeleteFromRow),
+        }
+    }
+
+    // The op's fields, all needed: a struct of them would only rename this list.
+    #[allow(clippy::too_many_arguments)]
+    fn new_op(
+        &mut self,
+        client: usize,
+        mode: Option<Mode>,
+        key: Bytes,
+        scope_id: ScopeId,
+        consistency: Consistency,
+        mutation: Option<RowMutation>,
+        deadline: SimDuration,
+    ) -> Op {
+        let _ = client;
+        Op {
+            client,
+            mode,
+            key,
+            scope: self.scopes.get(scope_id.as_str()).unwrap_or(0),
+            scope_id,
+            consistency,
+            mutation,
+            started: self.now,
+            deadline_at: self.now + deadline,
+            primary: VecDeque::new(),
+            fallback: Vec::new(),
+            attempts: Vec::new(),
+            outstanding: 0,
+            raced_fallback: false,
+            hedge_fired: false,
+            last_err: None,
+            write_candidates_left: 3,
+        }
+    }
+
+    fn start_read(
+        &mut self,
+        client: usize,
+        mode: Mode,
+        table: Arc<str>,
+        key: Bytes,
+        consistency: Consistency,
+    ) {
+        let d = self.views[self.client_view].clone();
+        let scope_id = d.scope_of(&table, &key).clone();
+        let deadline = self.sc.workload.deadline;
+        let mut op = self.new_op(
+            client,
+            Some(mode),
+            key,
+            scope_id,
+            consistency,
+            None,
+            deadline,
+        );
+        self.metrics.reads += 1;
+        self.metrics.modes[mode.index()].count += 1;
+        let region = self.clients[client].region;
+        self.metrics.regions[region].count += 1;
+        let plan = {
+            let c = &self.clients[client];
+            let view = View {
+                client: c,
+                replicas: &self.names,
+                scope: op.scope,
+                now: self.now,
+            };
+            let req = ReadRequest {
+                client_region: &c.region_id,
+                profile: &self.profile,
+                table: &table,
+                key: &op.key,
+                consistency: &op.consistency,
+            };
+            plan_read(&d, &req, &view, self.now_wall_ms())
+        };
+        let plan = match plan {
+            Ok(p) => p,
+            Err(_) => {
+                self.finish_read(op, Err(ErrKind::Policy), None);
+                return;
+            }
+        };
+        op.primary = plan.primary.into();
+        op.fallback = plan.fallback;
+        let Some(first) = op.primary.pop_front() else {
+            self.finish_read(op, Err(ErrKind::Unavailable), None);
+            return;
+        };
+        let hedge_at = self.sc.workload.hedge.then(|| {
+            let delay = self.clients[client].hedger.delay(deadline);
+            self.now + delay
+        });
+        let deadline_at = op.deadline_at;
+        let r = self.ops.insert(op);
+        self.queue.push(deadline_at, Ev::Deadline { op: r });
+        if let Some(t) = hedge_at
+            && t < deadline_at
+        {
+            self.queue.push(t, Ev::Hedge { op: r });
+        }
+        self.launch(r, first, false);
+    }
+
+    fn start_write(&mut self, client: usize, table: Arc<str>, key: Bytes, m: Mutation) {
+        let d = self.views[self.client_view].clone();
+        let scope_id = d.scope_of(&table, &key).clone();
+        self.metrics.writes.count += 1;
+        let mutation =
+            match RowMutation::new(table.clone(), key.clone(), vec![m], &Limits::default()) {
+                Ok(m) => m,
+                Err(_) => {
+                    self.metrics.writes.errors += 1;
+                    return;
+                }
+            };
+        let deadline = self.sc.workload.write_deadline;
+        let mut op = self.new_op(
+            client,
+            None,
+            key,
+            scope_id,
+            Consistency::Eventual,
+            Some(mutation),
+            deadline,
+        );
+        // Writes go to the nearest allowed replica: the order of an eventual plan.
+        let plan = {
+            let c = &self.clients[client];
+            let view = View {
+                client: c,
+                replicas: &self.names,
+                scope: op.scope,
+                now: self.now,
+            };
+            let req = ReadRequest {
+                client_region: &c.region_id,
+                profile: &self.profile,
+                table: &table,
+                key: &op.key,
+                consistency: &Consistency::Eventual,
+            };
+            plan_read(&d, &req, &view, self.now_wall_ms())
+        };
+        let Ok(plan) = plan else {
+            self.metrics.writes.errors += 1;
+            self.trace([20, client as u64, 0, 0]);
+            return;
+        };
+        op.primary = plan.primary.into_iter().take(3).collect();
+        let Some(first) = op.primary.pop_front() else {
+            self.metrics.writes.errors += 1;
+            return;
+        };
+        op.write_candidates_left -= 1;
+        let deadline_at = op.deadline_at;
+        let r = self.ops.insert(op);
+        self.queue.push(deadline_at, Ev::Deadline { op: r });
+        self.launch(r, first, false);
+    }
+
+    /// The clients' wall clock (true time; frontends are not skewed).
+    pub(super) fn now_wall_ms(&self) -> u64 {
+        BASE_WALL_MS + self.now.as_us() / 1_000
+    }
+
+    /// Sends one attempt of `op` to candidate `c`.
+    fn launch(&mut self, r: OpRef, c: Candidate, hedged: bool) {
+        let Some(replica) = self.names.get(c.replica.as_str()) else {
+            return;
+        };
+        let now = self.now;
+        let Some(op) = self.ops.get_mut(r) else {
+            return;
+        };
+        let attempt = op.attempts.len();
+        op.attempts.push(Attempt {
+            replica,
+            reason: c.reason,
+            hedged,
+            sent_at: now,
+            done: false,
+        });
+        op.outstanding += 1;
+        let client = op.client;
+        let write = op.mutation.clone().map(Box::new);
+        let bytes = ENVELOPE_BYTES
+            + op.key.len()
+            + op.mutation.as_ref().map_or(0, RowMutation::payload_bytes);
+        let region = self.clients[client].region;
+        self.count_client_bytes(region, replica, bytes);
+        if let Some(delay) = self.client_path(region, replica, true) {
+            self.queue.push(
+                now + delay,
+                Ev::Request {
+                    op: r,
+                    // Attempts per op are few (a plan has tens of candidates at most).
+                    attempt: attempt as u16,
+                    r: replica as u32,
+                    client: client as u32,
+                    write,
+                },
+            );
+        }
+    }
+
+    /// Sends an answer from replica `r` back to `client`.
+    pub(super) fn reply(
+        &mut self,
+        op: OpRef,
+        attempt: u16,
+        r: usize,
+        client: usize,
+        reply: Reply,
+        bytes: usize,
+    ) {
+        let region = self.clients[client].region;
+        self.count_client_bytes(region, r, bytes);
+        if let Some(delay) = self.client_path(region, r, false) {
+            let at = self.now + SimDuration::from_us(SERVICE_US) + delay;
+            self.queue.push(
+                at,
+                Ev::Response {
+                    op,
+                    attempt,
+                    r: r as u32,
+                    reply: Box::new(reply),
+                },
+            );
+        }
+    }
+
+    // ---- at the replica ---------------------------------------------------------
+
+    pub(super) fn on_request(
+        &mut self,
+        op: OpRef,
+        attempt: u16,
+        r: usize,
+        client: usize,
+        write: Option<Box<RowMutation>>,
+    ) {
+        let region = self.clients[client].region;
+        if self
+            .net
+            .path_state(region, self.nodes[r].region)
+            .is_some_and(|p| p.cut)
+        {
+            return; // dropped in flight by a partition
+        }
+        if self.nodes[r].replica.is_none() {
+            self.reply(op, attempt, r, client, Reply::Refused, ENVELOPE_BYTES);
+            return;
+        }
+        if self.nodes[r].paused > 0 {
+            self.nodes[r].held_requests.push(Ev::Request {
+                op,
+                attempt,
+                r: r as u32,
+                client: client as u32,
+                write,
+            });
+            return;
+        }
+        match write {
+            Some(m) => self.serve_write(op, attempt, r, client, *m),
+            None => self.serve_read(op, attempt, r, client),
+        }
+    }
+
+    fn serve_read(&mut self, op_ref: OpRef, attempt: u16, r: usize, client: usize) {
+        let Some(op) = self.ops.get_mut(op_ref) else {
+            return; // the client gave up; a read has no effect
+        };
+        let node = &self.nodes[r];
+        let nw = node.now(self.now);
+        let Some(rep) = node.replica.as_ref() else {
+            return;
+        };
+        let Some(wm) = rep.watermarks(&op.scope_id) else {
+            // Not a member of the row's scope (a stale plan after a placement change).
+            self.reply(
+                op_ref,
+                attempt,
+                r,
+                client,
+                Reply::Err(ErrKind::Policy, None),
+                ENVELOPE_BYTES,
+            );
+            return;
+        };
+        let decision = decide(&op.consistency, &wm, nw.wall_ms);
+        let reply = match decision {
+            Decision::Serve => {
+                let table = self.sc.workload.table.as_str();
+                let bytes = match rep.storage().get_row(table, &op.key) {
+                    Ok(Some(row)) => row.value_bytes(),
+                    _ => 0,
+                };
+                // C4: a watermark read is served only by a replica that applied the
+                // token's write.
+                if let Consistency::Watermark(token) = &op.consistency
+                    && let (Some(s), Some(o)) = (
+                        self.scopes.get(token.scope.as_str()),
+                        self.names.get(token.origin.as_str()),
+                    )
+                {
+                    let applied = self.checks.applied[self.checks.idx(r, s, o)];
+                    if applied < token.sequence {
+                        self.checks.token_violations += 1;
+                        let id = self.nodes[r].id.clone();
+                        self.checks.violation(format!(
+                            "C4: {id} served a read of {}/{} #{} having applied only #{applied}",
+                            token.scope, token.origin, token.sequence
+                        ));
+                    }
+                }
+                (
+                    Reply::Ok {
+                        wm: Some(wm),
+                        token: None,
+                    },
+                    bytes,
+                )
+            }
+            Decision::NotCovered { .. } => (Reply::Err(ErrKind::NotCovered, Some(wm)), 0),
+            Decision::TooStale { .. } => (Reply::Err(ErrKind::TooStale, Some(wm)), 0),
+        };
+        let key_len = self.ops.get_mut(op_ref).map_or(0, |o| o.key.len());
+        self.reply(
+            op_ref,
+            attempt,
+            r,
+            client,
+            reply.0,
+            ENVELOPE_BYTES + key_len + reply.1,
+        );
+    }
+
+    fn serve_write(&mut self, op: OpRef, attempt: u16, r: usize, client: usize, m: RowMutation) {
+        let node = &mut self.nodes[r];
+        let nw = node.now(self.now);
+        let Some(rep) = node.replica.as_mut() else {
+            return;
+        };
+        match rep.propose(nw, m.clone()) {
+            Ok(token) => {
+                let (Some(s), Some(o)) = (
+                    self.scopes.get(token.scope.as_str()),
+                    self.names.get(token.origin.as_str()),
+                ) else {
+                    return;
+                };
+                let st = self.checks.stream(s, o);
+                let v = &mut self.checks.proposed_us[st];
+                let i = (token.sequence - 1) as usize;
+                if v.len() <= i {
+                    v.resize(i + 1, u64::MAX);
+                }
+                v[i] = self.now.as_us();
+                self.pending_commits.insert(
+                    (r as u32, s as u32, token.sequence),
+                    (op, attempt, client as u32, m),
+                );
+                // The write is acknowledged from the `Committed` event of this flush.
+                self.settle(r);
+            }
+            Err(_) => {
+                self.reply(
+                    op,
+                    attempt,
+                    r,
+                    client,
+                    Reply::Err(ErrKind::Policy, None),
+                    ENVELOPE_BYTES,
+                );
+            }
+        }
+    }
+
+    // ---- back at the client ---------------------------------------------------------
+
+    pub(super) fn on_response(&mut self, op_ref: OpRef, attempt: usize, r: usize, reply: Reply) {
+        if let Some(op) = self.ops.get_mut(op_ref) {
+            let region = self.clients[op.client].region;
+            if self
+                .net
+                .path_state(self.nodes[r].region, region)
+                .is_some_and(|p| p.cut)
+            {
+                return; // dropped in flight by a partition
+            }
+        }
+        let now = self.now;
+        let Some(op) = self.ops.get_mut(op_ref) else {
+            return;
+        };
+        let Some(att) = op.attempts.get_mut(attempt) else {
+            return;
+        };
+        if att.done {
+            return;
+        }
+        att.done = true;
+        op.outstanding -= 1;
+        let elapsed = now.saturating_since(att.sent_at);
+        let (hedged, reason, asked) = (att.hedged, att.reason, att.replica);
+        let scope = op.scope;
+        let client = &mut self.clients[op.client];
+        let result: std::result::Result<Option<Token>, ErrKind> = match reply {
+            Reply::Refused => {
+                client.mark_down(r, now);
+                Err(ErrKind::Unavailable)
+            }
+            Reply::Ok { wm, token } => {
+                client.note_rtt(r, elapsed);
+                if let Some(w) = wm {
+                    client.learn(r, scope, w);
+                }
+                client.hedger.record(now, elapsed);
+                Ok(token)
+            }
+            Reply::Err(kind, wm) => {
+                client.note_rtt(r, elapsed);
+                if let Some(w) = wm {
+                    client.learn(r, scope, w);
+                }
+                Err(kind)
+            }
+        };
+        if op.mode.is_none() {
+            self.on_write_result(op_ref, r, result);
+            return;
+        }
+        let watermark = matches!(op.consistency, Consistency::Watermark(_));
+        match result {
+            Ok(_) => {
+                let reason = if hedged { Reason::Hedge } else { reason };
+                let op = self.ops.remove(op_ref).expect("live op");
+                self.finish_read(op, Ok(()), Some((r, reason)));
+                return;
+            }
+            Err(ErrKind::NotCovered) if watermark && !op.raced_fallback => {
+                // Ask the origin and every replica known to cover the token, all at
+                // once; the first covered answer wins.
+                op.raced_fallback = true;
+                let asked = self.names.name(asked).to_owned();
+                let race: Vec<Candidate> = op
+                    .fallback
+                    .drain(..)
+                    .filter(|c| c.replica.as_str() != asked)
+                    .collect();
+                op.last_err = Some(ErrKind::NotCovered);
+                self.metrics.counters.fallback_races += 1;
+                for c in race {
+                    self.launch(op_ref, c, false);
+                }
+            }
+            Err(e) if e.retryable() => {
+                let next = if watermark && op.raced_fallback {
+                    None
+                } else {
+                    op.primary.pop_front()
+                };
+                op.last_err = Some(e);
+                if let Some(c) = next {
+                    self.metrics.counters.failovers += 1;
+                    self.launch(op_ref, c, false);
+                }
+            }
+            Err(e) => {
+                let op = self.ops.remove(op_ref).expect("live op");
+                self.finish_read(op, Err(e), None);
+                return;
+            }
+        }
+        let Some(op) = self.ops.get_mut(op_ref) else {
+            return;
+        };
+        if op.outstanding == 0 && op.primary.is_empty() && (!watermark || op.raced_fallback) {
+            self.fail_read(op_ref);
+            return;
+        }
+        if op.outstanding == 0 && !(watermark && op.raced_fallback) {
+            match op.primary.pop_front() {
+                Some(c) => self.launch(op_ref, c, false),
+                None => self.fail_read(op_ref),
+            }
+        }
+    }
+
+    fn on_write_result(
+        &mut self,
+        op_ref: OpRef,
+        r: usize,
+        result: std::result::Result<Option<Token>, ErrKind>,
+    ) {
+        let Some(op) = self.ops.get_mut(op_ref) else {
+            return;
+        };
+        match result {
+            Ok(token) => {
+                let op = self.ops.remove(op_ref).expect("live op");
+                let latency = self.now.saturating_since(op.started);
+                metrics::record(&mut self.metrics.writes.ok, latency.as_us());
+                if let Some(t) = token {
+                    self.clients[op.client].last_write = Some((op.key.clone(), t));
+                }
+                self.trace([21, op.client as u64, r as u64, latency.as_us()]);
+            }
+            Err(e)
+                if e.retryable() && op.write_candidates_left > 0 && self.now < op.deadline_at =>
+            {
+                op.last_err = Some(e);
+                if let Some(c) = op.primary.pop_front() {
+                    op.write_candidates_left -= 1;
+                    self.metrics.counters.failovers += 1;
+                    self.launch(op_ref, c, false);
+                } else {
+                    self.fail_write(op_ref);
+                }
+            }
+            Err(_) => self.fail_write(op_ref),
+        }
+    }
+
+    fn fail_write(&mut self, op_ref: OpRef) {
+        if let Some(op) = self.ops.remove(op_ref) {
+            self.metrics.writes.errors += 1;
+            self.trace([22, op.client as u64, 0, 0]);
+        }
+    }
+
+    pub(super) fn on_hedge(&mut self, op_ref: OpRef) {
+        let Some(op) = self.ops.get_mut(op_ref) else {
+            return;
+        };
+        if op.hedge_fired {
+            return;
+        }
+        op.hedge_fired = true;
+        // Hedge to the next candidate; for watermark reads only to one known to
+        // cover the token. (As in the library, a candidate taken when the budget is
+        // spent is not asked.)
+        let next = if matches!(op.consistency, Consistency::Watermark(_)) {
+            let i = op.fallback.iter().position(|c| c.reason == Reason::Covered);
+            i.map(|i| op.fallback.remove(i))
+        } else {
+            op.primary.pop_front()
+        };
+        let client = op.client;
+        if let Some(c) = next
+            && self.clients[client].hedger.try_spend()
+        {
+            self.metrics.counters.hedges += 1;
+            self.launch(op_ref, c, true);
+        }
+    }
+
+    pub(super) fn on_deadline(&mut self, op_ref: OpRef) {
+        let Some(op) = self.ops.get_mut(op_ref) else {
+            return;
+        };
+        if op.mode.is_none() {
+            self.fail_write(op_ref);
+        } else {
+            self.fail_read(op_ref);
+        }
+    }
+
+    /// The read ends without an answer: the error the library would return.
+    fn fail_read(&mut self, op_ref: OpRef) {
+        let Some(op) = self.ops.remove(op_ref) else {
+            return;
+        };
+        let watermark = matches!(op.consistency, Consistency::Watermark(_));
+        let e = match op.last_err {
+            Some(ErrKind::NotCovered) if watermark => ErrKind::NotCovered,
+            Some(e) if e != ErrKind::Deadline && self.now < op.deadline_at => e,
+            _ => ErrKind::Deadline,
+        };
+        self.finish_read(op, Err(e), None);
+    }
+
+    fn finish_read(
+        &mut self,
+        op: Op,
+        result: std::result::Result<(), ErrKind>,
+        served: Option<(usize, Reason)>,
+    ) {
+        let mode = op.mode.unwrap_or(Mode::Eventual);
+        let region = self.clients[op.client].region;
+        let latency = self.now.saturating_since(op.started);
+        let b = self.bucket();
+        match result {
+            Ok(()) => {
+                self.metrics.reads_ok += 1;
+                let us = latency.as_us();
+                metrics::record(&mut self.metrics.modes[mode.index()].ok, us);
+                metrics::record(&mut self.metrics.regions[region].ok, us);
+                self.metrics.series[region][b].0.record(us);
+                let (r, reason) = served.unwrap_or((usize::MAX, Reason::Nearest));
+                self.trace([30 + mode.index() as u64, op.client as u64, r as u64, us]);
+                let _ = reason;
+            }
+            Err(e) => {
+                self.metrics.modes[mode.index()].errors += 1;
+                self.metrics.regions[region].errors += 1;
+                self.metrics.series[region][b].1 += 1;
+                *self
+                    .metrics
+                    .counters
+                    .read_errors
+                    .entry(e.as_str().to_owned())
+                    .or_default() += 1;
+                self.trace([40 + mode.index() as u64, op.client as u64, e as u64, 0]);
+            }
+        }
+    }
+
+    // ---- background probes (the library's watermark refresh) --------------------
+
+    pub(super) fn on_probe(&mut self, client: usize) {
+        if !self.workload_on {
+            return;
+        }
+        self.queue.push(
+            self.now + PROBE_INTERVAL,
+            Ev::Probe {
+                client: client as u32,
+            },
+        );
+        let region = self.clients[client].region;
+        if self.region_lost[region] > 0 {
+            return;
+        }
+        let d = self.views[self.client_view].clone();
+        let mut usable: Vec<usize> = Vec::new();
+        for scope in d.scopes() {
+            for r in pangea_core::read::eligible(
+                &d,
+                &self.profile,
+                &self.clients[client].region_id,
+                scope,
+            ) {
+                if let Some(i) = self.names.get(r.as_str())
+                    && !usable.contains(&i)
+                {
+                    usable.push(i);
+                }
+            }
+        }
+        usable.sort_unstable();
+        for r in usable {
+            let now = self.now;
+            self.clients[client].probe_sent[r] = Some(now);
+            self.queue.push(
+                now + PROBE_TIMEOUT,
+                Ev::ProbeTimeout {
+                    client: client as u32,
+                    r: r as u32,
+                    sent_at: now,
+                },
+            );
+            if let Some(delay) = self.client_path(region, r, true) {
+                self.queue.push(
+                    now + delay,
+                    Ev::ProbeRequest {
+                        client: client as u32,
+                        r: r as u32,
+                        sent_at: now,
+                    },
+                );
+            }
+        }
+    }
+
+    pub(super) fn on_probe_request(&mut self, client: usize, r: usize, sent_at: SimTime) {
+        let region = self.clients[client].region;
+        if self
+            .net
+            .path_state(region, self.nodes[r].region)
+            .is_some_and(|p| p.cut)
+        {
+            return;
+        }
+        if self.nodes[r].paused > 0 {
+            return; // answered after the probe timed out: nothing to learn
+        }
+        let wms = self.nodes[r].replica.as_ref().map(|rep| {
+            rep.scopes()
+                .filter_map(|s| {
+                    let i = self.scopes.get(s.as_str())?;
+                    Some((i, rep.watermarks(s)?))
+                })
+                .collect::<Vec<_>>()
+        });
+        if let Some(delay) = self.client_path(region, r, false) {
+            let at = self.now + SimDuration::from_us(SERVICE_US) + delay;
+            self.queue.push(
+                at,
+                Ev::ProbeReply {
+                    client: client as u32,
+                    r: r as u32,
+                    sent_at,
+                    wms,
+                },
+            );
+        }
+    }
+
+    pub(super) fn on_probe_reply(
+        &mut self,
+        client: usize,
+        r: usize,
+        sent_at: SimTime,
+        wms: Option<Vec<(usize, ScopeWatermarks)>>,
+    ) {
+        let now = self.now;
+        let c = &mut self.clients[client];
+        if c.probe_sent[r] != Some(sent_at) {
+            return; // timed out already
+        }
+        c.probe_sent[r] = None;
+        match wms {
+            Some(wms) => {
+                c.note_rtt(r, now.saturating_since(sent_at));
+                for (s, w) in wms {
+                    c.learn(r, s, w);
+                }
+                c.down_until[r] = SimTime::ZERO;
+            }
+            None => c.mark_down(r, now),
+        }
+    }
+}

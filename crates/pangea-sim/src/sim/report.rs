@@ -1,0 +1,282 @@
+//! The end of a run: C1 over the acknowledged writes, SLOs, and the report.
+
+use super::*;
+
+impl Simulation {
+    /// C1: every acknowledged write is applied at every replica that stores its
+    /// scope (a watermark covers a whole prefix of its stream, so the highest
+    /// acknowledged sequence per stream is enough).
+    pub(super) fn final_checks(&mut self) {
+        let n = self.names.len();
+        for s in 0..self.scopes.len() {
+            let scope = ScopeId::new(self.scopes.name(s));
+            for o in 0..n {
+                let acked = self.checks.acked_max[s * n + o];
+                if acked == 0 {
+                    continue;
+                }
+                let mut missing_max = 0;
+                let mut example = None;
+                for (r, node) in self.nodes.iter().enumerate() {
+                    if !node.stores_rows || !self.allowed[self.client_view][s][r] {
+                        continue;
+                    }
+                    let have = node
+                        .replica
+                        .as_ref()
+                        .and_then(|rep| rep.watermarks(&scope))
+                        .map_or(0, |w| w.get(&self.nodes[o].id).sequence);
+                    if have < acked && acked - have > missing_max {
+                        missing_max = acked - have;
+                        example = Some((node.id.clone(), have));
+                    }
+                }
+                if let Some((id, have)) = example {
+                    self.checks.lost_writes += missing_max;
+                    let origin = self.nodes[o].id.clone();
+                    self.checks.violation(format!(
+                        "C1: {id} has {scope}/{origin} at #{have}, acknowledged up to #{acked}"
+                    ));
+                }
+            }
+        }
+    }
+
+    fn lag_summary(&self) -> LagSummary {
+        let h = &self.metrics.lag;
+        let q = |p: f64| {
+            if h.is_empty() {
+                0.0
+            } else {
+                h.value_at_quantile(p) as f64 / 1_000.0
+            }
+        };
+        LagSummary {
+            count: h.len(),
+            p50: q(0.5),
+            p99: q(0.99),
+            max: if h.is_empty() {
+                0.0
+            } else {
+                h.max() as f64 / 1_000.0
+            },
+        }
+    }
+
+    pub(super) fn report(mut self, wall_s: f64) -> RunReport {
+        let virtual_s = self.now.as_secs_f64();
+        let stats = self.net.stats();
+        let wan_bytes = WanBytes {
+            intra_region: stats.sent.get(LinkClass::IntraRegion).bytes,
+            inter_region: stats.sent.get(LinkClass::InterRegion).bytes,
+            inter_continent: stats.sent.get(LinkClass::InterContinent).bytes,
+            client_cross_region: self.metrics.client_cross_region_bytes,
+        };
+        self.metrics.counters.network_in_flight_max = stats.in_flight_max;
+        let reads_by_mode: BTreeMap<String, _> = Mode::ALL
+            .iter()
+            .map(|m| {
+                (
+                    m.as_str().to_owned(),
+                    self.metrics.modes[m.index()].summary(),
+                )
+            })
+            .collect();
+        let reads_by_region: BTreeMap<String, _> = self
+            .net
+            .regions()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.metrics.regions[*i].count > 0)
+            .map(|(i, r)| (r.to_string(), self.metrics.regions[i].summary()))
+            .collect();
+        let availability = if self.metrics.reads == 0 {
+            1.0
+        } else {
+            self.metrics.reads_ok as f64 / self.metrics.reads as f64
+        };
+        let lag = self.lag_summary();
+        let convergence_ms = self
+            .catch_up
+            .as_ref()
+            .and_then(|c| c.done_at.map(|t| t.saturating_since(c.heal_at).as_ms_f64()));
+        let final_convergence_ms = match (self.drain_started, self.final_convergence) {
+            (Some(a), Some(b)) => Some(b.saturating_since(a).as_ms_f64()),
+            _ => None,
+        };
+        let faults = self
+            .sc
+            .faults
+            .iter()
+            .map(|f| FaultMarker {
+                label: f.label.clone(),
+                start_s: f.at.as_secs_f64(),
+                end_s: f
+                    .duration
+                    .map(|d| (f.at + d).as_secs_f64().min(self.sc.duration.as_secs_f64())),
+            })
+            .collect();
+        let bucket_s = self.metrics.bucket_us as f64 / 1e6;
+        let last_bucket = (self.now.as_us() / self.metrics.bucket_us) as usize;
+        let series_by_region = self
+            .net
+            .regions()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.metrics.regions[*i].count > 0)
+            .map(|(i, r)| {
+                let pts = self.metrics.series[i]
+                    .iter()
+                    .take(last_bucket + 1)
+                    .enumerate()
+                    .map(|(b, (bins, errors))| SeriesPoint {
+                        t_s: b as f64 * bucket_s,
+                        reads: bins.count() + errors,
+                        errors: *errors,
+                        p50_ms: bins.quantile_us(0.5) as f64 / 1_000.0,
+                        p99_ms: bins.quantile_us(0.99) as f64 / 1_000.0,
+                    })
+                    .collect();
+                (r.to_string(), pts)
+            })
+            .collect();
+        let lag_series = self
+            .metrics
+            .lag_series
+            .iter()
+            .take(last_bucket + 1)
+            .enumerate()
+            .map(|(b, bins)| {
+                (
+                    b as f64 * bucket_s,
+                    bins.quantile_us(0.99) as f64 / 1_000.0,
+                    bins.max_us() as f64 / 1_000.0,
+                )
+            })
+            .collect();
+        let n = self.names.len();
+        let lag_matrix_ids: Vec<String> = (0..n).map(|i| self.names.name(i).to_owned()).collect();
+        let lag_matrix_p99_ms = (0..n)
+            .map(|o| {
+                (0..n)
+                    .map(|r| {
+                        let b = &self.metrics.lag_matrix[o * n + r];
+                        (b.count() > 0).then(|| b.quantile_us(0.99) as f64 / 1_000.0)
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut report = RunReport {
+            drill: self.sc.name.clone(),
+            seed: self.sc.seed,
+            topology: self.sc.topology_path.clone(),
+            placement: self.sc.placement_path.clone(),
+            replicas: n,
+            virtual_s,
+            wall_s,
+            speedup: if wall_s > 0.0 {
+                virtual_s / wall_s
+            } else {
+                0.0
+            },
+            cpu_s: None,
+            speedup_cpu: None,
+            trace_hash: format!("{:016x}", self.trace.0.digest()),
+            operations: self.metrics.reads + self.metrics.writes.count,
+            reads_by_mode,
+            reads_by_region,
+            writes: self.metrics.writes.summary(),
+            availability,
+            replication_lag_ms: lag,
+            wan_bytes,
+            convergence_ms,
+            final_convergence_ms,
+            lost_writes: self.checks.lost_writes,
+            watermark_violations: self.checks.watermark_violations,
+            token_violations: self.checks.token_violations,
+            residency_leak_bytes: self.leak_bytes,
+            violations: std::mem::take(&mut self.checks.violations),
+            slo_failures: Vec::new(),
+            faults,
+            counters: std::mem::take(&mut self.metrics.counters),
+            series_by_region,
+            lag_series,
+            lag_matrix_ids,
+            lag_matrix_p99_ms,
+            peak_rss_mib: None,
+        };
+        report.counters.messages_delivered = stats.delivered.messages;
+        report.slo_failures = evaluate_slo(&self.sc.slo, &report, self.checks.other_violations);
+        report
+    }
+}
+
+/// Compares a report with the scenario's expected outcomes.
+pub(crate) fn evaluate_slo(
+    slo: &crate::scenario::Slo,
+    r: &RunReport,
+    other_violations: u64,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (mode, bound) in &slo.p99_ms {
+        if let Some(s) = r.reads_by_mode.get(mode)
+            && s.count > s.errors
+            && s.p99_ms > *bound
+        {
+            out.push(format!(
+                "p99 of {mode} reads is {:.2} ms, above {bound} ms",
+                s.p99_ms
+            ));
+        }
+    }
+    if let Some(min) = slo.availability_min
+        && r.availability < min
+    {
+        out.push(format!("availability {:.5} below {min}", r.availability));
+    }
+    if let Some(max) = slo.replication_lag_ms_max
+        && r.replication_lag_ms.max > max
+    {
+        out.push(format!(
+            "replication lag reached {:.1} ms, above {max} ms",
+            r.replication_lag_ms.max
+        ));
+    }
+    if let Some(max) = slo.convergence_ms_max {
+        match r.convergence_ms {
+            Some(c) if c > max => out.push(format!("convergence took {c:.1} ms, above {max} ms")),
+            None => out.push("never caught up after the last heal".into()),
+            _ => {}
+        }
+    }
+    // Invariants are not negotiable: a violation fails the run whatever the SLOs say.
+    if r.lost_writes > 0 {
+        out.push(format!("{} acknowledged writes lost (C1)", r.lost_writes));
+    }
+    if r.watermark_violations > 0 {
+        out.push(format!(
+            "{} watermark violations (C2/C3)",
+            r.watermark_violations
+        ));
+    }
+    if r.token_violations > 0 {
+        out.push(format!("{} token violations (C4)", r.token_violations));
+    }
+    if r.residency_leak_bytes > 0 {
+        out.push(format!(
+            "{} bytes leaked outside their placement policy (I10)",
+            r.residency_leak_bytes
+        ));
+    }
+    if r.final_convergence_ms.is_none() || other_violations > 0 {
+        out.push(format!(
+            "replicas did not converge or another checker failed (C5): {}",
+            r.violations
+                .iter()
+                .find(|v| v.starts_with("C5") || !v.starts_with('C'))
+                .cloned()
+                .unwrap_or_default()
+        ));
+    }
+    out
+}

@@ -1,0 +1,455 @@
+//! Swarm testing, after TigerBeetle's VOPR and FoundationDB's simulator: every seed
+//! draws its own deployment (2–7 regions on two continents, 1–4 replicas each,
+//! relays, a restricted placement policy), its own workload, and its own fault
+//! rates; a safety phase runs the workload under faults, then a liveness phase heals
+//! everything and must converge. The checkers C1–C5 watch every run (see
+//! `docs/invariants.md`); C6 (determinism) reruns a share of the seeds and compares
+//! trace hashes. A failing seed prints the command that replays it.
+
+use crate::net::{LinkOverride, NetConfig};
+use crate::rng::SimRng;
+use crate::scenario::{
+    Fault, FaultKind, KeyDistribution, ModeMix, RegionLoad, Scenario, Slo, ValueSize, Workload,
+};
+use crate::sim::Simulation;
+use crate::time::SimDuration;
+use pangea_core::replica::Config as ReplicaConfig;
+use pangea_topology::{Deployment, Placement, RegionId, ReplicaId, Topology};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The command that replays one seed.
+pub fn replay_command(seed: u64) -> String {
+    format!("pangea sim swarm --seeds 1 --start {seed}")
+}
+
+/// A random deployment for a seed: a chain of links (so every policy over a run
+/// of consecutive regions is connected) plus random extra links.
+fn deployment(seed: u64, rng: &mut SimRng, alt_rtt: bool) -> Deployment {
+    let regions = 2 + rng.next_below(6);
+    let per_region_max = 1 + rng.next_below(4);
+    let relays = rng.chance(0.5);
+    let mut t = String::from("name = \"swarm\"\nintra_region_rtt_ms = 1.0\n");
+    let half = regions.div_ceil(2);
+    let mut total = 0;
+    for c in 0..2 {
+        t += &format!("[[continents]]\nname = \"c{c}\"\n");
+        for region in (c * half)..((c + 1) * half).min(regions) {
+            t += &format!("[[continents.regions]]\nname = \"r{region}\"\n");
+            let n = 1 + rng.next_below(per_region_max);
+            for k in 0..n {
+                let role = if relays && k == 1 && n > 2 {
+                    "relay"
+                } else {
+                    "serving"
+                };
+                t += &format!(
+                    "[[continents.regions.replicas]]\nid = \"r{region}-{k}\"\nrole = \"{role}\"\n"
+                );
+                total += 1;
+            }
+            if region == 0 && total < 3 {
+                for k in n..3 {
+                    t += &format!(
+                        "[[continents.regions.replicas]]\nid = \"r0-{k}\"\nrole = \"serving\"\n"
+                    );
+                    total += 1;
+                }
+            }
+        }
+    }
+    let mut links = BTreeSet::new();
+    for i in 1..regions {
+        links.insert((i - 1, i));
+    }
+    for _ in 0..rng.next_below(regions) {
+        let (a, b) = (rng.next_below(regions), rng.next_below(regions));
+        if a != b {
+            links.insert((a.min(b), a.max(b)));
+        }
+    }
+    let mut rtt_rng = SimRng::new(seed ^ 0x77);
+    for (a, b) in links {
+        let mut rtt = 5 + rng.next_below(200) as u64;
+        if alt_rtt {
+            rtt = rtt * (1 + rtt_rng.next_below(4) as u64) / 2 + 1;
+        }
+        t += &format!("[[links]]\na = \"r{a}\"\nb = \"r{b}\"\nrtt_ms = {rtt}\n");
+    }
+    let topology =
+        Topology::parse(Path::new("swarm.toml"), &t).expect("generated topology is valid");
+    let mut p = String::from(
+        "[[tables]]\nname = \"t\"\n[[tables.families]]\nname = \"f\"\nmax_versions = 2\n[[tables.families]]\nname = \"g\"\n[[tables.families]]\nname = \"h\"\nmax_versions = 3\nttl = \"1h\"\n",
+    );
+    if rng.chance(0.6) {
+        let start = rng.next_below(regions - 1);
+        let len = 1 + rng.next_below(regions - start);
+        let rs: Vec<String> = (start..start + len).map(|i| format!("\"r{i}\"")).collect();
+        p += &format!(
+            "[[policies]]\nname = \"restricted\"\nregions = [{}]\n[[rules]]\ntable = \"t\"\nprefix = \"r/\"\npolicy = \"restricted\"\n",
+            rs.join(", ")
+        );
+    }
+    let placement = Placement::parse(Path::new("swarm-placement.toml"), &p, &topology)
+        .expect("generated placement is valid");
+    Deployment {
+        topology,
+        placement,
+    }
+}
+
+/// Everything one seed runs.
+pub fn scenario_for_seed(seed: u64) -> Scenario {
+    let mut rng = SimRng::new(seed ^ 0x5EED_5EED);
+    let d = Arc::new(deployment(seed, &mut rng, false));
+    let safety = SimDuration::from_ms(3_000 + rng.next_below(9_000) as u64);
+    let mut sc = Scenario::new(&format!("swarm-{seed}"), d.clone(), seed, safety);
+    sc.topology_path = "(generated)".into();
+    sc.drain_max = SimDuration::from_secs(60);
+    // Half the seeds keep almost no log, so laggards need snapshots.
+    sc.replica = ReplicaConfig {
+        log_entries_retained_max: if rng.chance(0.5) {
+            1 + rng.next_below(6) as u64
+        } else {
+            50 + rng.next_below(200) as u64
+        },
+        gap_entries_max: 16 + rng.next_below(64),
+        batch_bytes_max: 512 + rng.next_below(8 << 10),
+        ..ReplicaConfig::default()
+    };
+    sc.net = NetConfig {
+        jitter_fraction: rng.next_below(20) as f64 / 100.0,
+        ..NetConfig::default()
+    };
+    sc.clock_skew_ms_max = rng.next_below(150) as u64;
+    let regions: Vec<RegionId> = d.topology.regions.keys().cloned().collect();
+    let restricted = d
+        .placement
+        .policy(&pangea_core::ScopeId::new("restricted"))
+        .map(|p| p.regions.clone());
+    let rate = 50.0 + rng.next_below(350) as f64;
+    let w = rng.next_below(30) as f64 / 100.0 + 0.05;
+    sc.workload = Workload {
+        table: "t".into(),
+        family: ["f", "g", "h"][rng.next_below(3)].into(),
+        columns: 1 + rng.next_below(3) as u32,
+        keys: 5 + rng.next_below(300) as u64,
+        key_distribution: if rng.chance(0.5) {
+            KeyDistribution::Uniform
+        } else {
+            KeyDistribution::Zipf {
+                theta: 0.5 + rng.next_f64(),
+            }
+        },
+        value_size: ValueSize::Uniform {
+            min: 1,
+            max: 1 + rng.next_below(4096),
+        },
+        read: 1.0 - w,
+        write: w * 0.85,
+        delete: w * 0.15,
+        modes: ModeMix {
+            eventual: rng.next_f64(),
+            affinity: rng.next_f64(),
+            watermark: 0.5 + rng.next_f64(),
+            bounded: rng.next_f64() * 0.5,
+        },
+        bounded_ms: 500 + rng.next_below(3_000) as u64,
+        deadline: SimDuration::from_ms(20 + rng.next_below(200) as u64),
+        write_deadline: SimDuration::from_ms(200),
+        hedge: rng.chance(0.7),
+        app_profile: "frontend".into(),
+        prefixes: BTreeMap::new(),
+        global_prefix: "k/".into(),
+        local_fraction: 0.0,
+        regions: regions
+            .iter()
+            .map(|r| RegionLoad {
+                region: r.clone(),
+                clients: 1 + rng.next_below(2) as u32,
+                rate: rate / regions.len() as f64,
+            })
+            .collect(),
+    };
+    // Regions of the restricted policy read and write its rows ("r/" keys) too.
+    if restricted.is_some() {
+        sc.workload.local_fraction = 0.4;
+        sc.workload.global_prefix = "k/".into();
+    }
+    sc.faults = faults(&mut rng, &d, safety, seed, sc.clock_skew_ms_max);
+    if let Some(rs) = restricted {
+        // Per-region prefixes: regions inside the policy use r/ keys as their own.
+        for region in rs {
+            let c = d.topology.regions[&region].continent.clone();
+            sc.workload.prefixes.entry(c).or_insert_with(|| "r/".into());
+        }
+    }
+    sc.slo = Slo::default();
+    sc
+}
+
+/// Each seed draws which faults happen and how often.
+fn faults(
+    rng: &mut SimRng,
+    d: &Arc<Deployment>,
+    safety: SimDuration,
+    seed: u64,
+    skew_ms_max: u64,
+) -> Vec<Fault> {
+    let replicas: Vec<ReplicaId> = d.topology.replicas.keys().cloned().collect();
+    let regions: Vec<RegionId> = d.topology.regions.keys().cloned().collect();
+    let crash_rate = if rng.chance(0.6) {
+        rng.next_f64() * 1.5
+    } else {
+        0.0
+    };
+    let partition_rate = if rng.chance(0.5) {
+        rng.next_f64() * 0.8
+    } else {
+        0.0
+    };
+    let degrade_rate = if rng.chance(0.4) {
+        rng.next_f64() * 0.8
+    } else {
+        0.0
+    };
+    let pause_rate = if rng.chance(0.3) {
+        rng.next_f64() * 0.8
+    } else {
+        0.0
+    };
+    let skew_rate = if rng.chance(0.3) {
+        rng.next_f64() * 0.5
+    } else {
+        0.0
+    };
+    let view_change = rng.chance(0.3);
+    let mut out = Vec::new();
+    let secs = safety.as_secs_f64();
+    let draw = |rng: &mut SimRng, rate: f64| -> Vec<SimDuration> {
+        let mut times = Vec::new();
+        if rate <= 0.0 {
+            return times;
+        }
+        let mut t = 0.0;
+        loop {
+            t += -(1.0 - rng.next_f64()).ln() / rate;
+            if t >= secs {
+                return times;
+            }
+            times.push(SimDuration::from_ms((t * 1000.0) as u64));
+        }
+    };
+    let side = |rng: &mut SimRng| -> (Vec<RegionId>, Vec<RegionId>) {
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for r in &regions {
+            if rng.chance(0.5) {
+                a.push(r.clone());
+            } else {
+                b.push(r.clone());
+            }
+        }
+        if a.is_empty() {
+            a.push(b.pop().expect("two regions at least"));
+        }
+        if b.is_empty() {
+            b.push(a.pop().expect("two regions at least"));
+        }
+        (a, b)
+    };
+    for at in draw(rng, crash_rate) {
+        let r = replicas[rng.next_below(replicas.len())].clone();
+        out.push(Fault {
+            at,
+            duration: Some(SimDuration::from_ms(50 + rng.next_below(3_000) as u64)),
+            label: format!("lose {r}"),
+            kind: FaultKind::Lose {
+                replicas: vec![r],
+                regions: Vec::new(),
+            },
+        });
+    }
+    for at in draw(rng, partition_rate) {
+        let (a, b) = side(rng);
+        let one_way = rng.chance(0.3);
+        out.push(Fault {
+            at,
+            duration: Some(SimDuration::from_ms(100 + rng.next_below(3_000) as u64)),
+            label: format!("partition{}", if one_way { " one-way" } else { "" }),
+            kind: FaultKind::Partition { a, b, one_way },
+        });
+    }
+    for at in draw(rng, degrade_rate) {
+        let (a, b) = side(rng);
+        out.push(Fault {
+            at,
+            duration: Some(SimDuration::from_ms(100 + rng.next_below(4_000) as u64)),
+            label: "degrade".into(),
+            kind: FaultKind::DegradeLink {
+                a,
+                b,
+                link: LinkOverride {
+                    extra_latency_ms: rng.next_below(200) as f64,
+                    loss: Some(rng.next_below(30) as f64 / 100.0),
+                    bandwidth_mbps: rng.chance(0.5).then(|| 1.0 + rng.next_below(100) as f64),
+                },
+            },
+        });
+    }
+    for at in draw(rng, pause_rate) {
+        let r = replicas[rng.next_below(replicas.len())].clone();
+        out.push(Fault {
+            at,
+            duration: Some(SimDuration::from_ms(50 + rng.next_below(2_500) as u64)),
+            label: format!("pause {r}"),
+            kind: FaultKind::Pause { replicas: vec![r] },
+        });
+    }
+    // Transient skews may go far beyond max_offset (500 ms): the liveness phase
+    // heals them. At most one permanent jump per seed, small enough that no two
+    // clocks end up more than 480 ms apart: a replica whose clock stays further
+    // behind than max_offset refuses the others' writes for good (I1), and no
+    // healing can change that (see tests/known_limits.rs).
+    let jump_max = 480u64.saturating_sub(2 * skew_ms_max);
+    let mut jumped = false;
+    for at in draw(rng, skew_rate) {
+        let r = replicas[rng.next_below(replicas.len())].clone();
+        let permanent = !jumped && jump_max > 0 && rng.chance(0.3);
+        jumped |= permanent;
+        let offset_ms = if permanent {
+            rng.next_u64_inclusive(2 * jump_max) as i64 - jump_max as i64
+        } else {
+            rng.next_below(1_400) as i64 - 700
+        };
+        out.push(Fault {
+            at,
+            duration: (!permanent)
+                .then(|| SimDuration::from_ms(100 + rng.next_below(3_000) as u64)),
+            label: format!("clock {offset_ms:+} ms {r}"),
+            kind: FaultKind::ClockSkew {
+                replicas: vec![r],
+                offset_ms,
+            },
+        });
+    }
+    if view_change {
+        // A different view of the deployment (other round trips, so other trees),
+        // rolled out to replicas one by one: views disagree for a while (I8).
+        let mut alt_rng = SimRng::new(seed ^ 0x5EED_5EED);
+        let alt = Arc::new(deployment(seed, &mut alt_rng, true));
+        let at = SimDuration::from_ms((secs * 1000.0 * rng.next_f64()) as u64);
+        out.push(Fault {
+            at,
+            duration: None,
+            label: "view change".into(),
+            kind: FaultKind::ChangePlacement {
+                deployment: alt,
+                path: "(generated)".into(),
+                rollout: SimDuration::from_ms(rng.next_below(3_000) as u64),
+            },
+        });
+    }
+    out.sort_by_key(|f| f.at);
+    out
+}
+
+/// One seed's verdict.
+#[derive(Debug, Clone)]
+pub struct SeedOutcome {
+    pub seed: u64,
+    pub failures: Vec<String>,
+    pub trace_hash: String,
+    pub wall_s: f64,
+    pub replicas: usize,
+    pub faults: usize,
+    pub operations: u64,
+}
+
+impl SeedOutcome {
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// Runs one seed; with `twice`, runs it again and checks the trace hash (C6).
+pub fn run_seed(seed: u64, twice: bool) -> SeedOutcome {
+    let started = Instant::now();
+    let sc = scenario_for_seed(seed);
+    let (replicas, faults) = (sc.deployment.topology.replicas.len(), sc.faults.len());
+    let run = |sc: Scenario| Simulation::new(sc).and_then(Simulation::run);
+    let mut out = SeedOutcome {
+        seed,
+        failures: Vec::new(),
+        trace_hash: String::new(),
+        wall_s: 0.0,
+        replicas,
+        faults,
+        operations: 0,
+    };
+    match run(sc.clone()) {
+        Ok(r) => {
+            out.failures = r.slo_failures.clone();
+            out.failures.extend(r.violations.iter().take(3).cloned());
+            out.failures.dedup();
+            out.trace_hash = r.trace_hash.clone();
+            out.operations = r.operations;
+            if twice {
+                match run(sc) {
+                    Ok(again) if again.trace_hash != r.trace_hash => out.failures.push(format!(
+                        "C6: trace hash {} then {}",
+                        r.trace_hash, again.trace_hash
+                    )),
+                    Ok(_) => {}
+                    Err(e) => out.failures.push(format!("second run: {e:#}")),
+                }
+            }
+        }
+        Err(e) => out.failures.push(format!("run: {e:#}")),
+    }
+    out.wall_s = started.elapsed().as_secs_f64();
+    out
+}
+
+/// Options of a swarm.
+#[derive(Debug, Clone)]
+pub struct SwarmOptions {
+    pub seeds: u64,
+    pub start: u64,
+    /// Stop starting new seeds after this much wall time.
+    pub time_limit: Option<Duration>,
+    /// Run every n-th seed twice to check determinism (C6); 0: never.
+    pub determinism_every: u64,
+}
+
+/// What a swarm did.
+#[derive(Debug, Clone, Default)]
+pub struct SwarmSummary {
+    pub seeds_run: u64,
+    pub failed: Vec<SeedOutcome>,
+    pub wall_s: f64,
+}
+
+/// Runs seeds `start..start + seeds` (until the time limit), calling `each` after
+/// every seed.
+pub fn swarm(opts: &SwarmOptions, mut each: impl FnMut(&SeedOutcome)) -> SwarmSummary {
+    let started = Instant::now();
+    let mut summary = SwarmSummary::default();
+    for seed in opts.start..opts.start.saturating_add(opts.seeds) {
+        if opts.time_limit.is_some_and(|l| started.elapsed() >= l) {
+            break;
+        }
+        let twice = opts.determinism_every > 0
+            && (seed - opts.start).is_multiple_of(opts.determinism_every);
+        let o = run_seed(seed, twice);
+        each(&o);
+        summary.seeds_run += 1;
+        if !o.passed() {
+            summary.failed.push(o);
+        }
+    }
+    summary.wall_s = started.elapsed().as_secs_f64();
+    summary
+}

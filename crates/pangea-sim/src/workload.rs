@@ -1,0 +1,303 @@
+//! Drawing client operations: arrival times, operation kinds, consistency modes,
+//! keys (uniform or Zipf via `rand_distr`) and values (fixed, uniform or
+//! log-normal sizes up to 1 MB).
+//!
+//! Values are slices of one seeded random buffer (`Bytes::slice`: no copy), so a
+//! 1 MB write costs a reference count, not a megabyte of random draws, and every
+//! replica's copy of it shares the same memory as the real node's `Bytes` would.
+
+use crate::rng::SimRng;
+use crate::scenario::{KeyDistribution, ModeMix, ValueSize, Workload};
+use crate::time::SimDuration;
+use bytes::Bytes;
+use rand::distr::Distribution;
+use rand_distr::{Exp, LogNormal, Zipf};
+
+/// A read's consistency mode, as reports name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Mode {
+    Eventual,
+    Affinity,
+    Watermark,
+    Bounded,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 4] = [
+        Mode::Eventual,
+        Mode::Affinity,
+        Mode::Watermark,
+        Mode::Bounded,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Eventual => "eventual",
+            Mode::Affinity => "affinity",
+            Mode::Watermark => "watermark",
+            Mode::Bounded => "bounded",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What one operation does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OpKind {
+    Read(Mode),
+    /// Set one cell of the row to `value`.
+    Write {
+        column: u32,
+        value: Bytes,
+    },
+    /// Delete the whole row.
+    Delete,
+}
+
+/// One drawn operation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrawnOp {
+    pub kind: OpKind,
+    pub key: Bytes,
+}
+
+/// Longest value the pool serves (the brief's 1 MB p99 bound).
+pub const VALUE_BYTES_MAX: usize = 1 << 20;
+
+/// Draws operations for a workload; one per run, seeded.
+#[derive(Debug)]
+pub struct Generator {
+    rng: SimRng,
+    zipf: Option<Zipf<f64>>,
+    lognormal: Option<LogNormal<f64>>,
+    /// Cumulative operation fractions: read, write, (delete = rest).
+    op_cdf: [f64; 2],
+    /// Cumulative mode fractions.
+    mode_cdf: [f64; 3],
+    keys: u64,
+    value_size: ValueSize,
+    columns: u32,
+    local_fraction: f64,
+    pool: Bytes,
+}
+
+fn cdf<const N: usize>(parts: [f64; N]) -> Vec<f64> {
+    let total: f64 = parts.iter().sum();
+    let mut acc = 0.0;
+    parts
+        .iter()
+        .map(|p| {
+            acc += if total > 0.0 { p / total } else { 0.0 };
+            acc
+        })
+        .collect()
+}
+
+impl Generator {
+    pub fn new(w: &Workload, seed: u64) -> anyhow::Result<Generator> {
+        let mut rng = SimRng::new(seed);
+        let zipf = match w.key_distribution {
+            KeyDistribution::Uniform => None,
+            KeyDistribution::Zipf { theta } => Some(
+                Zipf::new(w.keys.max(1) as f64, theta)
+                    .map_err(|e| anyhow::anyhow!("zipf(keys {}, theta {theta}): {e}", w.keys))?,
+            ),
+        };
+        let lognormal = match w.value_size {
+            ValueSize::LogNormal { median, sigma, .. } => Some(
+                LogNormal::new((median.max(1) as f64).ln(), sigma)
+                    .map_err(|e| anyhow::anyhow!("log-normal value size: {e}"))?,
+            ),
+            _ => None,
+        };
+        let ops = cdf([w.read, w.write, w.delete]);
+        let ModeMix {
+            eventual,
+            affinity,
+            watermark,
+            bounded,
+        } = w.modes;
+        let modes = cdf([eventual, affinity, watermark, bounded]);
+        let pool_len = w.value_size.max_bytes().clamp(1, VALUE_BYTES_MAX) * 2;
+        let mut pool = vec![0u8; pool_len];
+        for chunk in pool.chunks_mut(8) {
+            let b = rng.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&b[..chunk.len()]);
+        }
+        Ok(Generator {
+            rng,
+            zipf,
+            lognormal,
+            op_cdf: [ops[0], ops[1]],
+            mode_cdf: [modes[0], modes[1], modes[2]],
+            keys: w.keys.max(1),
+            value_size: w.value_size,
+            columns: w.columns.max(1),
+            local_fraction: w.local_fraction,
+            pool: Bytes::from(pool),
+        })
+    }
+
+    /// Time to the next arrival of a Poisson process of `rate` per second.
+    pub fn interarrival(&mut self, rate: f64) -> SimDuration {
+        if rate <= 0.0 {
+            return SimDuration::MAX;
+        }
+        let exp = Exp::new(rate).expect("a positive rate is a valid exponential");
+        let s: f64 = exp.sample(&mut self.rng);
+        SimDuration::from_us(((s * 1e6) as u64).max(1))
+    }
+
+    fn key_rank(&mut self) -> u64 {
+        match &self.zipf {
+            // Ranks are 1-based; the hottest key is rank 1.
+            Some(z) => (z.sample(&mut self.rng) as u64).clamp(1, self.keys) - 1,
+            None => self.rng.next_below(self.keys as usize) as u64,
+        }
+    }
+
+    fn value_len(&mut self) -> usize {
+        let n = match self.value_size {
+            ValueSize::Fixed(n) => n,
+            ValueSize::Uniform { min, max } => {
+                min + self.rng.next_u64_inclusive((max - min) as u64) as usize
+            }
+            ValueSize::LogNormal { max, .. } => {
+                let x: f64 = self
+                    .lognormal
+                    .as_ref()
+                    .map_or(1.0, |d| d.sample(&mut self.rng));
+                (x.round() as usize).min(max)
+            }
+        };
+        n.clamp(1, VALUE_BYTES_MAX)
+    }
+
+    /// Draws one operation for a client whose own keys start with `local_prefix`;
+    /// `global_prefix` keys are everyone's.
+    pub fn draw(&mut self, local_prefix: &str, global_prefix: &str) -> DrawnOp {
+        let u = self.rng.next_f64();
+        let prefix = if self.rng.chance(self.local_fraction) {
+            local_prefix
+        } else {
+            global_prefix
+        };
+        let key = Bytes::from(format!("{prefix}{:08}", self.key_rank()));
+        let kind = if u < self.op_cdf[0] {
+            let m = self.rng.next_f64();
+            let mode = if m < self.mode_cdf[0] {
+                Mode::Eventual
+            } else if m < self.mode_cdf[1] {
+                Mode::Affinity
+            } else if m < self.mode_cdf[2] {
+                Mode::Watermark
+            } else {
+                Mode::Bounded
+            };
+            OpKind::Read(mode)
+        } else if u < self.op_cdf[1] {
+            let len = self.value_len();
+            let start = self.rng.next_below(self.pool.len() - len + 1);
+            OpKind::Write {
+                column: self.rng.next_below(self.columns as usize) as u32,
+                value: self.pool.slice(start..start + len),
+            }
+        } else {
+            OpKind::Delete
+        };
+        DrawnOp { kind, key }
+    }
+
+    /// A uniform index below `n` from the workload's stream (client choice).
+    pub fn pick(&mut self, n: usize) -> usize {
+        self.rng.next_below(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::RegionLoad;
+    use std::collections::BTreeMap;
+
+    fn workload() -> Workload {
+        Workload {
+            table: "t".into(),
+            family: "f".into(),
+            columns: 2,
+            keys: 1000,
+            key_distribution: KeyDistribution::Zipf { theta: 0.99 },
+            value_size: ValueSize::LogNormal {
+                median: 1000,
+                sigma: 1.0,
+                max: 4096,
+            },
+            read: 0.8,
+            write: 0.15,
+            delete: 0.05,
+            modes: ModeMix {
+                eventual: 1.0,
+                affinity: 1.0,
+                watermark: 1.0,
+                bounded: 1.0,
+            },
+            bounded_ms: 1000,
+            deadline: SimDuration::from_ms(20),
+            write_deadline: SimDuration::from_ms(200),
+            hedge: true,
+            app_profile: "frontend".into(),
+            prefixes: BTreeMap::new(),
+            global_prefix: "g/".into(),
+            local_fraction: 0.5,
+            regions: vec![RegionLoad {
+                region: "r".into(),
+                clients: 1,
+                rate: 10.0,
+            }],
+        }
+    }
+
+    #[test]
+    fn draws_follow_the_mix_and_the_bounds() {
+        let mut g = Generator::new(&workload(), 3).unwrap();
+        let (mut reads, mut writes, mut deletes, mut local) = (0, 0, 0, 0);
+        let mut hot = 0;
+        for _ in 0..20_000 {
+            let op = g.draw("l/", "g/");
+            if op.key.starts_with(b"l/") {
+                local += 1;
+            }
+            if &op.key[2..] == b"00000000" {
+                hot += 1;
+            }
+            match op.kind {
+                OpKind::Read(_) => reads += 1,
+                OpKind::Write { value, column } => {
+                    assert!((1..=4096).contains(&value.len()));
+                    assert!(column < 2);
+                    writes += 1;
+                }
+                OpKind::Delete => deletes += 1,
+            }
+        }
+        assert!((15_000..17_000).contains(&reads), "{reads}");
+        assert!((2_500..3_500).contains(&writes), "{writes}");
+        assert!((700..1_300).contains(&deletes), "{deletes}");
+        assert!((9_000..11_000).contains(&local), "{local}");
+        // Zipf(0.99) over 1000 keys puts ~13 % of draws on the hottest key.
+        assert!(hot > 1_500, "{hot}");
+    }
+
+    #[test]
+    fn same_seed_same_draws() {
+        let mut a = Generator::new(&workload(), 9).unwrap();
+        let mut b = Generator::new(&workload(), 9).unwrap();
+        for _ in 0..100 {
+            assert_eq!(a.draw("l/", "g/"), b.draw("l/", "g/"));
+            assert_eq!(a.interarrival(5.0), b.interarrival(5.0));
+        }
+    }
+}

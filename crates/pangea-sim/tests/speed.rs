@@ -1,0 +1,57 @@
+//! The speed target: the reference deployment (27 replicas), 10 minutes of virtual
+//! time at 5,000 client operations per second. Ignored by default (it takes
+//! minutes); run it optimized and read the printed figures:
+//!
+//! `cargo test --release -p pangea-sim --test speed -- --ignored --nocapture`
+//!
+//! `PANGEA_SPEED_SECS` shortens the virtual duration; `PANGEA_SPEED_RATE` changes
+//! the load; `PANGEA_SPEED_HB_MS` the heartbeat interval (default 50 ms, as in
+//! production).
+
+use anyhow::Result;
+use pangea_sim::SimDuration;
+use pangea_sim::runner::peak_rss_mib;
+use pangea_sim::scenario::{Scenario, Workload};
+use pangea_sim::sim::Simulation;
+use pangea_topology::Deployment;
+use std::path::Path;
+use std::sync::Arc;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+#[ignore = "minutes of wall time; run with --release"]
+fn reference_ten_minutes_at_5000_ops() -> Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let d = Arc::new(Deployment::load(
+        &root.join("topology/four-continents.toml"),
+        Some(&root.join("topology/placement.toml")),
+    )?);
+    let secs = env("PANGEA_SPEED_SECS", 600);
+    let rate = env("PANGEA_SPEED_RATE", 5_000) as f64;
+    let mut sc = Scenario::new("speed", d.clone(), 1, SimDuration::from_secs(secs));
+    sc.workload = Workload::ad_serving(&d, rate);
+    sc.replica.heartbeat_interval_ms = env("PANGEA_SPEED_HB_MS", 50);
+    let r = Simulation::new(sc)?.run()?;
+    println!(
+        "virtual_s {:.1} wall_s {:.1} speedup {:.2}x cpu_s {:.1} speedup_cpu {:.2}x operations {} events {} messages {} peak_rss_mib {:.0} lag_p99_ms {:.1} availability {:.5}",
+        r.virtual_s,
+        r.wall_s,
+        r.speedup,
+        r.cpu_s.unwrap_or(0.0),
+        r.speedup_cpu.unwrap_or(0.0),
+        r.operations,
+        r.counters.events,
+        r.counters.messages_delivered,
+        peak_rss_mib().unwrap_or(0.0),
+        r.replication_lag_ms.p99,
+        r.availability
+    );
+    assert!(r.slo_failures.is_empty(), "{:?}", r.slo_failures);
+    Ok(())
+}
