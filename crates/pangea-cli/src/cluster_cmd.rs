@@ -219,7 +219,7 @@ pub(crate) fn up(o: &UpOptions) -> Result<ClusterFile> {
         .map_err(anyhow::Error::msg)?;
     // Wait for every replica to report healthy.
     for r in &cluster.replicas {
-        wait_healthy(r, HEALTH_WAIT)?;
+        wait_healthy(r, HEALTH_WAIT, false)?;
     }
     Ok(cluster)
 }
@@ -319,11 +319,24 @@ pub(crate) fn spawn_replica(
 }
 
 /// Waits until a replica's admin endpoint reports healthy.
-pub(crate) fn wait_healthy(r: &ClusterReplica, limit: Duration) -> Result<()> {
+pub(crate) fn wait_healthy(r: &ClusterReplica, limit: Duration, show_progress: bool) -> Result<()> {
     let started = Instant::now();
+    let mut shown = String::new();
     loop {
-        if health(&r.admin).is_ok_and(|(code, _)| code == 200) {
-            return Ok(());
+        match health(&r.admin) {
+            Ok((200, _)) => return Ok(()),
+            // A replica catching up says how far it is (readiness): show it.
+            Ok((_, body)) if show_progress => {
+                let phase = serde_json::from_str::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| v["detail"]["phase"].as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                if !phase.is_empty() && phase != shown {
+                    println!("  {}: {phase}", r.id);
+                    shown = phase;
+                }
+            }
+            _ => {}
         }
         if !r.pid.is_some_and(alive) {
             let tail = r
@@ -504,7 +517,8 @@ pub(crate) fn apply(
     let mut added = Vec::new();
     for r in new.topology.replicas.values() {
         if cluster.replica(r.id.as_str()).is_none() {
-            pangea_net::certs::issue_replica(&cluster.certs, r.id.as_str(), r.region.as_str()).ok();
+            pangea_net::certs::issue_replica(&cluster.certs, r.id.as_str(), r.region.as_str())
+                .with_context(|| format!("issuing the certificate of replica {}", r.id))?;
             added.push(ClusterReplica {
                 id: r.id.to_string(),
                 region: r.region.to_string(),
@@ -528,8 +542,7 @@ pub(crate) fn apply(
         .filter(|r| new.topology.replica(&r.id).is_some())
         .cloned()
         .collect();
-    let mut all = kept.clone();
-    all.extend(added.iter().cloned());
+    let all: Vec<ClusterReplica> = kept.iter().chain(&added).cloned().collect();
     let text = fill_addresses(&std::fs::read_to_string(new_topology)?, &all)?;
     let tmp = cluster.topology.with_extension("toml.new");
     std::fs::write(&tmp, text)?;
@@ -562,7 +575,7 @@ pub(crate) fn apply(
     }
     println!("asked {} running replicas to reload", kept.len());
     for r in &added {
-        wait_healthy(r, HEALTH_WAIT)?;
+        wait_healthy(r, HEALTH_WAIT, true)?;
     }
     // Removed replicas stop once the others have let them go.
     if !removed.is_empty() {
@@ -574,7 +587,9 @@ pub(crate) fn apply(
             }
         }
     }
-    cluster.replicas = all;
+    // `all` was built before the new replicas had pids.
+    cluster.replicas = kept;
+    cluster.replicas.extend(added.iter().cloned());
     cluster.replicas.sort_by(|a, b| a.id.cmp(&b.id));
     cluster.name = new.topology.name;
     cluster.save(cluster_path).map_err(anyhow::Error::msg)?;

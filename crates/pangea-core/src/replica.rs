@@ -217,6 +217,8 @@ pub enum Event {
 /// Counters for metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
+    /// Frames accepted from known peers.
+    pub frames_received: u64,
     pub applied: u64,
     pub duplicates: u64,
     pub buffered: u64,
@@ -225,6 +227,17 @@ pub struct Stats {
     pub snapshots_installed: u64,
     pub dropped_queue_full: u64,
     pub rejected: BTreeMap<Reject, u64>,
+}
+
+/// One stream's catch-up progress ([`Replica::stream_progress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamProgress<'a> {
+    pub scope: &'a ScopeId,
+    pub origin: &'a ReplicaId,
+    /// Applied and durable here, with no gap below.
+    pub durable: u64,
+    /// The highest sequence known to exist.
+    pub known_last: u64,
 }
 
 /// One origin's stream in one scope, as this replica has applied it.
@@ -481,6 +494,21 @@ impl<S: Storage> Replica<S> {
         Some(ScopeWatermarks {
             scope: scope.clone(),
             origins,
+        })
+    }
+
+    /// Catch-up progress: for every stream of every scope, what is durable here and
+    /// the highest sequence known to exist (from heartbeats, frames and gap answers).
+    /// A replica that just joined or restarted compares the two to tell when it has
+    /// caught up with the cluster (the node's readiness gate).
+    pub fn stream_progress(&self) -> impl Iterator<Item = StreamProgress<'_>> {
+        self.scopes.iter().flat_map(|(scope, s)| {
+            s.streams.iter().map(move |(origin, st)| StreamProgress {
+                scope,
+                origin,
+                durable: st.durable.sequence,
+                known_last: st.known_last,
+            })
         })
     }
 
@@ -1771,6 +1799,7 @@ impl<S: Storage> Replica<S> {
             return Ok(());
         }
         self.heard_from(now, from);
+        self.stats.frames_received += 1;
         match frame {
             Frame::Mutations(entries) => {
                 for e in entries {

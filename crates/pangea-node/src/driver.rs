@@ -77,6 +77,10 @@ pub async fn run(
     let mut waiters: Waiters = BTreeMap::new();
     let mut shutdown: Option<oneshot::Sender<()>> = None;
     let mut gauges_at = std::time::Instant::now();
+    let mut gate = crate::readiness::Gate::new(
+        std::time::Instant::now(),
+        std::time::Duration::from_millis(replica.config().heartbeat_interval_ms),
+    );
     publish(&replica, &shared);
     loop {
         let deadline = replica
@@ -130,6 +134,20 @@ pub async fn run(
         // Publish first: a client holding a token from this turn's acknowledgements
         // must find it covered here (the origin always covers its own writes).
         publish(&replica, &shared);
+        let phase = if peers.is_empty() {
+            gate.open()
+        } else {
+            gate.update(
+                std::time::Instant::now(),
+                replica.stats().frames_received,
+                replica.stream_progress(),
+            )
+        };
+        if let Some(phase) = phase
+            && let Ok(mut p) = shared.readiness.write()
+        {
+            *p = phase;
+        }
         // Only now that readers see the new placement may moved rows disappear.
         match replica.purge_moved_rows() {
             Ok(0) => {}

@@ -22,6 +22,7 @@ pub mod driver;
 pub mod metrics;
 pub mod migration;
 pub mod peers;
+pub mod readiness;
 pub mod reload;
 pub mod serve;
 
@@ -93,6 +94,9 @@ pub struct Shared {
     pub inflight: Inflight,
     /// False once storage failed: the node refuses writes and reports unhealthy.
     pub healthy: AtomicBool,
+    /// Whether this replica has caught up since it started (`readiness`): until
+    /// then it refuses reads and `/health` answers 503.
+    pub readiness: RwLock<readiness::Phase>,
     pub seed: u64,
     pub peer_connections: AtomicUsize,
     pub client_connections: AtomicUsize,
@@ -115,6 +119,14 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
+    /// Where the readiness gate stands (`readiness`).
+    pub fn phase(&self) -> readiness::Phase {
+        self.readiness
+            .read()
+            .map(|p| p.clone())
+            .unwrap_or(readiness::Phase::Listening)
+    }
+
     /// Replaces the deployment (after a validated reload).
     pub fn set_deployment(&self, d: Arc<Deployment>) {
         if let Ok(mut w) = self.deployment.write() {
@@ -205,7 +217,10 @@ impl admin::AdminState for Shared {
     }
 
     fn health(&self) -> admin::Health {
-        let ok = self.healthy.load(Ordering::Relaxed) && !self.driver.is_closed();
+        let phase = self.phase();
+        let ok = self.healthy.load(Ordering::Relaxed)
+            && !self.driver.is_closed()
+            && phase == readiness::Phase::Ready;
         let suspected: Vec<String> = self
             .suspected
             .read()
@@ -215,7 +230,11 @@ impl admin::AdminState for Shared {
             ok,
             replica: self.id.to_string(),
             region: self.region.to_string(),
-            detail: serde_json::json!({ "suspected_peers": suspected, "requests_in_flight": self.inflight.count() }),
+            detail: serde_json::json!({
+                "phase": phase.to_string(),
+                "suspected_peers": suspected,
+                "requests_in_flight": self.inflight.count(),
+            }),
         }
     }
 
@@ -372,6 +391,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
         requests: Arc::new(Semaphore::new(config.client_requests_max)),
         inflight: Inflight::default(),
         healthy: AtomicBool::new(true),
+        readiness: RwLock::new(readiness::Phase::Listening),
         seed,
         peer_connections: AtomicUsize::new(0),
         client_connections: AtomicUsize::new(0),

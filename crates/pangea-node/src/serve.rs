@@ -426,6 +426,20 @@ async fn process(
     if !operator {
         check_profile(shared, caller, &req.app_profile)?;
     }
+    // A replica still catching up after its start refuses reads: the client asks
+    // the next candidate (readiness.rs).
+    if matches!(
+        req.request,
+        Some(R::Get(_) | R::GetMany(_) | R::ScanPrefix(_))
+    ) {
+        let phase = shared.phase();
+        if phase != crate::readiness::Phase::Ready {
+            return Err(Failure::new(
+                Code::Unavailable,
+                format!("replica {} is not serving reads yet: {phase}", shared.id),
+            ));
+        }
+    }
     let limits: Limits = shared.core_limits;
     match req
         .request

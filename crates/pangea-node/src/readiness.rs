@@ -1,0 +1,289 @@
+//! The readiness gate: a replica that just started (a new replica bootstrapping, or
+//! one restarting after downtime) serves reads only once it has caught up with what
+//! its neighbours told it exists.
+//!
+//! Without the gate, a replica added to a running cluster answers "no such row" for
+//! rows it has not received yet: allowed by the letter of eventual consistency, but a
+//! failed read to the frontend that asked. Writes are accepted throughout (a write
+//! starts a stream of this replica's own and needs nothing from others).
+//!
+//! The gate, driven by the replication driver after every flush:
+//! 1. **Listening** until a frame from some peer arrived and a few heartbeat
+//!    intervals passed, so heartbeats of every live origin, relayed along the tree,
+//!    have told the replica how far each stream goes (`known_last`). A replica that
+//!    hears nobody within [`LISTEN_ALONE`] (alone in its topology, or cut off) has
+//!    nothing to catch up with that it can learn of, and opens.
+//! 2. **Catching up** to the targets captured at that moment: the highest sequence
+//!    known per (scope, origin). Targets do not move, so steady writes elsewhere cannot
+//!    keep a replica closed; gap repair and snapshots fill the streams.
+//! 3. **Ready**, for good (until the process restarts).
+//!
+//! While closed, `/health` answers 503 with the progress, and reads answer
+//! `unavailable`, which clients retry at the next candidate.
+
+use pangea_core::replica::StreamProgress;
+use std::time::{Duration, Instant};
+
+/// Longest wait for a first frame from any peer.
+pub const LISTEN_ALONE: Duration = Duration::from_secs(3);
+/// After the first frame, heartbeat intervals to wait so relayed heartbeats arrive.
+const LISTEN_HEARTBEATS: u32 = 6;
+/// ... and at least this long (cross-continent one-way latency).
+const LISTEN_MIN: Duration = Duration::from_millis(300);
+/// Catching up that makes no progress for this long opens the gate anyway (with a
+/// warning): an entry no reachable peer holds would otherwise keep the replica
+/// closed for good, and a stale replica still answers within eventual consistency.
+pub const STALL_MAX: Duration = Duration::from_secs(60);
+/// How often progress is logged while catching up.
+const LOG_EVERY: Duration = Duration::from_secs(1);
+
+/// Where the gate stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    Listening,
+    /// Entries still to apply to reach the targets, over how many streams.
+    CatchingUp {
+        streams_behind: usize,
+        entries_behind: u64,
+    },
+    Ready,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Phase::Listening => write!(f, "listening for peers' heartbeats"),
+            Phase::CatchingUp {
+                streams_behind,
+                entries_behind,
+            } => write!(
+                f,
+                "catching up: {entries_behind} entries behind on {streams_behind} streams"
+            ),
+            Phase::Ready => write!(f, "ready"),
+        }
+    }
+}
+
+/// The gate's state, owned by the driver.
+#[derive(Debug)]
+pub struct Gate {
+    started: Instant,
+    first_heard: Option<Instant>,
+    heartbeat: Duration,
+    /// (scope, origin) -> the sequence to reach.
+    targets: Option<Vec<(String, String, u64)>>,
+    phase: Phase,
+    logged_at: Instant,
+    /// The fewest entries behind so far, and when that was reached.
+    best: Option<(u64, Instant)>,
+}
+
+impl Gate {
+    pub fn new(now: Instant, heartbeat: Duration) -> Self {
+        Gate {
+            started: now,
+            first_heard: None,
+            heartbeat,
+            targets: None,
+            phase: Phase::Listening,
+            logged_at: now,
+            best: None,
+        }
+    }
+
+    pub fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    /// A replica with no peers in its deployment has nobody to catch up with.
+    pub fn open(&mut self) -> Option<Phase> {
+        if self.phase == Phase::Ready {
+            return None;
+        }
+        self.phase = Phase::Ready;
+        Some(Phase::Ready)
+    }
+
+    /// Advances the gate; returns the new phase when it changed.
+    pub fn update<'a>(
+        &mut self,
+        now: Instant,
+        frames_received: u64,
+        progress: impl Iterator<Item = StreamProgress<'a>>,
+    ) -> Option<Phase> {
+        if self.phase == Phase::Ready {
+            return None;
+        }
+        if frames_received > 0 && self.first_heard.is_none() {
+            self.first_heard = Some(now);
+        }
+        let progress: Vec<StreamProgress<'a>> = progress.collect();
+        if self.targets.is_none() {
+            let listened = match self.first_heard {
+                Some(t) => now - t >= (self.heartbeat * LISTEN_HEARTBEATS).max(LISTEN_MIN),
+                None => now - self.started >= LISTEN_ALONE,
+            };
+            if !listened {
+                return None;
+            }
+            self.targets = Some(
+                progress
+                    .iter()
+                    .filter(|p| p.known_last > p.durable)
+                    .map(|p| (p.scope.to_string(), p.origin.to_string(), p.known_last))
+                    .collect(),
+            );
+        }
+        let targets = self.targets.as_ref().expect("set above");
+        let (mut streams_behind, mut entries_behind) = (0, 0);
+        for (scope, origin, target) in targets {
+            let durable = progress
+                .iter()
+                .find(|p| p.scope.as_str() == scope && p.origin.as_str() == origin)
+                .map_or(0, |p| p.durable);
+            // A stream that left the deployment (a reload) has nothing to catch up.
+            let still_here = progress
+                .iter()
+                .any(|p| p.scope.as_str() == scope && p.origin.as_str() == origin);
+            if still_here && durable < *target {
+                streams_behind += 1;
+                entries_behind += target - durable;
+            }
+        }
+        match self.best {
+            Some((b, _)) if entries_behind >= b => {}
+            _ => self.best = Some((entries_behind, now)),
+        }
+        let stalled = self.best.is_some_and(|(_, at)| now - at >= STALL_MAX);
+        if stalled && streams_behind > 0 {
+            tracing::warn!(
+                streams_behind,
+                entries_behind,
+                "catching up made no progress for {STALL_MAX:?}: serving reads anyway"
+            );
+        }
+        let phase = if streams_behind == 0 || stalled {
+            Phase::Ready
+        } else {
+            Phase::CatchingUp {
+                streams_behind,
+                entries_behind,
+            }
+        };
+        let changed = phase != self.phase;
+        let log_now = changed || now - self.logged_at >= LOG_EVERY;
+        self.phase = phase;
+        if log_now && matches!(self.phase, Phase::CatchingUp { .. }) {
+            self.logged_at = now;
+            tracing::info!(phase = %self.phase, "not serving reads yet");
+        }
+        if changed && self.phase == Phase::Ready {
+            tracing::info!(
+                after_ms = (now - self.started).as_millis() as u64,
+                "caught up: serving reads"
+            );
+        }
+        changed.then(|| self.phase.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pangea_core::{ReplicaId, ScopeId};
+
+    fn p<'a>(
+        s: &'a ScopeId,
+        o: &'a ReplicaId,
+        durable: u64,
+        known_last: u64,
+    ) -> StreamProgress<'a> {
+        StreamProgress {
+            scope: s,
+            origin: o,
+            durable,
+            known_last,
+        }
+    }
+
+    #[test]
+    fn alone_opens_after_the_listen_window() {
+        let t0 = Instant::now();
+        let mut g = Gate::new(t0, Duration::from_millis(50));
+        assert_eq!(
+            g.update(t0 + Duration::from_secs(1), 0, std::iter::empty()),
+            None
+        );
+        assert_eq!(g.phase(), &Phase::Listening);
+        assert_eq!(
+            g.update(t0 + LISTEN_ALONE, 0, std::iter::empty()),
+            Some(Phase::Ready)
+        );
+    }
+
+    #[test]
+    fn catches_up_to_targets_captured_once() {
+        let s = ScopeId::new("global");
+        let a = ReplicaId::new("a");
+        let t0 = Instant::now();
+        let mut g = Gate::new(t0, Duration::from_millis(50));
+        // Heard a peer: still listening for relayed heartbeats.
+        assert_eq!(g.update(t0, 1, [p(&s, &a, 0, 10)].into_iter()), None);
+        let t1 = t0 + LISTEN_MIN;
+        assert_eq!(
+            g.update(t1, 5, [p(&s, &a, 2, 10)].into_iter()),
+            Some(Phase::CatchingUp {
+                streams_behind: 1,
+                entries_behind: 8
+            })
+        );
+        // New writes elsewhere do not move the target.
+        assert_eq!(
+            g.update(t1, 9, [p(&s, &a, 9, 50)].into_iter()),
+            Some(Phase::CatchingUp {
+                streams_behind: 1,
+                entries_behind: 1
+            })
+        );
+        assert_eq!(
+            g.update(t1, 9, [p(&s, &a, 10, 60)].into_iter()),
+            Some(Phase::Ready)
+        );
+        // Ready for good.
+        assert_eq!(g.update(t1, 9, [p(&s, &a, 10, 90)].into_iter()), None);
+        assert_eq!(g.phase(), &Phase::Ready);
+    }
+
+    #[test]
+    fn a_stalled_catch_up_opens_after_stall_max() {
+        let s = ScopeId::new("global");
+        let a = ReplicaId::new("a");
+        let t0 = Instant::now();
+        let mut g = Gate::new(t0, Duration::from_millis(50));
+        g.update(t0, 1, [p(&s, &a, 0, 10)].into_iter());
+        let t1 = t0 + LISTEN_MIN;
+        assert!(g.update(t1, 1, [p(&s, &a, 3, 10)].into_iter()).is_some());
+        assert_eq!(
+            g.update(t1 + STALL_MAX / 2, 1, [p(&s, &a, 3, 10)].into_iter()),
+            None
+        );
+        assert_eq!(
+            g.update(t1 + STALL_MAX, 1, [p(&s, &a, 3, 10)].into_iter()),
+            Some(Phase::Ready)
+        );
+    }
+
+    #[test]
+    fn nothing_behind_opens_at_once_after_listening() {
+        let s = ScopeId::new("global");
+        let a = ReplicaId::new("a");
+        let t0 = Instant::now();
+        let mut g = Gate::new(t0, Duration::from_millis(50));
+        g.update(t0, 1, [p(&s, &a, 4, 4)].into_iter());
+        assert_eq!(
+            g.update(t0 + LISTEN_MIN, 1, [p(&s, &a, 4, 4)].into_iter()),
+            Some(Phase::Ready)
+        );
+    }
+}
