@@ -1228,21 +1228,27 @@ async fn raw_writes(
 /// **A replica restarted behind a busy origin catches up while writes go on.**
 /// use1-b is SIGKILLed; 2,000 writes go straight to use1-a (raw QUIC, 64 at a time);
 /// use1-b is restarted 200 ms into 12 s of further writes to use1-a at full speed.
-/// Within 10 s of its restart, use1-b must have applied everything use1-a had
-/// written when it restarted (and it keeps following the live stream); once the
-/// writes stop it must cover all of them within 5 s, and use1-a must not suspect it
-/// (its heartbeats flow).
+/// Within [`CATCH_UP_MAX_S`] of its restart, use1-b must have applied everything
+/// use1-a had written when it restarted (and it keeps following the live stream);
+/// once the writes stop it must cover all of them within as long again, and use1-a
+/// must not suspect it (its heartbeats flow).
 ///
 /// Without the fix in `pangea_core::replica::Replica::accept` (it cloned the stream,
 /// with its buffer of up to 4,096 out-of-order entries, for every entry it accepted),
 /// use1-b stalls at a few thousand entries behind for the rest of the run: its
 /// driver spends all its CPU cloning, once stale gap answers multiply the work.
 /// Measured with the fix: backlog applied ~4–5 s after the restart (~2 s of which
-/// waiting for use1-a's stale connection to the killed process to be replaced).
+/// waiting for use1-a's stale connection to the killed process to be replaced) on an
+/// idle machine; a debug build on a loaded 2-core CI runner took 6 s for the backlog
+/// and more than 5 s for the rest (gap repair at ~1,700 entries/s against ~700
+/// writes/s). The bound is a stall detector, not a speed claim: without the fix the
+/// replica never catches up. Catch-up speed belongs in a benchmark.
+const CATCH_UP_MAX_S: u64 = 30;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_replica_catches_up_behind_a_busy_origin() -> Result<()> {
     let mut cluster = Cluster::up(false)?;
-    timeout(Duration::from_secs(50), async {
+    timeout(Duration::from_secs(100), async {
         let (busy, victim) = ("use1-a", "use1-b");
         let raw = cluster.raw_client("frontend")?;
         let conn = raw.connect(cluster.addr(busy)?, busy).await?;
@@ -1275,7 +1281,7 @@ async fn restarted_replica_catches_up_behind_a_busy_origin() -> Result<()> {
         cluster.restart(victim)?;
         let mut progress = Vec::new();
         let caught_up = common::eventually(
-            Duration::from_secs(10),
+            Duration::from_secs(CATCH_UP_MAX_S),
             Duration::from_millis(250),
             "restarted replica applies the backlog",
             || {
@@ -1303,7 +1309,7 @@ async fn restarted_replica_catches_up_behind_a_busy_origin() -> Result<()> {
         let need = max_sequences(tokens.iter());
         let t = Instant::now();
         common::eventually(
-            Duration::from_secs(5),
+            Duration::from_secs(CATCH_UP_MAX_S),
             Duration::from_millis(20),
             "restarted replica covers every write",
             || async {
