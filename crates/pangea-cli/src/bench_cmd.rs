@@ -284,6 +284,7 @@ fn echo(value_bytes: usize, concurrency: usize, duration: Duration, json: bool) 
         let req = pangea_proto::v1::ClientRequest {
             deadline_us: 0,
             app_profile: String::new(),
+            traceparent: String::new(),
             request: Some(pangea_proto::v1::client_request::Request::Get(pangea_proto::v1::GetRequest {
                 table: "t".into(),
                 row_key: payload,

@@ -85,8 +85,12 @@ fn quiet_on_broken_pipe() {
 }
 
 /// Logs to stderr; `PANGEA_LOG` (or `RUST_LOG`) sets the filter, default `info`.
+/// Spans also go to OpenTelemetry when `pangea start` configured an OTLP endpoint
+/// (`pangea_node::telemetry`; docs/client.md#traces).
 pub(crate) fn init_logging() {
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = std::env::var("PANGEA_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .map(EnvFilter::new)
@@ -96,6 +100,8 @@ pub(crate) fn init_logging() {
         .with_writer(std::io::stderr)
         // Log files written by `pangea cluster up` must not carry colour codes.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .finish()
+        .with(pangea_node::telemetry::layer())
         .try_init();
 }
 

@@ -44,15 +44,27 @@ pub(crate) struct StartArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     durability: Option<String>,
+    /// Export traces over OTLP/HTTP to this collector (base URL, e.g.
+    /// http://127.0.0.1:4318); also OTEL_EXPORTER_OTLP_ENDPOINT. Off by default.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    otlp_endpoint: Option<String>,
+    /// How often to check the certificate files for changes, in ms (default
+    /// 30000; 0: only on SIGHUP).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    certs_reload_interval_ms: Option<u64>,
 }
 
 pub(crate) fn start(args: StartArgs) -> Result<()> {
-    crate::init_logging();
     let config = pangea_node::NodeConfig::load(args.config.as_deref(), &args)?;
+    // Before the logging setup, which adds the trace exporter's layer.
+    pangea_node::telemetry::configure(config.otlp_endpoint.as_deref(), &config.replica)?;
+    crate::init_logging();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
             tokio::select! {
@@ -61,7 +73,10 @@ pub(crate) fn start(args: StartArgs) -> Result<()> {
             }
         };
         pangea_node::run(config, shutdown).await
-    })
+    });
+    // Export what is still queued.
+    pangea_node::telemetry::shutdown();
+    result
 }
 
 #[derive(Debug, Subcommand)]
@@ -90,6 +105,88 @@ pub(crate) enum CertsCommand {
         #[arg(long, requires = "client")]
         app_profile: Option<String>,
     },
+    /// Re-issue a leaf certificate (same identity, new key, current issuing CA).
+    ///
+    /// Running replicas and clients pick it up on SIGHUP or within their poll
+    /// interval (30 s by default), without restarting.
+    Reissue {
+        #[arg(long)]
+        dir: PathBuf,
+        /// The replica id or client name.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        name: Option<String>,
+        /// Every replica and client certificate in DIR (step 2 of a CA rotation).
+        #[arg(long)]
+        all: bool,
+        /// Also revoke the certificate being replaced (a compromised key): both
+        /// files change together, so processes load them on the same reload.
+        #[arg(long, conflicts_with = "all")]
+        revoke_old: bool,
+        /// When a replica and a client share NAME, which one.
+        #[arg(long, value_enum)]
+        kind: Option<LeafKindArg>,
+    },
+    /// Revoke the certificate a leaf currently holds (DIR/crl.pem).
+    ///
+    /// Its serial goes into the CRL of its CA, signed by that CA. Replicas refuse it
+    /// at the next handshake and close its connections within their poll interval
+    /// (30 s by default), at once on SIGHUP.
+    Revoke {
+        #[arg(long)]
+        dir: PathBuf,
+        /// The replica id or client name.
+        name: String,
+        /// When a replica and a client share NAME, which one.
+        #[arg(long, value_enum)]
+        kind: Option<LeafKindArg>,
+    },
+    /// Rotate the cluster CA through a dual-CA trust bundle: start, promote, finish.
+    ///
+    /// `start`: a new CA joins the bundle DIR/ca.pem. `promote`: it signs new leaves
+    /// (then `reissue --all`). `finish`: the old CA leaves the bundle. Distribute the
+    /// changed files and wait one reload interval between steps.
+    RotateCa {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(value_enum)]
+        step: RotateStep,
+        /// `finish` even though some leaves in DIR still come from the old CA
+        /// (they will be refused everywhere).
+        #[arg(long)]
+        force: bool,
+    },
+    /// List the trusted CAs and every leaf: serial, issuer, validity, revoked.
+    List {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+/// `--kind` of `certs reissue` and `certs revoke`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(crate) enum LeafKindArg {
+    Replica,
+    Client,
+}
+
+impl From<LeafKindArg> for pangea_net::rotation::LeafKind {
+    fn from(k: LeafKindArg) -> Self {
+        match k {
+            LeafKindArg::Replica => Self::Replica,
+            LeafKindArg::Client => Self::Client,
+        }
+    }
+}
+
+/// The steps of `certs rotate-ca`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(crate) enum RotateStep {
+    /// Create the next CA and add it to the trust bundle.
+    Start,
+    /// Make the next CA the issuing CA (keep the old key to revoke its leaves).
+    Promote,
+    /// Remove the old CA from the trust bundle, its CRL and its key.
+    Finish,
 }
 
 pub(crate) fn certs(cmd: CertsCommand) -> Result<()> {
@@ -136,6 +233,179 @@ pub(crate) fn certs(cmd: CertsCommand) -> Result<()> {
             );
         }
         CertsCommand::Issue { .. } => anyhow::bail!("say --replica ID or --client NAME"),
+        CertsCommand::Reissue {
+            dir,
+            name,
+            all,
+            revoke_old,
+            kind,
+        } => {
+            use pangea_net::rotation;
+            let done = match (name, all) {
+                (_, true) => {
+                    let all = rotation::reissue_all(&dir)?;
+                    for (kind, name) in &all.skipped_revoked {
+                        println!(
+                            "skipped {} {name}: its certificate is revoked (re-issue it by name \
+                             to re-admit it)",
+                            kind.as_str()
+                        );
+                    }
+                    all.reissued
+                }
+                (Some(name), false) => vec![rotation::reissue(
+                    &dir,
+                    &name,
+                    kind.map(Into::into),
+                    revoke_old,
+                )?],
+                (None, false) => anyhow::bail!("say NAME or --all"),
+            };
+            for r in &done {
+                println!(
+                    "re-issued {} {}: serial {} -> {} (issuer {:?}){}",
+                    r.kind.as_str(),
+                    r.name,
+                    r.old.serial,
+                    r.new.serial,
+                    r.new.issuer,
+                    if r.old_revoked {
+                        format!("; revoked {}", r.old.serial)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            println!(
+                "{} certificate(s) re-issued in {}; copy them to their hosts, then SIGHUP \
+                 the processes or wait one reload interval (30 s by default)",
+                done.len(),
+                dir.display()
+            );
+        }
+        CertsCommand::Revoke { dir, name, kind } => {
+            let r = pangea_net::rotation::revoke(&dir, &name, kind.map(Into::into))?;
+            if r.newly {
+                println!(
+                    "revoked {name} (serial {}, issuer {:?}); {} now lists {} certificate(s)",
+                    r.cert.serial,
+                    r.cert.issuer,
+                    r.crl.display(),
+                    r.entries
+                );
+                println!(
+                    "copy {} to every replica and client host; they refuse it at once on \
+                     SIGHUP, or within one reload interval (30 s by default), and close its \
+                     connections then",
+                    r.crl.display()
+                );
+            } else {
+                println!(
+                    "{name} (serial {}) was already revoked in {}",
+                    r.cert.serial,
+                    r.crl.display()
+                );
+            }
+        }
+        CertsCommand::RotateCa { dir, step, force } => {
+            use pangea_net::rotation;
+            match step {
+                RotateStep::Start => {
+                    let ca = rotation::rotate_ca_start(&dir)?;
+                    println!(
+                        "added CA {:?} (serial {}) to {}",
+                        ca.subject,
+                        ca.serial,
+                        pangea_net::certs::ca_cert_path(&dir).display()
+                    );
+                    println!(
+                        "next: copy ca.pem to every replica and client host, wait one reload \
+                         interval (or SIGHUP), then `pangea certs rotate-ca --dir {} promote`",
+                        dir.display()
+                    );
+                }
+                RotateStep::Promote => {
+                    let ca = rotation::rotate_ca_promote(&dir)?;
+                    println!(
+                        "CA {:?} (serial {}) now signs new leaves",
+                        ca.subject, ca.serial
+                    );
+                    println!(
+                        "next: `pangea certs reissue --dir {0} --all`, copy the leaves to their \
+                         hosts, wait one reload interval, then `pangea certs rotate-ca --dir {0} \
+                         finish`",
+                        dir.display()
+                    );
+                }
+                RotateStep::Finish => {
+                    let ca = rotation::rotate_ca_finish(&dir, force)?;
+                    println!(
+                        "removed CA {:?} (serial {}) from the trust bundle",
+                        ca.subject, ca.serial
+                    );
+                    println!(
+                        "next: copy ca.pem (and crl.pem, if present) to every host; after one \
+                         reload interval, leaves of the old CA are refused and their \
+                         connections closed"
+                    );
+                }
+            }
+        }
+        CertsCommand::List { dir } => {
+            let (cas, leaves) = pangea_net::rotation::status(&dir)?;
+            for ca in &cas {
+                println!(
+                    "ca       {:<8} {:<28} serial {} valid {} .. {}",
+                    ca.role,
+                    ca.info.subject,
+                    ca.info.serial,
+                    utc_date(ca.info.not_before_unix),
+                    utc_date(ca.info.not_after_unix)
+                );
+            }
+            for l in &leaves {
+                let state = match (l.revoked, l.trusted) {
+                    (true, _) => "REVOKED",
+                    (false, false) => "UNTRUSTED",
+                    (false, true) => "ok",
+                };
+                println!(
+                    "{:<8} {:<9} {:<28} serial {} issuer {:?} valid {} .. {}",
+                    l.kind.as_str(),
+                    state,
+                    l.name,
+                    l.info.serial,
+                    l.info.issuer,
+                    utc_date(l.info.not_before_unix),
+                    utc_date(l.info.not_after_unix)
+                );
+            }
+        }
     }
     Ok(())
+}
+
+/// `YYYY-MM-DD` (UTC) of a Unix time, by the days-to-civil algorithm of Howard
+/// Hinnant (no calendar crate needed for a listing).
+fn utc_date(unix: i64) -> String {
+    let z = unix.div_euclid(86_400) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(super::utc_date(0), "1970-01-01");
+        assert_eq!(super::utc_date(951_782_400), "2000-02-29");
+        assert_eq!(super::utc_date(1_767_225_599), "2025-12-31");
+    }
 }

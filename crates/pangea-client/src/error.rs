@@ -60,6 +60,21 @@ impl Error {
         }
     }
 
+    /// A short stable name of the variant (`error.kind` in trace spans; never
+    /// carries the message).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::DeadlineExceeded { .. } => "deadline_exceeded",
+            Error::NotCovered { .. } => "not_covered",
+            Error::TooStale(_) => "too_stale",
+            Error::PolicyForbids(_) => "policy_forbids",
+            Error::Unavailable(_) => "unavailable",
+            Error::InvalidInput(_) => "invalid_input",
+            Error::NotFound(_) => "not_found",
+            Error::Internal(_) => "internal",
+        }
+    }
+
     /// Whether another replica might succeed where this one failed.
     pub fn is_retryable(&self) -> bool {
         matches!(

@@ -17,11 +17,13 @@
 //! ```
 //!
 //! Modules: [`error`] (the one error enum), [`options`] (per-call settings),
-//! `transport` (connections and one request), `hedge` (hedging delay and budget).
+//! `transport` (connections and one request), `hedge` (hedging delay and budget),
+//! `trace` (spans per call and per attempt; docs/client.md#traces).
 
 pub mod error;
 mod hedge;
 pub mod options;
+mod trace;
 mod transport;
 
 pub use error::Error;
@@ -45,6 +47,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
+use trace::{AttemptKind, Op, Traced};
+use tracing::Instrument as _;
 
 /// The table, family and column typed profile helpers use.
 pub const PROFILE_TABLE: &str = "ad_profiles";
@@ -293,6 +297,7 @@ impl Client {
                 let req = pb::ClientRequest {
                     deadline_us: timeout.as_micros() as u64,
                     app_profile: inner.profile.name.clone(),
+                    traceparent: String::new(),
                     request: Some(pb::client_request::Request::Watermarks(
                         pb::WatermarkRequest {
                             scope: String::new(),
@@ -341,7 +346,13 @@ impl Client {
             ..Default::default()
         });
         // Not through `read`, which refreshes location metadata on policy errors.
-        let resp = self.read_once(table, b"", body, &opts).await?;
+        let traced = Traced::refresh_location(table);
+        let resp = self
+            .read_once(table, b"", body, &opts, &traced)
+            .instrument(traced.span.clone())
+            .await;
+        traced.finish(&resp);
+        let resp = resp?;
         let rows = match resp.value {
             pb::client_response::Response::ScanPrefix(s) => s.rows,
             other => return Err(Error::Internal(format!("unexpected response {other:?}"))),
@@ -409,7 +420,7 @@ impl Client {
             filter: Some(options::filter_to_proto(&opts.filter)),
             consistency: Some(options::consistency_to_proto(&opts.consistency)),
         });
-        let r = self.read(table, &key, req, opts).await?;
+        let r = self.read(Op::Get, table, &key, 1, req, opts).await?;
         r.map(|resp| match resp {
             pb::client_response::Response::Get(g) => {
                 Ok(g.row.filter(|row| !row.families.is_empty()))
@@ -432,7 +443,9 @@ impl Client {
             filter: Some(options::filter_to_proto(&opts.filter)),
             consistency: Some(options::consistency_to_proto(&opts.consistency)),
         });
-        let r = self.read(table, &first, req, opts).await?;
+        let r = self
+            .read(Op::GetMany, table, &first, keys.len(), req, opts)
+            .await?;
         r.map(|resp| match resp {
             pb::client_response::Response::GetMany(g) => Ok(g.rows),
             other => Err(Error::Internal(format!("unexpected response {other:?}"))),
@@ -456,7 +469,7 @@ impl Client {
             limit: scan.limit,
             resume_after: scan.resume_after.clone(),
         });
-        let r = self.read(table, &prefix, req, opts).await?;
+        let r = self.read(Op::Scan, table, &prefix, 1, req, opts).await?;
         r.map(|resp| match resp {
             pb::client_response::Response::ScanPrefix(s) => Ok(ScanPage {
                 rows: s.rows,
@@ -472,6 +485,21 @@ impl Client {
         &self,
         mutation: RowMutation,
         opts: &WriteOptions,
+    ) -> Result<Response<Token>, Error> {
+        let traced = Traced::call(Op::Mutate, mutation.table(), mutation.row_key(), 1, "none");
+        let result = self
+            .mutate_traced(mutation, opts, &traced)
+            .instrument(traced.span.clone())
+            .await;
+        traced.finish(&result);
+        result
+    }
+
+    async fn mutate_traced(
+        &self,
+        mutation: RowMutation,
+        opts: &WriteOptions,
+        traced: &Traced,
     ) -> Result<Response<Token>, Error> {
         let started = Instant::now();
         let deadline = opts.deadline.unwrap_or(options::WRITE_DEADLINE_DEFAULT);
@@ -511,7 +539,18 @@ impl Client {
                 left
             };
             attempts += 1;
-            match self.inner.attempt(c, &body, budget).await {
+            let kind = if i == 0 {
+                AttemptKind::Primary
+            } else {
+                AttemptKind::Failover
+            };
+            let span = traced.attempt(&d, c, kind);
+            let result = self
+                .inner
+                .attempt(c, &body, budget, trace::traceparent(&span))
+                .await;
+            trace::finish_attempt(span, &result);
+            match result {
                 Ok((resp, served)) => match resp {
                     pb::client_response::Response::Mutate(m) => {
                         let token = Token::decode(&m.token)
@@ -627,6 +666,7 @@ impl Client {
         let req = pb::ClientRequest {
             deadline_us: 10_000_000,
             app_profile: self.inner.profile.name.clone(),
+            traceparent: String::new(),
             request: Some(pb::client_request::Request::PlacementMove(
                 pb::PlacementMoveRequest {
                     table: table.to_owned(),
@@ -677,6 +717,7 @@ impl Client {
         let req = pb::ClientRequest {
             deadline_us: 60_000_000,
             app_profile: self.inner.profile.name.clone(),
+            traceparent: String::new(),
             request: Some(pb::client_request::Request::Audit(pb::AuditRequest {})),
         };
         match self.inner.transport.call(replica, &req).await?.response {
@@ -691,6 +732,7 @@ impl Client {
         let req = pb::ClientRequest {
             deadline_us: 2_000_000,
             app_profile: self.inner.profile.name.clone(),
+            traceparent: String::new(),
             request: Some(pb::client_request::Request::Watermarks(
                 pb::WatermarkRequest {
                     scope: String::new(),
@@ -708,23 +750,36 @@ impl Client {
     }
 
     /// One read: plan with the shared routing code, then ask, hedge, fall back.
+    /// `key`: the row key, the first of a get-many, or a scan's prefix (for its span).
     async fn read(
         &self,
+        op: Op,
         table: &str,
         key: &[u8],
+        keys: usize,
         body: pb::client_request::Request,
         opts: &ReadOptions,
     ) -> Result<Response<pb::client_response::Response>, Error> {
         self.inner.stats.requests.fetch_add(1, Ordering::Relaxed);
-        match self.read_once(table, key, body.clone(), opts).await {
-            // A replica refused the row: our location metadata may be stale (rows
-            // moved). Refresh it and plan once more.
-            Err(Error::PolicyForbids(_)) if !table.starts_with('_') => {
-                self.refresh_location().await?;
-                self.read_once(table, key, body, opts).await
+        let traced = Traced::call(op, table, key, keys, trace::mode_name(&opts.consistency));
+        let result = async {
+            match self
+                .read_once(table, key, body.clone(), opts, &traced)
+                .await
+            {
+                // A replica refused the row: our location metadata may be stale (rows
+                // moved). Refresh it and plan once more.
+                Err(Error::PolicyForbids(_)) if !table.starts_with('_') => {
+                    self.refresh_location().await?;
+                    self.read_once(table, key, body, opts, &traced).await
+                }
+                other => other,
             }
-            other => other,
         }
+        .instrument(traced.span.clone())
+        .await;
+        traced.finish(&result);
+        result
     }
 
     async fn read_once(
@@ -733,6 +788,7 @@ impl Client {
         key: &[u8],
         body: pb::client_request::Request,
         opts: &ReadOptions,
+        traced: &Traced,
     ) -> Result<Response<pb::client_response::Response>, Error> {
         let d = self.inner.config.deployment.clone();
         let location = self.location();
@@ -755,6 +811,7 @@ impl Client {
             deadline,
             hedge,
             matches!(opts.consistency, Consistency::Watermark(_)),
+            traced,
         )
         .await
     }
@@ -800,15 +857,18 @@ impl Inner {
     }
 
     /// One request to one candidate within `budget`; learns from the answer.
+    /// `traceparent`: the W3C context of the attempt's span (empty: none).
     pub(crate) async fn attempt(
         &self,
         c: &Candidate,
         body: &pb::client_request::Request,
         budget: Duration,
+        traceparent: String,
     ) -> Result<(pb::client_response::Response, Served), Error> {
         let req = pb::ClientRequest {
             deadline_us: budget.as_micros() as u64,
             app_profile: self.profile.name.clone(),
+            traceparent,
             request: Some(body.clone()),
         };
         let started = Instant::now();
@@ -870,9 +930,29 @@ mod read {
     use super::*;
 
     struct Outcome {
+        /// Index into `asked`.
+        index: usize,
         candidate: Candidate,
-        hedged: bool,
+        kind: AttemptKind,
         result: Result<(pb::client_response::Response, Served), Error>,
+    }
+
+    /// A request sent: to whom, since when, and its span (closed once its answer is
+    /// in, or when the call stops waiting for it).
+    struct Asked {
+        replica: ReplicaId,
+        since: Instant,
+        span: tracing::Span,
+    }
+
+    /// The call is over: requests still out are no longer waited for.
+    fn cancel_rest(asked: &mut [Asked]) {
+        for a in asked {
+            let span = std::mem::replace(&mut a.span, tracing::Span::none());
+            if !span.is_none() {
+                trace::cancel_attempt(span);
+            }
+        }
     }
 
     pub(crate) async fn run(
@@ -882,6 +962,7 @@ mod read {
         deadline: Duration,
         hedge: Option<HedgePolicy>,
         watermark: bool,
+        traced: &Traced,
     ) -> Result<Response<pb::client_response::Response>, Error> {
         let started = Instant::now();
         let deadline_at = started + deadline;
@@ -892,35 +973,43 @@ mod read {
         // Who has been asked, since when. When one answers first, the slower ones
         // have taken at least that long, which their round-trip estimates learn
         // (otherwise a slow replica, always beaten by a hedge, would look fast forever).
-        let mut asked: Vec<(ReplicaId, Instant)> = Vec::new();
+        let mut asked: Vec<Asked> = Vec::new();
         let mut last_err: Option<Error> = None;
         let mut raced_fallback = false;
         let launch = |set: &mut JoinSet<Outcome>,
                       c: Candidate,
-                      hedged: bool,
-                      asked: &mut Vec<(ReplicaId, Instant)>| {
-            asked.push((c.replica.clone(), Instant::now()));
+                      kind: AttemptKind,
+                      asked: &mut Vec<Asked>| {
+            let span = traced.attempt(&inner.config.deployment, &c, kind);
+            let traceparent = trace::traceparent(&span);
+            let index = asked.len();
+            asked.push(Asked {
+                replica: c.replica.clone(),
+                since: Instant::now(),
+                span,
+            });
             let inner = inner.clone();
             let body = body.clone();
             let budget = deadline_at.saturating_duration_since(Instant::now());
             set.spawn(async move {
-                let result = inner.attempt(&c, &body, budget).await;
+                let result = inner.attempt(&c, &body, budget, traceparent).await;
                 Outcome {
+                    index,
                     candidate: c,
-                    hedged,
+                    kind,
                     result,
                 }
             });
         };
         match primary.pop_front() {
-            Some(c) => launch(&mut set, c, false, &mut asked),
+            Some(c) => launch(&mut set, c, AttemptKind::Primary, &mut asked),
             None => return Err(Error::Unavailable("no replica to ask".into())),
         }
         // Watermark reads that found no covered replica poll these again.
         let mut retry_set: Vec<Candidate> = fallback.clone();
         if let Some(first) = asked
             .first()
-            .and_then(|(r, _)| primary_all.iter().find(|c| &c.replica == r))
+            .and_then(|a| primary_all.iter().find(|c| c.replica == a.replica))
             && !retry_set.iter().any(|c| c.replica == first.replica)
         {
             retry_set.push(first.clone());
@@ -942,6 +1031,9 @@ mod read {
             tokio::select! {
                 done = set.join_next(), if !set.is_empty() => {
                     let Some(Ok(o)) = done else { continue };
+                    if let Some(a) = asked.get_mut(o.index) {
+                        trace::finish_attempt(std::mem::replace(&mut a.span, tracing::Span::none()), &o.result);
+                    }
                     match o.result {
                         Ok((resp, served)) => {
                             // Losers finish in the background, so their real latency
@@ -949,11 +1041,12 @@ mod read {
                             // otherwise look fast forever); meanwhile they count as
                             // at least as slow as they have been.
                             set.detach_all();
-                            for (r, since) in asked.iter().filter(|(r, _)| *r != o.candidate.replica) {
-                                inner.note_slower(r, since.elapsed());
+                            cancel_rest(&mut asked);
+                            for a in asked.iter().filter(|a| a.replica != o.candidate.replica) {
+                                inner.note_slower(&a.replica, a.since.elapsed());
                             }
                             let attempts = asked.len() as u32;
-                            let reason = if o.hedged { Reason::Hedge } else { o.candidate.reason };
+                            let reason = if o.kind == AttemptKind::Hedge { Reason::Hedge } else { o.candidate.reason };
                             return Ok(Response { value: resp, replica: o.candidate.replica, region: served.region, reason, watermarks: served.watermarks, latency: started.elapsed(), attempts });
                         }
                         Err(Error::NotCovered { .. }) if watermark && !raced_fallback => {
@@ -963,7 +1056,7 @@ mod read {
                             raced_fallback = true;
                             for c in fallback.drain(..).filter(|c| c.replica != o.candidate.replica) {
                                 inner.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
-                                launch(&mut set, c, false, &mut asked);
+                                launch(&mut set, c, AttemptKind::Fallback, &mut asked);
                             }
                             last_err = Some(o.result.err().unwrap_or(Error::Internal(String::new())));
                         }
@@ -976,12 +1069,13 @@ mod read {
                             let next = if watermark && raced_fallback { None } else { primary.pop_front() };
                             if let Some(c) = next {
                                 inner.stats.failovers.fetch_add(1, Ordering::Relaxed);
-                                launch(&mut set, c, false, &mut asked);
+                                launch(&mut set, c, AttemptKind::Failover, &mut asked);
                             }
                             last_err = Some(e);
                         }
                         Err(e) => {
                             set.abort_all();
+                            cancel_rest(&mut asked);
                             return Err(e);
                         }
                     }
@@ -991,7 +1085,7 @@ mod read {
                             // the deadline (replicas catch up in milliseconds).
                             retry_at = Some(Instant::now() + WATERMARK_RETRY);
                         } else if let Some(c) = primary.pop_front() {
-                            launch(&mut set, c, false, &mut asked);
+                            launch(&mut set, c, AttemptKind::Failover, &mut asked);
                         } else {
                             break;
                         }
@@ -1001,7 +1095,7 @@ mod read {
                     if retry_at.is_some_and(|t| Instant::now() >= t) && set.is_empty() {
                         retry_at = None;
                         for c in retry_set.iter().cloned() {
-                            launch(&mut set, c, false, &mut asked);
+                            launch(&mut set, c, AttemptKind::Retry, &mut asked);
                         }
                     }
                     if hedge_at.is_some_and(|t| Instant::now() >= t) {
@@ -1018,15 +1112,16 @@ mod read {
                             && inner.hedge.try_spend()
                         {
                             inner.stats.hedges.fetch_add(1, Ordering::Relaxed);
-                            launch(&mut set, c, true, &mut asked);
+                            launch(&mut set, c, AttemptKind::Hedge, &mut asked);
                         }
                     }
                 }
             }
         }
         set.detach_all();
-        for (r, since) in &asked {
-            inner.note_slower(r, since.elapsed());
+        cancel_rest(&mut asked);
+        for a in &asked {
+            inner.note_slower(&a.replica, a.since.elapsed());
         }
         Err(match last_err {
             Some(Error::NotCovered {

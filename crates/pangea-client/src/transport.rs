@@ -3,7 +3,8 @@
 
 use crate::{ClientConfig, Error};
 use dashmap::DashMap;
-use pangea_net::{FRAME_BYTES_MAX, PeerIdentity, certs, read_frame, tls, write_frame};
+use pangea_net::reload::{LiveTls, RELOAD_INTERVAL_DEFAULT, TlsFiles, spawn_poller};
+use pangea_net::{FRAME_BYTES_MAX, PeerIdentity, read_frame, tls, write_frame};
 use pangea_proto::v1 as pb;
 use pangea_topology::ReplicaId;
 use std::collections::BTreeMap;
@@ -14,13 +15,18 @@ pub(crate) struct Transport {
     endpoint: quinn::Endpoint,
     addresses: BTreeMap<ReplicaId, SocketAddr>,
     connections: DashMap<ReplicaId, quinn::Connection>,
+    /// The client certificate, trust bundle and CRL: re-read when they change
+    /// (polled every 30 s), so new connections present a re-issued certificate and
+    /// refuse revoked replicas without restarting the frontend. Held here because
+    /// the poller stops once it is dropped.
+    _tls: std::sync::Arc<LiveTls>,
 }
 
 impl Transport {
     pub(crate) fn new(config: &ClientConfig) -> Result<Transport, Error> {
-        let ca = certs::load_ca(&config.certs)?;
-        let own = certs::load_client(&config.certs, &config.client_name)?;
-        let client = tls::client_config(&ca, own)?;
+        let live = LiveTls::load(TlsFiles::client(&config.certs, &config.client_name)?)?;
+        let client = live.client_config()?;
+        spawn_poller(&live, RELOAD_INTERVAL_DEFAULT, |_| {})?;
         let wan = (config.emulate_wan || config.wan.is_some()).then(|| {
             let control = config.wan.clone().unwrap_or_default();
             if config.emulate_wan {
@@ -48,6 +54,7 @@ impl Transport {
             endpoint,
             addresses: config.addresses.clone(),
             connections: DashMap::new(),
+            _tls: live,
         })
     }
 

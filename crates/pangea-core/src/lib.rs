@@ -21,7 +21,8 @@
 //! - [`frame`]: replication frames, parsed and bounded;
 //! - [`replica`]: the replica state machine (streams, forwarding, gap repair,
 //!   heartbeats, snapshots, suspicion);
-//! - [`read`]: read decisions and read routing shared by client and simulator.
+//! - [`read`]: read decisions and read routing shared by client and simulator;
+//! - [`redact`]: how user keys appear in logs, traces and error messages (hashed).
 //!
 //! Invariants cited as `I<n>` are numbered in `docs/invariants.md`.
 
@@ -34,6 +35,7 @@ pub mod limits;
 pub mod location;
 pub mod mutation;
 pub mod read;
+pub mod redact;
 pub mod replica;
 mod rng;
 pub mod row;

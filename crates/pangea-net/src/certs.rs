@@ -3,7 +3,16 @@
 //! Layout of a certificate directory:
 //!
 //! ```text
-//! dir/ca.pem  dir/ca.key                    the cluster CA (init_ca)
+//! dir/ca.pem                                the trust bundle: every CA certificate
+//!                                           currently trusted (one, or two during a
+//!                                           CA rotation), concatenated PEM
+//! dir/ca.key                                key of the *issuing* CA: the certificate
+//!                                           of the bundle with the same public key
+//! dir/ca-next.key  dir/ca-prev.key          during a CA rotation only: the staged
+//!                                           new CA, then the retired old one (see
+//!                                           [`crate::rotation`])
+//! dir/crl.pem                               revoked leaves: one CRL per CA that has
+//!                                           revoked anything ([`crate::rotation::revoke`])
 //! dir/replicas/<replica_id>.pem  .key       one per replica (issue_replica)
 //! dir/clients/<name>.pem  .key              one per frontend (issue_client)
 //! ```
@@ -19,8 +28,9 @@
 //!   stolen frontend certificate cannot impersonate a replica to another client.
 //!
 //! Keys are ECDSA P-256 (fast handshakes, small certificates). Key files are written
-//! with mode 0600 on Unix. Leaves may be re-issued (the files are replaced); the CA
-//! is never overwritten.
+//! with mode 0600 on Unix. Leaves may be re-issued (the files are replaced, key and
+//! certificate each by an atomic rename, so a reloading replica never reads half a
+//! file); the CA is never overwritten.
 
 use std::fs;
 use std::io::Write as _;
@@ -128,6 +138,23 @@ pub fn ca_key_path(dir: &Path) -> PathBuf {
     dir.join("ca.key")
 }
 
+/// `dir/ca-next.key`: the key of a CA staged by `rotate-ca start` (its certificate
+/// is already in the bundle `ca.pem`).
+pub fn ca_next_key_path(dir: &Path) -> PathBuf {
+    dir.join("ca-next.key")
+}
+
+/// `dir/ca-prev.key`: the key of the CA retired by `rotate-ca promote`, kept until
+/// `rotate-ca finish` so that its leaves can still be revoked.
+pub fn ca_prev_key_path(dir: &Path) -> PathBuf {
+    dir.join("ca-prev.key")
+}
+
+/// `dir/crl.pem`: the certificate revocation lists, one per CA that revoked a leaf.
+pub fn crl_path(dir: &Path) -> PathBuf {
+    dir.join("crl.pem")
+}
+
 /// `dir/replicas/<replica_id>.pem` (the key is the same path with `.key`).
 pub fn replica_cert_path(dir: &Path, replica_id: &str) -> PathBuf {
     dir.join("replicas").join(format!("{replica_id}.pem"))
@@ -150,19 +177,30 @@ pub fn init_ca(dir: &Path) -> Result<()> {
     }
     create_dir(dir)?;
 
+    let (cert, key) = generate_ca(CA_COMMON_NAME)?;
+
+    // Key first, with create_new: if two `init_ca` race, one of them fails here
+    // instead of pairing one's key with the other's certificate.
+    write_new(&key_path, key.serialize_pem().as_bytes(), true)?;
+    write_new(&cert_path, cert.pem().as_bytes(), false)
+}
+
+/// The common name of the first cluster CA. CAs made by a rotation append
+/// ` gen <n>`: every CA of a bundle must have its own name, because revocation
+/// lists are matched to certificates by issuer name.
+pub const CA_COMMON_NAME: &str = "Pangea cluster CA";
+
+/// A new self-signed CA certificate named `cn`, and its key.
+pub(crate) fn generate_ca(cn: &str) -> Result<(rcgen::Certificate, KeyPair)> {
     let mut params = CertificateParams::default();
-    params.distinguished_name = name_with_cn("Pangea cluster CA");
+    params.distinguished_name = name_with_cn(cn);
     // pathlen 0: the CA signs leaves only, never another CA.
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     set_validity(&mut params, CA_VALIDITY)?;
     let key = KeyPair::generate()?;
     let cert = params.self_signed(&key)?;
-
-    // Key first, with create_new: if two `init_ca` race, one of them fails here
-    // instead of pairing one's key with the other's certificate.
-    write_new(&key_path, key.serialize_pem().as_bytes(), true)?;
-    write_new(&cert_path, cert.pem().as_bytes(), false)
+    Ok((cert, key))
 }
 
 /// Issues (or re-issues) the certificate of replica `replica_id` in `region`,
@@ -205,18 +243,29 @@ pub fn issue_client(dir: &Path, name: &str, app_profile: &str) -> Result<()> {
     issue_leaf(dir, params, &client_cert_path(dir, name))
 }
 
-/// The CA certificate of `dir`, to trust as the only root.
+/// The CA certificate of `dir`, to trust as the only root. Refuses a bundle of
+/// several CAs (a directory in the middle of a CA rotation): callers that must
+/// work then use [`load_ca_bundle`].
 pub fn load_ca(dir: &Path) -> Result<CertificateDer<'static>> {
     let path = ca_cert_path(dir);
     let mut chain = load_certs(&path)?;
     if chain.len() != 1 {
         return Err(Error::Pem {
             path,
-            reason: format!("expected exactly one CA certificate, found {}", chain.len()),
+            reason: format!(
+                "expected exactly one CA certificate, found {} (a CA rotation is under way: \
+                 load the bundle)",
+                chain.len()
+            ),
         });
     }
     // Length checked just above.
     Ok(chain.remove(0))
+}
+
+/// Every CA certificate of the trust bundle `dir/ca.pem` (at least one).
+pub fn load_ca_bundle(dir: &Path) -> Result<Vec<CertificateDer<'static>>> {
+    load_certs(&ca_cert_path(dir))
 }
 
 /// The certificate and key of replica `replica_id` from `dir`.
@@ -238,7 +287,7 @@ fn load_bundle(cert_path: &Path) -> Result<CertBundle> {
     Ok(CertBundle { chain, key })
 }
 
-fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+pub(crate) fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     let chain = CertificateDer::pem_file_iter(path)
         .map_err(|e| pem_error(path, e))?
         .collect::<std::result::Result<Vec<_>, _>>()
@@ -254,7 +303,7 @@ fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
 
 /// Maps a pki-types PEM error to ours, keeping the I/O error (file missing, ...)
 /// as such so that the message reads "path: No such file or directory".
-fn pem_error(path: &Path, e: rustls::pki_types::pem::Error) -> Error {
+pub(crate) fn pem_error(path: &Path, e: rustls::pki_types::pem::Error) -> Error {
     match e {
         rustls::pki_types::pem::Error::Io(source) => Error::File {
             path: path.to_owned(),
@@ -267,22 +316,11 @@ fn pem_error(path: &Path, e: rustls::pki_types::pem::Error) -> Error {
     }
 }
 
-/// Signs `params` with the CA of `dir` and writes `cert_path` and its `.key`.
+/// Signs `params` with the issuing CA of `dir` (the certificate of the bundle that
+/// matches `ca.key`) and writes `cert_path` and its `.key`.
 fn issue_leaf(dir: &Path, mut params: CertificateParams, cert_path: &Path) -> Result<()> {
-    let ca_cert_file = ca_cert_path(dir);
-    let ca_key_file = ca_key_path(dir);
-    let ca_pem = read_to_string(&ca_cert_file)?;
-    let ca_key_pem = read_to_string(&ca_key_file)?;
-    let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(|e| Error::Pem {
-        path: ca_key_file.clone(),
-        reason: format!("not a usable CA key: {e}"),
-    })?;
-    // Rebuilding the issuer from the CA certificate (not from parameters) keeps the
-    // issuer name and key identifier byte-identical to the certificate clients trust.
-    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(|e| Error::Pem {
-        path: ca_cert_file,
-        reason: format!("not a usable CA certificate: {e}"),
-    })?;
+    let ca = load_ca_with_key(dir, &ca_key_path(dir))?;
+    let issuer = ca.issuer()?;
 
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -295,7 +333,9 @@ fn issue_leaf(dir: &Path, mut params: CertificateParams, cert_path: &Path) -> Re
         create_dir(parent)?;
     }
     // Both files are fully written under temporary names before either is renamed
-    // into place, so a failed write leaves the previous pair intact.
+    // into place, so a failed write leaves the previous pair intact. A replica that
+    // reloads between the two renames sees a key that does not match the
+    // certificate, refuses that pair and keeps its current one until the next try.
     let key_path = cert_path.with_extension("key");
     let key_tmp = write_temp(&key_path, key.serialize_pem().as_bytes(), true)?;
     let cert_tmp = write_temp(cert_path, cert.pem().as_bytes(), false)?;
@@ -303,7 +343,61 @@ fn issue_leaf(dir: &Path, mut params: CertificateParams, cert_path: &Path) -> Re
     rename(&cert_tmp, cert_path)
 }
 
-fn name_with_cn(cn: &str) -> DistinguishedName {
+/// A CA of the bundle together with its private key.
+pub(crate) struct CaWithKey {
+    /// The CA certificate, as it appears in the bundle.
+    pub(crate) cert: CertificateDer<'static>,
+    /// Its key.
+    pub(crate) key: KeyPair,
+    /// Where the key was read from (for error messages).
+    pub(crate) key_path: PathBuf,
+}
+
+impl CaWithKey {
+    /// An rcgen issuer built from the certificate itself (not from parameters), so
+    /// the issuer name and key identifier are byte-identical to what peers trust.
+    pub(crate) fn issuer(&self) -> Result<Issuer<'static, &KeyPair>> {
+        Issuer::from_ca_cert_der(&self.cert, &self.key).map_err(|e| Error::Pem {
+            path: self.key_path.clone(),
+            reason: format!("the matching CA certificate is not usable as an issuer: {e}"),
+        })
+    }
+}
+
+/// The CA of `dir`'s bundle whose public key is the one in `key_path`.
+pub(crate) fn load_ca_with_key(dir: &Path, key_path: &Path) -> Result<CaWithKey> {
+    // The bundle first: without it there is no CA at all, the clearer error.
+    let bundle = load_ca_bundle(dir)?;
+    let key_pem = read_to_string(key_path)?;
+    let key = KeyPair::from_pem(&key_pem).map_err(|e| Error::Pem {
+        path: key_path.to_owned(),
+        reason: format!("not a usable CA key: {e}"),
+    })?;
+    let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
+    for cert in bundle {
+        let (_, parsed) =
+            x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|e| Error::Pem {
+                path: ca_cert_path(dir),
+                reason: format!("not a valid X.509 certificate: {e}"),
+            })?;
+        if parsed.tbs_certificate.subject_pki.raw == spki.as_slice() {
+            return Ok(CaWithKey {
+                cert,
+                key,
+                key_path: key_path.to_owned(),
+            });
+        }
+    }
+    Err(Error::Pem {
+        path: key_path.to_owned(),
+        reason: format!(
+            "matches no CA certificate of the trust bundle {}",
+            ca_cert_path(dir).display()
+        ),
+    })
+}
+
+pub(crate) fn name_with_cn(cn: &str) -> DistinguishedName {
     let mut name = DistinguishedName::new();
     name.push(DnType::OrganizationName, "Pangea");
     name.push(DnType::CommonName, cn);
@@ -316,14 +410,25 @@ fn uri_san(uri: &str) -> Result<SanType> {
 
 /// Sets `not_before` to now minus [`CLOCK_SKEW_ALLOWANCE`], `not_after` to now plus
 /// `validity`.
-fn set_validity(params: &mut CertificateParams, validity: Duration) -> Result<()> {
+pub(crate) fn set_validity(params: &mut CertificateParams, validity: Duration) -> Result<()> {
     // rcgen takes `time::OffsetDateTime`; we reach it from the Unix epoch with std
     // durations so that this crate needs no direct `time` dependency.
+    let now = rcgen::date_time_ymd(1970, 1, 1) + since_epoch()?;
+    params.not_before = now - CLOCK_SKEW_ALLOWANCE;
+    params.not_after = now + validity;
+    Ok(())
+}
+
+/// The wall clock as a duration since the Unix epoch (add it to
+/// `rcgen::date_time_ymd(1970, 1, 1)` for rcgen's dates), refusing clocks that
+/// certificate dates cannot represent.
+pub(crate) fn since_epoch() -> Result<Duration> {
     let since_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_err(|e| Error::Clock(format!("before 1970: {e}")))?;
     // Adding std durations to an OffsetDateTime panics past year 9999; a clock
-    // beyond year 9000 is refused here so the additions below cannot overflow.
+    // beyond year 9000 is refused here so the additions callers make cannot
+    // overflow (they add at most [`CA_VALIDITY`]).
     const CLOCK_SECS_MAX: u64 = 221_000_000_000;
     if since_epoch.as_secs() > CLOCK_SECS_MAX {
         return Err(Error::Clock(format!(
@@ -331,20 +436,17 @@ fn set_validity(params: &mut CertificateParams, validity: Duration) -> Result<()
             since_epoch.as_secs()
         )));
     }
-    let now = rcgen::date_time_ymd(1970, 1, 1) + since_epoch;
-    params.not_before = now - CLOCK_SKEW_ALLOWANCE;
-    params.not_after = now + validity;
-    Ok(())
+    Ok(since_epoch)
 }
 
-fn create_dir(dir: &Path) -> Result<()> {
+pub(crate) fn create_dir(dir: &Path) -> Result<()> {
     fs::create_dir_all(dir).map_err(|source| Error::File {
         path: dir.to_owned(),
         source,
     })
 }
 
-fn read_to_string(path: &Path) -> Result<String> {
+pub(crate) fn read_to_string(path: &Path) -> Result<String> {
     fs::read_to_string(path).map_err(|source| Error::File {
         path: path.to_owned(),
         source,
@@ -352,7 +454,7 @@ fn read_to_string(path: &Path) -> Result<String> {
 }
 
 /// Writes a file that must not exist yet.
-fn write_new(path: &Path, contents: &[u8], secret: bool) -> Result<()> {
+pub(crate) fn write_new(path: &Path, contents: &[u8], secret: bool) -> Result<()> {
     let mut options = fs::OpenOptions::new();
     options.write(true).create_new(true);
     write_with(path, contents, secret, &options).map_err(|source| {
@@ -371,7 +473,7 @@ fn write_new(path: &Path, contents: &[u8], secret: bool) -> Result<()> {
 
 /// Writes `<path>.tmp` (to be renamed over `path`, so that a reader, such as a
 /// replica reloading its certificate, never sees half a file).
-fn write_temp(path: &Path, contents: &[u8], secret: bool) -> Result<PathBuf> {
+pub(crate) fn write_temp(path: &Path, contents: &[u8], secret: bool) -> Result<PathBuf> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
@@ -384,7 +486,7 @@ fn write_temp(path: &Path, contents: &[u8], secret: bool) -> Result<PathBuf> {
     Ok(tmp)
 }
 
-fn rename(from: &Path, to: &Path) -> Result<()> {
+pub(crate) fn rename(from: &Path, to: &Path) -> Result<()> {
     fs::rename(from, to).map_err(|source| Error::File {
         path: to.to_owned(),
         source,

@@ -62,8 +62,8 @@ pub enum Error {
     #[error("TLS configuration: {0}")]
     Tls(#[from] rustls::Error),
 
-    /// Building the client-certificate verifier failed (e.g. empty or bad CA).
-    #[error("client certificate verifier: {0}")]
+    /// Building a certificate verifier failed (e.g. empty or bad CA).
+    #[error("certificate verifier: {0}")]
     ClientVerifier(#[from] rustls::server::VerifierBuilderError),
 
     /// The rustls configuration cannot carry QUIC (missing the QUIC initial suite).
@@ -143,6 +143,59 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+
+    /// No `replicas/<name>.pem` or `clients/<name>.pem` in the certificate directory.
+    #[error("no certificate named {name:?} in {dir} (looked in replicas/ and clients/)")]
+    NoSuchLeaf {
+        /// The replica id or client name asked for.
+        name: String,
+        /// The certificate directory.
+        dir: PathBuf,
+    },
+
+    /// Both a replica and a client are called `name`: the caller must say which.
+    #[error("both a replica and a client are named {name:?}: say which (--replica or --client)")]
+    AmbiguousLeaf {
+        /// The name.
+        name: String,
+    },
+
+    /// Revoking needs the key of the CA that signed the certificate, and this
+    /// directory has none (the CA was removed, or the certificate is foreign).
+    #[error(
+        "cannot revoke serial {serial}: its CA {issuer:?} has no key in {dir} (ca.key, ca-prev.key or ca-next.key)"
+    )]
+    NoIssuingKey {
+        /// The certificate's serial (hex).
+        serial: String,
+        /// Its issuer's common name.
+        issuer: String,
+        /// The certificate directory.
+        dir: PathBuf,
+    },
+
+    /// A CA rotation step was asked for in the wrong state (e.g. `promote`
+    /// without `start`); the message says which step comes next.
+    #[error("CA rotation: {0}")]
+    RotationState(String),
+
+    /// `rotate-ca finish` would remove a CA that leaves of the directory still
+    /// come from: they would be refused everywhere.
+    #[error(
+        "CA rotation: {ca:?} still signed {}: re-issue them first (pangea certs reissue --all)",
+        leaves.join(", ")
+    )]
+    CaStillInUse {
+        /// The common name of the CA being removed.
+        ca: String,
+        /// The leaves it still signed (`replica r1`, `client c1`).
+        leaves: Vec<String>,
+    },
+
+    /// A connection's peer certificate no longer verifies against the current trust
+    /// bundle and CRL (see [`crate::reload::LiveTls::track`]); it was closed.
+    #[error("peer certificate rejected: {0}")]
+    PeerCertificateRejected(String),
 
     /// An operation that spawns tasks or registers sockets ran outside a tokio runtime.
     #[error("no tokio runtime: {0} must be called from within a tokio runtime")]

@@ -237,6 +237,7 @@ mod tests {
             .prop_map(|(deadline_us, app_profile, table, row_key)| ClientRequest {
                 deadline_us,
                 app_profile,
+                traceparent: String::new(),
                 request: Some(client_request::Request::Get(GetRequest {
                     table,
                     row_key: row_key.into(),

@@ -14,6 +14,11 @@
 //!
 //! - [`certs`]: create the cluster CA and issue replica and client certificates as
 //!   PEM files (rcgen); load them for rustls.
+//! - [`rotation`]: day-2 file operations: re-issue leaves, revoke them (CRL), and
+//!   rotate the CA through a dual-CA trust bundle.
+//! - [`reload`]: [`LiveTls`]: certificate, trust bundle and CRL that a running
+//!   process reloads (poll or SIGHUP) without restarting; connections whose peer
+//!   certificate stops verifying are closed.
 //! - [`identity`]: [`PeerIdentity`] from a certificate or a live connection.
 //! - [`tls`]: rustls server/client configurations (client certificates required,
 //!   TLS 1.3, ALPN `pangea/1`, no 0-RTT) and quinn configurations with our
@@ -48,7 +53,9 @@ pub mod endpoint;
 pub mod error;
 pub mod frame;
 pub mod identity;
+pub mod reload;
 mod rng;
+pub mod rotation;
 pub mod tls;
 pub mod wan;
 
@@ -58,4 +65,5 @@ pub use endpoint::bind_endpoint;
 pub use error::{Error, Result};
 pub use frame::{FRAME_BYTES_MAX, decode_frame, encode_frame, read_frame, write_frame};
 pub use identity::{PeerIdentity, peer_identity};
+pub use reload::{LiveTls, TlsFiles};
 pub use wan::{LinkRule, WanControl, WanEmulator, WanSocket, WanStats};

@@ -9,6 +9,14 @@
 //! - 0-RTT is off on both sides: 0-RTT data can be replayed, and a replayed mutation
 //!   or replication frame is not something we want to reason about. The cost is one
 //!   RTT per new connection, paid rarely since connections are long-lived.
+//! - TLS session resumption is off on both sides: a resumed session skips
+//!   certificate verification, so a peer whose certificate was revoked (or whose CA
+//!   was dropped from the bundle) could reconnect on an old ticket. Every
+//!   connection pays a full handshake instead, again rarely.
+//!
+//! The configurations here are fixed at build time. A running replica or client
+//! uses [`crate::reload::LiveTls`] instead, whose configurations read the current
+//! certificate, trust bundle and CRL on every handshake.
 //!
 //! The transport limits below are starting points sized for the design's workload
 //! (values up to 1 MiB, frames up to [`crate::frame::FRAME_BYTES_MAX`], WAN RTTs up to
@@ -72,14 +80,36 @@ pub fn server_name(replica_id: &str) -> &str {
     replica_dns_name(replica_id).unwrap_or("localhost")
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn roots(ca: &CertificateDer<'static>) -> Result<Arc<rustls::RootCertStore>> {
+/// A root store of every CA in `cas` (a trust bundle).
+pub(crate) fn roots(cas: &[CertificateDer<'static>]) -> Result<Arc<rustls::RootCertStore>> {
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.clone())?;
+    for ca in cas {
+        roots.add(ca.clone())?;
+    }
     Ok(Arc::new(roots))
+}
+
+/// Settings every Pangea server configuration shares (see the module doc): ALPN,
+/// no 0-RTT, no session resumption.
+pub(crate) fn harden_server(config: &mut rustls::ServerConfig) {
+    config.alpn_protocols = vec![ALPN_PANGEA_V1.to_vec()];
+    // No 0-RTT (QUIC allows only 0 or u32::MAX here).
+    config.max_early_data_size = 0;
+    // No resumption: every handshake verifies the client certificate afresh.
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
+}
+
+/// Settings every Pangea client configuration shares: ALPN, no 0-RTT, no resumption.
+pub(crate) fn harden_client(config: &mut rustls::ClientConfig) {
+    config.alpn_protocols = vec![ALPN_PANGEA_V1.to_vec()];
+    // The default, stated: never send 0-RTT data.
+    config.enable_early_data = false;
+    config.resumption = rustls::client::Resumption::disabled();
 }
 
 /// rustls server configuration: presents `own`, requires a client certificate
@@ -88,17 +118,23 @@ pub fn server_crypto(
     ca: &CertificateDer<'static>,
     own: CertBundle,
 ) -> Result<rustls::ServerConfig> {
+    server_crypto_bundle(std::slice::from_ref(ca), own)
+}
+
+/// [`server_crypto`] trusting every CA of a bundle.
+pub fn server_crypto_bundle(
+    cas: &[CertificateDer<'static>],
+    own: CertBundle,
+) -> Result<rustls::ServerConfig> {
     let provider = provider();
     let verifier =
-        rustls::server::WebPkiClientVerifier::builder_with_provider(roots(ca)?, provider.clone())
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots(cas)?, provider.clone())
             .build()?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
         .with_single_cert(own.chain, own.key)?;
-    config.alpn_protocols = vec![ALPN_PANGEA_V1.to_vec()];
-    // No 0-RTT (QUIC allows only 0 or u32::MAX here).
-    config.max_early_data_size = 0;
+    harden_server(&mut config);
     Ok(config)
 }
 
@@ -108,13 +144,19 @@ pub fn client_crypto(
     ca: &CertificateDer<'static>,
     own: CertBundle,
 ) -> Result<rustls::ClientConfig> {
+    client_crypto_bundle(std::slice::from_ref(ca), own)
+}
+
+/// [`client_crypto`] trusting every CA of a bundle.
+pub fn client_crypto_bundle(
+    cas: &[CertificateDer<'static>],
+    own: CertBundle,
+) -> Result<rustls::ClientConfig> {
     let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(roots(ca)?)
+        .with_root_certificates(roots(cas)?)
         .with_client_auth_cert(own.chain, own.key)?;
-    config.alpn_protocols = vec![ALPN_PANGEA_V1.to_vec()];
-    // The default, stated: never send 0-RTT data.
-    config.enable_early_data = false;
+    harden_client(&mut config);
     Ok(config)
 }
 
@@ -134,15 +176,25 @@ pub fn transport_config() -> TransportConfig {
 
 /// quinn server configuration from [`server_crypto`] and [`transport_config`].
 pub fn server_config(ca: &CertificateDer<'static>, own: CertBundle) -> Result<quinn::ServerConfig> {
-    let crypto = QuicServerConfig::try_from(server_crypto(ca, own)?)?;
+    quic_server(server_crypto(ca, own)?)
+}
+
+/// quinn client configuration from [`client_crypto`] and [`transport_config`].
+pub fn client_config(ca: &CertificateDer<'static>, own: CertBundle) -> Result<quinn::ClientConfig> {
+    quic_client(client_crypto(ca, own)?)
+}
+
+/// A quinn server configuration around `crypto`, with [`transport_config`].
+pub fn quic_server(crypto: rustls::ServerConfig) -> Result<quinn::ServerConfig> {
+    let crypto = QuicServerConfig::try_from(crypto)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     config.transport_config(Arc::new(transport_config()));
     Ok(config)
 }
 
-/// quinn client configuration from [`client_crypto`] and [`transport_config`].
-pub fn client_config(ca: &CertificateDer<'static>, own: CertBundle) -> Result<quinn::ClientConfig> {
-    let crypto = QuicClientConfig::try_from(client_crypto(ca, own)?)?;
+/// A quinn client configuration around `crypto`, with [`transport_config`].
+pub fn quic_client(crypto: rustls::ClientConfig) -> Result<quinn::ClientConfig> {
+    let crypto = QuicClientConfig::try_from(crypto)?;
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
     config.transport_config(Arc::new(transport_config()));
     Ok(config)

@@ -39,7 +39,9 @@ pub struct NodeConfig {
     /// (they survive `kill -9` of the process only).
     #[serde(default = "default_durability")]
     pub durability: String,
-    /// Send traces to this OTLP endpoint (off by default; needs the `otel` feature).
+    /// Send traces to this OTLP/HTTP collector, a base URL such as
+    /// `http://127.0.0.1:4318` (off by default; `OTEL_EXPORTER_OTLP_ENDPOINT` also
+    /// turns it on). See `telemetry` and docs/client.md#traces.
     #[serde(default)]
     pub otlp_endpoint: Option<String>,
     /// Heartbeat interval of the replication core, in ms.
@@ -51,6 +53,14 @@ pub struct NodeConfig {
     /// How long a graceful shutdown waits for in-flight requests, in ms.
     #[serde(default = "default_drain_ms")]
     pub drain_ms: u64,
+    /// How often the certificate files (`ca.pem`, `crl.pem`, this replica's
+    /// certificate and key under `certs`) are checked for changes, in ms; a change
+    /// is loaded for the next handshakes and connections whose peer certificate no
+    /// longer verifies (revoked, CA dropped) are closed. Default 30 000, so a
+    /// revocation takes effect within 30 s (the runbook promises 60 s); 0 turns
+    /// polling off (SIGHUP still reloads).
+    #[serde(default = "default_certs_reload_ms")]
+    pub certs_reload_interval_ms: u64,
 }
 
 fn default_durability() -> String {
@@ -67,6 +77,10 @@ fn default_requests_max() -> usize {
 
 fn default_drain_ms() -> u64 {
     5_000
+}
+
+fn default_certs_reload_ms() -> u64 {
+    30_000
 }
 
 impl NodeConfig {
@@ -99,7 +113,7 @@ impl NodeConfig {
 
 /// Keys the environment may set (so unrelated `PANGEA_*` variables, such as the
 /// topology overrides, are not mistaken for node settings).
-const FIELDS: [&str; 14] = [
+const FIELDS: [&str; 15] = [
     "topology",
     "placement",
     "replica",
@@ -114,4 +128,5 @@ const FIELDS: [&str; 14] = [
     "heartbeat_interval_ms",
     "client_requests_max",
     "drain_ms",
+    "certs_reload_interval_ms",
 ];

@@ -13,7 +13,8 @@
 //!   after the consistency check, writes through the driver;
 //! - [`admin`] and [`metrics`]: `/metrics`, `/health`, `/watermarks`;
 //! - [`config`]: file, `PANGEA_*` environment and flags, layered by figment;
-//! - [`clock`]: monotonic and (offsettable) wall time.
+//! - [`clock`]: monotonic and (offsettable) wall time;
+//! - [`telemetry`]: W3C trace context from client requests, OTLP trace export.
 
 pub mod admin;
 pub mod clock;
@@ -25,11 +26,12 @@ pub mod peers;
 pub mod readiness;
 pub mod reload;
 pub mod serve;
+pub mod telemetry;
 
 use anyhow::{Context, Result};
 use pangea_core::replica::{Config as CoreConfig, Replica};
 use pangea_core::{Limits, RowState, ScopeId, ScopeWatermarks, StorageError};
-use pangea_net::{PeerIdentity, certs, tls};
+use pangea_net::PeerIdentity;
 use pangea_store::{Durability, Store, StoreOptions};
 use pangea_topology::{Deployment, RegionId, ReplicaId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -107,6 +109,9 @@ pub struct Shared {
     pub runtime: tokio::runtime::Handle,
     /// How this node was started: where to reload its files from.
     pub config: NodeConfig,
+    /// The live TLS state of the endpoint: reloaded on SIGHUP and by a poller; it
+    /// closes accepted connections whose peer certificate stops verifying.
+    pub tls: Arc<pangea_net::LiveTls>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -344,9 +349,11 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
         },
     )?;
 
-    let ca = certs::load_ca(&config.certs)?;
-    let server = tls::server_config(&ca, certs::load_replica(&config.certs, id.as_str())?)?;
-    let client = tls::client_config(&ca, certs::load_replica(&config.certs, id.as_str())?)?;
+    // Certificates, trust bundle and CRL are reloaded while running (reload.rs).
+    let tls =
+        pangea_net::LiveTls::load(pangea_net::TlsFiles::replica(&config.certs, id.as_str())?)?;
+    let server = tls.server_config()?;
+    let client = tls.client_config()?;
     let peers = peer_addresses(&deployment, &id);
     let wan = config.emulate_wan.then(|| {
         let control = pangea_net::wan::WanControl::new();
@@ -398,6 +405,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
         endpoint: endpoint.clone(),
         runtime: tokio::runtime::Handle::current(),
         config: config.clone(),
+        tls,
     });
     let mut queues = driver::PeerQueues::new();
     for (peer, addr) in peers {
@@ -437,6 +445,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
     tracing::info!(replica = %id, region = %me.region, %listen, admin = ?config.admin, "replica serving");
     migration::resume(shared.clone());
     reload::on_sighup(shared.clone());
+    reload::poll_certificates(&shared);
 
     tokio::pin!(shutdown);
     loop {
@@ -481,6 +490,21 @@ async fn handle_incoming(shared: Arc<Shared>, incoming: quinn::Incoming) {
             // Wrong CA, no client certificate, wrong ALPN...
             tracing::debug!(error = %e, "handshake refused");
             shared.metrics.inc_frames_rejected("handshake");
+            return;
+        }
+    };
+    // Re-verified on every certificate reload until the handler returns.
+    let side = pangea_net::reload::Side::Accepted;
+    let _tracked = match shared.tls.track(&connection, side) {
+        Ok(t) => t,
+        Err(e) => {
+            let remote = connection.remote_address();
+            tracing::warn!(error = %e, %remote, "connection refused after its handshake");
+            shared.metrics.inc_frames_rejected("certificate_rejected");
+            connection.close(
+                pangea_net::reload::CLOSE_CERTIFICATE_UNTRUSTED.into(),
+                b"certificate rejected",
+            );
             return;
         }
     };

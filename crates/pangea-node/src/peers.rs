@@ -31,6 +31,10 @@ struct Link {
     connection: quinn::Connection,
     main: quinn::SendStream,
     bulk: quinn::SendStream,
+    /// Re-verified on every certificate reload while the link lives: a peer whose
+    /// certificate is revoked (or whose CA is dropped) is disconnected from this side
+    /// too, not only by the replica that accepted the connection.
+    _tracked: pangea_net::reload::TrackedConnection,
 }
 
 fn hello(shared: &Shared) -> pb::ReplicationFrame {
@@ -55,6 +59,10 @@ async fn connect(
         PeerIdentity::Replica { id, .. } if id == peer.as_str() => {}
         other => anyhow::bail!("{addr} presented {other}, expected replica {peer}"),
     }
+    let server_name = quinn::rustls::pki_types::ServerName::try_from(name.to_owned())?;
+    let tracked = shared
+        .tls
+        .track(&connection, pangea_net::reload::Side::Dialled(server_name))?;
     let mut main = connection.open_uni().await?;
     let mut bulk = connection.open_uni().await?;
     // Serving traffic outranks replication, and the stream outranks snapshots.
@@ -66,6 +74,7 @@ async fn connect(
         connection,
         main,
         bulk,
+        _tracked: tracked,
     })
 }
 
@@ -245,7 +254,21 @@ async fn read_stream(
         _ => false,
     };
     if !ok {
-        tracing::warn!(%peer, ?first, "refused: hello does not match the certificate");
+        // Only what identifies the sender: a frame other than a hello may carry
+        // user rows, which never reach logs.
+        let got = match &first {
+            Ok(Some(pb::ReplicationFrame {
+                frame: Some(pb::replication_frame::Frame::Hello(h)),
+            })) => format!(
+                "hello from {:?} in {:?}, protocol {}",
+                h.replica_id, h.region, h.protocol_version
+            ),
+            Ok(Some(pb::ReplicationFrame { frame: Some(_) })) => "a frame other than hello".into(),
+            Ok(Some(_)) => "an empty frame".into(),
+            Ok(None) => "end of stream".into(),
+            Err(e) => format!("unreadable frame: {e}"),
+        };
+        tracing::warn!(%peer, %got, "refused: hello does not match the certificate");
         shared.metrics.inc_frames_rejected("hello_mismatch");
         connection.close(
             CLOSE_HELLO_MISMATCH.into(),

@@ -4,6 +4,14 @@
 //! applied: the core recomputes scopes and trees, links to new peers start and
 //! links to departed ones end.
 //!
+//! SIGHUP also reloads the certificate files (trust bundle, CRL, this replica's
+//! certificate and key), and a poller checks them every `certs_reload_interval_ms`
+//! (30 s by default): new handshakes use the new files, and accepted connections
+//! whose peer certificate no longer verifies (revoked, or its CA dropped from the
+//! bundle) are closed, each logged and counted in
+//! `pangea_frames_rejected_total{reason="certificate_revoked"}` (or
+//! `certificate_untrusted`). See `pangea_net::reload`.
+//!
 //! A changed placement rule does not move rows by itself: rows whose policy the new
 //! file changes keep their current policy (pinned) until a migration job — started
 //! by one designated replica of both policies — moves them with no downtime
@@ -130,7 +138,58 @@ fn runner_for(d: &Deployment, from: &ScopeId, to: &ScopeId) -> Option<ReplicaId>
         .min()
 }
 
-/// Reloads on every SIGHUP until the node stops.
+/// Re-reads the certificate files now (SIGHUP), whether or not they changed. A
+/// failure changes nothing and is logged.
+pub fn reload_certificates(shared: &Shared) {
+    match shared.tls.reload() {
+        Ok(report) => {
+            pangea_net::reload::log_report(shared.tls.files(), &report);
+            count_closed(&shared.metrics, &report);
+        }
+        Err(e) => tracing::error!(
+            error = %e,
+            "certificate reload refused, keeping the current certificates"
+        ),
+    }
+}
+
+/// Starts the poller of the certificate files (`certs_reload_interval_ms`; 0: none).
+pub fn poll_certificates(shared: &Arc<Shared>) {
+    let interval_ms = shared.config.certs_reload_interval_ms;
+    if interval_ms == 0 {
+        tracing::info!("certificate polling off: certificates reload on SIGHUP only");
+        return;
+    }
+    if interval_ms > 60_000 {
+        tracing::warn!(
+            interval_ms,
+            "certificate poll interval above 60 s: revoked certificates may keep their connections longer than the runbook promises"
+        );
+    }
+    let metrics = shared.metrics.clone();
+    let started = pangea_net::reload::spawn_poller(
+        &shared.tls,
+        std::time::Duration::from_millis(interval_ms),
+        move |report| count_closed(&metrics, report),
+    );
+    if let Err(e) = started {
+        tracing::error!(error = %e, "cannot poll the certificate files: reload on SIGHUP only");
+    }
+}
+
+/// Counts the connections a reload closed, by why.
+fn count_closed(metrics: &crate::metrics::NodeMetrics, report: &pangea_net::reload::ReloadReport) {
+    for closed in &report.closed {
+        metrics.inc_frames_rejected(if closed.revoked {
+            "certificate_revoked"
+        } else {
+            "certificate_untrusted"
+        });
+    }
+}
+
+/// Reloads on every SIGHUP until the node stops: certificates first (independent
+/// of, and never blocked by, an invalid topology file), then topology and placement.
 pub fn on_sighup(shared: Arc<Shared>) {
     tokio::spawn(async move {
         let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
@@ -139,6 +198,7 @@ pub fn on_sighup(shared: Arc<Shared>) {
             return;
         };
         while hup.recv().await.is_some() {
+            reload_certificates(&shared);
             match reload(&shared).await {
                 Ok(lines) if lines.is_empty() => tracing::info!("reload: no changes"),
                 Ok(_) => {}

@@ -130,10 +130,10 @@ async fn serve_stream(
     } else {
         DEFAULT_DEADLINE
     };
-    let span = tracing::debug_span!("request", op, mode, caller = %caller.name);
+    let span = serve_span(&shared, &caller, &req, op, mode);
     let result = {
-        let _g = span.enter();
-        match tokio::time::timeout(budget, process(&shared, &caller, req)).await {
+        let work = tracing::Instrument::instrument(process(&shared, &caller, req), span.clone());
+        match tokio::time::timeout(budget, work).await {
             // Reads complete without yielding, so the timer may not have fired: an
             // answer later than the deadline is still an expired request.
             Ok(Ok(_)) if started.elapsed() > budget => Err(Failure::new(
@@ -159,6 +159,10 @@ async fn serve_stream(
         Ok(_) => "ok",
         Err(f) => f.outcome(),
     };
+    span.record("outcome", outcome);
+    if result.is_err() && !span.is_disabled() {
+        span.record("otel.status_code", "ERROR");
+    }
     let resp = match result {
         Ok((body, wm)) => response(&shared, Ok(body), wm),
         Err(f) => {
@@ -171,6 +175,60 @@ async fn serve_stream(
         .observe_request(op, mode, outcome, started.elapsed().as_secs_f64());
     let _ = write_frame(&mut send, &resp).await;
     let _ = send.finish();
+}
+
+/// The span of one request: a child of the client's attempt span when the request
+/// carried a `traceparent`. User keys appear only hashed (`pangea_core::redact`);
+/// values never.
+fn serve_span(
+    shared: &Shared,
+    caller: &Caller,
+    req: &pb::ClientRequest,
+    op: &'static str,
+    mode: &'static str,
+) -> tracing::Span {
+    use pb::client_request::Request as R;
+    use tracing::field::Empty;
+    let span = tracing::info_span!(
+        "pangea.serve",
+        otel.kind = "server",
+        op,
+        mode,
+        caller = %caller.name,
+        replica = %shared.id,
+        region = %shared.region,
+        key.hash = Empty,
+        key.len = Empty,
+        keys = Empty,
+        outcome = Empty,
+        otel.status_code = Empty,
+    );
+    if span.is_disabled() {
+        return span;
+    }
+    let key = match &req.request {
+        Some(R::Get(g)) => Some(&g.row_key),
+        Some(R::GetMany(g)) => {
+            span.record("keys", g.row_keys.len());
+            g.row_keys.first()
+        }
+        Some(R::ScanPrefix(s)) => Some(&s.prefix),
+        Some(R::Mutate(m)) => m.mutation.as_ref().map(|m| &m.row_key),
+        _ => None,
+    };
+    if let Some(k) = key {
+        span.record(
+            "key.hash",
+            tracing::field::display(pangea_core::redact::KeyHash::of(k)),
+        );
+        span.record("key.len", k.len());
+    }
+    if let Some(parent) = crate::telemetry::remote_parent(&req.traceparent) {
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        // Fails only without an OpenTelemetry layer: then there is no trace to join.
+        let _ = span.set_parent(parent);
+    }
+    span
 }
 
 fn describe(req: &pb::ClientRequest) -> (&'static str, &'static str) {

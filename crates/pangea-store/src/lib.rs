@@ -267,10 +267,20 @@ fn encode_row(row: &RowState) -> Vec<u8> {
     encode(&row.to_proto(&Bytes::new()))
 }
 
+/// A damaged entry, named without user data: a row's key shows as its table and the
+/// redacted row key (`pangea_core::redact`), since this message reaches logs and
+/// clients; log keys (scope, origin, sequence) are shown as they are.
 fn corrupt(what: &'static str, key: &[u8], detail: impl std::fmt::Display) -> StorageError {
+    let key = match keys::split_row_key(key) {
+        Some((table, row)) if what.starts_with("row") => {
+            format!("{table}/{}", pangea_core::redact::RedactedKey(row))
+        }
+        Some(_) if what.starts_with("log") => keys::printable(key),
+        _ => pangea_core::redact::RedactedKey(key).to_string(),
+    };
     StorageError::Corrupt {
         what,
-        key: keys::printable(key),
+        key,
         detail: detail.to_string(),
     }
 }

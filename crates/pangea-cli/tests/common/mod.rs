@@ -487,6 +487,7 @@ pub fn request(
     pb::ClientRequest {
         deadline_us,
         app_profile: app_profile.to_owned(),
+        traceparent: String::new(),
         request: Some(r),
     }
 }

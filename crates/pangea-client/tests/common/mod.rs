@@ -94,6 +94,8 @@ impl LocalCluster {
                 heartbeat_interval_ms: 50,
                 client_requests_max: 4_096,
                 drain_ms: 2_000,
+                // These tests never rotate certificates.
+                certs_reload_interval_ms: 0,
             };
             let mut rx = stop_rx.clone();
             // Each replica on its own thread and runtime, as separate processes would

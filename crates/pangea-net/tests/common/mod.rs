@@ -211,6 +211,7 @@ pub fn request(seq: u64) -> ClientRequest {
     ClientRequest {
         deadline_us: seq,
         app_profile: CLIENT_PROFILE.into(),
+        traceparent: String::new(),
         request: None,
     }
 }
