@@ -182,6 +182,30 @@ mod tests {
     }
 
     #[test]
+    fn a_4_gib_prefix_is_refused_at_the_production_limit() {
+        // The largest length a prefix can announce, and one byte over the default
+        // limit, with no body: refused from the 4 prefix bytes alone.
+        for announced in [u32::MAX, FRAME_BYTES_MAX as u32 + 1] {
+            match decode_frame::<ClientRequest>(&announced.to_be_bytes(), FRAME_BYTES_MAX) {
+                Err(Error::FrameTooLarge {
+                    size_bytes,
+                    limit_bytes,
+                }) => {
+                    assert_eq!(size_bytes, u64::from(announced));
+                    assert_eq!(limit_bytes, FRAME_BYTES_MAX);
+                }
+                other => panic!("expected FrameTooLarge, got {other:?}"),
+            }
+        }
+        // At the limit, a prefix alone is only an incomplete frame.
+        let header = (FRAME_BYTES_MAX as u32).to_be_bytes();
+        assert!(matches!(
+            decode_frame::<ReplicationFrame>(&header, FRAME_BYTES_MAX),
+            Ok(None)
+        ));
+    }
+
+    #[test]
     fn limit_is_inclusive() -> Result<()> {
         let frame = encode_frame(&hello())?;
         let body = frame.len() - FRAME_HEADER_BYTES;

@@ -1,0 +1,280 @@
+//! Client frames: what a serving replica does with the bytes of client requests.
+//!
+//! The input is a sequence of length-prefixed `pb::ClientRequest` frames (each would
+//! be its own QUIC stream; here they reach one in-memory replica in turn, so writes
+//! of earlier requests are there for later reads). Each goes through the real decoder
+//! (`pangea_net::decode_frame` with the node's client limit, `FRAME_BYTES_MAX`) and
+//! then through the request handling of `pangea-node`'s `serve::process`, mirrored
+//! here on the core API (that module needs the node's runtime, store and
+//! certificates): row key and key-count limits, the table and placement checks,
+//! consistency tokens (`Token::decode`) and the read decision, row filters and
+//! `RowState::read`, `RowMutation::from_proto` with the schema check, and
+//! `Replica::propose` followed by a flush. Not mirrored: the app-profile check
+//! (a comparison with the caller's certificate), placement moves and audits.
+//!
+//! Checked besides "no panic": a committed write's token parses back to itself and
+//! the replica's own watermark covers it (read-your-writes on the replica that
+//! took the write); every response encodes as a frame.
+
+use crate::replication::{drive, frame_len};
+use crate::{REPLICA, at, deployment};
+use bytes::Bytes;
+use pangea_core::limits::Limited;
+use pangea_core::read::{Consistency, Decision, decide};
+use pangea_core::replica::{Config, Event, Now, Replica};
+use pangea_core::{
+    Limits, MemStorage, ReadFilter, ReplicaId, RowMutation, ScopeId, ScopeWatermarks, Storage,
+    Token,
+};
+use pangea_net::{FRAME_BYTES_MAX, decode_frame, encode_frame};
+use pangea_proto::v1 as pb;
+
+// As in pangea-node's serve.rs.
+const GET_MANY_KEYS_MAX: usize = 1_000;
+const SCAN_ROWS_MAX: usize = 1_000;
+const SCAN_ROWS_DEFAULT: usize = 100;
+
+pub fn client_frame(data: &[u8]) {
+    let d = deployment();
+    let mut r = Replica::new(
+        ReplicaId::from(REPLICA),
+        d,
+        Config::default(),
+        MemStorage::new(),
+        7,
+        at(0),
+    )
+    .expect("an in-memory replica opens");
+    let mut stream = data;
+    let mut ms = 0;
+    loop {
+        ms += 7;
+        let now = at(ms);
+        let used = match decode_frame::<pb::ClientRequest>(stream, FRAME_BYTES_MAX) {
+            Ok(None) => break,
+            Ok(Some((req, used))) => {
+                let response = match process(&mut r, now, req) {
+                    Ok(resp) => resp,
+                    Err(message) => {
+                        pb::client_response::Response::Error(pb::Error { code: 0, message })
+                    }
+                };
+                encode_frame(&pb::ClientResponse {
+                    served_by: None,
+                    response: Some(response),
+                })
+                .expect("a response encodes");
+                used
+            }
+            // The node answers with an error and closes the stream.
+            Err(pangea_net::Error::FrameTooLarge { .. }) => break,
+            Err(pangea_net::Error::FrameDecode(_)) => frame_len(stream),
+            Err(e) => panic!("decode_frame returned a transport error: {e}"),
+        };
+        stream = &stream[used..];
+    }
+}
+
+type Response = pb::client_response::Response;
+
+fn process(
+    r: &mut Replica<MemStorage>,
+    now: Now,
+    req: pb::ClientRequest,
+) -> Result<Response, String> {
+    use pb::client_request::Request as R;
+    let limits: Limits = r.config().limits;
+    match req.request.ok_or("empty request")? {
+        R::Get(g) => {
+            Limits::check(Limited::RowKey, g.row_key.len(), limits.row_key_bytes_max)
+                .map_err(|e| e.to_string())?;
+            let scope = scope_here(r, &g.table, &g.row_key)?;
+            admit(r, &scope, &consistency(g.consistency)?, now)?;
+            let row = read_row(r, &g.table, &g.row_key, &filter(g.filter), now)?;
+            Ok(Response::Get(pb::GetResponse { row }))
+        }
+        R::GetMany(g) => {
+            if g.row_keys.len() > GET_MANY_KEYS_MAX {
+                return Err(format!("{} keys", g.row_keys.len()));
+            }
+            let c = consistency(g.consistency)?;
+            let f = filter(g.filter);
+            let mut scope: Option<ScopeId> = None;
+            let mut rows = Vec::new();
+            for key in &g.row_keys {
+                let s = scope_here(r, &g.table, key)?;
+                if scope.as_ref().is_some_and(|x| *x != s) {
+                    return Err("keys span placement policies".into());
+                }
+                if scope.is_none() {
+                    admit(r, &s, &c, now)?;
+                    scope = Some(s);
+                }
+                rows.push(
+                    read_row(r, &g.table, key, &f, now)?.unwrap_or_else(|| pb::Row {
+                        key: key.clone(),
+                        families: vec![],
+                    }),
+                );
+            }
+            Ok(Response::GetMany(pb::GetManyResponse { rows }))
+        }
+        R::ScanPrefix(s) => {
+            let scope = scope_here(r, &s.table, &s.prefix)?;
+            admit(r, &scope, &consistency(s.consistency)?, now)?;
+            let limit = match s.limit as usize {
+                0 => SCAN_ROWS_DEFAULT,
+                n => n.min(SCAN_ROWS_MAX),
+            };
+            let f = filter(s.filter);
+            let d = r.deployment().clone();
+            let after = (!s.resume_after.is_empty()).then_some(&s.resume_after[..]);
+            let found = r
+                .storage()
+                .scan_rows(&s.table, &s.prefix, after, limit + 1)
+                .map_err(|e| e.to_string())?;
+            let more = found.len() > limit;
+            let mut rows = Vec::new();
+            let mut last = Bytes::new();
+            for (key, row) in found.into_iter().take(limit) {
+                assert!(
+                    key.starts_with(&s.prefix),
+                    "scan returned a key outside the prefix"
+                );
+                last = key.clone();
+                if !d.allowed(r.id(), d.scope_of(&s.table, &key)) {
+                    continue;
+                }
+                if let Some(row) =
+                    row.read(&key, &f, d.placement.schema.table(&s.table), now.wall_ms)
+                {
+                    rows.push(row);
+                }
+            }
+            let resume_key = if more { last } else { Bytes::new() };
+            Ok(Response::ScanPrefix(pb::ScanPrefixResponse {
+                rows,
+                resume_key,
+            }))
+        }
+        R::Mutate(m) => {
+            let m = m.mutation.ok_or("mutate without a mutation")?;
+            let mutation = RowMutation::from_proto(m, &limits).map_err(|e| e.to_string())?;
+            mutation
+                .check_schema(&r.deployment().placement.schema)
+                .map_err(|e| e.to_string())?;
+            let scope = scope_here(r, mutation.table(), mutation.row_key())?;
+            let token = r.propose(now, mutation).map_err(|e| e.to_string())?;
+            assert_eq!(token.scope, scope, "a write's token names the row's scope");
+            r.flush(now).expect("flush on in-memory storage");
+            let mut committed = false;
+            while let Some(e) = r.poll_event() {
+                committed |= e == Event::Committed(token.clone());
+            }
+            assert!(committed, "a flushed write is committed");
+            drive(r, now);
+            let encoded = token.encode();
+            assert_eq!(
+                Token::decode(&encoded).as_ref(),
+                Ok(&token),
+                "a token we issue parses back"
+            );
+            let wm = r.watermarks(&scope).expect("the replica's own scope");
+            assert_eq!(
+                decide(&Consistency::Watermark(token), &wm, now.wall_ms),
+                Decision::Serve,
+                "the replica that took a write covers its token"
+            );
+            Ok(Response::Mutate(pb::MutateResponse { token: encoded }))
+        }
+        R::Watermarks(w) => {
+            let scopes: Vec<ScopeId> = r.scopes().cloned().collect();
+            let scopes = scopes
+                .iter()
+                .filter(|s| w.scope.is_empty() || s.as_str() == w.scope)
+                .filter_map(|s| r.watermarks(s))
+                .map(|wm| wm.to_proto())
+                .collect();
+            Ok(Response::Watermarks(pb::WatermarkResponse { scopes }))
+        }
+        R::PlacementMove(_) | R::Audit(_) => Err("not mirrored".into()),
+    }
+}
+
+fn consistency(c: Option<pb::Consistency>) -> Result<Consistency, String> {
+    use pb::consistency::Mode;
+    Ok(match c.and_then(|c| c.mode) {
+        None | Some(Mode::Eventual(_)) => Consistency::Eventual,
+        Some(Mode::RowAffinity(_)) => Consistency::RowAffinity,
+        Some(Mode::WatermarkToken(t)) => Consistency::Watermark(
+            Token::decode(&t).map_err(|e| format!("consistency token: {e}"))?,
+        ),
+        Some(Mode::BoundedStalenessMs(ms)) => Consistency::BoundedStaleness { max_ms: ms },
+    })
+}
+
+fn filter(f: Option<pb::RowFilter>) -> ReadFilter {
+    let f = f.unwrap_or_default();
+    ReadFilter {
+        families: f.families.iter().map(|s| s.as_str().into()).collect(),
+        columns: f
+            .columns
+            .into_iter()
+            .map(|c| (c.family.as_str().into(), c.column))
+            .collect(),
+        versions_per_column: f.versions_per_column,
+    }
+}
+
+fn scope_here(r: &Replica<MemStorage>, table: &str, key: &[u8]) -> Result<ScopeId, String> {
+    let d = r.deployment();
+    if d.placement.schema.table(table).is_none() {
+        return Err(format!("unknown table {table:?}"));
+    }
+    let scope = r.scope_of(table, key);
+    if !d.allowed(r.id(), &scope) {
+        return Err("placement forbids".into());
+    }
+    Ok(scope)
+}
+
+fn admit(
+    r: &Replica<MemStorage>,
+    scope: &ScopeId,
+    c: &Consistency,
+    now: Now,
+) -> Result<ScopeWatermarks, String> {
+    let d = r.deployment();
+    let of = |s: &ScopeId| {
+        r.watermarks(s)
+            .unwrap_or_else(|| ScopeWatermarks::new(s.clone()))
+    };
+    let wm = match c {
+        Consistency::Watermark(t) if &t.scope != scope && d.allowed(r.id(), &t.scope) => {
+            of(&t.scope)
+        }
+        _ => of(scope),
+    };
+    match decide(c, &wm, now.wall_ms) {
+        Decision::Serve => Ok(wm),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+fn read_row(
+    r: &Replica<MemStorage>,
+    table: &str,
+    key: &Bytes,
+    f: &ReadFilter,
+    now: Now,
+) -> Result<Option<pb::Row>, String> {
+    let row = r.storage().get_row(table, key).map_err(|e| e.to_string())?;
+    Ok(row.and_then(|row| {
+        row.read(
+            key,
+            f,
+            r.deployment().placement.schema.table(table),
+            now.wall_ms,
+        )
+    }))
+}
