@@ -477,7 +477,11 @@ pub fn summary_md(sc: &Scenario, description: &str, r: &RunReport) -> String {
         s,
         "## Charts\n\n![latency](latency.svg)\n\n![lag](lag.svg)\n\n![lag heatmap](lag-heatmap.svg)\n\n![topology](topology.svg)\n"
     );
-    let _ = writeln!(s, "Replay: `pangea sim run sim/drills/{}.toml --seed {}`", sc.name, r.seed);
+    let _ = writeln!(
+        s,
+        "Replay: `pangea sim run sim/drills/{}.toml --seed {}`",
+        sc.name, r.seed
+    );
     s
 }
 
