@@ -7,6 +7,7 @@ mod bench_cmd;
 mod cluster_cmd;
 mod data_cmd;
 mod demo_cmd;
+mod load_cmd;
 mod node_cmd;
 mod output;
 mod placement_cmd;
@@ -50,6 +51,11 @@ enum Command {
     Delete(data_cmd::DeleteArgs),
     /// Rows whose key starts with a prefix.
     Scan(data_cmd::ScanArgs),
+    /// Bulk-load batch-built rows into a table from NDJSON or length-delimited
+    /// protobuf, each row written once at the nearest replica its placement allows and
+    /// replicated along the trees; progress on stderr, a throughput and latency report
+    /// (docs/bulk-load.md).
+    Load(load_cmd::LoadArgs),
     /// Watermarks of every replica (or one).
     Watermarks(data_cmd::WatermarksArgs),
     /// Placement on a running cluster: move rows between policies, job status, audit.
@@ -120,6 +126,7 @@ fn main() -> std::process::ExitCode {
         Command::Put(a) => data_cmd::put(a),
         Command::Delete(a) => data_cmd::delete(a),
         Command::Scan(a) => data_cmd::scan(a),
+        Command::Load(a) => load_cmd::run(a),
         Command::Watermarks(a) => data_cmd::watermarks(a),
         Command::Store(cmd) => store_cmd::run(cmd),
         Command::Topology(cmd) => topology_cmd::run(cmd),
