@@ -641,6 +641,12 @@ impl Client {
         to: &str,
         home: Option<&str>,
     ) -> Result<(ReplicaId, String), Error> {
+        // The runner must be in the prefix's current policy: a cached location from
+        // before a move that just finished would pick a replica of the old one. Best
+        // effort: if the refresh fails, the cache decides and the runner double-checks.
+        if let Err(e) = self.refresh_location().await {
+            tracing::debug!(error = %e, "location refresh before a placement move failed");
+        }
         let d = &self.inner.config.deployment;
         let from = self.location().scope_of(d, table, prefix);
         let to_scope = ScopeId::from(to);
