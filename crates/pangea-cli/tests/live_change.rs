@@ -241,6 +241,22 @@ async fn add_and_remove_replicas_and_change_placement_with_no_failed_reads() -> 
         cluster.replica("euw1-b").is_err(),
         "euw1-b is still in the cluster file"
     );
+    // The others dropped its gauges (a stale "suspected" would keep an alert firing);
+    // counters of what was sent to it stay, as counters do.
+    eventually(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        "euw1-a drops the gauges of the removed euw1-b",
+        || async {
+            let (_, metrics) = cluster.admin_get("euw1-a", "/metrics")?;
+            let stale = metrics.lines().any(|l| {
+                (l.starts_with("pangea_peer_suspected{") || l.starts_with("pangea_inflight_bytes{"))
+                    && l.contains("peer=\"euw1-b\"")
+            });
+            Ok((!stale).then_some(()))
+        },
+    )
+    .await?;
 
     // A placement rule change: rows under us/ become EU-resident. A migration job
     // moves them; reads keep succeeding.

@@ -287,7 +287,13 @@ fn view(
 ) {
     replica.handle_view(shared.clock.now(), d.clone());
     let wanted = crate::peer_addresses(&d, &shared.id);
-    peers.retain(|p, _| wanted.contains_key(p));
+    peers.retain(|p, _| {
+        let keep = wanted.contains_key(p);
+        if !keep {
+            shared.metrics.forget_peer(p.as_str());
+        }
+        keep
+    });
     for (peer, addr) in wanted {
         if !peers.contains_key(&peer) {
             tracing::info!(%peer, %addr, "new peer");

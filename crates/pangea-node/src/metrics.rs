@@ -456,6 +456,16 @@ impl NodeMetrics {
     }
 
     /// Sets whether `peer` is suspected by the failure detector.
+    /// Drops the per-peer series of a peer that left the deployment, so a removed
+    /// replica neither stays "suspected" nor keeps its last in-flight bytes.
+    pub fn forget_peer(&self, peer: &str) {
+        let labels = PeerLabels {
+            peer: peer.to_owned(),
+        };
+        self.peer_suspected.remove(&labels);
+        self.inflight_bytes.remove(&labels);
+    }
+
     pub fn set_peer_suspected(&self, peer: &str, suspected: bool) {
         self.peer_suspected
             .get_or_create(&PeerLabels {
