@@ -134,6 +134,62 @@ fn watermarks_from(
         .collect()
 }
 
+/// Protobuf sizes, field by field (proto3: zero scalars and empty strings are not
+/// encoded; every field number here is below 16, so a tag is one byte).
+mod pb_len {
+    pub(super) fn varint(v: u64) -> usize {
+        // 7 bits per byte; zero still takes one byte.
+        (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+    }
+
+    pub(super) fn uint64(v: u64) -> usize {
+        if v == 0 { 0 } else { 1 + varint(v) }
+    }
+
+    pub(super) fn string(s: &str) -> usize {
+        if s.is_empty() {
+            0
+        } else {
+            1 + varint(s.len() as u64) + s.len()
+        }
+    }
+
+    /// An embedded message (always encoded, even when empty) of `len` bytes.
+    pub(super) fn message(len: usize) -> usize {
+        1 + varint(len as u64) + len
+    }
+}
+
+/// `Frame::Heartbeats(hbs).encoded_len()`, computed without building the message.
+pub fn heartbeats_encoded_len(hbs: &[Heartbeat]) -> usize {
+    let batch: usize = hbs
+        .iter()
+        .map(|h| {
+            let applied: usize = h
+                .applied
+                .iter()
+                .map(|(o, w)| {
+                    pb_len::message(
+                        pb_len::string(o.as_str())
+                            + pb_len::uint64(w.sequence)
+                            + pb_len::uint64(w.timestamp.as_u64()),
+                    )
+                })
+                .sum();
+            pb_len::message(
+                pb_len::string(h.scope.as_str())
+                    + pb_len::string(h.origin.as_str())
+                    + pb_len::uint64(h.sequence)
+                    + pb_len::uint64(h.timestamp.as_u64())
+                    + applied
+                    + pb_len::uint64(h.purge.as_u64()),
+            )
+        })
+        .sum();
+    // ReplicationFrame { frame: heartbeats (field 3) = HeartbeatBatch { batch } }.
+    pb_len::message(batch)
+}
+
 fn watermarks_to(w: &[(ReplicaId, Watermark)]) -> Vec<pb::OriginWatermark> {
     w.iter()
         .map(|(o, w)| pb::OriginWatermark {
@@ -335,10 +391,13 @@ impl Frame {
     /// Bytes on the wire, estimated without encoding for mutation batches (payload
     /// plus a fixed envelope per entry): flow control and WAN accounting call this
     /// for every frame, and encoding a batch just to measure it would copy every value.
+    /// Heartbeats, the most frequent frames, are measured exactly without encoding
+    /// (see [`heartbeats_encoded_len`]).
     pub fn wire_bytes(&self) -> usize {
         match self {
             Frame::Mutations(es) => 8 + es.iter().map(LogEntry::wire_bytes).sum::<usize>(),
             Frame::GapFill(g) => 32 + g.entries.iter().map(LogEntry::wire_bytes).sum::<usize>(),
+            Frame::Heartbeats(hbs) => heartbeats_encoded_len(hbs),
             _ => self.encoded_len(),
         }
     }
@@ -362,6 +421,46 @@ impl Frame {
             Frame::GapFill(_) => "gap_fill",
             Frame::SnapshotRequest { .. } => "snapshot_request",
             Frame::SnapshotChunk(_) => "snapshot_chunk",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeat_sizes_are_exact() {
+        let hb = |seq: u64, ts: u64, applied: usize, purge: u64| Heartbeat {
+            scope: ScopeId::global(),
+            origin: "eu-west-1a".into(),
+            sequence: seq,
+            timestamp: Timestamp::from_u64(ts),
+            applied: (0..applied)
+                .map(|i| {
+                    (
+                        ReplicaId::new(format!("r{i}")),
+                        Watermark {
+                            sequence: (i as u64) << (7 * (i % 9)),
+                            timestamp: Timestamp::from_u64(ts >> i),
+                        },
+                    )
+                })
+                .collect(),
+            purge: Timestamp::from_u64(purge),
+        };
+        let cases = vec![
+            vec![],
+            vec![hb(0, 0, 0, 0)],
+            vec![hb(1, 127, 0, 128)],
+            vec![hb(u64::MAX, u64::MAX, 3, u64::MAX)],
+            (0..200)
+                .map(|i| hb(i * 1_000_003, i << 40, (i % 30) as usize, i))
+                .collect(),
+        ];
+        for hbs in cases {
+            let f = Frame::Heartbeats(hbs);
+            assert_eq!(f.wire_bytes(), f.encoded_len(), "{f:?}");
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::ids::{RegionId, ReplicaId, ScopeId};
 use crate::location::Location;
 use crate::token::Token;
 use crate::watermark::ScopeWatermarks;
-use pangea_topology::{AppProfile, Deployment, Priority, Role, Routing};
+use pangea_topology::{AppProfile, Deployment, Priority, Replica, Role, Routing};
 use std::fmt;
 
 /// How fresh a read must be.
@@ -191,10 +191,27 @@ pub fn eligible<'a>(
     client_region: &RegionId,
     scope: &ScopeId,
 ) -> Vec<&'a ReplicaId> {
+    eligible_replicas(d, profile, client_region, scope)
+        .into_iter()
+        .map(|r| &r.id)
+        .collect()
+}
+
+/// [`eligible`], as the topology's replica entries (in id order).
+fn eligible_replicas<'a>(
+    d: &'a Deployment,
+    profile: &AppProfile,
+    client_region: &RegionId,
+    scope: &ScopeId,
+) -> Vec<&'a Replica> {
+    // `Deployment::allowed` for each replica, with the policy looked up once.
+    let Some(policy) = d.placement.policy(scope) else {
+        return Vec::new();
+    };
     d.topology
         .replicas
         .values()
-        .filter(|r| r.role.stores_rows() && d.allowed(&r.id, scope))
+        .filter(|r| r.role.stores_rows() && policy.regions.contains(&r.region))
         .filter(|r| match profile.priority {
             Priority::Serving => r.role == Role::Serving,
             Priority::Batch => r.role == Role::Batch,
@@ -204,15 +221,18 @@ pub fn eligible<'a>(
             Routing::Pinned(list) => list.contains(&r.id),
             Routing::RegionLocal => &r.region == client_region,
         })
-        .map(|r| &r.id)
         .collect()
 }
 
 /// The topology's round-trip estimate from a client in `region` to `replica`.
 pub fn estimated_rtt_ms(d: &Deployment, region: &RegionId, replica: &ReplicaId) -> f64 {
-    let Some(r) = d.topology.replica(replica.as_str()) else {
-        return f64::INFINITY;
-    };
+    match d.topology.replica(replica.as_str()) {
+        Some(r) => estimated_rtt_to(d, region, r),
+        None => f64::INFINITY,
+    }
+}
+
+fn estimated_rtt_to(d: &Deployment, region: &RegionId, r: &Replica) -> f64 {
     if &r.region == region {
         d.topology.regions[&r.region].intra_rtt_ms
     } else {
@@ -260,19 +280,18 @@ pub fn plan_read_at(
         consistency,
     } = *req;
     let scope = location.scope_of(d, table, key);
-    let eligible = eligible(d, profile, client_region, &scope);
+    let eligible = eligible_replicas(d, profile, client_region, &scope);
     if eligible.is_empty() {
         return Err(RouteError::NoEligibleReplica {
             scope,
             profile: profile.name.clone(),
         });
     }
-    let rtt = |r: &ReplicaId| {
-        view.rtt_ms(r)
-            .unwrap_or_else(|| estimated_rtt_ms(d, client_region, r))
+    let rtt = |r: &Replica| {
+        view.rtt_ms(&r.id)
+            .unwrap_or_else(|| estimated_rtt_to(d, client_region, r))
     };
-    let in_region =
-        |r: &ReplicaId, region: &RegionId| d.topology.region_of(r.as_str()) == Some(region);
+    let in_region = |r: &Replica, region: &RegionId| &r.region == region;
     // A row's home region directs reads only when the caller's own region cannot
     // serve the row (its policy keeps the row elsewhere): then the home region's
     // replicas go first, the policy's other regions after. A row the caller's
@@ -282,11 +301,11 @@ pub fn plan_read_at(
     let home = home_owned.as_ref();
     // Healthy before failing; then the home region (when it applies); then by
     // round trip; then by id, so equal inputs give equal plans.
-    let mut ordered: Vec<(bool, bool, f64, &ReplicaId)> = eligible
+    let mut ordered: Vec<(bool, bool, f64, &Replica)> = eligible
         .iter()
         .map(|r| {
             (
-                view.is_down(r),
+                view.is_down(&r.id),
                 home.is_some_and(|h| !in_region(r, h)),
                 rtt(r),
                 *r,
@@ -297,9 +316,9 @@ pub fn plan_read_at(
         (a.0, a.1)
             .cmp(&(b.0, b.1))
             .then(a.2.total_cmp(&b.2))
-            .then(a.3.cmp(b.3))
+            .then(a.3.id.cmp(&b.3.id))
     });
-    let base_reason = |r: &ReplicaId| {
+    let base_reason = |r: &Replica| {
         if home.is_some_and(|h| in_region(r, h)) {
             Reason::Home
         } else {
@@ -309,7 +328,7 @@ pub fn plan_read_at(
     let mut primary: Vec<Candidate> = ordered
         .iter()
         .map(|(_, _, rtt, r)| Candidate {
-            replica: (*r).clone(),
+            replica: r.id.clone(),
             reason: base_reason(r),
             rtt_ms: *rtt,
         })
@@ -334,7 +353,7 @@ pub fn plan_read_at(
                 let candidates: Vec<(&ReplicaId, f64)> = eligible
                     .iter()
                     .filter(|r| in_region(r, &region))
-                    .filter_map(|r| d.topology.replica(r.as_str()).map(|rep| (*r, rep.weight)))
+                    .map(|r| (&r.id, r.weight))
                     .collect();
                 if let Some(winner) = pangea_topology::affinity::rendezvous(&candidates, key)
                     && !view.is_down(winner)

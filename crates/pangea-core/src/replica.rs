@@ -279,8 +279,9 @@ struct ScopeState {
     /// Gossip: what each member reported as applied, per origin.
     applied_by: BTreeMap<ReplicaId, BTreeMap<ReplicaId, Watermark>>,
     purge_horizon: Timestamp,
-    /// Heartbeats to forward: origin -> (heartbeat, the neighbour it came from).
-    heartbeat_news: BTreeMap<ReplicaId, (Heartbeat, ReplicaId)>,
+    /// Heartbeats to forward, newest per origin, in origin order: (heartbeat, the
+    /// neighbour it came from). A vector drained in place, so its room is reused.
+    heartbeat_news: Vec<(Heartbeat, ReplicaId)>,
     /// An incoming snapshot, if one is being installed.
     incoming: Option<Incoming>,
     /// Members that recently sent us tree traffic (mutations, heartbeats) directly,
@@ -300,6 +301,20 @@ impl ScopeState {
             }
         }
         out
+    }
+
+    /// Each origin's durable watermark (zero for one never heard from), in origin
+    /// order. Origins and streams are both in id order: they are walked together
+    /// rather than each origin looked up.
+    fn durable_watermarks(&self) -> impl Iterator<Item = (ReplicaId, Watermark)> + '_ {
+        let mut streams = self.streams.iter().peekable();
+        self.origins.iter().map(move |o| {
+            while streams.next_if(|(id, _)| *id < o).is_some() {}
+            let wm = streams
+                .next_if(|(id, _)| *id == o)
+                .map_or_else(Watermark::default, |(_, st)| st.durable);
+            (o.clone(), wm)
+        })
     }
 
     fn adopt(&mut self, from: &ReplicaId, until_us: u64) {
@@ -344,6 +359,69 @@ struct Peer {
     outgoing: VecDeque<Outgoing>,
 }
 
+impl Peer {
+    fn new(last_heard_us: u64) -> Peer {
+        Peer {
+            last_heard_us,
+            ..Default::default()
+        }
+    }
+}
+
+/// The peers, in id order, in one vector: `poll_transmit` walks them by position
+/// (no map lookups, no copy of the ids), other paths find one by binary search.
+#[derive(Debug, Default)]
+struct Peers(Vec<(ReplicaId, Peer)>);
+
+impl Peers {
+    fn position(&self, id: &ReplicaId) -> Result<usize, usize> {
+        self.0.binary_search_by(|(p, _)| {
+            // Ids handed around are mostly clones of one `Arc`: equal addresses are
+            // equal ids, without comparing the strings.
+            if std::ptr::eq(p.as_str(), id.as_str()) {
+                std::cmp::Ordering::Equal
+            } else {
+                p.cmp(id)
+            }
+        })
+    }
+
+    fn get(&self, id: &ReplicaId) -> Option<&Peer> {
+        self.position(id).ok().map(|i| &self.0[i].1)
+    }
+
+    fn get_mut(&mut self, id: &ReplicaId) -> Option<&mut Peer> {
+        self.position(id).ok().map(|i| &mut self.0[i].1)
+    }
+
+    fn contains_key(&self, id: &ReplicaId) -> bool {
+        self.position(id).is_ok()
+    }
+
+    /// Adds `id` (with `peer`) unless present.
+    fn insert_if_absent(&mut self, id: &ReplicaId, peer: impl FnOnce() -> Peer) {
+        if let Err(i) = self.position(id) {
+            self.0.insert(i, (id.clone(), peer()));
+        }
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&ReplicaId) -> bool) {
+        self.0.retain(|(id, _)| keep(id));
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&ReplicaId, &Peer)> {
+        self.0.iter().map(|(id, p)| (id, p))
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = (&ReplicaId, &mut Peer)> {
+        self.0.iter_mut().map(|(id, p)| (&*id, p))
+    }
+}
+
 /// A replica of one deployment. See the module documentation.
 #[derive(Debug)]
 pub struct Replica<S: Storage> {
@@ -355,7 +433,7 @@ pub struct Replica<S: Storage> {
     rng: crate::rng::Rng,
     stores_rows: bool,
     scopes: BTreeMap<ScopeId, ScopeState>,
-    peers: BTreeMap<ReplicaId, Peer>,
+    peers: Peers,
     /// Round-robin position over peers in `poll_transmit`, for fairness.
     next_peer: usize,
     events: VecDeque<Event>,
@@ -403,7 +481,7 @@ impl<S: Storage> Replica<S> {
             rng: crate::rng::Rng::new(seed),
             stores_rows: role.stores_rows(),
             scopes: BTreeMap::new(),
-            peers: BTreeMap::new(),
+            peers: Peers::default(),
             next_peer: 0,
             events: VecDeque::new(),
             unflushed: Vec::new(),
@@ -481,16 +559,7 @@ impl<S: Storage> Replica<S> {
     /// Durable watermarks for `scope`: what reads may rely on (I6).
     pub fn watermarks(&self, scope: &ScopeId) -> Option<ScopeWatermarks> {
         let s = self.scopes.get(scope)?;
-        let origins = s
-            .origins
-            .iter()
-            .map(|o| {
-                (
-                    o.clone(),
-                    s.streams.get(o).map(|st| st.durable).unwrap_or_default(),
-                )
-            })
-            .collect();
+        let origins = s.durable_watermarks().collect();
         Some(ScopeWatermarks {
             scope: scope.clone(),
             origins,
@@ -606,7 +675,7 @@ impl<S: Storage> Replica<S> {
     fn live_set(&self, members: &BTreeSet<ReplicaId>) -> BTreeSet<ReplicaId> {
         members
             .iter()
-            .filter(|m| **m == self.id || !self.peers.get(*m).is_some_and(|p| p.suspected))
+            .filter(|m| **m == self.id || !self.peers.get(m).is_some_and(|p| p.suspected))
             .cloned()
             .collect()
     }
@@ -623,10 +692,7 @@ impl<S: Storage> Replica<S> {
         for scope in &mine {
             let members = d.scope_members(scope);
             for m in members.iter().filter(|m| **m != self.id) {
-                self.peers.entry(m.clone()).or_insert_with(|| Peer {
-                    last_heard_us: now.mono_us,
-                    ..Default::default()
-                });
+                self.peers.insert_if_absent(m, || Peer::new(now.mono_us));
             }
             let origins: BTreeSet<ReplicaId> = members
                 .iter()
@@ -657,7 +723,7 @@ impl<S: Storage> Replica<S> {
                             streams: BTreeMap::new(),
                             applied_by: BTreeMap::new(),
                             purge_horizon: Timestamp::ZERO,
-                            heartbeat_news: BTreeMap::new(),
+                            heartbeat_news: Vec::new(),
                             incoming: None,
                             inbound: BTreeMap::new(),
                         },
@@ -670,7 +736,7 @@ impl<S: Storage> Replica<S> {
             .values()
             .flat_map(|s| s.members.iter().cloned())
             .collect();
-        self.peers.retain(|id, _| all_members.contains(id));
+        self.peers.retain(|id| all_members.contains(id));
     }
 
     /// A new deployment (topology or placement reloaded): scopes, members and trees
@@ -1316,16 +1382,7 @@ impl<S: Storage> Replica<S> {
         // The snapshot's rows are read over time while writes continue; every row
         // includes at least what these watermarks cover, and rows merge as CRDTs, so
         // a fuzzy snapshot plus the stream from these watermarks on converges (I9).
-        let watermarks: Vec<(ReplicaId, Watermark)> = s
-            .origins
-            .iter()
-            .map(|o| {
-                (
-                    o.clone(),
-                    s.streams.get(o).map(|st| st.durable).unwrap_or_default(),
-                )
-            })
-            .collect();
+        let watermarks: Vec<(ReplicaId, Watermark)> = s.durable_watermarks().collect();
         let tables: VecDeque<Arc<str>> = self
             .deployment
             .placement
@@ -1525,15 +1582,7 @@ impl<S: Storage> Replica<S> {
             .map(|st| st.durable)
             .unwrap_or_default();
         let applied = if gossip {
-            s.origins
-                .iter()
-                .map(|o| {
-                    (
-                        o.clone(),
-                        s.streams.get(o).map(|st| st.durable).unwrap_or_default(),
-                    )
-                })
-                .collect()
+            s.durable_watermarks().collect()
         } else {
             Vec::new()
         };
@@ -1574,7 +1623,7 @@ impl<S: Storage> Replica<S> {
                 to.extend(
                     s.members
                         .iter()
-                        .filter(|m| self.peers.get(*m).is_some_and(|p| p.suspected))
+                        .filter(|m| self.peers.get(m).is_some_and(|p| p.suspected))
                         .cloned(),
                 );
             }
@@ -1649,7 +1698,13 @@ impl<S: Storage> Replica<S> {
                     st.hint = Some(from.clone());
                 }
             }
-            s.heartbeat_news.insert(origin.clone(), (hb, from.clone()));
+            match s
+                .heartbeat_news
+                .binary_search_by(|(h, _)| h.origin.cmp(&origin))
+            {
+                Ok(i) => s.heartbeat_news[i] = (hb, from.clone()),
+                Err(i) => s.heartbeat_news.insert(i, (hb, from.clone())),
+            }
             if self.forward_heartbeats_at_us.is_none() {
                 self.forward_heartbeats_at_us =
                     Some(now.mono_us + self.config.heartbeat_forward_delay_ms * 1_000);
@@ -1662,21 +1717,18 @@ impl<S: Storage> Replica<S> {
     }
 
     fn forward_heartbeat_news(&mut self) {
-        let mut out: BTreeMap<ReplicaId, Vec<Heartbeat>> = BTreeMap::new();
+        // Each peer gets its heartbeats in scope order, then origin order.
         for s in self.scopes.values_mut() {
             let neighbours = s.forward_set(&self.id);
-            for (_, (hb, came_from)) in std::mem::take(&mut s.heartbeat_news) {
+            for (hb, came_from) in s.heartbeat_news.drain(..) {
                 for n in neighbours
                     .iter()
                     .filter(|n| **n != came_from && **n != hb.origin)
                 {
-                    out.entry(n.clone()).or_default().push(hb.clone());
+                    if let Some(p) = self.peers.get_mut(n) {
+                        p.heartbeats.push(hb.clone());
+                    }
                 }
-            }
-        }
-        for (n, hbs) in out {
-            if let Some(p) = self.peers.get_mut(&n) {
-                p.heartbeats.extend(hbs);
             }
         }
     }
@@ -1691,16 +1743,7 @@ impl<S: Storage> Replica<S> {
         for scope in scopes {
             let s = self.scopes.get_mut(&scope).expect("listed above");
             // Our own durable state counts as our report.
-            let mine: BTreeMap<ReplicaId, Watermark> = s
-                .origins
-                .iter()
-                .map(|o| {
-                    (
-                        o.clone(),
-                        s.streams.get(o).map(|st| st.durable).unwrap_or_default(),
-                    )
-                })
-                .collect();
+            let mine: BTreeMap<ReplicaId, Watermark> = s.durable_watermarks().collect();
             s.applied_by.insert(self.id.clone(), mine);
             // The horizon needs a report from every member (I5): until then, nothing.
             let complete = s.members.iter().all(|m| s.applied_by.contains_key(m));
@@ -1859,7 +1902,7 @@ impl<S: Storage> Replica<S> {
         }
         let limit_us = self.config.suspect_after_ms * 1_000;
         let mut changed = false;
-        for (id, p) in &mut self.peers {
+        for (id, p) in self.peers.iter_mut() {
             if !p.suspected && now.mono_us.saturating_sub(p.last_heard_us) > limit_us {
                 p.suspected = true;
                 changed = true;
@@ -1912,25 +1955,22 @@ impl<S: Storage> Replica<S> {
     /// The next frame to send: control frames first, then batched mutations, then
     /// snapshot chunks, round-robin over peers, within each peer's in-flight bound.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        let ids: Vec<ReplicaId> = self.peers.keys().cloned().collect();
-        if ids.is_empty() {
-            return None;
-        }
-        for k in 0..ids.len() {
-            let i = (self.next_peer + k) % ids.len();
-            let id = &ids[i];
-            if let Some(t) = self.next_for(id) {
-                self.next_peer = (i + 1) % ids.len();
+        let n = self.peers.len();
+        for k in 0..n {
+            let i = (self.next_peer + k) % n;
+            if let Some(t) = self.next_for(i) {
+                self.next_peer = (i + 1) % n;
                 return Some(t);
             }
         }
         None
     }
 
-    fn next_for(&mut self, id: &ReplicaId) -> Option<Transmit> {
+    /// The next frame for the `i`-th peer (in id order), if it has one ready.
+    fn next_for(&mut self, i: usize) -> Option<Transmit> {
         let max_inflight = self.config.inflight_bytes_max;
         let batch_max = self.config.batch_bytes_max;
-        let p = self.peers.get_mut(id)?;
+        let p = &mut self.peers.0[i].1;
         let frame = if !p.heartbeats.is_empty() {
             Frame::Heartbeats(std::mem::take(&mut p.heartbeats))
         } else if let Some(f) = p.frames.pop_front() {
@@ -1954,7 +1994,7 @@ impl<S: Storage> Replica<S> {
                 Ok(c) => c,
                 Err(_) => return None, // storage trouble: the requester will retry
             };
-            let p = self.peers.get_mut(id)?;
+            let p = &mut self.peers.0[i].1;
             if !chunk.last {
                 p.outgoing.push_front(o);
             }
@@ -1963,7 +2003,7 @@ impl<S: Storage> Replica<S> {
             return None;
         };
         let bytes = frame.wire_bytes();
-        let p = self.peers.get_mut(id)?;
+        let (id, p) = &mut self.peers.0[i];
         p.inflight_bytes += bytes;
         Some(Transmit {
             to: id.clone(),

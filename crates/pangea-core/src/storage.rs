@@ -150,59 +150,161 @@ pub trait Storage {
     fn meta(&self, key: &str) -> Result<Option<Bytes>, StorageError>;
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// One (scope, origin) stream's log, by sequence.
+type StreamLog = BTreeMap<u64, LogEntry>;
+
+#[derive(Debug, Clone, Default)]
 struct MemState {
-    rows: BTreeMap<(Arc<str>, Bytes), RowState>,
-    log: BTreeMap<(ScopeId, ReplicaId, u64), LogEntry>,
+    /// Rows by table, then key: lookups borrow the caller's `&str` and `&[u8]`.
+    rows: BTreeMap<Arc<str>, BTreeMap<Bytes, RowState>>,
+    /// The log by stream, then sequence: one string comparison per stream, not per
+    /// entry.
+    log: BTreeMap<(ScopeId, ReplicaId), StreamLog>,
     watermarks: BTreeMap<(ScopeId, ReplicaId), Watermark>,
     meta: BTreeMap<String, Bytes>,
 }
 
+/// What one change replaced, so that a crash can put it back.
+#[derive(Debug, Clone)]
+enum Undo {
+    Row {
+        table: Arc<str>,
+        key: Bytes,
+        old: Option<RowState>,
+    },
+    Log {
+        stream: (ScopeId, ReplicaId),
+        sequence: u64,
+        old: Option<LogEntry>,
+    },
+    Truncated {
+        stream: (ScopeId, ReplicaId),
+        entries: StreamLog,
+    },
+    Watermark {
+        stream: (ScopeId, ReplicaId),
+        old: Option<Watermark>,
+    },
+    Meta {
+        key: String,
+        old: Option<Bytes>,
+    },
+}
+
 impl MemState {
-    fn apply(&mut self, batch: &WriteBatch) {
-        for w in &batch.rows {
-            let key = (w.table.clone(), w.key.clone());
-            match &w.row {
-                Some(row) => self.rows.insert(key, row.clone()),
-                None => self.rows.remove(&key),
+    /// Applies `batch`, moving its contents in, and records in `undo` what each
+    /// change replaced.
+    fn apply(&mut self, batch: WriteBatch, undo: &mut Vec<Undo>) {
+        for w in batch.rows {
+            let old = match w.row {
+                Some(row) => self
+                    .rows
+                    .entry(w.table.clone())
+                    .or_default()
+                    .insert(w.key.clone(), row),
+                None => self.rows.get_mut(&w.table).and_then(|t| t.remove(&w.key)),
             };
+            undo.push(Undo::Row {
+                table: w.table,
+                key: w.key,
+                old,
+            });
         }
-        for e in &batch.log {
-            self.log
-                .insert((e.scope.clone(), e.origin.clone(), e.sequence), e.clone());
-        }
-        for (scope, origin, wm) in &batch.watermarks {
-            self.watermarks.insert((scope.clone(), origin.clone()), *wm);
-        }
-        for (scope, origin, below) in &batch.truncate_log {
-            let doomed: Vec<_> = self
+        for e in batch.log {
+            let stream = (e.scope.clone(), e.origin.clone());
+            let sequence = e.sequence;
+            let old = self
                 .log
-                .range((scope.clone(), origin.clone(), 0)..(scope.clone(), origin.clone(), *below))
-                .map(|(k, _)| k.clone())
-                .collect();
-            for k in doomed {
-                self.log.remove(&k);
+                .entry(stream.clone())
+                .or_default()
+                .insert(sequence, e);
+            undo.push(Undo::Log {
+                stream,
+                sequence,
+                old,
+            });
+        }
+        for (scope, origin, wm) in batch.watermarks {
+            let stream = (scope, origin);
+            let old = self.watermarks.insert(stream.clone(), wm);
+            undo.push(Undo::Watermark { stream, old });
+        }
+        for (scope, origin, below) in batch.truncate_log {
+            let stream = (scope, origin);
+            if let Some(log) = self.log.get_mut(&stream) {
+                let kept = log.split_off(&below);
+                let entries = std::mem::replace(log, kept);
+                if !entries.is_empty() {
+                    undo.push(Undo::Truncated { stream, entries });
+                }
             }
         }
-        for (k, v) in &batch.meta {
-            match v {
-                Some(v) => self.meta.insert(k.clone(), v.clone()),
-                None => self.meta.remove(k),
+        for (key, v) in batch.meta {
+            let old = match v {
+                Some(v) => self.meta.insert(key.clone(), v),
+                None => self.meta.remove(&key),
             };
+            undo.push(Undo::Meta { key, old });
+        }
+    }
+
+    /// Reverts one change (records are reverted newest first).
+    fn revert(&mut self, u: Undo) {
+        match u {
+            Undo::Row { table, key, old } => {
+                let t = self.rows.entry(table).or_default();
+                match old {
+                    Some(row) => t.insert(key, row),
+                    None => t.remove(&key),
+                };
+            }
+            Undo::Log {
+                stream,
+                sequence,
+                old,
+            } => {
+                let log = self.log.entry(stream).or_default();
+                match old {
+                    Some(e) => log.insert(sequence, e),
+                    None => log.remove(&sequence),
+                };
+            }
+            Undo::Truncated {
+                stream,
+                mut entries,
+            } => {
+                let log = self.log.entry(stream).or_default();
+                entries.append(log);
+                *log = entries;
+            }
+            Undo::Watermark { stream, old } => {
+                match old {
+                    Some(w) => self.watermarks.insert(stream, w),
+                    None => self.watermarks.remove(&stream),
+                };
+            }
+            Undo::Meta { key, old } => {
+                match old {
+                    Some(v) => self.meta.insert(key, v),
+                    None => self.meta.remove(&key),
+                };
+            }
         }
     }
 }
 
 /// In-memory [`Storage`] for tests and the simulator. It models durability: writes
 /// since the last [`Storage::sync`] are lost by [`MemStorage::crash`].
+///
+/// One copy of the state is kept: each write records what it replaced (moved out,
+/// not copied), a sync forgets those records, and a crash reverts them newest first,
+/// which leaves exactly the state as of the last sync.
 #[derive(Debug, Clone, Default)]
 pub struct MemStorage {
     /// What reads see.
     current: MemState,
-    /// What survives a crash.
-    durable: MemState,
-    /// Batches written since the last sync, replayed onto `durable` by `sync`.
-    unsynced: Vec<WriteBatch>,
+    /// What the writes since the last sync replaced, oldest first.
+    unsynced: Vec<Undo>,
 }
 
 impl MemStorage {
@@ -212,28 +314,38 @@ impl MemStorage {
 
     /// Loses every write not yet synced, as a `kill -9` would.
     pub fn crash(&mut self) {
-        self.current = self.durable.clone();
-        self.unsynced.clear();
+        while let Some(u) = self.unsynced.pop() {
+            self.current.revert(u);
+        }
     }
 
     /// Number of rows held.
     pub fn row_count(&self) -> usize {
-        self.current.rows.len()
+        self.current.rows.values().map(BTreeMap::len).sum()
     }
 
     /// Every row in (table, key) order, for digests and checkers.
     pub fn rows(&self) -> impl Iterator<Item = (&Arc<str>, &Bytes, &RowState)> {
-        self.current.rows.iter().map(|((t, k), r)| (t, k, r))
+        self.current
+            .rows
+            .iter()
+            .flat_map(|(t, rows)| rows.iter().map(move |(k, r)| (t, k, r)))
+    }
+
+    /// A row, borrowed: [`Storage::get_row`] without the copy, for drivers that
+    /// only look at it (the simulator measures served rows).
+    pub fn row(&self, table: &str, key: &[u8]) -> Option<&RowState> {
+        self.current.rows.get(table).and_then(|t| t.get(key))
+    }
+
+    fn stream_log(&self, scope: &ScopeId, origin: &ReplicaId) -> Option<&StreamLog> {
+        self.current.log.get(&(scope.clone(), origin.clone()))
     }
 }
 
 impl Storage for MemStorage {
     fn get_row(&self, table: &str, key: &[u8]) -> Result<Option<RowState>, StorageError> {
-        Ok(self
-            .current
-            .rows
-            .get(&(Arc::from(table), Bytes::copy_from_slice(key)))
-            .cloned())
+        Ok(self.row(table, key).cloned())
     }
 
     fn scan_rows(
@@ -243,37 +355,38 @@ impl Storage for MemStorage {
         after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Bytes, RowState)>, StorageError> {
-        let table: Arc<str> = table.into();
-        let start = match after {
-            Some(a) if a >= prefix => Bound::Excluded((table.clone(), Bytes::copy_from_slice(a))),
-            _ => Bound::Included((table.clone(), Bytes::copy_from_slice(prefix))),
+        let Some(rows) = self.current.rows.get(table) else {
+            return Ok(Vec::new());
         };
-        Ok(self
-            .current
-            .rows
-            .range((start, Bound::Unbounded))
-            .take_while(|((t, k), _)| *t == table && k.starts_with(prefix))
+        let start = match after {
+            Some(a) if a >= prefix => Bound::Excluded(a),
+            _ => Bound::Included(prefix),
+        };
+        Ok(rows
+            .range::<[u8], _>((start, Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
             .take(limit)
-            .map(|((_, k), r)| (k.clone(), r.clone()))
+            .map(|(k, r)| (k.clone(), r.clone()))
             .collect())
     }
 
     fn tables(&self) -> Result<Vec<Arc<str>>, StorageError> {
-        let mut tables: Vec<Arc<str>> = self.current.rows.keys().map(|(t, _)| t.clone()).collect();
-        tables.dedup();
-        Ok(tables)
+        Ok(self
+            .current
+            .rows
+            .iter()
+            .filter(|(_, rows)| !rows.is_empty())
+            .map(|(t, _)| t.clone())
+            .collect())
     }
 
     fn write(&mut self, batch: WriteBatch) -> Result<(), StorageError> {
-        self.current.apply(&batch);
-        self.unsynced.push(batch);
+        self.current.apply(batch, &mut self.unsynced);
         Ok(())
     }
 
     fn sync(&mut self) -> Result<(), StorageError> {
-        for batch in self.unsynced.drain(..) {
-            self.durable.apply(&batch);
-        }
+        self.unsynced.clear();
         Ok(())
     }
 
@@ -285,14 +398,14 @@ impl Storage for MemStorage {
         max_entries: usize,
     ) -> Result<Vec<LogEntry>, StorageError> {
         Ok(self
-            .current
-            .log
-            .range(
-                (scope.clone(), origin.clone(), from)..=(scope.clone(), origin.clone(), u64::MAX),
-            )
-            .take(max_entries)
-            .map(|(_, e)| e.clone())
-            .collect())
+            .stream_log(scope, origin)
+            .map(|log| {
+                log.range(from..)
+                    .take(max_entries)
+                    .map(|(_, e)| e.clone())
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 
     fn log_bounds(
@@ -300,13 +413,11 @@ impl Storage for MemStorage {
         scope: &ScopeId,
         origin: &ReplicaId,
     ) -> Result<Option<(u64, u64)>, StorageError> {
-        let mut range = self
-            .current
-            .log
-            .range((scope.clone(), origin.clone(), 0)..=(scope.clone(), origin.clone(), u64::MAX));
-        let first = range.next().map(|(k, _)| k.2);
-        let last = range.next_back().map(|(k, _)| k.2).or(first);
-        Ok(first.zip(last))
+        Ok(self.stream_log(scope, origin).and_then(|log| {
+            let first = log.first_key_value()?.0;
+            let last = log.last_key_value()?.0;
+            Some((*first, *last))
+        }))
     }
 
     fn watermarks(&self) -> Result<Vec<(ScopeId, ReplicaId, Watermark)>, StorageError> {
@@ -320,5 +431,100 @@ impl Storage for MemStorage {
 
     fn meta(&self, key: &str) -> Result<Option<Bytes>, StorageError> {
         Ok(self.current.meta.get(key).cloned())
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mutation::Mutation;
+
+    fn entry(sequence: u64) -> LogEntry {
+        LogEntry {
+            scope: ScopeId::global(),
+            origin: "a".into(),
+            sequence,
+            timestamp: Timestamp::from_u64(sequence),
+            mutation: RowMutation::new("t", "k", vec![Mutation::DeleteFromRow], &Limits::default())
+                .unwrap(),
+        }
+    }
+
+    fn row_write(key: &str, row: Option<RowState>) -> RowWrite {
+        RowWrite {
+            table: "t".into(),
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            row,
+        }
+    }
+
+    /// Everything observable through the trait, for comparing two stores.
+    fn observe(s: &MemStorage) -> String {
+        let (g, a) = (ScopeId::global(), ReplicaId::from("a"));
+        format!(
+            "{:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+            s.rows().collect::<Vec<_>>(),
+            s.tables().unwrap(),
+            s.read_log(&g, &a, 0, usize::MAX).unwrap(),
+            s.log_bounds(&g, &a).unwrap(),
+            s.watermarks().unwrap(),
+            s.meta("m").unwrap(),
+            s.scan_rows("t", b"k", Some(b"k1"), 10).unwrap(),
+        )
+    }
+
+    #[test]
+    fn crash_keeps_exactly_what_was_synced() {
+        let wm = |n| Watermark {
+            sequence: n,
+            timestamp: Timestamp::from_u64(n),
+        };
+        let (g, a) = (ScopeId::global(), ReplicaId::from("a"));
+        let mut s = MemStorage::new();
+        s.write(WriteBatch {
+            rows: vec![
+                row_write("k1", Some(RowState::default())),
+                row_write("k2", Some(RowState::default())),
+            ],
+            log: (1..=5).map(entry).collect(),
+            watermarks: vec![(g.clone(), a.clone(), wm(5))],
+            meta: vec![("m".into(), Some(Bytes::from_static(b"1")))],
+            ..WriteBatch::default()
+        })
+        .unwrap();
+        s.sync().unwrap();
+        let synced = observe(&s);
+        // Overwrites, deletions, truncation and new entries, in two batches.
+        s.write(WriteBatch {
+            rows: vec![
+                row_write("k1", None),
+                row_write("k3", Some(RowState::default())),
+            ],
+            log: (6..=8).map(entry).collect(),
+            watermarks: vec![(g.clone(), a.clone(), wm(8))],
+            truncate_log: vec![(g.clone(), a.clone(), 4)],
+            meta: vec![("m".into(), None)],
+        })
+        .unwrap();
+        s.write(WriteBatch {
+            rows: vec![row_write("k2", None), row_write("k3", None)],
+            truncate_log: vec![(g.clone(), a.clone(), 100)],
+            ..WriteBatch::default()
+        })
+        .unwrap();
+        assert_eq!(s.log_bounds(&g, &a).unwrap(), None);
+        assert_eq!(s.tables().unwrap(), Vec::<Arc<str>>::new());
+        assert_ne!(observe(&s), synced);
+        s.crash();
+        assert_eq!(observe(&s), synced);
+        assert_eq!(s.log_bounds(&g, &a).unwrap(), Some((1, 5)));
+        // A synced write survives a crash.
+        s.write(WriteBatch {
+            truncate_log: vec![(g.clone(), a.clone(), 3)],
+            ..WriteBatch::default()
+        })
+        .unwrap();
+        s.sync().unwrap();
+        s.crash();
+        assert_eq!(s.log_bounds(&g, &a).unwrap(), Some((3, 5)));
     }
 }

@@ -22,7 +22,7 @@
 //! a partitioned or paused one is silent (the attempt runs into the deadline).
 //! Client traffic has no bandwidth limit.
 //!
-//! Reads are served from `replica.storage().get_row` after
+//! Reads are served from `replica.storage().row` (`get_row` without the copy) after
 //! `pangea_core::read::decide` against the replica's durable `watermarks(scope)`;
 //! every answer carries those watermarks back to the client, which remembers them
 //! for later plans. Reads, hedging, failover and the watermark fallback race follow
@@ -469,7 +469,7 @@ impl Simulation {
         let mut rng = SimRng::new(sc.seed);
         let net: Network<Wire> =
             Network::new(&d.topology, sc.net.clone(), rng.next_u64()).context("network")?;
-        let names = Interner::new(net.replicas().map(|(_, id)| id.as_str()));
+        let mut names = Interner::new(net.replicas().map(|(_, id)| id.as_str()));
         let n = names.len();
         // Every scope of every deployment the run will hand out, in a fixed order.
         let mut views = vec![d.clone()];
@@ -482,6 +482,31 @@ impl Simulation {
         for v in &views {
             for s in v.scopes() {
                 scopes.intern(s.as_str());
+            }
+        }
+        // The ids replicas and frontends hand back are clones of the deployments'.
+        for (_, id) in net.replicas() {
+            names.pin(id);
+        }
+        for v in &views {
+            for (id, r) in &v.topology.replicas {
+                names.pin(id);
+                names.pin(&r.id);
+            }
+            for region in v.topology.regions.values() {
+                for id in &region.replicas {
+                    names.pin(id);
+                }
+            }
+            for (s, p) in &v.placement.policies {
+                scopes.pin(s);
+                scopes.pin(&p.name);
+            }
+            for r in &v.placement.rules {
+                scopes.pin(&r.policy);
+            }
+            for s in v.placement.table_defaults.values() {
+                scopes.pin(s);
             }
         }
         let allowed = views

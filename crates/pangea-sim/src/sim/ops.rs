@@ -1,6 +1,6 @@
 //! Client operations: issuing, routing (`plan_read`), the request's trip to a
-//! replica and back, serving it there (`decide`, `get_row`, `propose`), and the
-//! client's reaction to each answer — `pangea-client`'s `read::run` and `mutate` as
+//! replica and back, serving it there (`decide`, `MemStorage::row`, `propose`), and
+//! the client's reaction to each answer — `pangea-client`'s `read::run` and `mutate` as
 //! event handlers.
 
 use super::*;
@@ -397,10 +397,11 @@ impl Simulation {
         let reply = match decision {
             Decision::Serve => {
                 let table = self.sc.workload.table.as_str();
-                let bytes = match rep.storage().get_row(table, &op.key) {
-                    Ok(Some(row)) => row.value_bytes(),
-                    _ => 0,
-                };
+                // `get_row` without the copy: only the size is needed.
+                let bytes = rep
+                    .storage()
+                    .row(table, &op.key)
+                    .map_or(0, RowState::value_bytes);
                 // C4: a watermark read is served only by a replica that applied the
                 // token's write.
                 if let Consistency::Watermark(token) = &op.consistency
