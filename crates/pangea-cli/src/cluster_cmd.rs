@@ -113,18 +113,42 @@ pub(crate) struct UpOptions {
     pub durability: String,
 }
 
-/// A free port on 127.0.0.1 for UDP (QUIC) and one for TCP (admin). The OS picks; we
-/// release and hand it on (a small race with other processes, acceptable locally).
-fn free_udp_port() -> Result<u16> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// A replica's QUIC socket and admin listener, bound here and handed to its process
+/// (`pangea start` takes them from `LISTEN_FDS`). Binding in the parent and passing
+/// the socket leaves no moment in which a port we picked is free for another process
+/// to take, as "pick a free port, release it, let the child bind it" would.
+pub(crate) struct ReplicaSockets {
+    quic: std::net::UdpSocket,
+    admin: std::net::TcpListener,
 }
 
-fn free_tcp_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+impl ReplicaSockets {
+    /// Fresh ports on 127.0.0.1, picked by the OS.
+    fn fresh() -> Result<ReplicaSockets> {
+        ReplicaSockets::bind("127.0.0.1:0", "127.0.0.1:0", "a new replica")
+    }
+
+    /// The recorded addresses of replica `id` (a restart keeps its ports).
+    fn bind(address: &str, admin: &str, id: &str) -> Result<ReplicaSockets> {
+        let quic_addr: SocketAddr = address
+            .parse()
+            .with_context(|| format!("replica {id}: address {address:?} is not host:port"))?;
+        let admin_addr: SocketAddr = admin
+            .parse()
+            .with_context(|| format!("replica {id}: admin {admin:?} is not host:port"))?;
+        let quic = pangea_net::bind_udp_socket(quic_addr)
+            .with_context(|| format!("replica {id}: binding its QUIC address {quic_addr}"))?;
+        let admin = std::net::TcpListener::bind(admin_addr)
+            .with_context(|| format!("replica {id}: binding its admin address {admin_addr}"))?;
+        Ok(ReplicaSockets { quic, admin })
+    }
+
+    fn addresses(&self) -> Result<(String, String)> {
+        Ok((
+            self.quic.local_addr()?.to_string(),
+            self.admin.local_addr()?.to_string(),
+        ))
+    }
 }
 
 /// Starts a local cluster and returns its cluster file (also written to DIR).
@@ -163,15 +187,15 @@ pub(crate) fn up(o: &UpOptions) -> Result<ClusterFile> {
     // so data directories and cluster files stay valid across restarts.
     let earlier = ClusterFile::load(&cluster_path(&dir)).ok();
     let mut replicas = Vec::new();
+    let mut sockets = Vec::new();
     for r in deployment.topology.replicas.values() {
         let before = earlier.as_ref().and_then(|c| c.replica(r.id.as_str()));
-        let (address, admin) = match before {
-            Some(b) => (b.address.clone(), b.admin.clone()),
-            None => (
-                format!("127.0.0.1:{}", free_udp_port()?),
-                format!("127.0.0.1:{}", free_tcp_port()?),
-            ),
+        let bound = match before {
+            Some(b) => ReplicaSockets::bind(&b.address, &b.admin, r.id.as_str())?,
+            None => ReplicaSockets::fresh()?,
         };
+        let (address, admin) = bound.addresses()?;
+        sockets.push(bound);
         replicas.push(ClusterReplica {
             id: r.id.to_string(),
             region: r.region.to_string(),
@@ -195,12 +219,13 @@ pub(crate) fn up(o: &UpOptions) -> Result<ClusterFile> {
         None => None,
     };
     std::fs::create_dir_all(dir.join("logs"))?;
-    for r in &mut replicas {
+    for (r, sockets) in replicas.iter_mut().zip(sockets) {
         r.pid = Some(spawn_replica(
             &topology,
             placement.as_deref(),
             &certs,
             r,
+            sockets,
             o.emulate_wan,
             &o.durability,
             false,
@@ -269,12 +294,15 @@ pub(crate) fn fill_addresses(text: &str, replicas: &[ClusterReplica]) -> Result<
 }
 
 /// Starts one replica process as `cluster up` does (its own process group, log file
-/// appended to when `append`). Returns its pid.
+/// appended to when `append`) on `sockets`, which must be bound to `r`'s addresses.
+/// Returns its pid.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn spawn_replica(
     topology: &Path,
     placement: Option<&Path>,
     certs: &Path,
     r: &ClusterReplica,
+    sockets: ReplicaSockets,
     emulate_wan: bool,
     durability: &str,
     append: bool,
@@ -306,6 +334,22 @@ pub(crate) fn spawn_replica(
     if emulate_wan {
         cmd.arg("--emulate-wan");
     }
+    // The sockets as descriptors 3 (QUIC) and 4 (admin), systemd style. The
+    // parent's copies close when `cmd` is dropped, after the spawn.
+    use command_fds::{CommandFdExt, FdMapping};
+    cmd.env("LISTEN_FDS", "2")
+        .env("LISTEN_FDNAMES", "quic:admin")
+        .env_remove("LISTEN_PID")
+        .fd_mappings(vec![
+            FdMapping {
+                parent_fd: sockets.quic.into(),
+                child_fd: 3,
+            },
+            FdMapping {
+                parent_fd: sockets.admin.into(),
+                child_fd: 4,
+            },
+        ])?;
     // Its own process group: Ctrl-C in this terminal does not reach it.
     use std::os::unix::process::CommandExt;
     cmd.process_group(0)
@@ -515,15 +559,19 @@ pub(crate) fn apply(
         .unwrap_or_default();
     // Replicas: keep the running ones, add new ones with fresh ports.
     let mut added = Vec::new();
+    let mut added_sockets = Vec::new();
     for r in new.topology.replicas.values() {
         if cluster.replica(r.id.as_str()).is_none() {
             pangea_net::certs::issue_replica(&cluster.certs, r.id.as_str(), r.region.as_str())
                 .with_context(|| format!("issuing the certificate of replica {}", r.id))?;
+            let sockets = ReplicaSockets::fresh()?;
+            let (address, admin) = sockets.addresses()?;
+            added_sockets.push(sockets);
             added.push(ClusterReplica {
                 id: r.id.to_string(),
                 region: r.region.to_string(),
-                address: format!("127.0.0.1:{}", free_udp_port()?),
-                admin: format!("127.0.0.1:{}", free_tcp_port()?),
+                address,
+                admin,
                 data_dir: dir.join("replicas").join(r.id.as_str()),
                 pid: None,
                 log: Some(dir.join("logs").join(format!("{}.log", r.id))),
@@ -556,12 +604,13 @@ pub(crate) fn apply(
         cluster.placement = Some(to);
     }
     // New replicas first, so that the others find them when they reload.
-    for r in &mut added {
+    for (r, sockets) in added.iter_mut().zip(added_sockets) {
         r.pid = Some(spawn_replica(
             &cluster.topology,
             cluster.placement.as_deref(),
             &cluster.certs,
             r,
+            sockets,
             cluster.emulate_wan,
             "fsync",
             false,

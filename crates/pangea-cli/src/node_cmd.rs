@@ -57,6 +57,8 @@ pub(crate) struct StartArgs {
 }
 
 pub(crate) fn start(args: StartArgs) -> Result<()> {
+    // First, while this process has one thread: reading LISTEN_FDS clears it.
+    let sockets = inherited_sockets()?;
     let config = pangea_node::NodeConfig::load(args.config.as_deref(), &args)?;
     // Before the logging setup, which adds the trace exporter's layer.
     pangea_node::telemetry::configure(config.otlp_endpoint.as_deref(), &config.replica)?;
@@ -72,11 +74,38 @@ pub(crate) fn start(args: StartArgs) -> Result<()> {
                 _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
             }
         };
-        pangea_node::run(config, shutdown).await
+        pangea_node::run_with_sockets(config, sockets, shutdown).await
     });
     // Export what is still queued.
     pangea_node::telemetry::shutdown();
     result
+}
+
+/// Sockets handed down by the parent process in systemd's socket-activation
+/// protocol (`LISTEN_FDS`, descriptors from 3): the first the QUIC UDP socket, the
+/// second, if any, the admin TCP listener. `pangea cluster up` starts replicas so; a
+/// systemd `.socket` unit with a `ListenDatagram=` and a `ListenStream=` line can too.
+/// Without `LISTEN_FDS` the replica binds its own sockets.
+fn inherited_sockets() -> Result<pangea_node::Sockets> {
+    let mut fds = listenfd::ListenFd::from_env();
+    let mut sockets = pangea_node::Sockets::default();
+    if fds.len() == 0 {
+        return Ok(sockets);
+    }
+    anyhow::ensure!(
+        fds.len() <= 2,
+        "LISTEN_FDS={}: expected the QUIC socket and at most the admin listener",
+        fds.len()
+    );
+    sockets.quic = fds
+        .take_udp_socket(0)
+        .map_err(|e| anyhow::anyhow!("LISTEN_FDS: descriptor 3 (the QUIC socket): {e}"))?;
+    if fds.len() == 2 {
+        sockets.admin = fds
+            .take_tcp_listener(1)
+            .map_err(|e| anyhow::anyhow!("LISTEN_FDS: descriptor 4 (the admin listener): {e}"))?;
+    }
+    Ok(sockets)
 }
 
 #[derive(Debug, Subcommand)]

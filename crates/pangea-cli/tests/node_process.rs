@@ -564,6 +564,12 @@ async fn sigkill_during_ten_thousand_acknowledged_writes() -> Result<()> {
 /// the hello-mismatch code, counted as
 /// `pangea_frames_rejected_total{reason="hello_mismatch"}`; the same peer with a
 /// truthful Hello is kept.
+///
+/// **(d): Sockets handed down.** Every replica serves on the UDP socket and admin
+/// listener `pangea cluster up` bound for it and passed as descriptors 3 and 4
+/// (`LISTEN_FDS`), so no other process can take a picked port before the replica
+/// binds it; `pangea start` handed a socket on another port than its topology
+/// address refuses to start, naming both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transport_security() -> Result<()> {
     let cluster = Cluster::up(false)?;
@@ -719,10 +725,76 @@ async fn transport_security() -> Result<()> {
         // The node still serves its own.
         let resp = common::call(&good.connect(addr, node).await?, &watermarks).await?;
         ensure!(common::error_of(&resp).is_none(), "node stopped serving: {resp:?}");
+
+        // (d) Sockets: every replica serves on the sockets `cluster up` bound and
+        // handed down, and a replica handed a socket on the wrong port refuses it.
+        for id in cluster.ids() {
+            let r = cluster.replica(&id)?;
+            let pid = cluster.pid(&id)?;
+            let quic = socket_inode("/proc/net/udp", &r.address)?;
+            let admin = socket_inode("/proc/net/tcp", &r.admin)?;
+            ensure!(
+                fd_inode(pid, 3)? == quic && fd_inode(pid, 4)? == admin,
+                "{id} does not serve on the sockets cluster up handed it"
+            );
+        }
+        let wrong = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        let wrong_addr = wrong.local_addr()?;
+        let data = tempfile::tempdir()?;
+        let mut start = std::process::Command::new(common::PANGEA);
+        start
+            .arg("start")
+            .arg("--topology")
+            .arg(&cluster.file.topology)
+            .arg("--replica")
+            .arg(node)
+            .arg("--data-dir")
+            .arg(data.path())
+            .arg("--certs")
+            .arg(&cluster.file.certs)
+            .env("LISTEN_FDS", "1")
+            .stdin(std::process::Stdio::null());
+        use command_fds::{CommandFdExt, FdMapping};
+        start.fd_mappings(vec![FdMapping {
+            parent_fd: wrong.into(),
+            child_fd: 3,
+        }])?;
+        let out = tokio::task::spawn_blocking(move || start.output()).await??;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        println!("pangea start handed {wrong_addr} for {node}: {}", stderr.trim());
+        ensure!(!out.status.success(), "started on a socket bound to the wrong port");
+        ensure!(
+            stderr.contains(&format!("bound to {wrong_addr}"))
+                && stderr.contains(&format!("listens on {addr}")),
+            "the error does not name both addresses: {stderr}"
+        );
         Ok(())
     })
     .await
     .context("test timed out")?
+}
+
+/// The inode of the socket bound to `addr` (127.0.0.1:port) in a /proc/net table.
+fn socket_inode(table: &str, addr: &str) -> Result<u64> {
+    let port: u16 = addr.rsplit_once(':').context("host:port")?.1.parse()?;
+    let local = format!("0100007F:{port:04X}");
+    std::fs::read_to_string(table)?
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|cols| cols.get(1) == Some(&local.as_str()))
+        .and_then(|cols| cols.get(9)?.parse().ok())
+        .with_context(|| format!("no socket bound to {addr} in {table}"))
+}
+
+/// The socket inode behind descriptor `fd` of process `pid`.
+fn fd_inode(pid: u32, fd: u32) -> Result<u64> {
+    let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))?;
+    let link = link.to_string_lossy();
+    link.strip_prefix("socket:[")
+        .and_then(|l| l.strip_suffix(']'))
+        .and_then(|i| i.parse().ok())
+        .with_context(|| format!("/proc/{pid}/fd/{fd} is {link}, not a socket"))
 }
 
 /// **Bad requests get clear errors and the node keeps serving.** On one node

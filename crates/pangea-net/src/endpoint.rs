@@ -76,8 +76,27 @@ pub fn bind_endpoint(
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(Error::NoRuntime("bind_endpoint"));
     }
+    endpoint_on_socket(bind_udp_socket(addr)?, server_config, client_config, wan)
+}
+
+/// A QUIC endpoint on a UDP socket bound elsewhere: by [`bind_udp_socket`] in a parent
+/// process that handed it down (`pangea cluster up`), or by a test that must know the
+/// port before the replica starts. Otherwise as [`bind_endpoint`].
+pub fn endpoint_on_socket(
+    std_socket: std::net::UdpSocket,
+    server_config: Option<quinn::ServerConfig>,
+    client_config: quinn::ClientConfig,
+    wan: Option<WanEmulator>,
+) -> Result<quinn::Endpoint> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(Error::NoRuntime("endpoint_on_socket"));
+    }
+    let addr = std_socket.local_addr().map_err(|source| Error::Socket {
+        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        source,
+    })?;
     let socket_error = |source| Error::Socket { addr, source };
-    let std_socket = bind_udp_socket(addr)?;
+    std_socket.set_nonblocking(true).map_err(socket_error)?;
     let runtime = Arc::new(quinn::TokioRuntime);
     let real = runtime.wrap_udp_socket(std_socket).map_err(socket_error)?;
     let socket: Arc<dyn AsyncUdpSocket> = match wan {

@@ -61,7 +61,7 @@ pub mod wan;
 
 pub use backoff::Backoff;
 pub use certs::CertBundle;
-pub use endpoint::bind_endpoint;
+pub use endpoint::{bind_endpoint, bind_udp_socket, endpoint_on_socket};
 pub use error::{Error, Result};
 pub use frame::{FRAME_BYTES_MAX, decode_frame, encode_frame, read_frame, write_frame};
 pub use identity::{PeerIdentity, peer_identity};

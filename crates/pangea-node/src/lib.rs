@@ -312,9 +312,32 @@ fn parse_addr(what: &str, s: &str) -> Result<SocketAddr> {
         .with_context(|| format!("{what}: {s:?} is not host:port"))
 }
 
+/// Sockets bound before the replica starts, by a parent process (`pangea cluster up`
+/// hands them down; see `pangea start`) or by an embedding test. Each must be bound to
+/// the address the replica would bind itself (its topology address or `listen`; its
+/// `admin`), which `run_with_sockets` checks: a port picked by the parent is never
+/// free for another process to take between the pick and the bind.
+#[derive(Debug, Default)]
+pub struct Sockets {
+    /// The QUIC (UDP) socket.
+    pub quic: Option<std::net::UdpSocket>,
+    /// The admin endpoint's listening TCP socket.
+    pub admin: Option<std::net::TcpListener>,
+}
+
 /// Runs a replica until `shutdown` resolves, then stops accepting, drains in-flight
 /// requests (up to `drain_ms`), fsyncs and closes.
 pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
+    run_with_sockets(config, Sockets::default(), shutdown).await
+}
+
+/// [`run`] on sockets bound beforehand (see [`Sockets`]); those not given are bound
+/// here as `run` binds them.
+pub async fn run_with_sockets(
+    config: NodeConfig,
+    sockets: Sockets,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
     let deployment = Arc::new(
         Deployment::load(&config.topology, config.placement.as_deref())
             .map_err(|p| anyhow::anyhow!("{p}"))?,
@@ -363,7 +386,18 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
         }
         pangea_net::wan::WanEmulator::new(control, config.wan_seed)
     });
-    let endpoint = pangea_net::bind_endpoint(listen, Some(server), client, wan)?;
+    let endpoint = match sockets.quic {
+        Some(socket) => {
+            let bound = socket.local_addr()?;
+            anyhow::ensure!(
+                bound == listen,
+                "the QUIC socket handed to replica {id} is bound to {bound}, but it listens \
+                 on {listen} (its topology address or --listen)"
+            );
+            pangea_net::endpoint_on_socket(socket, Some(server), client, wan)?
+        }
+        None => pangea_net::bind_endpoint(listen, Some(server), client, wan)?,
+    };
 
     let clock = Arc::new(clock::Clock::default());
     let core_config = CoreConfig {
@@ -427,10 +461,27 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
         })?;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    if let Some(admin_addr) = config.admin {
-        let listener = tokio::net::TcpListener::bind(admin_addr)
-            .await
-            .with_context(|| format!("admin address {admin_addr}"))?;
+    let admin = match (sockets.admin, config.admin) {
+        (Some(listener), wanted) => {
+            let bound = listener.local_addr()?;
+            anyhow::ensure!(
+                wanted.is_none_or(|w| w == bound),
+                "the admin socket handed to replica {id} is bound to {bound}, but --admin \
+                 says {}",
+                wanted.map(|w| w.to_string()).unwrap_or_default()
+            );
+            listener.set_nonblocking(true)?;
+            Some(tokio::net::TcpListener::from_std(listener)?)
+        }
+        (None, Some(admin_addr)) => Some(
+            tokio::net::TcpListener::bind(admin_addr)
+                .await
+                .with_context(|| format!("admin address {admin_addr}"))?,
+        ),
+        (None, None) => None,
+    };
+    let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
+    if let Some(listener) = admin {
         let state: Arc<dyn admin::AdminState> = shared.clone();
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
@@ -442,7 +493,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Resu
             }
         });
     }
-    tracing::info!(replica = %id, region = %me.region, %listen, admin = ?config.admin, "replica serving");
+    tracing::info!(replica = %id, region = %me.region, %listen, admin = ?admin_addr, "replica serving");
     migration::resume(shared.clone());
     reload::on_sighup(shared.clone());
     reload::poll_certificates(&shared);

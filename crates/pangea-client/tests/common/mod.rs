@@ -28,12 +28,6 @@ pub(crate) fn repo(path: &str) -> PathBuf {
         .join(path)
 }
 
-fn free_udp_port() -> Result<u16> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 impl LocalCluster {
     pub(crate) async fn start(
         topology: &str,
@@ -53,9 +47,14 @@ impl LocalCluster {
             pangea_net::certs::issue_client(&certs, &format!("client-{p}"), p)?;
         }
         let mut replicas = Vec::new();
+        let mut sockets = Vec::new();
         let mut text = std::fs::read_to_string(repo(topology))?;
         for r in d.topology.replicas.values() {
-            let address = format!("127.0.0.1:{}", free_udp_port()?);
+            // Bound here and handed to the replica: no other test can take the port
+            // between the pick and the replica's start.
+            let socket = pangea_net::bind_udp_socket("127.0.0.1:0".parse()?)?;
+            let address = socket.local_addr()?.to_string();
+            sockets.push(socket);
             // Fill in the address right after the replica's id line.
             text = text.replacen(
                 &format!("id = \"{}\"\n", r.id),
@@ -78,7 +77,11 @@ impl LocalCluster {
         std::fs::copy(repo(placement), &place_path)?;
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let mut nodes = Vec::new();
-        for r in &replicas {
+        for (r, socket) in replicas.iter().zip(sockets) {
+            let sockets = pangea_node::Sockets {
+                quic: Some(socket),
+                admin: None,
+            };
             let config = pangea_node::NodeConfig {
                 topology: topo_path.clone(),
                 placement: Some(place_path.clone()),
@@ -107,9 +110,11 @@ impl LocalCluster {
                     .enable_all()
                     .build();
                 let result = match rt {
-                    Ok(rt) => rt.block_on(pangea_node::run(config, async move {
-                        let _ = rx.wait_for(|s| *s).await;
-                    })),
+                    Ok(rt) => {
+                        rt.block_on(pangea_node::run_with_sockets(config, sockets, async move {
+                            let _ = rx.wait_for(|s| *s).await;
+                        }))
+                    }
                     Err(e) => Err(e.into()),
                 };
                 let _ = done_tx.send(result);
