@@ -1,7 +1,7 @@
 //! Placement with real processes: the residency canary (marker bytes in EU-only rows
-//! never reach a non-EU replica's files or logs, even with a non-EU relay on the
-//! cheapest path and migrations running), and a migration that survives a SIGKILL of
-//! the replica running it.
+//! never reach a non-EU replica's files, any log or any exported trace, even with a
+//! non-EU relay on the cheapest path and migrations running), and a migration that
+//! survives a SIGKILL of the replica running it.
 
 mod common;
 
@@ -103,14 +103,18 @@ async fn wait_job(
 /// Rows carrying a unique marker in an EU-only policy, 10,000 writes from a European
 /// and an American frontend, while other rows migrate into the EU policy and back
 /// out; the topology's cheapest path between the two EU regions runs through a
-/// non-EU relay. Afterwards no file in a non-EU replica's data directory, and no
-/// line of its log, contains the marker, and the audit reports nothing.
+/// non-EU relay. Afterwards no file in a non-EU replica's data directory, no line of
+/// any replica's log and no trace any replica exported over OTLP contains the
+/// marker, and the audit reports nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn residency_canary_with_migrations_and_a_non_eu_relay() -> Result<()> {
-    let cluster = Cluster::up_with(
+    // Every replica exports its traces to this stand-in collector.
+    let sink = common::OtlpSink::start()?;
+    let cluster = Cluster::up_with_env(
         "crates/pangea-cli/tests/data/eu-relay.toml",
         "crates/pangea-cli/tests/data/eu-relay.placement.toml",
         false,
+        vec![("OTEL_EXPORTER_OTLP_ENDPOINT".into(), sink.endpoint())],
     )?;
     let eu = Client::connect(ClientConfig::from_cluster(
         &cluster.file,
@@ -207,6 +211,27 @@ async fn residency_canary_with_migrations_and_a_non_eu_relay() -> Result<()> {
         ensure!(!in_log, "{}'s log contains a marker", replica.id);
     }
     ensure!(checked == 2, "checked {checked} non-EU replicas");
+
+    // Traces: every replica exported its spans (flushed at the graceful stop), and
+    // no exported byte is a marker — values never enter spans, keys only hashed.
+    let bodies = sink.bodies();
+    let bytes: usize = bodies.iter().map(Vec::len).sum();
+    println!("OTLP sink: {} export requests, {bytes} bytes", bodies.len());
+    ensure!(sink.malformed() == 0, "the sink could not parse an export");
+    let contains = |needle: &[u8]| {
+        bodies
+            .iter()
+            .any(|b| b.windows(needle.len()).any(|w| w == needle))
+    };
+    for replica in &cluster.file.replicas {
+        ensure!(
+            contains(replica.id.as_bytes()),
+            "no exported trace names replica {} (did it export at all?)",
+            replica.id
+        );
+    }
+    ensure!(contains(b"pangea.serve"), "no request span was exported");
+    ensure!(!contains(needle), "an exported trace contains a marker");
     Ok(())
 }
 

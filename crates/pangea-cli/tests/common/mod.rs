@@ -46,8 +46,15 @@ pub fn repo_file(rel: &str) -> PathBuf {
 
 /// Runs `pangea ARGS`, killing it after `limit`.
 pub fn pangea(args: &[&str], limit: Duration) -> Result<Output> {
+    pangea_env(args, &[], limit)
+}
+
+/// Runs `pangea ARGS` with extra environment variables (its children inherit them),
+/// killing it after `limit`.
+pub fn pangea_env(args: &[&str], env: &[(String, String)], limit: Duration) -> Result<Output> {
     let mut child = Command::new(PANGEA)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -108,6 +115,8 @@ pub struct Cluster {
     /// The topology and placement files (relative to the repository root).
     topology: String,
     placement: String,
+    /// Extra environment of `pangea cluster up`, which its replicas inherit.
+    env: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -122,6 +131,16 @@ impl Cluster {
 
     /// A local cluster of any topology and placement (paths from the repository root).
     pub fn up_with(topology: &str, placement: &str, emulate_wan: bool) -> Result<Cluster> {
+        Cluster::up_with_env(topology, placement, emulate_wan, vec![])
+    }
+
+    /// [`Cluster::up_with`] whose replicas run with extra environment variables.
+    pub fn up_with_env(
+        topology: &str,
+        placement: &str,
+        emulate_wan: bool,
+        env: Vec<(String, String)>,
+    ) -> Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("pangea-node-").tempdir()?;
         let mut cluster = Cluster {
             file: ClusterFile {
@@ -136,6 +155,7 @@ impl Cluster {
             restarted: vec![],
             topology: topology.to_owned(),
             placement: placement.to_owned(),
+            env,
         };
         cluster.start(emulate_wan)?;
         Ok(cluster)
@@ -164,7 +184,7 @@ impl Cluster {
             args.push("--emulate-wan");
         }
         let started = Instant::now();
-        let out = pangea(&args, UP_TIME_MAX);
+        let out = pangea_env(&args, &self.env, UP_TIME_MAX);
         // Whatever happened, learn the pids so that Drop can stop them.
         let _ = self.reload();
         let out = out?;
@@ -245,6 +265,7 @@ impl Cluster {
             .create(true)
             .open(r.log.as_ref().context("no log file")?)?;
         let mut cmd = Command::new(PANGEA);
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.arg("start")
             .arg("--topology")
             .arg(&self.file.topology)
@@ -571,5 +592,127 @@ where
             bail!("{what}: not within {limit:?} (last error: {last_err:?})");
         }
         tokio::time::sleep(every).await;
+    }
+}
+
+/// An OpenTelemetry collector stand-in on 127.0.0.1: accepts OTLP/HTTP posts (one
+/// thread per connection, keep-alive), answers 200 and keeps every request body, so a
+/// test can search what replicas exported. Stops (and joins its threads) on drop.
+pub struct OtlpSink {
+    pub addr: SocketAddr,
+    bodies: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    /// Requests it could not parse (no content-length, a bad head): should stay 0.
+    malformed: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    acceptor: Option<std::thread::JoinHandle<()>>,
+}
+
+impl OtlpSink {
+    pub fn start() -> Result<OtlpSink> {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let malformed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (b, m, st) = (bodies.clone(), malformed.clone(), stop.clone());
+        let acceptor = std::thread::spawn(move || {
+            let mut connections = Vec::new();
+            while !st.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let (b, m, st) = (b.clone(), m.clone(), st.clone());
+                        connections.push(std::thread::spawn(move || {
+                            serve_otlp(stream, &b, &m, &st);
+                        }));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+            for c in connections {
+                let _ = c.join();
+            }
+        });
+        Ok(OtlpSink {
+            addr,
+            bodies,
+            malformed,
+            stop,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// The base URL to put in `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every body received so far.
+    pub fn bodies(&self) -> Vec<Vec<u8>> {
+        self.bodies.lock().map(|b| b.clone()).unwrap_or_default()
+    }
+
+    pub fn malformed(&self) -> usize {
+        self.malformed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for OtlpSink {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+    }
+}
+
+/// One keep-alive connection of [`OtlpSink`]: requests with a content-length body.
+fn serve_otlp(
+    mut stream: TcpStream,
+    bodies: &std::sync::Mutex<Vec<Vec<u8>>>,
+    malformed: &std::sync::atomic::AtomicUsize,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    use std::sync::atomic::Ordering;
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut got: Vec<u8> = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    while !stop.load(Ordering::Relaxed) {
+        // Whole requests first.
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+            let Some(len) = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+            else {
+                malformed.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            if got.len() >= end + 4 + len {
+                let body = got[end + 4..end + 4 + len].to_vec();
+                got.drain(..end + 4 + len);
+                if let Ok(mut b) = bodies.lock() {
+                    b.push(body);
+                }
+                let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                if stream.write_all(ok).is_err() {
+                    return;
+                }
+                continue;
+            }
+        }
+        match stream.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return,
+        }
     }
 }
