@@ -34,6 +34,7 @@ pub use pangea_proto::v1::{AdProfile, FrequencyCap, Row, Segment};
 
 use bytes::Bytes;
 use dashmap::DashMap;
+use pangea_core::frontend::{self, DOWN_FOR, PROBE_DOWN_FOR, PROBE_TIMEOUT, WATERMARK_REFRESH};
 use pangea_core::location::Location;
 use pangea_core::read::{Candidate, PeerView, ReadRequest, plan_read_at};
 use pangea_proto::Message;
@@ -55,12 +56,6 @@ pub const PROFILE_TABLE: &str = "ad_profiles";
 pub const PROFILE_FAMILY: &str = "profile";
 pub const PROFILE_COLUMN: &[u8] = b"p";
 
-/// How long a replica that failed stays last in line.
-const DOWN_FOR: Duration = Duration::from_secs(1);
-/// Weight of a new sample in the round-trip average.
-const RTT_EWMA_ALPHA: f64 = 0.2;
-/// How often known watermarks are refreshed in the background.
-const WATERMARK_REFRESH: Duration = Duration::from_secs(1);
 /// A watermark read nobody covers yet asks again after this long.
 const WATERMARK_RETRY: Duration = Duration::from_millis(10);
 
@@ -253,7 +248,7 @@ impl Client {
                 tokio::time::sleep(WATERMARK_REFRESH).await;
                 let Some(inner) = weak.upgrade() else { return };
                 let client = Client { inner };
-                client.probe_all(Duration::from_secs(1)).await;
+                client.probe_all(PROBE_TIMEOUT).await;
                 let _ = client.refresh_location().await;
             }
         });
@@ -320,7 +315,7 @@ impl Client {
                     // Until the next probe says otherwise.
                     inner
                         .down
-                        .insert(r.clone(), Instant::now() + 3 * WATERMARK_REFRESH);
+                        .insert(r.clone(), Instant::now() + PROBE_DOWN_FOR);
                 }
             });
         }
@@ -848,7 +843,7 @@ impl Inner {
     fn note_rtt(&self, r: &ReplicaId, d: Duration) {
         let ms = d.as_secs_f64() * 1e3;
         let mut e = self.rtt_ms.entry(r.clone()).or_insert(ms);
-        *e = *e * (1.0 - RTT_EWMA_ALPHA) + ms * RTT_EWMA_ALPHA;
+        *e = frontend::rtt_ewma(Some(*e), ms);
     }
 
     /// A request to `r` has been outstanding this long and lost the race: raise its
@@ -856,9 +851,9 @@ impl Inner {
     fn note_slower(&self, r: &ReplicaId, at_least: Duration) {
         let ms = at_least.as_secs_f64() * 1e3;
         if let Some(mut e) = self.rtt_ms.get_mut(r)
-            && *e < ms
+            && let Some(raised) = frontend::rtt_raised(*e, ms)
         {
-            *e = *e * (1.0 - RTT_EWMA_ALPHA) + ms * RTT_EWMA_ALPHA;
+            *e = raised;
         }
     }
 
@@ -885,8 +880,8 @@ impl Inner {
                 // round trips, the replica is likely gone (a killed process keeps a
                 // QUIC connection open until its idle timeout): mark it down.
                 self.note_slower(&c.replica, budget);
-                let rtt_ms = self.rtt_ms.get(&c.replica).map_or(f64::INFINITY, |e| *e);
-                if budget.as_secs_f64() * 1e3 > 4.0 * rtt_ms.min(1e9) + 20.0 {
+                let rtt_ms = self.rtt_ms.get(&c.replica).map(|e| *e);
+                if frontend::looks_gone(budget.as_secs_f64() * 1e3, rtt_ms) {
                     self.down
                         .insert(c.replica.clone(), Instant::now() + DOWN_FOR);
                     self.transport.forget(&c.replica);

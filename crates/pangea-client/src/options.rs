@@ -11,28 +11,8 @@ pub const READ_DEADLINE_DEFAULT: Duration = Duration::from_millis(20);
 /// Writes wait for an fsync at the origin: a little more room by default.
 pub const WRITE_DEADLINE_DEFAULT: Duration = Duration::from_millis(200);
 
-/// When to send a second request ("The Tail at Scale"): after the `percentile` of
-/// recent latencies, clamped to [`floor`, `ceiling`] (and to half the deadline),
-/// within a budget of `budget_fraction` extra requests.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HedgePolicy {
-    pub percentile: f64,
-    pub floor: Duration,
-    pub ceiling: Duration,
-    /// At most this fraction of requests may be hedged (token bucket; default 5 %).
-    pub budget_fraction: f64,
-}
-
-impl Default for HedgePolicy {
-    fn default() -> Self {
-        HedgePolicy {
-            percentile: 0.95,
-            floor: Duration::from_millis(2),
-            ceiling: Duration::from_millis(50),
-            budget_fraction: 0.05,
-        }
-    }
-}
+/// When to send a second request ("The Tail at Scale"); shared with the simulator.
+pub use pangea_core::frontend::HedgePolicy;
 
 #[derive(Debug, Clone)]
 pub struct ReadOptions {

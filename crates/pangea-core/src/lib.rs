@@ -22,6 +22,8 @@
 //! - [`replica`]: the replica state machine (streams, forwarding, gap repair,
 //!   heartbeats, snapshots, suspicion);
 //! - [`read`]: read decisions and read routing shared by client and simulator;
+//! - [`frontend`]: what a frontend remembers between requests (round trips, failed
+//!   replicas, hedging delay and budget) and its constants, shared likewise;
 //! - [`redact`]: how user keys appear in logs, traces and error messages (hashed).
 //!
 //! Invariants cited as `I<n>` are numbered in `docs/invariants.md`.
@@ -29,6 +31,7 @@
 pub mod digest;
 mod error;
 pub mod frame;
+pub mod frontend;
 pub mod hlc;
 pub use pangea_topology::ids;
 pub mod limits;

@@ -806,11 +806,7 @@ impl Simulation {
                 wms,
             } => self.on_probe_reply(client as usize, r as usize, sent_at, wms),
             Ev::ProbeTimeout { client, r, sent_at } => {
-                let c = &mut self.clients[client as usize];
-                if c.probe_sent[r as usize] == Some(sent_at) {
-                    c.probe_sent[r as usize] = None;
-                    c.mark_down(r as usize, self.now);
-                }
+                self.on_probe_timeout(client as usize, r as usize, sent_at)
             }
             Ev::FaultStart(i) => self.fault_start(i as usize),
             Ev::FaultEnd(i) => self.fault_end(i as usize),

@@ -725,18 +725,16 @@ impl Simulation {
 
     // ---- background probes (the library's watermark refresh) --------------------
 
+    /// One round of probes, as the library's refresh task runs them: every usable
+    /// replica at once; the next round [`PROBE_INTERVAL`] after the last probe of
+    /// this one answered or timed out ([`Self::probe_done`]).
     pub(super) fn on_probe(&mut self, client: usize) {
         if !self.workload_on {
             return;
         }
-        self.queue.push(
-            self.now + PROBE_INTERVAL,
-            Ev::Probe {
-                client: client as u32,
-            },
-        );
         let region = self.clients[client].region;
         if self.region_lost[region] > 0 {
+            self.next_probe_round(client);
             return;
         }
         let d = self.views[self.client_view].clone();
@@ -756,6 +754,11 @@ impl Simulation {
             }
         }
         usable.sort_unstable();
+        if usable.is_empty() {
+            self.next_probe_round(client);
+            return;
+        }
+        self.clients[client].probes_pending = usable.len();
         for r in usable {
             let now = self.now;
             self.clients[client].probe_sent[r] = Some(now);
@@ -835,7 +838,35 @@ impl Simulation {
                 }
                 c.down_until[r] = SimTime::ZERO;
             }
-            None => c.mark_down(r, now),
+            None => c.mark_unreachable(r, now),
         }
+        self.probe_done(client);
+    }
+
+    pub(super) fn on_probe_timeout(&mut self, client: usize, r: usize, sent_at: SimTime) {
+        let c = &mut self.clients[client];
+        if c.probe_sent[r] == Some(sent_at) {
+            c.probe_sent[r] = None;
+            c.mark_unreachable(r, self.now);
+            self.probe_done(client);
+        }
+    }
+
+    /// One probe of the current round answered or timed out.
+    fn probe_done(&mut self, client: usize) {
+        let c = &mut self.clients[client];
+        c.probes_pending = c.probes_pending.saturating_sub(1);
+        if c.probes_pending == 0 {
+            self.next_probe_round(client);
+        }
+    }
+
+    fn next_probe_round(&mut self, client: usize) {
+        self.queue.push(
+            self.now + PROBE_INTERVAL,
+            Ev::Probe {
+                client: client as u32,
+            },
+        );
     }
 }

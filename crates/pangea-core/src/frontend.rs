@@ -1,0 +1,266 @@
+//! What a frontend remembers between requests, and the constants it runs by: shared
+//! by `pangea-client` (real time) and the simulator's clients (virtual time), so a
+//! drill's frontends hedge, fail over and refresh exactly as the library does.
+//!
+//! Time comes in as microseconds on the caller's own monotonic clock (`now_us`), as
+//! everywhere in this crate.
+//!
+//! - Round trips: an EWMA per replica ([`rtt_ewma`]), raised by requests that lost a
+//!   race ([`rtt_raised`]).
+//! - Failures: a replica that failed is tried last for [`DOWN_FOR`]; one a probe
+//!   could not reach, for [`PROBE_DOWN_FOR`]; one that let a request run out a budget
+//!   of several round trips is taken for gone ([`looks_gone`]).
+//! - Background refresh: every [`WATERMARK_REFRESH`], each usable replica is asked
+//!   for its watermarks, each probe bounded by [`PROBE_TIMEOUT`].
+//! - Hedging ([`Hedger`], The Tail at Scale): after a delay taken from recent
+//!   latency ([`HedgePolicy`]), a second request, within a token-bucket budget.
+
+use hdrhistogram::Histogram;
+use std::time::Duration;
+
+/// How long a replica that failed a request stays last in line.
+pub const DOWN_FOR: Duration = Duration::from_secs(1);
+/// Weight of a new sample in the round-trip average.
+pub const RTT_EWMA_ALPHA: f64 = 0.2;
+/// How often known watermarks and round trips are refreshed in the background (the
+/// pause between the end of one round of probes and the next).
+pub const WATERMARK_REFRESH: Duration = Duration::from_secs(1);
+/// Timeout of one background probe.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// A replica a background probe could not reach is tried last until a later probe
+/// reaches it, or for this long.
+pub const PROBE_DOWN_FOR: Duration = Duration::from_secs(3);
+
+/// The round-trip average after a new sample (the first sample is taken as is).
+pub fn rtt_ewma(current: Option<f64>, sample_ms: f64) -> f64 {
+    match current {
+        Some(e) => e * (1.0 - RTT_EWMA_ALPHA) + sample_ms * RTT_EWMA_ALPHA,
+        None => sample_ms,
+    }
+}
+
+/// A request outstanding for `at_least_ms` lost the race: the raised average, if
+/// that is above the current one (a slow replica always beaten by a hedge would
+/// otherwise look fast forever).
+pub fn rtt_raised(current: f64, at_least_ms: f64) -> Option<f64> {
+    (current < at_least_ms).then(|| rtt_ewma(Some(current), at_least_ms))
+}
+
+/// Whether a replica that let a request use up `budget_ms` without an answer is
+/// likely gone rather than slow: the budget was several of its round trips. (A
+/// killed process keeps a QUIC connection open until its idle timeout, so silence is
+/// the only sign.)
+pub fn looks_gone(budget_ms: f64, rtt_ms: Option<f64>) -> bool {
+    let rtt_ms = rtt_ms.unwrap_or(f64::INFINITY).min(1e9);
+    budget_ms > 4.0 * rtt_ms + 20.0
+}
+
+/// When to hedge a read: after the `percentile` of recent latencies, clamped to
+/// [`floor`, `ceiling`] (and to half the deadline), within a budget of
+/// `budget_fraction` extra requests.
+///
+/// [`floor`]: HedgePolicy::floor
+/// [`ceiling`]: HedgePolicy::ceiling
+#[derive(Debug, Clone, PartialEq)]
+pub struct HedgePolicy {
+    pub percentile: f64,
+    pub floor: Duration,
+    pub ceiling: Duration,
+    /// At most this fraction of requests may be hedged (token bucket; default 5 %).
+    pub budget_fraction: f64,
+}
+
+impl Default for HedgePolicy {
+    fn default() -> Self {
+        HedgePolicy {
+            percentile: 0.95,
+            floor: Duration::from_millis(2),
+            ceiling: Duration::from_millis(50),
+            budget_fraction: 0.05,
+        }
+    }
+}
+
+/// Recent latencies are kept over two windows of this length.
+const WINDOW_US: u64 = 10_000_000;
+/// Fewer samples than this: hedge at the ceiling.
+const SAMPLES_MIN: u64 = 20;
+/// Most saved-up hedges.
+const TOKENS_MAX: f64 = 10.0;
+/// The percentile is recomputed after this many new samples rather than on every
+/// request: the delay is at most 16 samples stale, which no p95 over the hundreds of
+/// samples a window holds shows.
+const REFRESH_SAMPLES: u64 = 16;
+/// Histogram bounds: 1 µs to 60 s, 2 significant digits (a few KiB).
+const HISTOGRAM_MAX_US: u64 = 60_000_000;
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, HISTOGRAM_MAX_US, 2).expect("static bounds are valid")
+}
+
+/// Hedging state of one frontend: recent latencies and the hedge budget.
+#[derive(Debug, Clone)]
+pub struct Hedger {
+    /// Latencies of the current window.
+    current: Histogram<u64>,
+    /// The previous window plus the current one, kept up to date as samples come.
+    recent: Histogram<u64>,
+    window_start_us: u64,
+    tokens: f64,
+    /// The last computed percentile: (percentile, samples at the time, value in µs).
+    cached: Option<(f64, u64, u64)>,
+}
+
+impl Hedger {
+    pub fn new(now_us: u64) -> Self {
+        Hedger {
+            current: histogram(),
+            recent: histogram(),
+            window_start_us: now_us,
+            tokens: 1.0,
+            cached: None,
+        }
+    }
+
+    /// One answered request took `latency`.
+    pub fn record(&mut self, now_us: u64, latency: Duration) {
+        if now_us.saturating_sub(self.window_start_us) > WINDOW_US {
+            // The current window becomes the previous one: it is all `recent` keeps.
+            self.recent = std::mem::replace(&mut self.current, histogram());
+            self.window_start_us = now_us;
+            self.cached = None;
+        }
+        let us = u64::try_from(latency.as_micros())
+            .unwrap_or(u64::MAX)
+            .clamp(1, HISTOGRAM_MAX_US);
+        // In bounds, so recording cannot fail.
+        let _ = self.current.record(us);
+        let _ = self.recent.record(us);
+    }
+
+    /// The delay before hedging one request with `deadline`; earns this request's
+    /// share of the hedge budget.
+    pub fn delay(&mut self, policy: &HedgePolicy, deadline: Duration) -> Duration {
+        self.tokens = (self.tokens + policy.budget_fraction).min(TOKENS_MAX);
+        let ceiling = policy.ceiling.min(deadline / 2);
+        let n = self.recent.len();
+        let d = if n >= SAMPLES_MIN {
+            let fresh = self
+                .cached
+                .filter(|&(p, at, _)| p == policy.percentile && n < at + REFRESH_SAMPLES);
+            let us = match fresh {
+                Some((_, _, us)) => us,
+                None => {
+                    let us = self.recent.value_at_quantile(policy.percentile);
+                    self.cached = Some((policy.percentile, n, us));
+                    us
+                }
+            };
+            Duration::from_micros(us)
+        } else {
+            ceiling
+        };
+        d.clamp(policy.floor.min(ceiling), ceiling)
+    }
+
+    /// Spends one hedge from the budget, if there is one.
+    pub fn try_spend(&mut self) -> bool {
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000;
+
+    #[test]
+    fn delay_follows_recent_latency_within_bounds() {
+        let p = HedgePolicy::default();
+        let deadline = Duration::from_millis(20);
+        let mut h = Hedger::new(0);
+        assert_eq!(
+            h.delay(&p, deadline),
+            Duration::from_millis(10),
+            "no samples: the ceiling (half the deadline)"
+        );
+        for i in 0..100 {
+            h.record(i * MS, Duration::from_millis(4));
+        }
+        let d = h.delay(&p, deadline);
+        assert!(
+            d >= Duration::from_millis(3) && d <= Duration::from_millis(5),
+            "{d:?}"
+        );
+        let mut fast = Hedger::new(0);
+        for i in 0..100 {
+            fast.record(i * MS, Duration::from_micros(100));
+        }
+        assert_eq!(
+            fast.delay(&p, deadline),
+            Duration::from_millis(2),
+            "clamped to the floor"
+        );
+    }
+
+    #[test]
+    fn old_windows_are_forgotten() {
+        let p = HedgePolicy::default();
+        let deadline = Duration::from_secs(1);
+        let mut h = Hedger::new(0);
+        for i in 0..200 {
+            h.record(i * MS, Duration::from_millis(40));
+        }
+        assert!(h.delay(&p, deadline) >= Duration::from_millis(39));
+        // Two windows later, only fast answers are remembered.
+        for i in 0..200 {
+            h.record(11_000 * MS + i * MS, Duration::from_millis(3));
+        }
+        for i in 0..200 {
+            h.record(22_000 * MS + i * MS, Duration::from_millis(3));
+        }
+        let d = h.delay(&p, deadline);
+        assert!(d <= Duration::from_millis(4), "{d:?}");
+    }
+
+    #[test]
+    fn budget_allows_about_five_percent() {
+        let mut h = Hedger::new(0);
+        let p = HedgePolicy::default();
+        let mut hedges = 0;
+        for _ in 0..1_000 {
+            let _ = h.delay(&p, Duration::from_millis(20));
+            if h.try_spend() {
+                hedges += 1;
+            }
+        }
+        assert!(
+            (50..=52).contains(&hedges),
+            "{hedges} hedges for 1000 requests"
+        );
+    }
+
+    #[test]
+    fn round_trips_and_gone_replicas() {
+        assert_eq!(rtt_ewma(None, 10.0), 10.0);
+        assert!((rtt_ewma(Some(10.0), 20.0) - 12.0).abs() < 1e-9);
+        assert_eq!(
+            rtt_raised(30.0, 20.0),
+            None,
+            "a faster loss changes nothing"
+        );
+        assert!(rtt_raised(10.0, 20.0).is_some_and(|e| (e - 12.0).abs() < 1e-9));
+        assert!(
+            looks_gone(100.0, Some(5.0)),
+            "100 ms is many 5 ms round trips"
+        );
+        assert!(!looks_gone(30.0, Some(5.0)));
+        assert!(!looks_gone(1_000.0, None), "unknown round trip: never gone");
+    }
+}
