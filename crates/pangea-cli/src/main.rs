@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench_cmd;
+mod calibrate_cmd;
 mod cluster_cmd;
 mod data_cmd;
 mod demo_cmd;

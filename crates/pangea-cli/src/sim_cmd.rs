@@ -47,10 +47,15 @@ pub(crate) enum SimCommand {
         #[arg(long, default_value_t = 10)]
         determinism_every: u64,
     },
+    /// Run one steady workload in the simulator and on a live local cluster with
+    /// emulated WAN, and print both side by side: p99 read latency per region and
+    /// mode, p99 replication lag per origin and replica (docs/drills.md, Fidelity).
+    Calibrate(crate::calibrate_cmd::CalibrateArgs),
 }
 
 pub(crate) fn run(cmd: SimCommand) -> Result<()> {
     match cmd {
+        SimCommand::Calibrate(args) => crate::calibrate_cmd::run(args),
         SimCommand::Run {
             drill,
             seed,

@@ -178,6 +178,9 @@ pub enum Event {
         scope: ScopeId,
         origin: ReplicaId,
         sequence: u64,
+        /// The entry's timestamp at its origin: the apply lag is the applying
+        /// replica's clock minus this (drivers measure it; the core reads no clock).
+        timestamp: Timestamp,
     },
     /// A durable watermark advanced (after a flush).
     WatermarkAdvanced {
@@ -960,6 +963,7 @@ impl<S: Storage> Replica<S> {
             scope: e.scope.clone(),
             origin: e.origin.clone(),
             sequence: e.sequence,
+            timestamp: e.timestamp,
         });
         if is_location {
             self.location_changed(e.mutation.row_key(), location_row.as_ref())?;

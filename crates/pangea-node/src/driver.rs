@@ -239,7 +239,22 @@ fn drain_events(replica: &mut Replica<Store>, shared: &Shared, waiters: &mut Wai
                     let _ = w.send(Ok(token));
                 }
             }
-            Event::Applied { scope, origin, .. } => m.inc_applied(scope.as_str(), origin.as_str()),
+            Event::Applied {
+                scope,
+                origin,
+                timestamp,
+                ..
+            } => {
+                m.inc_applied(scope.as_str(), origin.as_str());
+                if origin != shared.id {
+                    let now_us = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+                    shared
+                        .apply_lag
+                        .record(&origin, timestamp.wall_ms(), now_us);
+                }
+            }
             Event::Rejected { reason, .. } => {
                 if reason == pangea_core::replica::Reject::NotInScope {
                     shared

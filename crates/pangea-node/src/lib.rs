@@ -20,6 +20,7 @@ pub mod admin;
 pub mod clock;
 pub mod config;
 pub mod driver;
+pub mod lag;
 pub mod metrics;
 pub mod migration;
 pub mod peers;
@@ -87,6 +88,8 @@ pub struct Shared {
     /// replicas outside the scope's policy.
     pub residency_to_outsiders: std::sync::atomic::AtomicU64,
     pub residency_from_outsiders: std::sync::atomic::AtomicU64,
+    /// How long after their origin stamped them entries were applied here.
+    pub apply_lag: lag::ApplyLag,
     pub metrics: Arc<metrics::NodeMetrics>,
     pub clock: Arc<clock::Clock>,
     pub core_limits: Limits,
@@ -275,7 +278,12 @@ impl admin::AdminState for Shared {
                 })
             })
             .collect();
-        serde_json::json!({ "replica": self.id.as_str(), "region": self.region.as_str(), "scopes": scopes })
+        serde_json::json!({
+            "replica": self.id.as_str(),
+            "region": self.region.as_str(),
+            "scopes": scopes,
+            "apply_lag": self.apply_lag.summary(),
+        })
     }
 }
 
@@ -425,6 +433,7 @@ pub async fn run_with_sockets(
         location: RwLock::new(replica.location().clone()),
         residency_to_outsiders: std::sync::atomic::AtomicU64::new(0),
         residency_from_outsiders: std::sync::atomic::AtomicU64::new(0),
+        apply_lag: lag::ApplyLag::default(),
         metrics: Arc::new(metrics::NodeMetrics::new()),
         clock,
         core_limits,

@@ -429,6 +429,7 @@ impl Cluster {
                 scope,
                 origin,
                 sequence,
+                ..
             } => {
                 let k = (id.clone(), scope.clone(), origin.clone());
                 let prev = self.checks.applied.get(&k).copied().unwrap_or(0);

@@ -236,6 +236,8 @@ pub struct RunReport {
     pub operations: u64,
     pub reads_by_mode: BTreeMap<String, LatencySummary>,
     pub reads_by_region: BTreeMap<String, LatencySummary>,
+    /// By the client's region, then mode.
+    pub reads_by_region_mode: BTreeMap<String, BTreeMap<String, LatencySummary>>,
     pub writes: LatencySummary,
     /// Fraction of reads answered correctly within their deadline.
     pub availability: f64,

@@ -363,6 +363,8 @@ impl Checks {
 struct Metrics {
     modes: [OpStats; 4],
     regions: Vec<OpStats>,
+    /// By region, then mode (`Mode::index`).
+    region_modes: Vec<[OpStats; 4]>,
     writes: OpStats,
     reads: u64,
     reads_ok: u64,
@@ -630,6 +632,7 @@ impl Simulation {
         let metrics = Metrics {
             modes: Default::default(),
             regions: (0..regions.len()).map(|_| OpStats::default()).collect(),
+            region_modes: (0..regions.len()).map(|_| Default::default()).collect(),
             writes: OpStats::default(),
             reads: 0,
             reads_ok: 0,
@@ -1079,6 +1082,7 @@ impl Simulation {
                 scope,
                 origin,
                 sequence,
+                ..
             } => {
                 c.entries_applied += 1;
                 let (Some(s), Some(o)) = (

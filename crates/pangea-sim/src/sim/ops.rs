@@ -161,6 +161,7 @@ impl Simulation {
         self.metrics.modes[mode.index()].count += 1;
         let region = self.clients[client].region;
         self.metrics.regions[region].count += 1;
+        self.metrics.region_modes[region][mode.index()].count += 1;
         let plan = {
             let c = &self.clients[client];
             let view = View {
@@ -703,6 +704,7 @@ impl Simulation {
                 let us = latency.as_us();
                 metrics::record(&mut self.metrics.modes[mode.index()].ok, us);
                 metrics::record(&mut self.metrics.regions[region].ok, us);
+                metrics::record(&mut self.metrics.region_modes[region][mode.index()].ok, us);
                 self.metrics.series[region][b].0.record(us);
                 let (r, reason) = served.unwrap_or((usize::MAX, Reason::Nearest));
                 self.trace([30 + mode.index() as u64, op.client as u64, r as u64, us]);
@@ -711,6 +713,7 @@ impl Simulation {
             Err(e) => {
                 self.metrics.modes[mode.index()].errors += 1;
                 self.metrics.regions[region].errors += 1;
+                self.metrics.region_modes[region][mode.index()].errors += 1;
                 self.metrics.series[region][b].1 += 1;
                 *self
                     .metrics

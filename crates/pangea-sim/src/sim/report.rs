@@ -90,6 +90,26 @@ impl Simulation {
             .filter(|(i, _)| self.metrics.regions[*i].count > 0)
             .map(|(i, r)| (r.to_string(), self.metrics.regions[i].summary()))
             .collect();
+        let reads_by_region_mode: BTreeMap<String, BTreeMap<String, _>> = self
+            .net
+            .regions()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.metrics.regions[*i].count > 0)
+            .map(|(i, r)| {
+                let modes = Mode::ALL
+                    .iter()
+                    .filter(|m| self.metrics.region_modes[i][m.index()].count > 0)
+                    .map(|m| {
+                        (
+                            m.as_str().to_owned(),
+                            self.metrics.region_modes[i][m.index()].summary(),
+                        )
+                    })
+                    .collect();
+                (r.to_string(), modes)
+            })
+            .collect();
         let availability = if self.metrics.reads == 0 {
             1.0
         } else {
@@ -185,6 +205,7 @@ impl Simulation {
             operations: self.metrics.reads + self.metrics.writes.count,
             reads_by_mode,
             reads_by_region,
+            reads_by_region_mode,
             writes: self.metrics.writes.summary(),
             availability,
             replication_lag_ms: lag,
