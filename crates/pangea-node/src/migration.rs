@@ -12,8 +12,11 @@
 //! 2. **backfill**: the job copies each existing row's state into the new policy's
 //!    stream (`MergeRow`, which keeps every version's own timestamp and origin, so
 //!    copying twice or racing a dual write is harmless), checkpointing its position.
-//! 3. **flip**: a new `_location` entry puts the rows in the new policy; the job waits
-//!    until every replica has applied it. Replicas outside the new policy then purge
+//! 3. **flip**: once every replica of the new policy has applied the new scope's
+//!    streams as far as the runner has (the backfill and the dual writes it saw: the
+//!    flip travels in another stream and could otherwise overtake them), a new
+//!    `_location` entry puts the rows in the new policy; the job waits until every
+//!    replica has applied it. Replicas outside the new policy then purge
 //!    the rows from their stores; reads and writes go to the new policy's replicas.
 //! 4. **done**.
 
@@ -104,12 +107,23 @@ async fn save(shared: &Shared, job: &mut pb::MigrationJob) -> Result<(), CoreErr
 
 /// Waits until every replica of `scope` has applied the write `token` names.
 async fn applied_everywhere(shared: &Shared, token: &Token) {
+    stream_applied_everywhere(shared, &token.scope, &token.origin, token.sequence).await;
+}
+
+/// Waits until every replica of `scope` has applied `origin`'s stream up to
+/// `sequence`.
+async fn stream_applied_everywhere(
+    shared: &Shared,
+    scope: &ScopeId,
+    origin: &pangea_core::ReplicaId,
+    sequence: u64,
+) {
     loop {
         let (reply, wait) = oneshot::channel();
         let input = Input::AppliedEverywhere {
-            scope: token.scope.clone(),
-            origin: token.origin.clone(),
-            sequence: token.sequence,
+            scope: scope.clone(),
+            origin: origin.clone(),
+            sequence,
             reply,
         };
         if shared.driver.send(input).await.is_err() {
@@ -331,6 +345,28 @@ async fn drive(shared: &Shared, job: &mut pb::MigrationJob) -> Result<(), CoreEr
                 save(shared, job).await?;
             }
             "flip" => {
+                // The new policy's replicas must hold every copied row before reads
+                // go to them: the flip is another stream, which a replica may apply
+                // before the backfill. So wait until each of them has applied, in the
+                // new scope, every origin's stream as far as this replica has (the
+                // backfill and the dual writes it has seen).
+                let to = ScopeId::from(job.to_policy.as_str());
+                let applied_here: Vec<(pangea_core::ReplicaId, u64)> = shared
+                    .watermarks
+                    .read()
+                    .ok()
+                    .and_then(|w| {
+                        w.get(&to).map(|wm| {
+                            wm.origins
+                                .iter()
+                                .map(|(o, w)| (o.clone(), w.sequence))
+                                .collect()
+                        })
+                    })
+                    .unwrap_or_default();
+                for (origin, sequence) in applied_here {
+                    stream_applied_everywhere(shared, &to, &origin, sequence).await;
+                }
                 let token = write_location(
                     shared,
                     job,
