@@ -52,11 +52,10 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
                 .iter()
                 .find(|r| r["what"] == what.as_str())
                 .with_context(|| format!("no row for {what}"))?;
-            ensure!(
-                row["sim_count"].as_u64() > Some(0) && row["live_count"].as_u64() > Some(0),
-                "{what}: {row}"
-            );
-            ensure!(row["sim_ms"].as_f64() > Some(0.0) && row["live_ms"].as_f64() > Some(0.0));
+            ensure!(row["live_count"].as_u64() > Some(0), "{what}: {row}");
+            for side in ["sim_ms", "fitted_ms", "live_ms"] {
+                ensure!(row[side].as_f64() > Some(0.0), "{what}: no {side}: {row}");
+            }
         }
     }
     // Every pair of replicas that store rows replicated live writes and was measured
@@ -66,12 +65,15 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
         .context("replication_lag_p99")?;
     let both = lag
         .iter()
-        .filter(|r| r["sim_ms"].as_f64().is_some() && r["live_count"].as_u64() > Some(0))
+        .filter(|r| r["fitted_ms"].as_f64().is_some() && r["live_count"].as_u64() > Some(0))
         .count();
     ensure!(
         both >= 7 * 6 - 6,
         "only {both} pairs measured on both sides"
     );
+    // The fitted host costs are at least the shipped defaults (100 µs, 0).
+    ensure!(report["fitted_host"]["service_us"].as_u64() >= Some(100));
+    ensure!(report["fitted_host"]["commit_us"].as_u64().is_some());
     // The live cluster was stopped.
     let cluster = pangea_topology::cluster::ClusterFile::load(&data.join("cluster.toml"))
         .map_err(|e| anyhow::anyhow!(e))?;

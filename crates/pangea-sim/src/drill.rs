@@ -80,6 +80,8 @@ struct RawDrill {
     #[serde(default)]
     network: RawNetwork,
     #[serde(default)]
+    host: RawHost,
+    #[serde(default)]
     workload: RawWorkload,
     #[serde(default)]
     faults: Vec<RawFault>,
@@ -107,6 +109,14 @@ struct RawNetwork {
     rto_rtt_factor: Option<f64>,
     rto_min_ms: Option<f64>,
     intra_region_bandwidth_mbps: Option<f64>,
+}
+
+/// `[host]`: `scenario::HostModel` overrides (what `pangea sim calibrate` fits).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    service_us: Option<u64>,
+    commit_us: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -604,6 +614,12 @@ impl Drill {
         sc.clock_skew_ms_max = raw.clock_skew_ms_max;
         sc.replica = replica_config(&raw.replica);
         sc.net = net_config(&mut cx, &raw.network);
+        if let Some(us) = raw.host.service_us {
+            sc.host.service = SimDuration::from_us(us);
+        }
+        if let Some(us) = raw.host.commit_us {
+            sc.host.commit = SimDuration::from_us(us);
+        }
         sc.workload = workload(&mut cx, &raw.workload);
         for (i, f) in raw.faults.iter().enumerate() {
             let mut faults = fault(&mut cx, i, f, base, duration);

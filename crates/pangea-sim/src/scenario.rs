@@ -27,12 +27,38 @@ pub struct Scenario {
     pub drain_max: SimDuration,
     pub net: NetConfig,
     pub replica: ReplicaConfig,
+    /// What a replica's host costs beyond the network: see [`HostModel`].
+    pub host: HostModel,
     /// Static wall-clock skew of each replica, drawn uniformly from
     /// `[-clock_skew_ms_max, +clock_skew_ms_max]` at the start.
     pub clock_skew_ms_max: u64,
     pub workload: Workload,
     pub faults: Vec<Fault>,
     pub slo: Slo,
+}
+
+/// Costs of a replica's host, not of the network between hosts. The defaults model
+/// an unloaded server: 100 µs to serve a client request, storage commits that cost
+/// nothing. `pangea sim calibrate` measures both on a live cluster (docs/drills.md,
+/// "Fidelity") and a drill's `[host]` section sets them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostModel {
+    /// Time a replica spends on one client request before answering.
+    pub service: SimDuration,
+    /// Time from a replica's turn to its frames leaving and its writes being
+    /// acknowledged: the group commit (fsync) and hand-off the real driver does
+    /// before either. Each replication hop pays it once; an apply counts as done
+    /// (for replication lag) once its receiver has paid it too.
+    pub commit: SimDuration,
+}
+
+impl Default for HostModel {
+    fn default() -> Self {
+        HostModel {
+            service: SimDuration::from_us(100),
+            commit: SimDuration::ZERO,
+        }
+    }
 }
 
 /// How keys are drawn from the key space.
@@ -292,6 +318,7 @@ impl Scenario {
             drain_max: SimDuration::from_secs(60),
             net: NetConfig::default(),
             replica: ReplicaConfig::default(),
+            host: HostModel::default(),
             clock_skew_ms_max: 0,
             workload,
             faults: Vec::new(),

@@ -212,3 +212,49 @@ replica = "aps1-relay"
     );
     Ok(())
 }
+
+/// `[host]` costs show where they should: the service time in every read, the commit
+/// cost in write acknowledgements and replication lag (twice per hop: sender and
+/// receiver), and nowhere else.
+#[test]
+fn host_costs_add_to_reads_writes_and_lag() -> Result<()> {
+    let base = drill("host-base.toml", HEAD)?;
+    let costly = drill(
+        "host-costly.toml",
+        &HEAD.replace(
+            "[workload]",
+            "[host]\nservice_us = 3000\ncommit_us = 2000\n[workload]",
+        ),
+    )?;
+    assert_eq!(costly.scenario.host.service.as_us(), 3_000);
+    assert_eq!(costly.scenario.host.commit.as_us(), 2_000);
+    let a = Simulation::new(base.scenario)?.run()?;
+    let b = Simulation::new(costly.scenario)?.run()?;
+    let (ea, eb) = (&a.reads_by_mode["eventual"], &b.reads_by_mode["eventual"]);
+    assert!(
+        eb.p50_ms >= ea.p50_ms + 2.8 && eb.p50_ms <= ea.p50_ms + 3.5,
+        "eventual p50 {} -> {}",
+        ea.p50_ms,
+        eb.p50_ms
+    );
+    assert!(
+        b.writes.p50_ms >= a.writes.p50_ms + 4.5,
+        "write p50 {} -> {} (service + commit)",
+        a.writes.p50_ms,
+        b.writes.p50_ms
+    );
+    assert!(
+        b.replication_lag_ms.p50 >= a.replication_lag_ms.p50 + 3.5,
+        "lag p50 {} -> {}",
+        a.replication_lag_ms.p50,
+        b.replication_lag_ms.p50
+    );
+    let err = drill(
+        "host-bad.toml",
+        &HEAD.replace("[workload]", "[host]\nfsync_us = 1\n[workload]"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("fsync_us"), "{err}");
+    Ok(())
+}

@@ -73,8 +73,6 @@ use xxhash_rust::xxh3::{Xxh3, Xxh3DefaultBuilder, xxh3_64};
 
 /// Wall-clock time (Unix ms) at virtual time zero, as the core's cluster harness uses.
 pub const BASE_WALL_MS: u64 = 1_700_000_000_000;
-/// Time a replica spends serving one client request (a store read or write).
-const SERVICE_US: u64 = 100;
 /// Bytes of a request or response beyond its key and value (headers, watermarks).
 const ENVELOPE_BYTES: usize = 96;
 /// How often convergence is checked after a heal, and during the drain.
@@ -853,8 +851,9 @@ impl Simulation {
             };
             let kind = t.frame.kind();
             note_wire(&mut self.checks, &self.scopes, &self.names, &t.frame, now);
+            // Frames leave once the turn is committed (`HostModel::commit`).
             let out = self.net.send_idx(
-                now,
+                now + self.sc.host.commit,
                 crate::net::ReplicaIdx::new(r),
                 crate::net::ReplicaIdx::new(to),
                 Wire {
@@ -1108,7 +1107,8 @@ impl Simulation {
                     if let Some(&t0) = self.checks.proposed_us[st].get((sequence - 1) as usize)
                         && t0 != u64::MAX
                     {
-                        let lag_us = self.now.as_us().saturating_sub(t0);
+                        // Applied, and durable once this turn commits.
+                        let lag_us = (self.now + self.sc.host.commit).as_us().saturating_sub(t0);
                         metrics::record(&mut self.metrics.lag, lag_us);
                         let n = self.names.len();
                         self.metrics.lag_matrix[o * n + r].record(lag_us);
@@ -1186,7 +1186,8 @@ impl Simulation {
                     self.pending_commits
                         .remove(&(r as u32, s as u32, token.sequence))
                 {
-                    self.reply(
+                    self.reply_after(
+                        self.sc.host.commit,
                         op,
                         attempt,
                         r,

@@ -319,10 +319,26 @@ impl Simulation {
         reply: Reply,
         bytes: usize,
     ) {
+        self.reply_after(SimDuration::ZERO, op, attempt, r, client, reply, bytes);
+    }
+
+    /// [`Self::reply`], `extra` later (a write's acknowledgement waits for the
+    /// commit).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reply_after(
+        &mut self,
+        extra: SimDuration,
+        op: OpRef,
+        attempt: u16,
+        r: usize,
+        client: usize,
+        reply: Reply,
+        bytes: usize,
+    ) {
         let region = self.clients[client].region;
         self.count_client_bytes(region, r, bytes);
         if let Some(delay) = self.client_path(region, r, false) {
-            let at = self.now + SimDuration::from_us(SERVICE_US) + delay;
+            let at = self.now + self.sc.host.service + extra + delay;
             self.queue.push(
                 at,
                 Ev::Response {
@@ -807,7 +823,7 @@ impl Simulation {
                 .collect::<Vec<_>>()
         });
         if let Some(delay) = self.client_path(region, r, false) {
-            let at = self.now + SimDuration::from_us(SERVICE_US) + delay;
+            let at = self.now + self.sc.host.service + delay;
             self.queue.push(
                 at,
                 Ev::ProbeReply {
