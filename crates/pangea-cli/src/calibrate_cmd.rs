@@ -124,8 +124,8 @@ struct LiveFigures {
     reads: BTreeMap<String, BTreeMap<String, (u64, u64, f64)>>,
     writes: u64,
     write_errors: u64,
-    /// replica → origin → (applies, p99 ms).
-    apply_lag: BTreeMap<String, BTreeMap<String, (u64, f64)>>,
+    /// replica → origin → (applies, p50 ms, p99 ms).
+    apply_lag: BTreeMap<String, BTreeMap<String, (u64, f64, f64)>>,
     hedges: u64,
 }
 
@@ -333,8 +333,12 @@ async fn live_run(
         let v: serde_json::Value = serde_json::from_str(&body)?;
         let lag = figures.apply_lag.entry(r.id.clone()).or_default();
         for (origin, o) in v["apply_lag"].as_object().into_iter().flatten() {
-            if let (Some(n), Some(p99)) = (o["count"].as_u64(), o["p99_ms"].as_f64()) {
-                lag.insert(origin.clone(), (n, p99));
+            if let (Some(n), Some(p50), Some(p99)) = (
+                o["count"].as_u64(),
+                o["p50_ms"].as_f64(),
+                o["p99_ms"].as_f64(),
+            ) {
+                lag.insert(origin.clone(), (n, p50, p99));
             }
         }
     }
@@ -458,9 +462,11 @@ fn sim_lag_pairs(sim: &RunReport) -> Vec<(&str, &str, f64)> {
 
 /// The two host costs the network model leaves out, from what the live run shows
 /// beyond the simulator's figures: the service time from the median excess of read
-/// p99s, the commit cost from the median excess of replication lag p99 between
-/// replicas of one region (where the network adds next to nothing), halved because a
-/// hop pays it at the sender and the receiver.
+/// p99s; the commit cost from the median excess of the typical (p50) replication lag
+/// between replicas of one region, where the network adds next to nothing, halved
+/// because a hop pays it at the sender and at the receiver. (Fitting the commit to
+/// p99s instead would fold the live cluster's occasional stalls, which a constant
+/// cost cannot model, into every hop: docs/drills.md, "Fidelity".)
 fn fit(sc: &Scenario, sim: &RunReport, live: &LiveFigures) -> Fit {
     let mut read_excess = Vec::new();
     for (region, modes) in &live.reads {
@@ -483,8 +489,8 @@ fn fit(sc: &Scenario, sim: &RunReport, live: &LiveFigures) -> Fit {
         if region_of(origin) != region_of(replica) {
             continue;
         }
-        if let Some((_, l)) = live.apply_lag.get(replica).and_then(|m| m.get(origin)) {
-            lag_excess.push((l - s) / 2.0);
+        if let Some((_, p50, _)) = live.apply_lag.get(replica).and_then(|m| m.get(origin)) {
+            lag_excess.push((p50 - s) / 2.0);
         }
     }
     let us = |ms: f64| (ms.max(0.0) * 1_000.0).round() as u64;
@@ -536,7 +542,7 @@ fn compare(
             .get(replica)
             .and_then(|m| m.get(origin))
             .copied()
-            .map(|(n, p99)| (p99, n));
+            .map(|(n, _, p99)| (p99, n));
         replication_lag_p99.push(Row::new(
             format!("{origin} -> {replica}"),
             Some(s),
