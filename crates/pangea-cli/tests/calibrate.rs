@@ -58,19 +58,23 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
             }
         }
     }
-    // Every pair of replicas that store rows replicated live writes and was measured
-    // in the simulator: 7 replicas, each applying the others' writes.
+    // Writes from every region replicated to the others, measured on both sides
+    // (which serving replica of a region takes a frontend's writes is drawn, so the
+    // pairs of a short run vary).
     let lag = report["replication_lag_p99"]
         .as_array()
         .context("replication_lag_p99")?;
-    let both = lag
+    let both: Vec<&str> = lag
         .iter()
         .filter(|r| r["fitted_ms"].as_f64().is_some() && r["live_count"].as_u64() > Some(0))
-        .count();
-    ensure!(
-        both >= 7 * 6 - 6,
-        "only {both} pairs measured on both sides"
-    );
+        .filter_map(|r| r["what"].as_str())
+        .collect();
+    for prefix in ["use1-", "euw1-", "apne1-"] {
+        ensure!(
+            both.iter().any(|w| w.starts_with(prefix)),
+            "no pair from an origin {prefix}* measured on both sides: {both:?}"
+        );
+    }
     // The fitted host costs are at least the shipped defaults (100 µs, 0).
     ensure!(report["fitted_host"]["service_us"].as_u64() >= Some(100));
     ensure!(report["fitted_host"]["commit_us"].as_u64().is_some());
