@@ -14,6 +14,9 @@ for size in 1024 102400; do
   for c in 32 50; do
     $P bench --cluster $D/cluster.toml --region local-1 --op get --value-bytes $size --concurrency $c --duration 5s --keys 1000 --json > ${OUT:-/tmp}/b-pangea-$size-$c.json 2>/dev/null
     $P bench-echo --value-bytes $size --concurrency $c --duration 5s --json > ${OUT:-/tmp}/b-echo-$size-$c.json 2>/dev/null
+    # GET of keys that exist: SET the 1,000 keys (key:000000000000..999) at this size
+    # first, or Redis would answer nil for most GETs and send no value at all.
+    redis-benchmark -p 6399 -t set -d $size -r 1000 -n 20000 -q >/dev/null 2>&1
     redis-benchmark -p 6399 -t get -d $size -c $c -n 150000 -r 1000 --csv 2>/dev/null | tail -1 > ${OUT:-/tmp}/b-redis-$size-$c.csv
   done
 done
