@@ -77,6 +77,21 @@ pub enum ClockError {
         ahead_ms: u64,
         max_offset_ms: u64,
     },
+    /// This replica's own clock disagrees with most of its peers by more than the
+    /// max offset: it is the odd one out, and refuses writes (it would stamp them in
+    /// the past or the future of everyone else) until its clock agrees again.
+    #[error(
+        "clock fenced: this replica's clock is {offset_ms} ms off {peers_off} of the {peers_heard} peers heard in the last {window_s} s (max offset {max_offset_ms} ms); writes are refused until it agrees"
+    )]
+    Fenced {
+        /// This replica's clock minus the peers' (median of those off): negative when
+        /// it is behind.
+        offset_ms: i64,
+        peers_off: usize,
+        peers_heard: usize,
+        window_s: u64,
+        max_offset_ms: u64,
+    },
 }
 
 /// Default bound on how far a remote clock may run ahead of ours.

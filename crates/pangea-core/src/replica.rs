@@ -28,7 +28,7 @@
 //! none, converge (principle 2, I8).
 
 use crate::frame::{Frame, FrameClass, FrameLimits, GapFill, GapRequest, Heartbeat, SnapshotChunk};
-use crate::hlc::{HybridClock, Timestamp};
+use crate::hlc::{ClockError, HybridClock, Timestamp};
 use crate::ids::{ReplicaId, ScopeId};
 use crate::limits::Limits;
 use crate::location::{LOCATION_TABLE, Location};
@@ -425,6 +425,49 @@ impl Peers {
     }
 }
 
+/// How recent a peer's heartbeat must be to count toward the clock fence.
+pub const CLOCK_FENCE_WINDOW_US: u64 = 10_000_000;
+
+/// One peer's clock against ours: heartbeat wall time minus ours on arrival (ms),
+/// the largest over two half-windows. A heartbeat can only arrive late, never early,
+/// so the largest reading is the freshest: a backlog of old heartbeats (after a
+/// partition, a pause, a slow link) does not make our clock look ahead.
+#[derive(Debug, Clone, Copy)]
+struct PeerClock {
+    best: i64,
+    since_us: u64,
+    previous_best: Option<i64>,
+    last_us: u64,
+}
+
+impl PeerClock {
+    fn new(offset_ms: i64, now_us: u64) -> Self {
+        PeerClock {
+            best: offset_ms,
+            since_us: now_us,
+            previous_best: None,
+            last_us: now_us,
+        }
+    }
+
+    fn record(&mut self, offset_ms: i64, now_us: u64) {
+        if now_us.saturating_sub(self.since_us) > CLOCK_FENCE_WINDOW_US / 2 {
+            self.previous_best = Some(self.best);
+            self.best = offset_ms;
+            self.since_us = now_us;
+        } else {
+            self.best = self.best.max(offset_ms);
+        }
+        self.last_us = now_us;
+    }
+
+    /// The freshest reading, if the peer was heard within the window.
+    fn offset(&self, now_us: u64) -> Option<i64> {
+        (now_us.saturating_sub(self.last_us) <= CLOCK_FENCE_WINDOW_US)
+            .then(|| self.previous_best.map_or(self.best, |p| p.max(self.best)))
+    }
+}
+
 /// A replica of one deployment. See the module documentation.
 #[derive(Debug)]
 pub struct Replica<S: Storage> {
@@ -433,6 +476,9 @@ pub struct Replica<S: Storage> {
     config: Config,
     storage: S,
     clock: HybridClock,
+    /// Per origin heard from: how far its clock reads from ours. Decides the clock
+    /// fence ([`Replica::clock_fence`]).
+    peer_clocks: BTreeMap<ReplicaId, PeerClock>,
     rng: crate::rng::Rng,
     stores_rows: bool,
     scopes: BTreeMap<ScopeId, ScopeState>,
@@ -478,6 +524,7 @@ impl<S: Storage> Replica<S> {
         let mut r = Replica {
             id,
             clock: HybridClock::new(config.max_offset_ms),
+            peer_clocks: BTreeMap::new(),
             deployment,
             config,
             storage,
@@ -825,12 +872,53 @@ impl<S: Storage> Replica<S> {
         self.append_local(now, scope, mutation)
     }
 
+    /// `Some` when this replica's clock is fenced: more than half of the origins it
+    /// heard from in the last [`CLOCK_FENCE_WINDOW_US`] (at least two of them) stamp
+    /// heartbeats more than `max_offset` *ahead* of its own clock (each peer's
+    /// freshest reading in the window: see `PeerClock`). Its clock is then the odd
+    /// one out, far behind, and [`Replica::propose`] refuses writes with this error:
+    /// stamped in everyone else's past, they would lose to older writes. A clock far
+    /// *ahead* is not fenced here (late heartbeats would look the same); its peers
+    /// refuse its timestamps instead (I1), so its writes wait until real time reaches
+    /// them. With a single peer heard nobody can tell which clock is wrong: no fence.
+    pub fn clock_fence(&self, now: Now) -> Option<ClockError> {
+        let max = self.clock.max_offset_ms();
+        let mut heard = 0usize;
+        let mut off: Vec<i64> = Vec::new();
+        for c in self.peer_clocks.values() {
+            let Some(offset_ms) = c.offset(now.mono_us) else {
+                continue;
+            };
+            heard += 1;
+            // Only peers reading *ahead*: lateness can make a peer read behind, never
+            // ahead, so this direction is never a false alarm. (A clock far ahead
+            // is handled by its peers, which refuse its timestamps: I1.)
+            if offset_ms > 0 && offset_ms.unsigned_abs() > max {
+                off.push(offset_ms);
+            }
+        }
+        if heard < 2 || off.len() * 2 <= heard {
+            return None;
+        }
+        off.sort_unstable();
+        Some(ClockError::Fenced {
+            offset_ms: -off[off.len() / 2],
+            peers_off: off.len(),
+            peers_heard: heard,
+            window_s: CLOCK_FENCE_WINDOW_US / 1_000_000,
+            max_offset_ms: max,
+        })
+    }
+
     fn append_local(
         &mut self,
         now: Now,
         scope: &ScopeId,
         mutation: RowMutation,
     ) -> Result<Token, Error> {
+        if let Some(fence) = self.clock_fence(now) {
+            return Err(Error::Clock(fence));
+        }
         if !self.stores_rows || !self.scopes.contains_key(scope) {
             return Err(Error::PolicyForbids {
                 scope: scope.to_string(),
@@ -1662,6 +1750,16 @@ impl<S: Storage> Replica<S> {
             }
             if hb.origin == self.id {
                 continue;
+            }
+            // What this origin's clock says against ours (a relayed heartbeat reads
+            // a path's latency low: far below any max offset).
+            let offset_ms = hb.timestamp.wall_ms() as i64 - now.wall_ms as i64;
+            match self.peer_clocks.get_mut(&hb.origin) {
+                Some(c) => c.record(offset_ms, now.mono_us),
+                None => {
+                    self.peer_clocks
+                        .insert(hb.origin.clone(), PeerClock::new(offset_ms, now.mono_us));
+                }
             }
             if self.clock.observe(now.wall_ms, hb.timestamp).is_err() {
                 self.reject(from, Reject::TimestampAhead);

@@ -501,3 +501,114 @@ fn decisions_compare_sequences_and_staleness() {
         }
     );
 }
+
+/// I1, the clock fence: a replica whose clock is more than `max_offset` behind most of
+/// the peers it hears from refuses writes, naming the offset, and takes them again
+/// once its clock agrees; one peer far off fences nobody else; a single peer
+/// heard fences nobody; late heartbeats do not pass for a clock ahead.
+#[test]
+fn a_replica_whose_clock_disagrees_with_most_peers_refuses_writes() {
+    use pangea_core::Error;
+    use pangea_core::hlc::ClockError;
+    let d = deployment();
+    let hb = |origin: &str, wall_ms: u64| Heartbeat {
+        scope: "global".into(),
+        origin: origin.into(),
+        sequence: 0,
+        timestamp: Timestamp::new(wall_ms, 0),
+        applied: vec![],
+        purge: Timestamp::ZERO,
+    };
+    let hear = |r: &mut Replica<MemStorage>, now_ms: u64, peer: &str, offset_ms: i64| {
+        let wall = (T0 + now_ms) as i64 + offset_ms;
+        r.handle_frame(
+            at(now_ms),
+            &peer.into(),
+            Frame::Heartbeats(vec![hb(peer, wall as u64)]),
+        )
+        .unwrap();
+    };
+
+    // use1-a's clock is 2 s behind three peers.
+    let mut a = replica(&d, "use1-a");
+    for p in ["use1-b", "euw1-a", "apne1-a"] {
+        hear(&mut a, 100, p, 2_000);
+    }
+    let err = a.propose(at(101), set("g/1", "x")).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Clock(ClockError::Fenced {
+                offset_ms: -2_000,
+                peers_off: 3,
+                peers_heard: 3,
+                ..
+            })
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("-2000 ms off 3 of the 3 peers"),
+        "{err}"
+    );
+    // Its clock is fixed: the peers agree again. The fence lifts once no reading in
+    // the window (two half-windows of 5 s) disagrees.
+    for p in ["use1-b", "euw1-a", "apne1-a"] {
+        hear(&mut a, 200, p, 3);
+    }
+    assert!(
+        a.clock_fence(at(201)).is_some(),
+        "the window still remembers"
+    );
+    for t in [5_300, 10_400] {
+        for p in ["use1-b", "euw1-a", "apne1-a"] {
+            hear(&mut a, t, p, 3);
+        }
+    }
+    assert_eq!(a.clock_fence(at(10_401)), None);
+    a.propose(at(10_401), set("g/1", "x")).unwrap();
+
+    // One peer far ahead, two agreeing: the odd one out is the peer, not us.
+    let mut b = replica(&d, "use1-b");
+    hear(&mut b, 100, "use1-a", 5_000);
+    hear(&mut b, 100, "euw1-a", -2);
+    hear(&mut b, 100, "apne1-a", 4);
+    assert_eq!(b.clock_fence(at(101)), None);
+    b.propose(at(101), set("g/2", "y")).unwrap();
+
+    // A single peer heard, far off: nobody can tell whose clock is wrong.
+    let mut c = replica(&d, "euw1-a");
+    hear(&mut c, 100, "use1-a", 5_000);
+    assert_eq!(c.clock_fence(at(101)), None);
+    // Heartbeats older than the window do not count.
+    let mut e = replica(&d, "euw1-b");
+    for p in ["use1-b", "euw1-a", "apne1-a"] {
+        hear(&mut e, 100, p, 2_000);
+    }
+    assert!(e.clock_fence(at(101)).is_some());
+    assert_eq!(
+        e.clock_fence(at(100 + 10_001)),
+        None,
+        "old heartbeats expire"
+    );
+
+    // A backlog of late heartbeats (after a pause or a partition) reads as peers far
+    // behind; their fresh heartbeats in the same window show the clocks agree.
+    let mut f = replica(&d, "apne1-b");
+    for p in ["use1-b", "euw1-a", "apne1-a"] {
+        hear(&mut f, 100, p, 1);
+        hear(&mut f, 2_000, p, -1_500);
+    }
+    assert_eq!(
+        f.clock_fence(at(2_001)),
+        None,
+        "late heartbeats are not a clock"
+    );
+    // Every peer reading far behind (our clock ahead, or only late heartbeats): not
+    // fenced here; the peers refuse our timestamps instead (I1, above).
+    let mut g = replica(&d, "apne1-a");
+    for p in ["use1-b", "euw1-a", "apne1-b"] {
+        hear(&mut g, 100, p, -2_000);
+    }
+    assert_eq!(g.clock_fence(at(101)), None);
+}

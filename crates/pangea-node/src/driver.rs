@@ -122,9 +122,19 @@ pub async fn run(
                 let _ = w.send(Err(e.clone()));
             }
         }
-        // Gauges owned by the core, at most ten times a second.
+        // Gauges owned by the core, and the clock fence, at most ten times a second.
         if gauges_at.elapsed() >= std::time::Duration::from_millis(100) {
             gauges_at = std::time::Instant::now();
+            let fence = replica.clock_fence(now).map(|e| e.to_string());
+            if let Ok(mut f) = shared.clock_fence.write()
+                && *f != fence
+            {
+                match &fence {
+                    Some(why) => tracing::error!(%why, "clock fenced: refusing writes"),
+                    None => tracing::info!("clock agrees with the peers again: accepting writes"),
+                }
+                *f = fence;
+            }
             for (peer, bytes) in replica.inflight_bytes() {
                 shared
                     .metrics

@@ -90,6 +90,9 @@ pub struct Shared {
     pub residency_from_outsiders: std::sync::atomic::AtomicU64,
     /// How long after their origin stamped them entries were applied here.
     pub apply_lag: lag::ApplyLag,
+    /// Why this replica's clock is fenced (`Replica::clock_fence`), if it is: then it
+    /// refuses writes and reports unhealthy. Set by the driver every turn.
+    pub clock_fence: RwLock<Option<String>>,
     pub metrics: Arc<metrics::NodeMetrics>,
     pub clock: Arc<clock::Clock>,
     pub core_limits: Limits,
@@ -226,9 +229,11 @@ impl admin::AdminState for Shared {
 
     fn health(&self) -> admin::Health {
         let phase = self.phase();
+        let fence = self.clock_fence.read().ok().and_then(|f| f.clone());
         let ok = self.healthy.load(Ordering::Relaxed)
             && !self.driver.is_closed()
-            && phase == readiness::Phase::Ready;
+            && phase == readiness::Phase::Ready
+            && fence.is_none();
         let suspected: Vec<String> = self
             .suspected
             .read()
@@ -242,6 +247,7 @@ impl admin::AdminState for Shared {
                 "phase": phase.to_string(),
                 "suspected_peers": suspected,
                 "requests_in_flight": self.inflight.count(),
+                "clock_fence": fence,
             }),
         }
     }
@@ -434,6 +440,7 @@ pub async fn run_with_sockets(
         residency_to_outsiders: std::sync::atomic::AtomicU64::new(0),
         residency_from_outsiders: std::sync::atomic::AtomicU64::new(0),
         apply_lag: lag::ApplyLag::default(),
+        clock_fence: RwLock::new(None),
         metrics: Arc::new(metrics::NodeMetrics::new()),
         clock,
         core_limits,

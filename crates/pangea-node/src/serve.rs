@@ -75,7 +75,9 @@ impl From<CoreError> for Failure {
         let code = match &e {
             CoreError::UnknownTable { .. } | CoreError::UnknownFamily { .. } => Code::NotFound,
             CoreError::PolicyForbids { .. } => Code::PolicyForbids,
-            CoreError::Storage(_) => Code::Unavailable,
+            // A fenced clock: another replica takes the write (the client fails over).
+            CoreError::Storage(_)
+            | CoreError::Clock(pangea_core::hlc::ClockError::Fenced { .. }) => Code::Unavailable,
             _ => Code::InvalidArgument,
         };
         Failure::new(code, e.to_string())
