@@ -2,8 +2,8 @@
 //!
 //! Each harness is a plain function of arbitrary bytes, so the same code runs under
 //! libFuzzer (`fuzz_targets/*.rs`, `cargo +nightly fuzz run <target>`) and as a
-//! regression test over the committed corpus (`cargo test` in this crate, which CI
-//! runs):
+//! regression test over the committed corpus plus a bounded run of seeded mutations
+//! of it (`cargo test` in this crate, which `.ci/run` runs on stable):
 //!
 //! - [`client_frame`]: a stream of length-prefixed `ClientRequest` frames through the
 //!   real decoder (`pangea_net::decode_frame`) and what a replica does with each
@@ -131,5 +131,91 @@ mod tests {
             total += files.len();
         }
         eprintln!("{total} corpus inputs passed");
+    }
+
+    /// A bounded smoke run on the stable toolchain (what CI can always run): each
+    /// target for `PANGEA_FUZZ_SECS` seconds (default 2) on seeded mutations of its
+    /// corpus — bit flips, byte changes, insertions, deletions, truncations,
+    /// splices — through the same harness. Not coverage-guided (that is libFuzzer's
+    /// job, fuzz/run.sh); it catches what a small change to a known-good input breaks.
+    /// A failing input is written to `artifacts/<target>/smoke-<n>` before the panic
+    /// goes on, so it can be replayed and committed as a regression input.
+    #[test]
+    fn seeded_mutations_of_the_corpus_pass() {
+        let secs: u64 = std::env::var("PANGEA_FUZZ_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(2);
+        let mut rng = 0x5eed_f00d_cafe_d00du64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for target in TARGETS {
+            let inputs: Vec<Vec<u8>> = corpus(target)
+                .iter()
+                .map(|f| std::fs::read(f).unwrap())
+                .collect();
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+            let mut n = 0u64;
+            while std::time::Instant::now() < until {
+                let mut data = inputs[next() as usize % inputs.len()].clone();
+                for _ in 0..1 + next() % 4 {
+                    mutate(&mut data, &inputs, &mut next);
+                }
+                let result =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(target, &data)));
+                if let Err(panic) = result {
+                    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+                        .join("artifacts")
+                        .join(target);
+                    let _ = std::fs::create_dir_all(&dir);
+                    let file = dir.join(format!("smoke-{n}"));
+                    let _ = std::fs::write(&file, &data);
+                    eprintln!("{target}: input {n} failed; saved to {}", file.display());
+                    std::panic::resume_unwind(panic);
+                }
+                n += 1;
+            }
+            eprintln!("{target}: {n} mutated inputs in {secs} s");
+        }
+    }
+
+    /// One random change to `data` (another corpus input may be spliced in).
+    fn mutate(data: &mut Vec<u8>, inputs: &[Vec<u8>], next: &mut impl FnMut() -> u64) {
+        let at = |len: usize, r: u64| if len == 0 { 0 } else { r as usize % len };
+        match next() % 6 {
+            0 if !data.is_empty() => {
+                let i = at(data.len(), next());
+                data[i] ^= 1 << (next() % 8);
+            }
+            1 if !data.is_empty() => {
+                let i = at(data.len(), next());
+                // Boundary values find length and count bugs more often than noise.
+                data[i] = [0, 1, 0x7f, 0x80, 0xff, next() as u8][next() as usize % 6];
+            }
+            2 => {
+                let i = at(data.len() + 1, next());
+                let n = 1 + next() as usize % 8;
+                for _ in 0..n {
+                    data.insert(i.min(data.len()), next() as u8);
+                }
+            }
+            3 if !data.is_empty() => {
+                let i = at(data.len(), next());
+                let n = (1 + next() as usize % 16).min(data.len() - i);
+                data.drain(i..i + n);
+            }
+            4 => data.truncate(at(data.len() + 1, next())),
+            _ => {
+                let other = &inputs[next() as usize % inputs.len()];
+                let i = at(data.len() + 1, next());
+                let j = at(other.len() + 1, next());
+                data.truncate(i);
+                data.extend_from_slice(&other[j..]);
+            }
+        }
     }
 }
