@@ -85,16 +85,24 @@ async fn wait_job(
     limit: Duration,
 ) -> Result<pangea_proto::v1::MigrationJob> {
     let started = Instant::now();
+    let mut last_error = None;
     loop {
-        if let Some(j) = client.jobs().await?.into_iter().find(|j| j.id == job) {
-            ensure!(j.phase != "failed", "job {job} failed: {}", j.error);
-            if j.phase == "done" {
-                return Ok(j);
+        // The job table may be out of reach for a moment while a replica restarts
+        // (the client's known stale-connection bug, see node_process.rs): retry.
+        match client.jobs().await {
+            Ok(jobs) => {
+                if let Some(j) = jobs.into_iter().find(|j| j.id == job) {
+                    ensure!(j.phase != "failed", "job {job} failed: {}", j.error);
+                    if j.phase == "done" {
+                        return Ok(j);
+                    }
+                }
             }
+            Err(e) => last_error = Some(e),
         }
         ensure!(
             started.elapsed() < limit,
-            "job {job} not done after {limit:?}"
+            "job {job} not done after {limit:?} (last error reading jobs: {last_error:?})"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -285,6 +285,23 @@ impl Cluster {
         if self.file.emulate_wan {
             cmd.arg("--emulate-wan");
         }
+        // Its sockets bound here and handed down, as `cluster up` does: the ports it
+        // had are taken back at once (a clear error if another process got one).
+        let quic = pangea_net::bind_udp_socket(r.address.parse()?)
+            .with_context(|| format!("{id}: its QUIC address {} is taken", r.address))?;
+        let admin = std::net::TcpListener::bind(&r.admin)
+            .with_context(|| format!("{id}: its admin address {} is taken", r.admin))?;
+        use command_fds::{CommandFdExt, FdMapping};
+        cmd.env("LISTEN_FDS", "2").fd_mappings(vec![
+            FdMapping {
+                parent_fd: quic.into(),
+                child_fd: 3,
+            },
+            FdMapping {
+                parent_fd: admin.into(),
+                child_fd: 4,
+            },
+        ])?;
         use std::os::unix::process::CommandExt;
         cmd.process_group(0)
             .stdin(Stdio::null())
