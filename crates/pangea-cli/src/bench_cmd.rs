@@ -24,6 +24,10 @@ pub(crate) struct EchoArgs {
     duration: String,
     #[arg(long)]
     json: bool,
+    /// One stream per request (`per-request`), or each worker keeps one stream and
+    /// sends its requests on it one after another (`reused`, as pangea-client does).
+    #[arg(long, default_value = "reused")]
+    streams: String,
 }
 
 #[derive(Debug, Args)]
@@ -115,11 +119,17 @@ pub(crate) fn machine() -> String {
 }
 
 pub(crate) fn run_echo(a: EchoArgs) -> Result<()> {
+    let reuse = match a.streams.as_str() {
+        "reused" => true,
+        "per-request" => false,
+        other => anyhow::bail!("--streams {other:?}: reused or per-request"),
+    };
     echo(
         a.value_bytes,
         a.concurrency,
         parse_duration(&a.duration)?,
         a.json,
+        reuse,
     )
 }
 
@@ -248,7 +258,13 @@ async fn put(
 }
 
 /// The echo floor: a bare quinn server that returns each request's payload.
-fn echo(value_bytes: usize, concurrency: usize, duration: Duration, json: bool) -> Result<()> {
+fn echo(
+    value_bytes: usize,
+    concurrency: usize,
+    duration: Duration,
+    json: bool,
+    reuse: bool,
+) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -261,7 +277,7 @@ fn echo(value_bytes: usize, concurrency: usize, duration: Duration, json: bool) 
         let server = pangea_net::tls::server_config(&ca, pangea_net::certs::load_replica(dir.path(), "echo")?)?;
         let client = pangea_net::tls::client_config(&ca, pangea_net::certs::load_client(dir.path(), "bench")?)?;
         let client2 = pangea_net::tls::client_config(&ca, pangea_net::certs::load_client(dir.path(), "bench")?)?;
-        let server_ep = pangea_net::bind_endpoint(([127, 0, 0, 1], 0).into(), Some(server), client2, None)?;
+        let server_ep = pangea_net::bind_endpoint(([127, 0, 0, 1], 0).into(), Some(server), client2, None, None)?;
         let addr = server_ep.local_addr()?;
         tokio::spawn(async move {
             while let Some(inc) = server_ep.accept().await {
@@ -269,16 +285,18 @@ fn echo(value_bytes: usize, concurrency: usize, duration: Duration, json: bool) 
                     let Ok(conn) = inc.await else { return };
                     while let Ok((mut send, mut recv)) = conn.accept_bi().await {
                         tokio::spawn(async move {
-                            if let Ok(Some(req)) = pangea_net::read_frame::<pangea_proto::v1::ClientRequest>(&mut recv, pangea_net::FRAME_BYTES_MAX).await {
-                                let _ = pangea_net::write_frame(&mut send, &req).await;
-                                let _ = send.finish();
+                            while let Ok(Some(req)) = pangea_net::read_frame::<pangea_proto::v1::ClientRequest>(&mut recv, pangea_net::FRAME_BYTES_MAX).await {
+                                if pangea_net::write_frame(&mut send, &req).await.is_err() {
+                                    return;
+                                }
                             }
+                            let _ = send.finish();
                         });
                     }
                 });
             }
         });
-        let ep = pangea_net::bind_endpoint(([127, 0, 0, 1], 0).into(), None, client, None)?;
+        let ep = pangea_net::bind_endpoint(([127, 0, 0, 1], 0).into(), None, client, None, None)?;
         let conn = ep.connect(addr, "echo")?.await?;
         let payload = Bytes::from(vec![b'x'; value_bytes]);
         let req = pangea_proto::v1::ClientRequest {
@@ -298,15 +316,27 @@ fn echo(value_bytes: usize, concurrency: usize, duration: Duration, json: bool) 
         for _ in 0..concurrency {
             let (conn, req, hist, stop) = (conn.clone(), req.clone(), hist.clone(), stop.clone());
             tasks.spawn(async move {
+                let mut kept = None;
                 while !stop.load(Ordering::Relaxed) {
                     let t0 = Instant::now();
-                    let Ok((mut send, mut recv)) = conn.open_bi().await else { return };
+                    let (mut send, mut recv) = match kept.take() {
+                        Some(s) => s,
+                        None => match conn.open_bi().await {
+                            Ok(s) => s,
+                            Err(_) => return,
+                        },
+                    };
                     if pangea_net::write_frame(&mut send, &req).await.is_err() {
                         return;
                     }
-                    let _ = send.finish();
+                    if !reuse {
+                        let _ = send.finish();
+                    }
                     if let Ok(Some(_)) = pangea_net::read_frame::<pangea_proto::v1::ClientRequest>(&mut recv, pangea_net::FRAME_BYTES_MAX).await {
                         let _ = hist.lock().expect("not poisoned").record(t0.elapsed().as_micros() as u64);
+                    }
+                    if reuse {
+                        kept = Some((send, recv));
                     }
                 }
             });
@@ -316,10 +346,11 @@ fn echo(value_bytes: usize, concurrency: usize, duration: Duration, json: bool) 
         while tasks.join_next().await.is_some() {}
         let f = figures(&hist.lock().expect("not poisoned"), 0, started.elapsed());
         if json {
-            println!("{}", serde_json::to_string_pretty(&serde_json::json!({"machine": machine(), "value_bytes": value_bytes, "concurrency": concurrency, "echo": f}))?);
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({"machine": machine(), "value_bytes": value_bytes, "concurrency": concurrency, "streams": if reuse { "reused" } else { "per-request" }, "echo": f}))?);
         } else {
             println!(
-                "echo {value_bytes} B, concurrency {concurrency} ({}): {:.0} ops/s  p50 {:.3} ms  p99 {:.3} ms  p999 {:.3} ms",
+                "echo {value_bytes} B, concurrency {concurrency}, {} streams ({}): {:.0} ops/s  p50 {:.3} ms  p99 {:.3} ms  p999 {:.3} ms",
+                if reuse { "reused" } else { "per-request" },
                 machine(),
                 f.ops_per_s,
                 f.p50_ms,

@@ -88,7 +88,7 @@ async fn wait_job(
     let mut last_error = None;
     loop {
         // The job table may be out of reach for a moment while a replica restarts
-        // (the client's known stale-connection bug, see node_process.rs): retry.
+        // (a read that went to it fails over only once it is marked down): retry.
         match client.jobs().await {
             Ok(jobs) => {
                 if let Some(j) = jobs.into_iter().find(|j| j.id == job) {

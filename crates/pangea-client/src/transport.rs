@@ -49,7 +49,7 @@ impl Transport {
         } else {
             bind
         };
-        let endpoint = pangea_net::bind_endpoint(bind, None, client, wan)?;
+        let endpoint = pangea_net::bind_endpoint(bind, None, client, wan, None)?;
         Ok(Transport {
             endpoint,
             addresses: config.addresses.clone(),

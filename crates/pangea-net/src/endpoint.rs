@@ -17,6 +17,7 @@ use quinn::{AsyncUdpSocket, Runtime as _};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::error::{Error, Result};
+use crate::reset::ResetKey;
 use crate::wan::WanEmulator;
 
 /// Send and receive buffer size we request for every QUIC socket: 8 MiB, room for
@@ -64,6 +65,9 @@ pub fn bind_udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket> {
 /// - `client_config`: used for every outgoing connection; every Pangea endpoint
 ///   dials (replicas dial their tree neighbours), so it is required.
 /// - `wan`: `Some` to emulate WAN conditions on outgoing datagrams (local clusters).
+/// - `reset_key`: the stateless-reset key; replicas pass the one kept in their data
+///   directory so that after a restart their old connections are reset at once
+///   (see [`crate::reset`]); `None` draws a random one (dial-only endpoints).
 ///
 /// Must be called within a tokio runtime with I/O enabled: the socket is
 /// registered with it and the endpoint's driver (and the WAN sender) run on it.
@@ -72,11 +76,18 @@ pub fn bind_endpoint(
     server_config: Option<quinn::ServerConfig>,
     client_config: quinn::ClientConfig,
     wan: Option<WanEmulator>,
+    reset_key: Option<&ResetKey>,
 ) -> Result<quinn::Endpoint> {
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(Error::NoRuntime("bind_endpoint"));
     }
-    endpoint_on_socket(bind_udp_socket(addr)?, server_config, client_config, wan)
+    endpoint_on_socket(
+        bind_udp_socket(addr)?,
+        server_config,
+        client_config,
+        wan,
+        reset_key,
+    )
 }
 
 /// A QUIC endpoint on a UDP socket bound elsewhere: by [`bind_udp_socket`] in a parent
@@ -87,6 +98,7 @@ pub fn endpoint_on_socket(
     server_config: Option<quinn::ServerConfig>,
     client_config: quinn::ClientConfig,
     wan: Option<WanEmulator>,
+    reset_key: Option<&ResetKey>,
 ) -> Result<quinn::Endpoint> {
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(Error::NoRuntime("endpoint_on_socket"));
@@ -103,13 +115,13 @@ pub fn endpoint_on_socket(
         Some(wan) => wan.wrap(real)?,
         None => real,
     };
-    let mut endpoint = quinn::Endpoint::new_with_abstract_socket(
-        quinn::EndpointConfig::default(),
-        server_config,
-        socket,
-        runtime,
-    )
-    .map_err(socket_error)?;
+    let endpoint_config = match reset_key {
+        Some(key) => key.endpoint_config(),
+        None => quinn::EndpointConfig::default(),
+    };
+    let mut endpoint =
+        quinn::Endpoint::new_with_abstract_socket(endpoint_config, server_config, socket, runtime)
+            .map_err(socket_error)?;
     endpoint.set_default_client_config(client_config);
     Ok(endpoint)
 }

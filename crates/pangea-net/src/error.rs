@@ -50,6 +50,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// A key file (such as the stateless-reset key) exists but is not usable.
+    #[error("{path}: {reason}")]
+    KeyFile {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong with it.
+        reason: String,
+    },
+
     /// rcgen failed to generate or sign a certificate.
     #[error("certificate generation failed: {0}")]
     CertGen(#[from] rcgen::Error),

@@ -29,6 +29,8 @@
 //!   size limit checked before allocation; pure encode/decode for fuzzing.
 //! - [`wan`]: per-destination delay, jitter, loss and partitions in the socket
 //!   layer (no root, no netem), changeable at runtime through [`WanControl`].
+//! - [`reset`]: [`ResetKey`], a stateless-reset key kept across restarts so a
+//!   restarted replica resets its old connections instead of leaving them to time out.
 //! - [`backoff`]: seeded exponential backoff with full jitter for reconnects.
 //! - [`error`]: the crate's [`Error`].
 //!
@@ -43,7 +45,7 @@
 //! let server = tls::server_config(&ca, certs::load_replica(dir, "us-east1-a")?)?;
 //! let client = tls::client_config(&ca, certs::load_replica(dir, "us-east1-a")?)?;
 //! let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-//! let endpoint = bind_endpoint(addr, Some(server), client, None)?;
+//! let endpoint = bind_endpoint(addr, Some(server), client, None, None)?;
 //! # drop(endpoint); Ok(()) }
 //! ```
 
@@ -54,6 +56,7 @@ pub mod error;
 pub mod frame;
 pub mod identity;
 pub mod reload;
+pub mod reset;
 mod rng;
 pub mod rotation;
 pub mod tls;
@@ -66,4 +69,5 @@ pub use error::{Error, Result};
 pub use frame::{FRAME_BYTES_MAX, decode_frame, encode_frame, read_frame, write_frame};
 pub use identity::{PeerIdentity, peer_identity};
 pub use reload::{LiveTls, TlsFiles};
+pub use reset::ResetKey;
 pub use wan::{LinkRule, WanControl, WanEmulator, WanSocket, WanStats};

@@ -35,6 +35,7 @@ impl LiveServer {
             Some(tls.server_config()?),
             tls.client_config()?,
             None,
+            None,
         )?;
         let (tx, accepted) = mpsc::unbounded_channel();
         let task = tokio::spawn(accept_loop(endpoint.clone(), tls.clone(), tx));

@@ -386,6 +386,10 @@ pub async fn run_with_sockets(
         },
     )?;
 
+    // Kept across restarts, so a restarted replica resets the connections its
+    // predecessor left behind instead of leaving them to time out (pangea_net::reset).
+    let reset_key = pangea_net::ResetKey::load_or_create(&config.data_dir.join("quic-reset.key"))?;
+
     // Certificates, trust bundle and CRL are reloaded while running (reload.rs).
     let tls =
         pangea_net::LiveTls::load(pangea_net::TlsFiles::replica(&config.certs, id.as_str())?)?;
@@ -408,9 +412,9 @@ pub async fn run_with_sockets(
                 "the QUIC socket handed to replica {id} is bound to {bound}, but it listens \
                  on {listen} (its topology address or --listen)"
             );
-            pangea_net::endpoint_on_socket(socket, Some(server), client, wan)?
+            pangea_net::endpoint_on_socket(socket, Some(server), client, wan, Some(&reset_key))?
         }
-        None => pangea_net::bind_endpoint(listen, Some(server), client, wan)?,
+        None => pangea_net::bind_endpoint(listen, Some(server), client, wan, Some(&reset_key))?,
     };
 
     let clock = Arc::new(clock::Clock::default());

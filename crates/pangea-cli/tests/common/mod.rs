@@ -474,8 +474,13 @@ pub struct RawClient {
 
 impl RawClient {
     pub fn new(config: quinn::ClientConfig) -> Result<RawClient> {
-        let endpoint =
-            pangea_net::bind_endpoint(SocketAddr::from(([127, 0, 0, 1], 0)), None, config, None)?;
+        let endpoint = pangea_net::bind_endpoint(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            None,
+            config,
+            None,
+            None,
+        )?;
         Ok(RawClient { endpoint })
     }
 

@@ -96,11 +96,25 @@ impl EchoServer {
     /// Starts the replica `SERVER_REPLICA` on 127.0.0.1, port 0, reading frames of
     /// at most `limit_bytes`.
     pub fn start(pki: &Pki, limit_bytes: usize, wan: Option<WanEmulator>) -> Result<Self> {
-        let endpoint = bind_endpoint(
-            localhost(),
+        let socket = pangea_net::bind_udp_socket(localhost())?;
+        Self::start_on(pki, socket, limit_bytes, wan, None)
+    }
+
+    /// As [`EchoServer::start`], on a socket bound by the caller and with a given
+    /// stateless-reset key (`None`: a random one).
+    pub fn start_on(
+        pki: &Pki,
+        socket: std::net::UdpSocket,
+        limit_bytes: usize,
+        wan: Option<WanEmulator>,
+        reset_key: Option<&pangea_net::ResetKey>,
+    ) -> Result<Self> {
+        let endpoint = pangea_net::endpoint_on_socket(
+            socket,
             Some(pki.replica_server_config()?),
             pki.replica_client_config()?,
             wan,
+            reset_key,
         )?;
         let (events_tx, events) = mpsc::unbounded_channel();
         let task = tokio::spawn(accept_loop(endpoint.clone(), limit_bytes, events_tx));
@@ -196,7 +210,7 @@ pub fn client_endpoint(
     config: quinn::ClientConfig,
     wan: Option<WanEmulator>,
 ) -> Result<quinn::Endpoint> {
-    Ok(bind_endpoint(localhost(), None, config, wan)?)
+    Ok(bind_endpoint(localhost(), None, config, wan, None)?)
 }
 
 /// Connects to the echo server as `SERVER_REPLICA`'s TLS name.
