@@ -38,12 +38,9 @@ fn set(key: &str, value: &str) -> Result<RowMutation> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_under_load_fails_no_request() -> Result<()> {
     let cluster = LocalCluster::start(TOPOLOGY, PLACEMENT, true).await?;
-    let us = Client::connect(ClientConfig::from_cluster(
-        &cluster.file,
-        "us-east-1",
-        "frontend",
-    )?)
-    .await?;
+    let us_config = ClientConfig::from_cluster(&cluster.file, "us-east-1", "frontend")?;
+    let replicas: Vec<_> = us_config.addresses.keys().cloned().collect();
+    let us = Client::connect(us_config).await?;
     let eu = Client::connect(ClientConfig::from_cluster(
         &cluster.file,
         "eu-west-1",
@@ -58,14 +55,44 @@ async fn migration_under_load_fails_no_request() -> Result<()> {
         let us = us.clone();
         let wopts = wopts.clone();
         loaders.spawn(async move {
+            let mut tokens = Vec::new();
             for n in (lane..ROWS).step_by(16) {
-                us.mutate(set(&format!("mv/{n:05}"), "v0")?, &wopts).await?;
+                let w = us.mutate(set(&format!("mv/{n:05}"), "v0")?, &wopts).await?;
+                tokens.push(w.value);
             }
-            anyhow::Ok(())
+            anyhow::Ok(tokens)
         });
     }
+    // Each origin's last preload write, per scope: once every replica covers these,
+    // it holds every preloaded row (watermarks are per-origin sequences).
+    let mut last: std::collections::BTreeMap<_, pangea_client::Token> = Default::default();
     while let Some(r) = loaders.join_next().await {
-        r??;
+        for t in r?? {
+            let k = (t.scope.clone(), t.origin.clone());
+            if last.get(&k).is_none_or(|l| l.sequence < t.sequence) {
+                last.insert(k, t);
+            }
+        }
+    }
+    // Eventual reads from the EU must find the rows: start the load only once the
+    // preload has reached every replica.
+    let caught_up = Instant::now();
+    'wait: loop {
+        assert!(
+            caught_up.elapsed() < Duration::from_secs(30),
+            "the preload did not reach every replica in 30 s"
+        );
+        for r in &replicas {
+            let wms = us.watermarks(r).await.unwrap_or_default();
+            let covered = last
+                .values()
+                .all(|t| wms.iter().any(|w| w.scope == t.scope && w.covers(t)));
+            if !covered {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue 'wait;
+            }
+        }
+        break;
     }
 
     // Load: reads and writes of the moving rows from both regions.
