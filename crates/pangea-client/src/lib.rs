@@ -163,8 +163,8 @@ pub(crate) struct Inner {
     rtt_ms: DashMap<ReplicaId, f64>,
     /// Replicas that failed recently, until when.
     down: DashMap<ReplicaId, Instant>,
-    /// Last-known watermarks per (replica, scope), from every response.
-    known: DashMap<(ReplicaId, ScopeId), ScopeWatermarks>,
+    /// Last-known watermarks per replica and scope, from every response.
+    known: DashMap<ReplicaId, BTreeMap<ScopeId, ScopeWatermarks>>,
     /// Location metadata (`_location`), refreshed in the background: run-time
     /// placement of rows, their policy and home region.
     location: std::sync::RwLock<Location>,
@@ -172,23 +172,38 @@ pub(crate) struct Inner {
     pub stats: ClientStats,
 }
 
-/// A point-in-time copy of what the client knows, handed to the shared routing
-/// code (which must not hold dashmap guards across anything).
-struct Snapshot {
-    rtt_ms: BTreeMap<ReplicaId, f64>,
-    down: Vec<ReplicaId>,
-    known: BTreeMap<(ReplicaId, ScopeId), ScopeWatermarks>,
+/// What the shared routing code sees: the client's live state, looked up in place
+/// (a request used to copy every replica's RTT, health and watermarks first, which
+/// in a 20-replica deployment was most of a read's client-side work). Each look-up
+/// holds a map guard only for itself.
+struct LiveView<'a> {
+    inner: &'a Inner,
+    now: Instant,
 }
 
-impl PeerView for Snapshot {
+impl PeerView for LiveView<'_> {
     fn rtt_ms(&self, replica: &ReplicaId) -> Option<f64> {
-        self.rtt_ms.get(replica).copied()
+        self.inner.rtt_ms.get(replica).map(|e| *e)
     }
     fn is_down(&self, replica: &ReplicaId) -> bool {
-        self.down.contains(replica)
+        self.inner
+            .down
+            .get(replica)
+            .is_some_and(|until| *until > self.now)
     }
-    fn watermarks(&self, replica: &ReplicaId, scope: &ScopeId) -> Option<&ScopeWatermarks> {
-        self.known.get(&(replica.clone(), scope.clone()))
+    fn covers(&self, replica: &ReplicaId, token: &Token) -> bool {
+        self.inner
+            .known
+            .get(replica)
+            .is_some_and(|scopes| scopes.get(&token.scope).is_some_and(|w| w.covers(token)))
+    }
+    fn low_watermark(
+        &self,
+        replica: &ReplicaId,
+        scope: &ScopeId,
+    ) -> Option<pangea_core::Timestamp> {
+        let scopes = self.inner.known.get(replica)?;
+        scopes.get(scope).map(ScopeWatermarks::low_watermark)
     }
 }
 
@@ -307,7 +322,11 @@ impl Client {
                     if let Some(pb::client_response::Response::Watermarks(w)) = resp.response {
                         for s in &w.scopes {
                             let wm = ScopeWatermarks::from_proto(s);
-                            inner.known.insert((r.clone(), wm.scope.clone()), wm);
+                            inner
+                                .known
+                                .entry(r.clone())
+                                .or_default()
+                                .insert(wm.scope.clone(), wm);
                         }
                     }
                     inner.down.remove(&r);
@@ -376,28 +395,10 @@ impl Client {
             .unwrap_or_default()
     }
 
-    fn snapshot(&self) -> Snapshot {
-        let now = Instant::now();
-        Snapshot {
-            rtt_ms: self
-                .inner
-                .rtt_ms
-                .iter()
-                .map(|e| (e.key().clone(), *e.value()))
-                .collect(),
-            down: self
-                .inner
-                .down
-                .iter()
-                .filter(|e| *e.value() > now)
-                .map(|e| e.key().clone())
-                .collect(),
-            known: self
-                .inner
-                .known
-                .iter()
-                .map(|e| (e.key().clone(), e.value().clone()))
-                .collect(),
+    fn view(&self) -> LiveView<'_> {
+        LiveView {
+            inner: &self.inner,
+            now: Instant::now(),
         }
     }
 
@@ -500,7 +501,7 @@ impl Client {
         let deadline = opts.deadline.unwrap_or(options::WRITE_DEADLINE_DEFAULT);
         let d = self.inner.config.deployment.clone();
         let location = self.location();
-        let snapshot = self.snapshot();
+        let view = self.view();
         let req = ReadRequest {
             client_region: &self.inner.config.region,
             profile: &self.inner.profile,
@@ -508,7 +509,7 @@ impl Client {
             key: mutation.row_key(),
             consistency: &Consistency::Eventual,
         };
-        let mut plan = plan_read_at(&d, &location, &req, &snapshot, wall_ms())
+        let mut plan = plan_read_at(&d, &location, &req, &view, wall_ms())
             .map_err(|e| Error::PolicyForbids(e.to_string()))?;
         // During a migration only replicas of both policies take writes.
         if let Some(b) = location.migrating_to(mutation.table(), mutation.row_key()) {
@@ -793,7 +794,7 @@ impl Client {
     ) -> Result<Response<pb::client_response::Response>, Error> {
         let d = self.inner.config.deployment.clone();
         let location = self.location();
-        let snapshot = self.snapshot();
+        let view = self.view();
         let req = ReadRequest {
             client_region: &self.inner.config.region,
             profile: &self.inner.profile,
@@ -801,7 +802,7 @@ impl Client {
             key,
             consistency: &opts.consistency,
         };
-        let plan = plan_read_at(&d, &location, &req, &snapshot, wall_ms())
+        let plan = plan_read_at(&d, &location, &req, &view, wall_ms())
             .map_err(|e| Error::PolicyForbids(e.to_string()))?;
         let deadline = opts.deadline;
         let hedge = opts.hedge.clone();
@@ -903,8 +904,15 @@ impl Inner {
         let served = resp.served_by.clone().unwrap_or_default();
         let wm = served.watermarks.as_ref().map(ScopeWatermarks::from_proto);
         if let Some(w) = &wm {
-            self.known
-                .insert((c.replica.clone(), w.scope.clone()), w.clone());
+            match self.known.get_mut(&c.replica) {
+                Some(mut scopes) => {
+                    scopes.insert(w.scope.clone(), w.clone());
+                }
+                None => {
+                    let scopes = BTreeMap::from([(w.scope.clone(), w.clone())]);
+                    self.known.insert(c.replica.clone(), scopes);
+                }
+            }
         }
         let served = Served {
             region: served.region,

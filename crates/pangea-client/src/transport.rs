@@ -1,5 +1,14 @@
-//! Connections to replicas (one per replica, reused, re-established when lost) and
-//! one request on one QUIC stream.
+//! Connections to replicas (one per replica, reused, re-established when lost), and
+//! requests on streams that are reused too.
+//!
+//! A request is one frame on a bidirectional stream, its answer one frame back. A
+//! stream whose answer has been read whole is parked on its connection and carries
+//! the next request to that replica (the replica serves a stream's requests one
+//! after another): opening and closing a QUIC stream per request costs both sides
+//! stream state, flow-control frames and a task, a sizeable share of a 1 KiB read.
+//! A stream is parked only after a complete answer, so the next request never
+//! meets the tail of an earlier one; a call abandoned midway (a hedge that lost, a
+//! deadline) drops its stream, which resets it.
 
 use crate::{ClientConfig, Error};
 use dashmap::DashMap;
@@ -9,12 +18,42 @@ use pangea_proto::v1 as pb;
 use pangea_topology::ReplicaId;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+/// Idle streams kept per connection at most: half of what a replica lets one
+/// connection have open ([`pangea_net::tls::BIDI_STREAMS_MAX`]), so parked streams
+/// never keep a busy client from opening new ones.
+const IDLE_STREAMS_MAX: usize = pangea_net::tls::BIDI_STREAMS_MAX as usize / 2;
+
+type Stream = (quinn::SendStream, quinn::RecvStream);
+
+/// A connection to one replica and its idle streams.
+struct Link {
+    connection: quinn::Connection,
+    idle: Mutex<Vec<Stream>>,
+}
+
+impl Link {
+    fn take_idle(&self) -> Option<Stream> {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+    }
+
+    fn park(&self, stream: Stream) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < IDLE_STREAMS_MAX {
+            idle.push(stream);
+        }
+    }
+}
 
 pub(crate) struct Transport {
     endpoint: quinn::Endpoint,
     addresses: BTreeMap<ReplicaId, SocketAddr>,
-    connections: DashMap<ReplicaId, quinn::Connection>,
+    connections: DashMap<ReplicaId, Arc<Link>>,
     /// The client certificate, trust bundle and CRL: re-read when they change
     /// (polled every 30 s), so new connections present a re-issued certificate and
     /// refuse revoked replicas without restarting the frontend. Held here because
@@ -58,11 +97,11 @@ impl Transport {
         })
     }
 
-    async fn connection(&self, replica: &ReplicaId) -> Result<quinn::Connection, Error> {
-        if let Some(c) = self.connections.get(replica).map(|c| c.clone())
-            && c.close_reason().is_none()
+    async fn link(&self, replica: &ReplicaId) -> Result<Arc<Link>, Error> {
+        if let Some(l) = self.connections.get(replica).map(|l| l.clone())
+            && l.connection.close_reason().is_none()
         {
-            return Ok(c);
+            return Ok(l);
         }
         let addr = *self
             .addresses
@@ -83,19 +122,23 @@ impl Transport {
                 )));
             }
         }
-        self.connections.insert(replica.clone(), c.clone());
-        Ok(c)
+        let link = Arc::new(Link {
+            connection: c,
+            idle: Mutex::new(Vec::new()),
+        });
+        self.connections.insert(replica.clone(), link.clone());
+        Ok(link)
     }
 
     /// Drops the cached connection to a replica (it looks dead); the next call
     /// connects afresh.
     pub(crate) fn forget(&self, replica: &ReplicaId) {
-        if let Some((_, c)) = self.connections.remove(replica) {
-            c.close(0u32.into(), b"replica unresponsive");
+        if let Some((_, l)) = self.connections.remove(replica) {
+            l.connection.close(0u32.into(), b"replica unresponsive");
         }
     }
 
-    /// One request, one stream, one response.
+    /// One request, one response.
     pub(crate) async fn call(
         &self,
         replica: &ReplicaId,
@@ -104,7 +147,7 @@ impl Transport {
         let cached = self
             .connections
             .get(replica)
-            .is_some_and(|c| c.close_reason().is_none());
+            .is_some_and(|l| l.connection.close_reason().is_none());
         match self.call_once(replica, req).await {
             // A cached connection can be dead without knowing it yet (its process was
             // killed and restarted): once, forget it and try a fresh one.
@@ -121,27 +164,60 @@ impl Transport {
         replica: &ReplicaId,
         req: &pb::ClientRequest,
     ) -> Result<pb::ClientResponse, Error> {
-        let c = self.connection(replica).await?;
-        let lost =
-            |e: &dyn std::fmt::Display| Error::Unavailable(format!("replica {replica}: {e}"));
-        let (mut send, mut recv) = match c.open_bi().await {
+        let link = self.link(replica).await?;
+        if let Some(stream) = link.take_idle() {
+            match exchange(stream, req).await {
+                Ok((resp, stream)) => {
+                    link.park(stream);
+                    return Ok(resp);
+                }
+                // The replica ended this idle stream (it does so after a request it
+                // could not parse, or when shutting down): if the connection is
+                // still up, the request goes on a fresh stream below.
+                Err(_) if link.connection.close_reason().is_none() => {}
+                Err(e) => {
+                    self.connections.remove(replica);
+                    return Err(lost(replica, &e));
+                }
+            }
+        }
+        let stream = match link.connection.open_bi().await {
             Ok(s) => s,
             Err(e) => {
                 self.connections.remove(replica);
-                return Err(lost(&e));
+                return Err(lost(replica, &e));
             }
         };
-        write_frame(&mut send, req).await.map_err(|e| lost(&e))?;
-        let _ = send.finish();
-        match read_frame::<pb::ClientResponse>(&mut recv, FRAME_BYTES_MAX).await {
-            Ok(Some(r)) => Ok(r),
-            Ok(None) => Err(lost(&"closed the stream without an answer")),
+        match exchange(stream, req).await {
+            Ok((resp, stream)) => {
+                link.park(stream);
+                Ok(resp)
+            }
             Err(e) => {
-                if c.close_reason().is_some() {
+                if link.connection.close_reason().is_some() {
                     self.connections.remove(replica);
                 }
-                Err(lost(&e))
+                Err(lost(replica, &e))
             }
         }
+    }
+}
+
+fn lost(replica: &ReplicaId, e: &dyn std::fmt::Display) -> Error {
+    Error::Unavailable(format!("replica {replica}: {e}"))
+}
+
+/// Sends `req` on `stream` and reads its answer; gives the stream back for reuse.
+async fn exchange(
+    (mut send, mut recv): Stream,
+    req: &pb::ClientRequest,
+) -> Result<(pb::ClientResponse, Stream), String> {
+    write_frame(&mut send, req)
+        .await
+        .map_err(|e| e.to_string())?;
+    match read_frame::<pb::ClientResponse>(&mut recv, FRAME_BYTES_MAX).await {
+        Ok(Some(r)) => Ok((r, (send, recv))),
+        Ok(None) => Err("closed the stream without an answer".to_owned()),
+        Err(e) => Err(e.to_string()),
     }
 }

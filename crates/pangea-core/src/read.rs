@@ -179,8 +179,10 @@ pub trait PeerView {
     fn rtt_ms(&self, replica: &ReplicaId) -> Option<f64>;
     /// Known to be failing right now.
     fn is_down(&self, replica: &ReplicaId) -> bool;
-    /// Last-known watermarks of `replica` for `scope`.
-    fn watermarks(&self, replica: &ReplicaId, scope: &ScopeId) -> Option<&ScopeWatermarks>;
+    /// Whether `replica`'s last-known watermarks cover `token` (false if unknown).
+    fn covers(&self, replica: &ReplicaId, token: &Token) -> bool;
+    /// `replica`'s last-known low watermark of `scope`, if any.
+    fn low_watermark(&self, replica: &ReplicaId, scope: &ScopeId) -> Option<Timestamp>;
 }
 
 /// Replicas an app profile may use for rows of `scope`: inside the scope's policy,
@@ -372,11 +374,7 @@ pub fn plan_read_at(
                         reason: Reason::OriginFallback,
                         ..c.clone()
                     });
-                } else if view
-                    .watermarks(&c.replica, &token.scope)
-                    .is_some_and(|w| w.covers(token))
-                    && !view.is_down(&c.replica)
-                {
+                } else if view.covers(&c.replica, token) && !view.is_down(&c.replica) {
                     fallback.push(Candidate {
                         reason: Reason::Covered,
                         ..c.clone()
@@ -388,11 +386,13 @@ pub fn plan_read_at(
         }
         Consistency::BoundedStaleness { max_ms } => {
             let fresh = |r: &ReplicaId| {
-                view.watermarks(r, &scope)
-                    .is_some_and(|w| staleness_ms(w.low_watermark(), now_ms) <= *max_ms)
+                view.low_watermark(r, &scope)
+                    .is_some_and(|low| staleness_ms(low, now_ms) <= *max_ms)
             };
-            // Stable: keeps the health/home/RTT order within each group.
-            primary.sort_by_key(|c| !fresh(&c.replica) || view.is_down(&c.replica));
+            // Stable: keeps the health/home/RTT order within each group. Keys are
+            // computed once: a live view may change between two looks, and a sort
+            // must not see a key change under it.
+            primary.sort_by_cached_key(|c| !fresh(&c.replica) || view.is_down(&c.replica));
             for c in primary.iter_mut().filter(|c| fresh(&c.replica)) {
                 c.reason = Reason::Fresh;
             }

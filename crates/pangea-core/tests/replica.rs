@@ -343,8 +343,11 @@ impl PeerView for View {
     fn is_down(&self, r: &ReplicaId) -> bool {
         r.as_str() == "apne1-b"
     }
-    fn watermarks(&self, r: &ReplicaId, _: &ScopeId) -> Option<&ScopeWatermarks> {
-        self.0.get(r)
+    fn covers(&self, r: &ReplicaId, token: &Token) -> bool {
+        self.0.get(r).is_some_and(|w| w.covers(token))
+    }
+    fn low_watermark(&self, r: &ReplicaId, _: &ScopeId) -> Option<Timestamp> {
+        self.0.get(r).map(ScopeWatermarks::low_watermark)
     }
 }
 

@@ -123,7 +123,9 @@ pub async fn read_frame<M: Message + Default>(
         }
         Err(quinn::ReadExactError::ReadError(e)) => return Err(e.into()),
     }
-    Ok(Some(M::decode(body.as_slice())?))
+    // From `Bytes`, prost hands out the `bytes` fields (values, keys) as slices of
+    // this buffer instead of copying each one.
+    Ok(Some(M::decode(Bytes::from(body))?))
 }
 
 #[cfg(test)]

@@ -46,9 +46,10 @@ pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(1);
 /// over; 10 s tolerates several seconds of loss without flapping.
 pub const IDLE_TIMEOUT_MS: u32 = 10_000;
 
-/// Concurrent bidirectional streams a peer may open on one connection. A client
-/// request is one stream, so this is the in-flight request cap per frontend
-/// connection (further requests wait for a slot, which is backpressure).
+/// Concurrent bidirectional streams a peer may open on one connection. A stream
+/// carries one client request at a time (then the next), so this is the in-flight
+/// request cap per frontend connection (further requests wait for a slot, which is
+/// backpressure).
 pub const BIDI_STREAMS_MAX: u32 = 256;
 
 /// Concurrent unidirectional streams a peer may open: replication uses a handful

@@ -1,5 +1,6 @@
-//! Serving client requests: one bidirectional QUIC stream per request, carrying its
-//! deadline. Reads are answered straight from the store (concurrently with the
+//! Serving client requests: each request, carrying its deadline, is one frame on a
+//! bidirectional QUIC stream, answered by one frame; a stream carries its client's
+//! requests one after another. Reads are answered straight from the store (concurrently with the
 //! driver) after `pangea_core::read::decide` checks the consistency the client
 //! asked for against the durable watermarks the driver published. Writes go through
 //! the driver and are answered once durable.
@@ -92,49 +93,67 @@ pub async fn handle_client(shared: Arc<Shared>, connection: quinn::Connection, c
     }
 }
 
+/// Serves the requests of one stream one after another, until the client finishes
+/// it (clients reuse a stream for their next request to this replica once the
+/// answer is in).
 async fn serve_stream(
     shared: Arc<Shared>,
     caller: Caller,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) {
-    let Ok(_permit) = shared.requests.clone().acquire_owned().await else {
-        return;
-    };
-    let _inflight = shared.inflight.enter();
-    let started = Instant::now();
-    let req = match read_frame::<pb::ClientRequest>(&mut recv, CLIENT_FRAME_BYTES_MAX).await {
-        Ok(Some(r)) => r,
-        Ok(None) => return,
-        Err(e) => {
-            let reason = if matches!(e, pangea_net::Error::FrameTooLarge { .. }) {
-                "frame_too_large"
-            } else {
-                "malformed"
-            };
-            shared.metrics.inc_frames_rejected(reason);
-            let resp = response(
-                &shared,
-                Err(Failure::new(
-                    Code::InvalidArgument,
-                    format!("malformed request: {e}"),
-                )),
-                None,
-            );
-            let _ = write_frame(&mut send, &resp).await;
-            let _ = send.finish();
+    loop {
+        let req = match read_frame::<pb::ClientRequest>(&mut recv, CLIENT_FRAME_BYTES_MAX).await {
+            Ok(Some(r)) => r,
+            Ok(None) => break,
+            Err(e) => {
+                // The stream is no longer at a frame boundary: answer, then end it.
+                let reason = if matches!(e, pangea_net::Error::FrameTooLarge { .. }) {
+                    "frame_too_large"
+                } else {
+                    "malformed"
+                };
+                shared.metrics.inc_frames_rejected(reason);
+                let resp = response(
+                    &shared,
+                    Err(Failure::new(
+                        Code::InvalidArgument,
+                        format!("malformed request: {e}"),
+                    )),
+                    None,
+                );
+                let _ = write_frame(&mut send, &resp).await;
+                break;
+            }
+        };
+        let Ok(_permit) = shared.requests.clone().acquire_owned().await else {
+            return;
+        };
+        let _inflight = shared.inflight.enter();
+        let resp = serve_request(&shared, &caller, req).await;
+        if write_frame(&mut send, &resp).await.is_err() {
             return;
         }
-    };
+    }
+    let _ = send.finish();
+}
+
+/// One request: checked against its deadline, traced, counted, answered.
+async fn serve_request(
+    shared: &Arc<Shared>,
+    caller: &Caller,
+    req: pb::ClientRequest,
+) -> pb::ClientResponse {
+    let started = Instant::now();
     let (op, mode) = describe(&req);
     let budget = if req.deadline_us > 0 {
         Duration::from_micros(req.deadline_us)
     } else {
         DEFAULT_DEADLINE
     };
-    let span = serve_span(&shared, &caller, &req, op, mode);
+    let span = serve_span(shared, caller, &req, op, mode);
     let result = {
-        let work = tracing::Instrument::instrument(process(&shared, &caller, req), span.clone());
+        let work = tracing::Instrument::instrument(process(shared, caller, req), span.clone());
         match tokio::time::timeout(budget, work).await {
             // Reads complete without yielding, so the timer may not have fired: an
             // answer later than the deadline is still an expired request.
@@ -166,17 +185,16 @@ async fn serve_stream(
         span.record("otel.status_code", "ERROR");
     }
     let resp = match result {
-        Ok((body, wm)) => response(&shared, Ok(body), wm),
+        Ok((body, wm)) => response(shared, Ok(body), wm),
         Err(f) => {
             let wm = f.watermarks.clone();
-            response(&shared, Err(f), wm)
+            response(shared, Err(f), wm)
         }
     };
     shared
         .metrics
         .observe_request(op, mode, outcome, started.elapsed().as_secs_f64());
-    let _ = write_frame(&mut send, &resp).await;
-    let _ = send.finish();
+    resp
 }
 
 /// The span of one request: a child of the client's attempt span when the request

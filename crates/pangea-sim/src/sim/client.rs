@@ -12,7 +12,7 @@ use crate::time::{SimDuration, SimTime};
 use bytes::Bytes;
 use pangea_core::frontend::{self, HedgePolicy};
 use pangea_core::read::PeerView;
-use pangea_core::{ReplicaId, ScopeId, ScopeWatermarks, Token};
+use pangea_core::{ReplicaId, ScopeId, ScopeWatermarks, Timestamp, Token};
 
 fn sim(d: std::time::Duration) -> SimDuration {
     SimDuration::from_us(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
@@ -149,7 +149,18 @@ impl PeerView for View<'_> {
             .is_some_and(|r| self.client.down_until[r] > self.now)
     }
 
-    fn watermarks(&self, replica: &ReplicaId, _scope: &ScopeId) -> Option<&ScopeWatermarks> {
+    fn covers(&self, replica: &ReplicaId, token: &Token) -> bool {
+        self.watermarks(replica).is_some_and(|w| w.covers(token))
+    }
+
+    fn low_watermark(&self, replica: &ReplicaId, _scope: &ScopeId) -> Option<Timestamp> {
+        self.watermarks(replica).map(ScopeWatermarks::low_watermark)
+    }
+}
+
+impl View<'_> {
+    /// The client's last-known watermarks of `replica` for this view's scope.
+    fn watermarks(&self, replica: &ReplicaId) -> Option<&ScopeWatermarks> {
         let r = self.replicas.get(replica.as_str())?;
         self.client.known.get(self.scope)?.get(r)?.as_ref()
     }
