@@ -10,10 +10,14 @@
 //! concurrent writers: each commits its batch to the journal, then one of them
 //! fsyncs for everyone who committed before it started.
 //!
-//! Modules: `keys` (the key layout), `group_commit`.
+//! Point reads go through a cache of decoded rows (`row_cache`), invalidated by
+//! every commit before it returns.
+//!
+//! Modules: `keys` (the key layout), `group_commit`, `row_cache`.
 
 mod group_commit;
 mod keys;
+mod row_cache;
 
 use bytes::Bytes;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
@@ -58,6 +62,9 @@ pub struct StoreOptions {
     pub durability: Durability,
     /// Block cache size in bytes (default 64 MiB).
     pub cache_bytes: u64,
+    /// Decoded-row cache for point reads, in bytes of encoded rows (default 64 MiB;
+    /// 0 turns it off).
+    pub row_cache_bytes: u64,
 }
 
 impl Default for StoreOptions {
@@ -65,6 +72,7 @@ impl Default for StoreOptions {
         StoreOptions {
             durability: Durability::Fsync,
             cache_bytes: 64 << 20,
+            row_cache_bytes: 64 << 20,
         }
     }
 }
@@ -80,6 +88,7 @@ pub struct Store {
     options: StoreOptions,
     path: Arc<Path>,
     group: Arc<GroupCommit>,
+    row_cache: Option<Arc<row_cache::RowCache>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -118,6 +127,7 @@ impl Store {
         };
         Ok(Store {
             group: Arc::new(GroupCommit::new(db.clone(), persist)),
+            row_cache: row_cache::RowCache::new(options.row_cache_bytes).map(Arc::new),
             db,
             rows,
             log,
@@ -143,14 +153,16 @@ impl Store {
             return Ok(());
         }
         let mut b = self.db.batch();
+        let mut written = Vec::with_capacity(batch.rows.len());
         for w in batch.rows {
             let key = keys::row_key(&w.table, &w.key);
             match w.row {
                 Some(row) if !row.is_empty() => {
-                    b.insert(&self.rows, key, encode_row(&row));
+                    b.insert(&self.rows, key.clone(), encode_row(&row));
                 }
-                _ => b.remove(&self.rows, key),
+                _ => b.remove(&self.rows, key.clone()),
             }
+            written.push(key);
         }
         for e in &batch.log {
             let key = keys::log_key(e.scope.as_str(), e.origin.as_str(), e.sequence);
@@ -179,7 +191,14 @@ impl Store {
                 None => b.remove(&self.meta, keys::meta_key(&name)),
             }
         }
-        b.commit().map_err(io)
+        let committed = b.commit().map_err(io);
+        // Before returning, so before anyone can learn of this commit (row_cache).
+        if let Some(cache) = &self.row_cache {
+            for key in &written {
+                cache.invalidate(key);
+            }
+        }
+        committed
     }
 
     /// Every (scope, origin) with a retained log, with its first and last sequence.
@@ -309,11 +328,24 @@ fn split_log(k: &[u8]) -> Result<(String, String, u64), StorageError> {
 impl Storage for Store {
     fn get_row(&self, table: &str, key: &[u8]) -> Result<Option<RowState>, StorageError> {
         let k = keys::row_key(table, key);
-        self.rows
-            .get(&k)
-            .map_err(io)?
-            .map(|v| decode_row(&k, &v))
-            .transpose()
+        let Some(cache) = &self.row_cache else {
+            return self
+                .rows
+                .get(&k)
+                .map_err(io)?
+                .map(|v| decode_row(&k, &v))
+                .transpose();
+        };
+        let miss = match cache.lookup(&k) {
+            Ok(row) => return Ok(Some(row)),
+            Err(miss) => miss,
+        };
+        let Some(v) = self.rows.get(&k).map_err(io)? else {
+            return Ok(None);
+        };
+        let row = decode_row(&k, &v)?;
+        cache.fill(&k, miss, &row, v.len());
+        Ok(Some(row))
     }
 
     fn scan_rows(
