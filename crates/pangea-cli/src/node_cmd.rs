@@ -54,6 +54,11 @@ pub(crate) struct StartArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     certs_reload_interval_ms: Option<u64>,
+    /// Fault injection (drills): skew this replica's wall clock by this many ms
+    /// (negative: behind). Default 0.
+    #[arg(long, allow_hyphen_values = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    clock_offset_ms: Option<i64>,
 }
 
 pub(crate) fn start(args: StartArgs) -> Result<()> {

@@ -1421,3 +1421,91 @@ async fn restarted_replica_catches_up_behind_a_busy_origin() -> Result<()> {
     .await
     .context("test timed out")?
 }
+
+/// **A replica whose clock falls behind fences itself; writes go elsewhere.** use1-a
+/// is restarted with its wall clock 3 s behind (`PANGEA_CLOCK_OFFSET_MS=-3000`, the
+/// nemesis's skew fault; `max_offset` is 500 ms). It must: report unhealthy with a
+/// `clock_fence` detail within a few heartbeat windows, refuse a write sent straight
+/// to it with `unavailable` naming the fence, while the client library's writes from
+/// us-east-1 keep succeeding (on use1-b). Restarted with a true clock, it lifts the
+/// fence and takes writes again (docs/invariants.md, I1; docs/operations.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_clock_falls_behind_fences_itself_and_writes_fail_over() -> Result<()> {
+    let mut cluster = Cluster::up(false)?;
+    let victim = "use1-a";
+    timeout(Duration::from_secs(90), async {
+        cluster.kill9(victim)?;
+        cluster.restart_with_env(victim, &[("PANGEA_CLOCK_OFFSET_MS", "-3000")])?;
+        let fenced = Instant::now();
+        let health = common::eventually(
+            Duration::from_secs(30),
+            Duration::from_millis(50),
+            "the skewed replica reports a clock fence",
+            || async {
+                Ok(cluster
+                    .admin_get(victim, "/health")
+                    .ok()
+                    .filter(|(code, body)| *code == 503 && body.contains("clock fenced"))
+                    .map(|(_, body)| body))
+            },
+        )
+        .await?;
+        println!(
+            "fenced {:.0} ms after the restart: {health}",
+            ms(fenced.elapsed())
+        );
+
+        let raw = cluster.raw_client("frontend")?;
+        let conn = raw.connect(cluster.addr(victim)?, victim).await?;
+        let write = |key: &str| {
+            common::request(
+                "frontend",
+                2_000_000,
+                common::set_cell(TABLE, key.as_bytes(), FAMILY, COLUMN, b"v".to_vec()),
+            )
+        };
+        let resp = common::call(&conn, &write("skew/direct")).await?;
+        match common::error_of(&resp) {
+            Some((pb::error::Code::Unavailable, m)) if m.contains("clock fenced") => {}
+            other => bail!("a fenced replica answered a write with {other:?}"),
+        }
+
+        let client = cluster.client(US, "frontend-local").await?;
+        for i in 0..20 {
+            let w = client
+                .mutate(
+                    set(&format!("skew/{i}"), "x")?,
+                    &write_opts(Duration::from_secs(2)),
+                )
+                .await?;
+            ensure!(
+                w.replica.as_str() != victim,
+                "write {i} was acknowledged by the fenced replica"
+            );
+        }
+
+        cluster.kill9(victim)?;
+        cluster.restart(victim)?;
+        let conn = raw.connect(cluster.addr(victim)?, victim).await;
+        let conn = match conn {
+            Ok(c) => c,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                raw.connect(cluster.addr(victim)?, victim).await?
+            }
+        };
+        common::eventually(
+            Duration::from_secs(30),
+            Duration::from_millis(50),
+            "the replica with a true clock takes writes again",
+            || async {
+                let resp = common::call(&conn, &write("skew/after")).await?;
+                Ok(common::error_of(&resp).is_none().then_some(()))
+            },
+        )
+        .await?;
+        Ok(())
+    })
+    .await
+    .context("test timed out")?
+}

@@ -61,6 +61,12 @@ pub struct NodeConfig {
     /// polling off (SIGHUP still reloads).
     #[serde(default = "default_certs_reload_ms")]
     pub certs_reload_interval_ms: u64,
+    /// Fault injection for drills: added to this replica's wall clock (ms, may be
+    /// negative), as if its time source were that far off. 0 (the default) in
+    /// production. A replica more than `max_offset` (500 ms) behind most of its
+    /// peers fences itself and refuses writes (docs/invariants.md, I1).
+    #[serde(default)]
+    pub clock_offset_ms: i64,
 }
 
 fn default_durability() -> String {
@@ -113,7 +119,7 @@ impl NodeConfig {
 
 /// Keys the environment may set (so unrelated `PANGEA_*` variables, such as the
 /// topology overrides, are not mistaken for node settings).
-const FIELDS: [&str; 15] = [
+const FIELDS: [&str; 16] = [
     "topology",
     "placement",
     "replica",
@@ -129,4 +135,5 @@ const FIELDS: [&str; 15] = [
     "client_requests_max",
     "drain_ms",
     "certs_reload_interval_ms",
+    "clock_offset_ms",
 ];

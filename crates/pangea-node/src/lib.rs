@@ -418,6 +418,13 @@ pub async fn run_with_sockets(
     };
 
     let clock = Arc::new(clock::Clock::default());
+    if config.clock_offset_ms != 0 {
+        tracing::warn!(
+            offset_ms = config.clock_offset_ms,
+            "fault injection: this replica's wall clock is skewed (clock_offset_ms)"
+        );
+        clock.set_offset_ms(config.clock_offset_ms);
+    }
     let core_config = CoreConfig {
         heartbeat_interval_ms: config.heartbeat_interval_ms,
         ..CoreConfig::default()

@@ -86,13 +86,18 @@ pub fn alive(pid: u32) -> bool {
     if nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_err() {
         return false;
     }
-    !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {
             s.rsplit_once(')')
                 .map(|(_, rest)| rest.trim_start().starts_with('Z'))
         })
-        .unwrap_or(false)
+        .unwrap_or(false);
+    // A killed process's main thread can be a zombie while its other threads are
+    // still exiting, and their shared file table (its sockets) is closed only once
+    // the last one is gone: alive until the leader is the only task left.
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    !zombie || tasks > 1
 }
 
 pub fn sigkill(pid: u32) {
@@ -259,6 +264,12 @@ impl Cluster {
     /// address comes from the topology), appending to its log, and records its new
     /// pid in the cluster file so that `cluster down` stops it.
     pub fn restart(&mut self, id: &str) -> Result<u32> {
+        self.restart_with_env(id, &[])
+    }
+
+    /// As [`Cluster::restart`], with extra environment variables for this start
+    /// only (e.g. `PANGEA_CLOCK_OFFSET_MS` to skew its clock).
+    pub fn restart_with_env(&mut self, id: &str, extra: &[(&str, &str)]) -> Result<u32> {
         let r = self.replica(id)?.clone();
         let log = std::fs::OpenOptions::new()
             .append(true)
@@ -266,6 +277,7 @@ impl Cluster {
             .open(r.log.as_ref().context("no log file")?)?;
         let mut cmd = Command::new(PANGEA);
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd.envs(extra.iter().copied());
         cmd.arg("start")
             .arg("--topology")
             .arg(&self.file.topology)

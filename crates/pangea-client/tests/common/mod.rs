@@ -97,6 +97,7 @@ impl LocalCluster {
                 heartbeat_interval_ms: 50,
                 client_requests_max: 4_096,
                 drain_ms: 2_000,
+                clock_offset_ms: 0,
                 // These tests never rotate certificates.
                 certs_reload_interval_ms: 0,
             };
