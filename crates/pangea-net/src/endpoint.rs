@@ -78,10 +78,11 @@ pub fn bind_endpoint(
     wan: Option<WanEmulator>,
     reset_key: Option<&ResetKey>,
 ) -> Result<quinn::Endpoint> {
+    // Checked before binding, so that a misuse does not hold a port.
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(Error::NoRuntime("bind_endpoint"));
     }
-    endpoint_on_socket(
+    on_socket(
         bind_udp_socket(addr)?,
         server_config,
         client_config,
@@ -103,6 +104,17 @@ pub fn endpoint_on_socket(
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(Error::NoRuntime("endpoint_on_socket"));
     }
+    on_socket(std_socket, server_config, client_config, wan, reset_key)
+}
+
+/// [`endpoint_on_socket`] once the runtime is known to be there.
+fn on_socket(
+    std_socket: std::net::UdpSocket,
+    server_config: Option<quinn::ServerConfig>,
+    client_config: quinn::ClientConfig,
+    wan: Option<WanEmulator>,
+    reset_key: Option<&ResetKey>,
+) -> Result<quinn::Endpoint> {
     let addr = std_socket.local_addr().map_err(|source| Error::Socket {
         addr: SocketAddr::from(([0, 0, 0, 0], 0)),
         source,
