@@ -192,6 +192,7 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
         data_dir: dir.clone(),
         emulate_wan: true,
         durability: "fsync".into(),
+        fault_injection: false,
     })?;
     println!(
         "Running the same workload live for {} s ...",

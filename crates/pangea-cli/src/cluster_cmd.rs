@@ -30,6 +30,10 @@ pub(crate) enum ClusterCommand {
         /// fsync (default) or os-buffer.
         #[arg(long, default_value = "fsync")]
         durability: String,
+        /// Let replicas take runtime faults on their admin endpoint (partitions,
+        /// packet loss, clock offsets), for `pangea cluster nemesis`.
+        #[arg(long)]
+        fault_injection: bool,
     },
     /// Stop the cluster in DIR: SIGTERM, then SIGKILL after the grace period.
     Down {
@@ -38,6 +42,11 @@ pub(crate) enum ClusterCommand {
         #[arg(long, default_value_t = GRACE_DEFAULT_MS)]
         grace_ms: u64,
     },
+    /// Inject faults into a running cluster while checker workloads run, record a
+    /// history and check it (C1, C4, C5, residency); see docs/reliability.md.
+    Nemesis(crate::nemesis::NemesisArgs),
+    /// Run the checkers on a history recorded by `nemesis`.
+    CheckHistory(crate::nemesis::CheckArgs),
     /// Process and health of every replica.
     Status {
         #[arg(long, conflicts_with = "cluster")]
@@ -57,6 +66,7 @@ pub(crate) fn run(cmd: ClusterCommand) -> Result<()> {
             data_dir,
             emulate_wan,
             durability,
+            fault_injection,
         } => {
             let cluster = up(&UpOptions {
                 topology,
@@ -64,6 +74,7 @@ pub(crate) fn run(cmd: ClusterCommand) -> Result<()> {
                 data_dir,
                 emulate_wan,
                 durability,
+                fault_injection,
             })?;
             println!(
                 "cluster {:?} is up: {} replicas",
@@ -79,6 +90,8 @@ pub(crate) fn run(cmd: ClusterCommand) -> Result<()> {
         ClusterCommand::Down { data_dir, grace_ms } => {
             down(&data_dir, Duration::from_millis(grace_ms))
         }
+        ClusterCommand::Nemesis(a) => crate::nemesis::nemesis(a),
+        ClusterCommand::CheckHistory(a) => crate::nemesis::check_history(a),
         ClusterCommand::Status {
             data_dir,
             cluster,
@@ -111,6 +124,26 @@ pub(crate) struct UpOptions {
     pub data_dir: PathBuf,
     pub emulate_wan: bool,
     pub durability: String,
+    pub fault_injection: bool,
+}
+
+/// How a replica process is started, beyond its files and sockets.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StartFlags<'a> {
+    pub emulate_wan: bool,
+    pub fault_injection: bool,
+    pub durability: &'a str,
+}
+
+impl StartFlags<'_> {
+    /// As the cluster file records them (restarts and added replicas: fsync).
+    pub(crate) fn of(cluster: &ClusterFile) -> StartFlags<'static> {
+        StartFlags {
+            emulate_wan: cluster.emulate_wan,
+            fault_injection: cluster.fault_injection,
+            durability: "fsync",
+        }
+    }
 }
 
 /// A replica's QUIC socket and admin listener, bound here and handed to its process
@@ -226,8 +259,11 @@ pub(crate) fn up(o: &UpOptions) -> Result<ClusterFile> {
             &certs,
             r,
             sockets,
-            o.emulate_wan,
-            &o.durability,
+            StartFlags {
+                emulate_wan: o.emulate_wan,
+                fault_injection: o.fault_injection,
+                durability: &o.durability,
+            },
             false,
         )?);
     }
@@ -237,6 +273,7 @@ pub(crate) fn up(o: &UpOptions) -> Result<ClusterFile> {
         placement,
         certs,
         emulate_wan: o.emulate_wan,
+        fault_injection: o.fault_injection,
         replicas,
     };
     cluster
@@ -296,15 +333,13 @@ pub(crate) fn fill_addresses(text: &str, replicas: &[ClusterReplica]) -> Result<
 /// Starts one replica process as `cluster up` does (its own process group, log file
 /// appended to when `append`) on `sockets`, which must be bound to `r`'s addresses.
 /// Returns its pid.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn spawn_replica(
     topology: &Path,
     placement: Option<&Path>,
     certs: &Path,
     r: &ClusterReplica,
     sockets: ReplicaSockets,
-    emulate_wan: bool,
-    durability: &str,
+    flags: StartFlags<'_>,
     append: bool,
 ) -> Result<u32> {
     let log_path = r.log.as_ref().context("replica without a log file")?;
@@ -327,12 +362,15 @@ pub(crate) fn spawn_replica(
         .arg("--admin")
         .arg(&r.admin)
         .arg("--durability")
-        .arg(durability);
+        .arg(flags.durability);
     if let Some(p) = placement {
         cmd.arg("--placement").arg(p);
     }
-    if emulate_wan {
+    if flags.emulate_wan {
         cmd.arg("--emulate-wan");
+    }
+    if flags.fault_injection {
+        cmd.arg("--fault-injection");
     }
     // The sockets as descriptors 3 (QUIC) and 4 (admin), systemd style. The
     // parent's copies close when `cmd` is dropped, after the spawn.
@@ -360,6 +398,40 @@ pub(crate) fn spawn_replica(
         .spawn()
         .with_context(|| format!("starting replica {}", r.id))?;
     Ok(child.id())
+}
+
+/// Starts replica `id` of the cluster in `path` again on its recorded addresses
+/// (after a crash or a kill), appending to its log, and records its new pid in the
+/// cluster file. Its ports are taken back at once; for a few seconds after a kill
+/// the kernel may still hold them, so binding is retried.
+pub(crate) fn restart_replica(path: &Path, id: &str) -> Result<u32> {
+    let mut cluster = ClusterFile::load(path).map_err(anyhow::Error::msg)?;
+    let r = cluster
+        .replica(id)
+        .with_context(|| format!("replica {id} is not in {}", path.display()))?
+        .clone();
+    let started = Instant::now();
+    let sockets = loop {
+        match ReplicaSockets::bind(&r.address, &r.admin, id) {
+            Ok(s) => break s,
+            Err(e) if started.elapsed() > Duration::from_secs(5) => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    let pid = spawn_replica(
+        &cluster.topology,
+        cluster.placement.as_deref(),
+        &cluster.certs,
+        &r,
+        sockets,
+        StartFlags::of(&cluster),
+        true,
+    )?;
+    if let Some(rep) = cluster.replicas.iter_mut().find(|x| x.id == id) {
+        rep.pid = Some(pid);
+    }
+    cluster.save(path).map_err(anyhow::Error::msg)?;
+    Ok(pid)
 }
 
 /// Waits until a replica's admin endpoint reports healthy.
@@ -470,12 +542,17 @@ pub(crate) fn health(admin: &str) -> Result<(u16, String)> {
 }
 
 pub(crate) fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    http_request("GET", addr, path)
+}
+
+/// One HTTP/1.1 request without a body: (status code, body).
+pub(crate) fn http_request(method: &str, addr: &str, path: &str) -> Result<(u16, String)> {
     let addr: SocketAddr = addr.parse()?;
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )?;
     let mut buf = String::new();
     s.read_to_string(&mut buf)?;
@@ -611,8 +688,7 @@ pub(crate) fn apply(
             &cluster.certs,
             r,
             sockets,
-            cluster.emulate_wan,
-            "fsync",
+            StartFlags::of(&cluster),
             false,
         )?);
         println!("started replica {} ({})", r.id, r.region);

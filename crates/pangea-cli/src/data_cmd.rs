@@ -1,7 +1,7 @@
 //! `pangea get | put | delete | scan | watermarks`: data commands for operators and
 //! tests, through the same client library frontends use.
 
-use crate::output::{parse_key, show_bytes, show_value};
+use crate::output::{hex, parse_key, show_bytes, show_value};
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use clap::Args;
@@ -131,10 +131,6 @@ pub(crate) fn parse_consistency(mode: &str, token: Option<&str>) -> Result<Consi
             ),
         },
     })
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn served(json: bool, r: &pangea_client::Response<impl Sized>) -> serde_json::Value {

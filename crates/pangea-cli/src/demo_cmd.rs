@@ -120,6 +120,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
         data_dir: dir.clone(),
         emulate_wan: true,
         durability: "fsync".into(),
+        fault_injection: false,
     })?;
     println!(
         "  {} replicas healthy in {:.1} s ({})",

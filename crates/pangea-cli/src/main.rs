@@ -9,6 +9,7 @@ mod cluster_cmd;
 mod data_cmd;
 mod demo_cmd;
 mod load_cmd;
+mod nemesis;
 mod node_cmd;
 mod output;
 mod placement_cmd;

@@ -59,6 +59,11 @@ pub(crate) struct StartArgs {
     #[arg(long, allow_hyphen_values = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     clock_offset_ms: Option<i64>,
+    /// Drills only: accept runtime faults (link partitions and loss, clock
+    /// offsets) on the admin endpoint's /fault routes (`pangea cluster nemesis`).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    fault_injection: bool,
 }
 
 pub(crate) fn start(args: StartArgs) -> Result<()> {

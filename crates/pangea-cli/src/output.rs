@@ -27,11 +27,34 @@ pub(crate) fn parse_key(s: &str) -> anyhow::Result<Vec<u8>> {
         Some(hex) if hex.len() % 2 == 0 => (0..hex.len())
             .step_by(2)
             .map(|i| {
-                u8::from_str_radix(&hex[i..i + 2], 16)
-                    .map_err(|e| anyhow::anyhow!("row key {s:?}: {e}"))
+                // `get`: a non-ASCII character is an error, not a panic.
+                let pair = hex
+                    .get(i..i + 2)
+                    .ok_or_else(|| anyhow::anyhow!("row key {s:?}: not hex"))?;
+                u8::from_str_radix(pair, 16).map_err(|e| anyhow::anyhow!("row key {s:?}: {e}"))
             })
             .collect(),
         Some(_) => anyhow::bail!("row key {s:?}: odd number of hex digits"),
         None => Ok(s.as_bytes().to_vec()),
+    }
+}
+
+/// Lower-case hex of bytes (tokens, digests).
+pub(crate) fn hex(b: &[u8]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_keys_round_trip_and_bad_ones_are_errors_not_panics() {
+        assert_eq!(parse_key("0x00ff").unwrap(), vec![0, 255]);
+        assert_eq!(parse_key(&format!("0x{}", hex(b"ab"))).unwrap(), b"ab");
+        assert_eq!(parse_key("plain").unwrap(), b"plain");
+        for bad in ["0x1", "0xzz", "0x1\u{e9}1"] {
+            assert!(parse_key(bad).is_err(), "{bad:?}");
+        }
     }
 }

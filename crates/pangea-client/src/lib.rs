@@ -729,6 +729,49 @@ impl Client {
         }
     }
 
+    /// One page of a prefix scan answered by `replica` from its own store: no
+    /// routing, hedging or fallback, eventual consistency. For operators and checkers
+    /// comparing what each replica holds; frontends use [`Client::scan_prefix`].
+    pub async fn scan_at(
+        &self,
+        replica: &ReplicaId,
+        table: &str,
+        prefix: impl Into<Bytes>,
+        scan: &ScanOptions,
+        deadline: Duration,
+    ) -> Result<ScanPage, Error> {
+        let req = pb::ClientRequest {
+            deadline_us: deadline.as_micros() as u64,
+            app_profile: self.inner.profile.name.clone(),
+            traceparent: String::new(),
+            request: Some(pb::client_request::Request::ScanPrefix(
+                pb::ScanPrefixRequest {
+                    table: table.to_owned(),
+                    prefix: prefix.into(),
+                    filter: Some(options::filter_to_proto(&Default::default())),
+                    consistency: Some(options::consistency_to_proto(&Consistency::Eventual)),
+                    limit: scan.limit,
+                    resume_after: scan.resume_after.clone(),
+                },
+            )),
+        };
+        let call = self.inner.transport.call(replica, &req);
+        match tokio::time::timeout(deadline, call).await {
+            Err(_) => Err(Error::DeadlineExceeded {
+                deadline,
+                attempts: 1,
+            }),
+            Ok(resp) => match resp?.response {
+                Some(pb::client_response::Response::ScanPrefix(s)) => Ok(ScanPage {
+                    rows: s.rows,
+                    resume_key: s.resume_key,
+                }),
+                Some(pb::client_response::Response::Error(e)) => Err(Error::from_wire(&e, replica)),
+                other => Err(Error::Internal(format!("unexpected response {other:?}"))),
+            },
+        }
+    }
+
     /// Watermarks of one replica, all scopes.
     pub async fn watermarks(&self, replica: &ReplicaId) -> Result<Vec<ScopeWatermarks>, Error> {
         let req = pb::ClientRequest {

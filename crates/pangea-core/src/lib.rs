@@ -40,7 +40,7 @@ pub mod mutation;
 pub mod read;
 pub mod redact;
 pub mod replica;
-mod rng;
+pub mod rng;
 pub mod row;
 pub mod storage;
 pub mod token;

@@ -15,8 +15,11 @@
 //! returns after at most [`SHUTDOWN_DRAIN_MAX`].
 //!
 //! Routes: a known path with a method other than GET is 405 (with `Allow: GET`); an
-//! unknown path is 404 whatever the method. Nothing here reads a request body, and
-//! malformed requests are answered (or dropped) by hyper; nothing panics on input.
+//! unknown path is 404 whatever the method. The `/fault` routes (drills, see
+//! [`crate::fault`]) answer 403 unless the replica runs with fault injection; their
+//! changes are POSTs with the parameters in the query string. Nothing here reads a
+//! request body, and malformed requests are answered (or dropped) by hyper; nothing
+//! panics on input.
 //!
 //! What the endpoint shows is what [`AdminState`] returns: the implementation must
 //! keep user keys and values out of it, as out of metrics (DESIGN.md principle 5).
@@ -40,6 +43,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 
+use crate::fault::FaultError;
 use crate::metrics::OPENMETRICS_CONTENT_TYPE;
 
 /// Most admin connections served at once. Scrapers and probes open a handful; the
@@ -76,6 +80,12 @@ pub trait AdminState: Send + Sync + 'static {
     fn health(&self) -> Health;
     /// The replica's watermarks, as JSON (operator names and numbers only).
     fn watermarks(&self) -> serde_json::Value;
+    /// A `/fault` route (`action` is the path after `/fault`, `query` the query
+    /// string): drills only, see [`crate::fault`]. By default fault injection is off.
+    fn fault(&self, action: &str, query: &str) -> Result<serde_json::Value, FaultError> {
+        let _ = (action, query);
+        Err(FaultError::Disabled)
+    }
 }
 
 /// The body of `/health`.
@@ -233,16 +243,15 @@ async fn serve_connection(
 /// The response to one request. Never fails: every error is a status code.
 fn route(state: &dyn AdminState, request: &Request<Incoming>) -> Response<Full<Bytes>> {
     let path = request.uri().path();
+    if let Some(action) = path.strip_prefix("/fault") {
+        return fault(state, request, action);
+    }
     let known = matches!(path, "/metrics" | "/health" | "/watermarks");
     if !known {
         return text(StatusCode::NOT_FOUND, "not found\n");
     }
     if request.method() != Method::GET {
-        let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
-        response
-            .headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("GET"));
-        return response;
+        return method_not_allowed("GET");
     }
     match path {
         "/metrics" => respond(
@@ -260,6 +269,43 @@ fn route(state: &dyn AdminState, request: &Request<Incoming>) -> Response<Full<B
             json(status, &health)
         }
         _ => json(StatusCode::OK, &state.watermarks()),
+    }
+}
+
+fn method_not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
+    let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    response
+}
+
+/// `GET /fault` shows the injected faults; `POST /fault/{link,clock,heal}` changes
+/// them (parameters in the query string, no body). 403 when fault injection is off.
+fn fault(
+    state: &dyn AdminState,
+    request: &Request<Incoming>,
+    action: &str,
+) -> Response<Full<Bytes>> {
+    let expected = if action.is_empty() {
+        Method::GET
+    } else {
+        Method::POST
+    };
+    if request.method() != expected {
+        return method_not_allowed(if action.is_empty() { "GET" } else { "POST" });
+    }
+    match state.fault(action, request.uri().query().unwrap_or("")) {
+        Ok(body) => json(StatusCode::OK, &body),
+        Err(FaultError::Disabled) => text(
+            StatusCode::FORBIDDEN,
+            "fault injection is off on this replica (start it with --fault-injection)\n",
+        ),
+        Err(FaultError::BadRequest(message)) => respond(
+            StatusCode::BAD_REQUEST,
+            TEXT_CONTENT_TYPE,
+            format!("{message}\n"),
+        ),
     }
 }
 

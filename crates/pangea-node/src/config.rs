@@ -67,6 +67,11 @@ pub struct NodeConfig {
     /// peers fences itself and refuses writes (docs/invariants.md, I1).
     #[serde(default)]
     pub clock_offset_ms: i64,
+    /// Drills only: accept the admin endpoint's `/fault` routes (partition or drop
+    /// traffic toward peers, skew the clock at runtime; see `fault`). Off by
+    /// default: a production replica answers them with 403.
+    #[serde(default)]
+    pub fault_injection: bool,
 }
 
 fn default_durability() -> String {
@@ -119,7 +124,7 @@ impl NodeConfig {
 
 /// Keys the environment may set (so unrelated `PANGEA_*` variables, such as the
 /// topology overrides, are not mistaken for node settings).
-const FIELDS: [&str; 16] = [
+const FIELDS: [&str; 17] = [
     "topology",
     "placement",
     "replica",
@@ -136,4 +141,5 @@ const FIELDS: [&str; 16] = [
     "drain_ms",
     "certs_reload_interval_ms",
     "clock_offset_ms",
+    "fault_injection",
 ];

@@ -20,6 +20,7 @@ pub mod admin;
 pub mod clock;
 pub mod config;
 pub mod driver;
+pub mod fault;
 pub mod lag;
 pub mod metrics;
 pub mod migration;
@@ -118,6 +119,8 @@ pub struct Shared {
     /// The live TLS state of the endpoint: reloaded on SIGHUP and by a poller; it
     /// closes accepted connections whose peer certificate stops verifying.
     pub tls: Arc<pangea_net::LiveTls>,
+    /// Runtime fault injection (drills), when started with `fault_injection`.
+    pub faults: Option<fault::FaultControl>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -250,6 +253,13 @@ impl admin::AdminState for Shared {
                 "clock_fence": fence,
             }),
         }
+    }
+
+    fn fault(&self, action: &str, query: &str) -> Result<serde_json::Value, fault::FaultError> {
+        self.faults
+            .as_ref()
+            .ok_or(fault::FaultError::Disabled)?
+            .handle(action, query)
     }
 
     fn watermarks(&self) -> serde_json::Value {
@@ -396,14 +406,29 @@ pub async fn run_with_sockets(
     let server = tls.server_config()?;
     let client = tls.client_config()?;
     let peers = peer_addresses(&deployment, &id);
-    let wan = config.emulate_wan.then(|| {
+    // The WAN emulator delays traffic by the topology's latencies; fault injection
+    // needs it too (to cut or thin links), with no delay unless asked.
+    let wan_control = (config.emulate_wan || config.fault_injection).then(|| {
         let control = pangea_net::wan::WanControl::new();
-        for (peer, addr) in &peers {
-            let rtt_ms = deployment.topology.rtt_ms(&id, peer).unwrap_or(0.0);
-            control.set_delay(*addr, Duration::from_micros((rtt_ms * 500.0) as u64));
+        let mut base = BTreeMap::new();
+        for r in deployment.topology.replicas.values().filter(|r| r.id != id) {
+            let Some(addr) = r.address.as_deref().and_then(|a| a.parse().ok()) else {
+                continue;
+            };
+            let rtt_ms = if config.emulate_wan {
+                deployment.topology.rtt_ms(&id, &r.id).unwrap_or(0.0)
+            } else {
+                0.0
+            };
+            let rule = pangea_net::LinkRule::delay(Duration::from_micros((rtt_ms * 500.0) as u64));
+            control.set_link(addr, rule);
+            base.insert(r.id.to_string(), (addr, rule));
         }
-        pangea_net::wan::WanEmulator::new(control, config.wan_seed)
+        (control, base)
     });
+    let wan = wan_control
+        .as_ref()
+        .map(|(control, _)| pangea_net::wan::WanEmulator::new(control.clone(), config.wan_seed));
     let endpoint = match sockets.quic {
         Some(socket) => {
             let bound = socket.local_addr()?;
@@ -425,6 +450,13 @@ pub async fn run_with_sockets(
         );
         clock.set_offset_ms(config.clock_offset_ms);
     }
+    let faults = match wan_control {
+        Some((control, base)) if config.fault_injection => {
+            tracing::warn!("fault injection is on: /fault on the admin endpoint can cut links");
+            Some(fault::FaultControl::new(control, base, clock.clone()))
+        }
+        _ => None,
+    };
     let core_config = CoreConfig {
         heartbeat_interval_ms: config.heartbeat_interval_ms,
         ..CoreConfig::default()
@@ -467,6 +499,7 @@ pub async fn run_with_sockets(
         runtime: tokio::runtime::Handle::current(),
         config: config.clone(),
         tls,
+        faults,
     });
     let mut queues = driver::PeerQueues::new();
     for (peer, addr) in peers {

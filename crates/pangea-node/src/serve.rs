@@ -8,13 +8,14 @@
 use crate::Shared;
 use crate::driver::Input;
 use bytes::Bytes;
+use pangea_core::digest::ContentDigest;
 use pangea_core::read::{Consistency, Decision, decide};
 use pangea_core::{
     Error as CoreError, Limits, ReadFilter, RowMutation, ScopeId, ScopeWatermarks, Token,
 };
 use pangea_net::{read_frame, write_frame};
 use pangea_proto::v1 as pb;
-use pangea_topology::{Priority, Role, Routing};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -340,16 +341,9 @@ fn check_profile(shared: &Shared, caller: &Caller, requested: &str) -> Result<()
             format!("unknown app profile {:?}", caller.app_profile),
         ));
     };
-    let role = d.topology.replica(shared.id.as_str()).map(|r| r.role);
-    let class_ok = match profile.priority {
-        Priority::Serving => role == Some(Role::Serving),
-        Priority::Batch => role == Some(Role::Batch),
-    };
-    let pinned_ok = match &profile.routing {
-        Routing::Pinned(list) => list.contains(&shared.id),
-        _ => true,
-    };
-    if !class_ok || !pinned_ok {
+    let me = d.topology.replica(shared.id.as_str());
+    let role = me.map(|r| r.role);
+    if !me.is_some_and(|r| profile.may_use(r)) {
         return Err(Failure::new(
             Code::PolicyForbids,
             format!(
@@ -441,7 +435,14 @@ type Served = (pb::client_response::Response, Option<ScopeWatermarks>);
 /// allow here (a residency violation; 0 is the only acceptable answer).
 fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
     let d = shared.deployment();
+    let now_ms = shared.clock.now().wall_ms;
     let mut tables = Vec::new();
+    // Every scope allowed here, even with no rows: an empty scope compares too.
+    let mut digests: BTreeMap<ScopeId, ContentDigest> = d
+        .scopes()
+        .filter(|s| d.allowed(&shared.id, s))
+        .map(|s| (s.clone(), ContentDigest::new()))
+        .collect();
     for table in d
         .placement
         .schema
@@ -463,6 +464,13 @@ fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
             for (key, row) in &rows {
                 t.rows += 1;
                 let scope = shared.scope_of(table, key);
+                digests.entry(scope.clone()).or_default().add(
+                    &d.placement.schema,
+                    table,
+                    key,
+                    row,
+                    now_ms,
+                );
                 let migrating = shared
                     .location
                     .read()
@@ -485,6 +493,14 @@ fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
         tables,
         restricted_frames_to_outsiders: shared.residency_to_outsiders.load(Relaxed),
         restricted_frames_from_outsiders: shared.residency_from_outsiders.load(Relaxed),
+        scopes: digests
+            .into_iter()
+            .map(|(scope, digest)| pb::ScopeDigest {
+                scope: scope.to_string(),
+                rows: digest.rows(),
+                digest: digest.finish().to_be_bytes().to_vec().into(),
+            })
+            .collect(),
     })
 }
 

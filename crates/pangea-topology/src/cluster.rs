@@ -19,6 +19,10 @@ pub struct ClusterFile {
     /// topology's latencies.
     #[serde(default)]
     pub emulate_wan: bool,
+    /// Whether replicas accept runtime faults on their admin endpoint (drills:
+    /// `pangea cluster nemesis`).
+    #[serde(default)]
+    pub fault_injection: bool,
     #[serde(default)]
     pub replicas: Vec<ClusterReplica>,
 }

@@ -106,6 +106,22 @@ pub struct AppProfile {
     pub priority: Priority,
 }
 
+impl AppProfile {
+    /// Whether callers of this profile may use `replica`: its priority class matches
+    /// the replica's role (serving or batch), and a pinned profile lists it.
+    pub fn may_use(&self, replica: &Replica) -> bool {
+        let class_ok = match self.priority {
+            Priority::Serving => replica.role == Role::Serving,
+            Priority::Batch => replica.role == Role::Batch,
+        };
+        let pinned_ok = match &self.routing {
+            Routing::Pinned(list) => list.contains(&replica.id),
+            _ => true,
+        };
+        class_ok && pinned_ok
+    }
+}
+
 /// A validated topology. Every reference resolves, every region has a serving
 /// replica, and links connect every replica.
 #[derive(Debug, Clone, PartialEq)]

@@ -139,11 +139,33 @@ impl Cluster {
         Cluster::up_with_env(topology, placement, emulate_wan, vec![])
     }
 
+    /// [`Cluster::up`] with runtime fault injection on (`--fault-injection`), for
+    /// `pangea cluster nemesis`.
+    pub fn up_with_faults(emulate_wan: bool) -> Result<Cluster> {
+        Cluster::up_inner(
+            "topology/local-3-regions.toml",
+            "topology/local-3-regions.placement.toml",
+            emulate_wan,
+            true,
+            vec![],
+        )
+    }
+
     /// [`Cluster::up_with`] whose replicas run with extra environment variables.
     pub fn up_with_env(
         topology: &str,
         placement: &str,
         emulate_wan: bool,
+        env: Vec<(String, String)>,
+    ) -> Result<Cluster> {
+        Cluster::up_inner(topology, placement, emulate_wan, false, env)
+    }
+
+    fn up_inner(
+        topology: &str,
+        placement: &str,
+        emulate_wan: bool,
+        fault_injection: bool,
         env: Vec<(String, String)>,
     ) -> Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("pangea-node-").tempdir()?;
@@ -154,6 +176,7 @@ impl Cluster {
                 placement: None,
                 certs: PathBuf::new(),
                 emulate_wan,
+                fault_injection,
                 replicas: vec![],
             },
             dir,
@@ -187,6 +210,9 @@ impl Cluster {
         ];
         if emulate_wan {
             args.push("--emulate-wan");
+        }
+        if self.file.fault_injection {
+            args.push("--fault-injection");
         }
         let started = Instant::now();
         let out = pangea_env(&args, &self.env, UP_TIME_MAX);
@@ -296,6 +322,9 @@ impl Cluster {
         }
         if self.file.emulate_wan {
             cmd.arg("--emulate-wan");
+        }
+        if self.file.fault_injection {
+            cmd.arg("--fault-injection");
         }
         // Its sockets bound here and handed down, as `cluster up` does: the ports it
         // had are taken back at once (a clear error if another process got one).

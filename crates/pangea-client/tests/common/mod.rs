@@ -98,6 +98,7 @@ impl LocalCluster {
                 client_requests_max: 4_096,
                 drain_ms: 2_000,
                 clock_offset_ms: 0,
+                fault_injection: false,
                 // These tests never rotate certificates.
                 certs_reload_interval_ms: 0,
             };
@@ -132,6 +133,7 @@ impl LocalCluster {
             placement: Some(place_path),
             certs,
             emulate_wan,
+            fault_injection: false,
             replicas,
         };
         let cluster_path = dir.path().join("cluster.toml");

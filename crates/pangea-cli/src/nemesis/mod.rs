@@ -1,0 +1,482 @@
+//! `pangea cluster nemesis` and `pangea cluster check-history`: Jepsen-style fault
+//! injection into a running local cluster while checker workloads run through
+//! `pangea-client`, a recorded history, and the checkers run on it.
+//!
+//! A run: start the workloads (one client per region), then until the duration is
+//! up, inject one fault at a time — in rounds of every fault asked for, each round
+//! in an order and on targets the seed picks — hold it for `--fault-ms`, lift it,
+//! and let the cluster settle for `--calm-ms`. Then
+//! heal everything, stop the workloads, wait until every replica's content digest of
+//! each scope agrees (C5), read each replica's final state, audit residency, and run
+//! the checkers (`check.rs`). The history file keeps all of it, one JSON object per
+//! line (`history.rs`).
+//!
+//! Faults (docs/reliability.md#nemesis says what each does and which invariant it
+//! attacks): `kill` (SIGKILL a replica, restart it on its data), `pause` (SIGSTOP,
+//! SIGCONT), `partition` (cut one region from the others, both ways, through the
+//! replicas' WAN-emulation layer), `loss` (30 % datagram loss between two regions),
+//! `skew` (offset one replica's clock: ±300 ms within `max_offset`, or 2 s beyond it
+//! either way), `restart-region` (SIGKILL every replica of a region, restart them).
+//! The cluster must run with fault injection (`pangea cluster up --fault-injection`).
+
+pub(crate) mod check;
+pub(crate) mod history;
+mod workload;
+
+use crate::cluster_cmd::{self, alive, signal};
+use anyhow::{Context, Result};
+use clap::Args;
+use history::{Event, Phase, Recorder};
+use nix::sys::signal::Signal;
+use pangea_core::rng::Rng;
+use pangea_topology::cluster::{ClusterFile, ClusterReplica};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Every fault the nemesis knows, in the order `--faults` lists them by default.
+pub(crate) const FAULTS: [&str; 6] = [
+    "kill",
+    "pause",
+    "partition",
+    "loss",
+    "skew",
+    "restart-region",
+];
+
+/// How long a restarted replica may take to report healthy.
+const RESTART_HEALTHY_MAX: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Args)]
+pub(crate) struct NemesisArgs {
+    /// The cluster file (`pangea cluster up --fault-injection` writes DIR/cluster.toml).
+    #[arg(long)]
+    cluster: PathBuf,
+    /// Faults to inject, comma-separated: kill, pause, partition, loss, skew,
+    /// restart-region.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kill,pause,partition,loss,skew,restart-region"
+    )]
+    faults: Vec<String>,
+    /// Workloads, comma-separated: register, ryw, set.
+    #[arg(long, value_delimiter = ',', default_value = "register,ryw,set")]
+    workloads: Vec<String>,
+    /// How long to inject faults (like 60s, 5m).
+    #[arg(long, default_value = "60s")]
+    duration: String,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Where to write the history (default: nemesis-SEED.jsonl next to the cluster file).
+    #[arg(long)]
+    history: Option<PathBuf>,
+    /// How long each fault lasts.
+    #[arg(long, default_value_t = 4_000)]
+    fault_ms: u64,
+    /// Quiet time between faults.
+    #[arg(long, default_value_t = 2_000)]
+    calm_ms: u64,
+    /// Longest wait for replicas to converge after the heal (C5).
+    #[arg(long, default_value_t = 60_000)]
+    converge_limit_ms: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn nemesis(a: NemesisArgs) -> Result<()> {
+    for f in &a.faults {
+        anyhow::ensure!(
+            FAULTS.contains(&f.as_str()),
+            "--faults: unknown fault {f:?} (known: {})",
+            FAULTS.join(", ")
+        );
+    }
+    for w in &a.workloads {
+        anyhow::ensure!(
+            workload::WORKLOADS.contains(&w.as_str()),
+            "--workloads: unknown workload {w:?} (known: {})",
+            workload::WORKLOADS.join(", ")
+        );
+    }
+    let duration = crate::bench_cmd::parse_duration(&a.duration)?;
+    let cluster = ClusterFile::load(&a.cluster).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        cluster.fault_injection,
+        "cluster {} runs without fault injection: start it with `pangea cluster up \
+         --fault-injection`",
+        a.cluster.display()
+    );
+    let deployment = crate::topology_cmd::load(&cluster.topology, cluster.placement.as_deref())?;
+    let history_path = a.history.clone().unwrap_or_else(|| {
+        a.cluster
+            .with_file_name(format!("nemesis-{}.jsonl", a.seed))
+    });
+    let rec = Arc::new(Recorder::create(&history_path)?);
+    let unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    // The run's key namespace: seed and start time.
+    let tag = format!("s{}-{unix_ms:x}", a.seed);
+    rec.record(Event::Start {
+        unix_ms,
+        cluster: cluster.name.clone(),
+        seed: a.seed,
+        faults: a.faults.clone(),
+        workloads: a.workloads.clone(),
+        duration_ms: duration.as_millis() as u64,
+    });
+    println!(
+        "nemesis on {:?}: faults {} for {duration:?}, workloads {}, seed {}",
+        cluster.name,
+        a.faults.join(","),
+        a.workloads.join(","),
+        a.seed
+    );
+    println!("  history: {}", history_path.display());
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let run = runtime.block_on(async {
+        let load = workload::start(
+            &cluster,
+            &deployment,
+            &a.workloads,
+            rec.clone(),
+            a.seed,
+            &tag,
+        )
+        .await?;
+        // Faults on a blocking thread: signals, restarts and admin calls block.
+        let faults = {
+            let (rec, path, kinds) = (rec.clone(), a.cluster.clone(), a.faults.clone());
+            let timing = Timing {
+                duration,
+                fault: Duration::from_millis(a.fault_ms),
+                calm: Duration::from_millis(a.calm_ms),
+            };
+            let seed = a.seed;
+            tokio::task::spawn_blocking(move || {
+                let mut nemesis = Nemesis::new(&path, rec, seed)?;
+                let result = nemesis.run(&kinds, timing);
+                // Whatever happened, leave every replica running and healed.
+                let healed = nemesis.heal_all();
+                result.and(healed)
+            })
+        };
+        let fault_result = faults.await.context("the fault thread panicked")?;
+        rec.record(Event::Heal {
+            at_us: rec.now_us(),
+        });
+        println!("{} healed; stopping the workloads", stamp(&rec));
+        load.stop().await;
+        fault_result?;
+        let cluster = ClusterFile::load(&a.cluster).map_err(anyhow::Error::msg)?;
+        workload::settle(
+            &cluster,
+            &deployment,
+            &rec,
+            Duration::from_millis(a.converge_limit_ms),
+            &tag,
+        )
+        .await
+    });
+    let events = rec.finish()?;
+    run?;
+    report(&check::check(&events), a.json, &history_path)
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CheckArgs {
+    /// A history written by `pangea cluster nemesis`.
+    history: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn check_history(a: CheckArgs) -> Result<()> {
+    let events = history::load(&a.history)?;
+    report(&check::check(&events), a.json, &a.history)
+}
+
+fn report(r: &check::Report, json: bool, path: &Path) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+    } else {
+        println!("history {}", path.display());
+        println!("  operations (ok / fail / unknown):");
+        for (what, c) in &r.ops {
+            println!("    {what:<16} {:>7} / {:>5} / {:>5}", c.ok, c.fail, c.info);
+        }
+        let faults: Vec<String> = r.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        println!("  faults injected: {}", faults.join(", "));
+        match r.convergence_ms {
+            Some(ms) => println!("  converged {ms} ms after the heal"),
+            None => println!("  did not converge"),
+        }
+        println!("  violations: {}", r.violations.len());
+        for v in &r.violations {
+            println!("    [{}] {} (ops {:?})", v.checker, v.message, v.ops);
+        }
+    }
+    anyhow::ensure!(
+        r.violations.is_empty(),
+        "{} violation(s) in {}",
+        r.violations.len(),
+        path.display()
+    );
+    Ok(())
+}
+
+fn stamp(rec: &Recorder) -> String {
+    format!("[{:>7.1}s]", rec.now_us() as f64 / 1e6)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    duration: Duration,
+    fault: Duration,
+    calm: Duration,
+}
+
+/// Injects faults into the cluster of one cluster file.
+struct Nemesis {
+    path: PathBuf,
+    rec: Arc<Recorder>,
+    rng: Rng,
+    /// Replicas currently stopped (SIGSTOP).
+    paused: Vec<String>,
+}
+
+impl Nemesis {
+    fn new(path: &Path, rec: Arc<Recorder>, seed: u64) -> Result<Nemesis> {
+        Ok(Nemesis {
+            path: path.to_path_buf(),
+            rec,
+            rng: Rng::new(seed),
+            paused: Vec::new(),
+        })
+    }
+
+    fn cluster(&self) -> Result<ClusterFile> {
+        ClusterFile::load(&self.path).map_err(anyhow::Error::msg)
+    }
+
+    fn pick<'a, T>(&mut self, from: &'a [T]) -> &'a T {
+        &from[(self.rng.next_u64() % from.len() as u64) as usize]
+    }
+
+    fn log(&self, fault: &str, phase: Phase, targets: &[String], detail: String) {
+        println!(
+            "{} {fault} {} {}{}",
+            stamp(&self.rec),
+            match phase {
+                Phase::Start => "start",
+                Phase::End => "end  ",
+            },
+            targets.join(","),
+            if detail.is_empty() {
+                String::new()
+            } else {
+                format!(" ({detail})")
+            }
+        );
+        self.rec.record(Event::Fault {
+            at_us: self.rec.now_us(),
+            fault: fault.to_owned(),
+            phase,
+            targets: targets.to_vec(),
+            detail,
+        });
+    }
+
+    fn run(&mut self, kinds: &[String], t: Timing) -> Result<()> {
+        let started = Instant::now();
+        // A first calm period: the workloads warm up on a healthy cluster.
+        std::thread::sleep(t.calm);
+        // Rounds: every fault once per round, in an order the seed shuffles, so a
+        // short run still meets each of them.
+        loop {
+            let mut round = kinds.to_vec();
+            for i in (1..round.len()).rev() {
+                round.swap(i, (self.rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+            for kind in round {
+                if started.elapsed() + t.fault > t.duration {
+                    return Ok(());
+                }
+                self.inject(&kind, t.fault)?;
+                std::thread::sleep(t.calm);
+            }
+        }
+    }
+
+    fn inject(&mut self, kind: &str, hold: Duration) -> Result<()> {
+        let cluster = self.cluster()?;
+        let regions: Vec<String> = regions(&cluster).into_keys().collect();
+        match kind {
+            "kill" => {
+                let r = self.pick(&cluster.replicas).clone();
+                self.kill(&[r], hold, kind)
+            }
+            "restart-region" => {
+                let region = self.pick(&regions).clone();
+                let members: Vec<ClusterReplica> = cluster
+                    .replicas
+                    .iter()
+                    .filter(|r| r.region == region)
+                    .cloned()
+                    .collect();
+                self.kill(&members, hold, kind)
+            }
+            "pause" => {
+                let r = self.pick(&cluster.replicas).clone();
+                let pid = r.pid.context("replica without a pid")?;
+                self.log(
+                    kind,
+                    Phase::Start,
+                    std::slice::from_ref(&r.id),
+                    "SIGSTOP".into(),
+                );
+                signal(pid, Signal::SIGSTOP);
+                self.paused.push(r.id.clone());
+                std::thread::sleep(hold);
+                signal(pid, Signal::SIGCONT);
+                self.paused.retain(|p| *p != r.id);
+                self.log(kind, Phase::End, &[r.id], "SIGCONT".into());
+                Ok(())
+            }
+            "partition" | "loss" => {
+                let a = self.pick(&regions).clone();
+                let others: Vec<String> = regions.iter().filter(|r| **r != a).cloned().collect();
+                // A partition cuts one region from all others; loss thins one pair.
+                let (side_b, query, detail) = if kind == "partition" {
+                    let detail = format!("{a} cut from {}, both ways", others.join(","));
+                    (others, "partitioned=true", detail)
+                } else {
+                    let b = self.pick(&others).clone();
+                    let detail = format!("30 % of datagrams lost between {a} and {b}");
+                    (vec![b], "loss=0.3", detail)
+                };
+                let in_a = |r: &&ClusterReplica| r.region == a;
+                let in_b = |r: &&ClusterReplica| side_b.contains(&r.region);
+                let ids = |f: &dyn Fn(&&ClusterReplica) -> bool| -> Vec<String> {
+                    cluster
+                        .replicas
+                        .iter()
+                        .filter(f)
+                        .map(|r| r.id.clone())
+                        .collect()
+                };
+                let (ids_a, ids_b) = (ids(&in_a), ids(&in_b));
+                let mut targets = vec![a.clone()];
+                targets.extend(side_b.iter().cloned());
+                self.log(kind, Phase::Start, &targets, detail);
+                for r in cluster.replicas.iter().filter(in_a) {
+                    fault_post(r, &format!("/fault/link?peers={}&{query}", ids_b.join(",")))?;
+                }
+                for r in cluster.replicas.iter().filter(in_b) {
+                    fault_post(r, &format!("/fault/link?peers={}&{query}", ids_a.join(",")))?;
+                }
+                std::thread::sleep(hold);
+                for r in &cluster.replicas {
+                    fault_post(r, "/fault/heal")?;
+                }
+                self.log(kind, Phase::End, &targets, "healed".into());
+                Ok(())
+            }
+            "skew" => {
+                let r = self.pick(&cluster.replicas).clone();
+                // Within max_offset (500 ms) both ways, and beyond it both ways: behind
+                // fences the replica, ahead makes its peers refuse its timestamps.
+                let offset = *self.pick(&[300_i64, -300, 2_000, -2_000]);
+                self.log(
+                    kind,
+                    Phase::Start,
+                    std::slice::from_ref(&r.id),
+                    format!("clock offset {offset:+} ms"),
+                );
+                fault_post(&r, &format!("/fault/clock?offset_ms={offset}"))?;
+                std::thread::sleep(hold);
+                fault_post(&r, "/fault/clock?offset_ms=0")?;
+                self.log(kind, Phase::End, &[r.id], "clock offset 0".into());
+                Ok(())
+            }
+            other => anyhow::bail!("unknown fault {other:?}"),
+        }
+    }
+
+    /// SIGKILL `replicas`, wait `hold`, restart them and wait until they are healthy.
+    fn kill(&mut self, replicas: &[ClusterReplica], hold: Duration, kind: &str) -> Result<()> {
+        let ids: Vec<String> = replicas.iter().map(|r| r.id.clone()).collect();
+        self.log(kind, Phase::Start, &ids, "SIGKILL".into());
+        for r in replicas {
+            if let Some(pid) = r.pid {
+                signal(pid, Signal::SIGKILL);
+            }
+        }
+        std::thread::sleep(hold);
+        let restarted = Instant::now();
+        for r in replicas {
+            cluster_cmd::restart_replica(&self.path, &r.id)?;
+        }
+        let cluster = self.cluster()?;
+        for id in &ids {
+            let r = cluster.replica(id).context("restarted replica vanished")?;
+            cluster_cmd::wait_healthy(r, RESTART_HEALTHY_MAX, false)?;
+        }
+        self.log(
+            kind,
+            Phase::End,
+            &ids,
+            format!(
+                "restarted, healthy after {:.1} s",
+                restarted.elapsed().as_secs_f64()
+            ),
+        );
+        Ok(())
+    }
+
+    /// Resumes paused replicas, restarts dead ones, heals every link and clock.
+    fn heal_all(&mut self) -> Result<()> {
+        let cluster = self.cluster()?;
+        for r in &cluster.replicas {
+            if let Some(pid) = r.pid {
+                signal(pid, Signal::SIGCONT);
+            }
+        }
+        self.paused.clear();
+        for r in &cluster.replicas {
+            if !r.pid.is_some_and(alive) {
+                cluster_cmd::restart_replica(&self.path, &r.id)?;
+            }
+        }
+        let cluster = self.cluster()?;
+        for r in &cluster.replicas {
+            cluster_cmd::wait_healthy(r, RESTART_HEALTHY_MAX, false)?;
+            fault_post(r, "/fault/heal")?;
+        }
+        Ok(())
+    }
+}
+
+/// A `/fault` POST to one replica's admin endpoint; anything but 200 is an error.
+fn fault_post(r: &ClusterReplica, path: &str) -> Result<()> {
+    let (code, body) = cluster_cmd::http_request("POST", &r.admin, path)
+        .with_context(|| format!("{}: POST {path}", r.id))?;
+    anyhow::ensure!(code == 200, "{}: POST {path}: {code} {}", r.id, body.trim());
+    Ok(())
+}
+
+/// The regions of a cluster and their replicas.
+pub(crate) fn regions(cluster: &ClusterFile) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in &cluster.replicas {
+        out.entry(r.region.clone()).or_default().push(r.id.clone());
+    }
+    out
+}

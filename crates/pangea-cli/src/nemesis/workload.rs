@@ -1,0 +1,488 @@
+//! The checker workloads of a nemesis run, each through `pangea-client` with one
+//! client per region, every operation recorded in the history:
+//!
+//! Keys live under a tag of the run (`reg/TAG/...`), so runs on one cluster do not
+//! see each other's keys.
+//!
+//! - `register`: a few hot keys (`reg/TAG/0`..`4`) overwritten from every region; in
+//!   every region a reader reads a key at the latest token acknowledged for it
+//!   (watermark consistency), wherever that write landed.
+//! - `ryw`: read-your-writes across regions: write a fresh key (`ryw/...`) in one
+//!   region, then read it in the next region at the write's token.
+//! - `set`: unique inserts (`set/...`), and one in four under `eu/set/...`, a prefix
+//!   the placement keeps in eu-west-1 (its residency is audited at the end).
+//!
+//! After the heal, [`settle`] waits for convergence, audits every replica and reads
+//! what each one holds under every workload prefix.
+
+use super::history::{Cell, Event, Kind, Op, Outcome, Recorder, ScopeDigest, Version};
+use crate::output::hex;
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use pangea_client::{
+    Client, ClientConfig, Consistency, Mutation, ReadOptions, Row, RowMutation, ScanOptions, Token,
+    WriteOptions,
+};
+use pangea_topology::cluster::ClusterFile;
+use pangea_topology::{Deployment, ReplicaId};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
+
+pub(crate) const WORKLOADS: [&str; 3] = ["register", "ryw", "set"];
+
+const TABLE: &str = "ad_profiles";
+const FAMILY: &str = "profile";
+const COLUMN: &[u8] = b"v";
+const HOT_KEYS: u64 = 5;
+/// Pause between one worker's operations: ~30 operations per second per worker keep
+/// a 2-core machine responsive while faults are injected.
+const PACE: Duration = Duration::from_millis(30);
+const WRITE_DEADLINE: Duration = Duration::from_secs(2);
+const READ_DEADLINE: Duration = Duration::from_secs(1);
+/// Prefixes the final state is read under (each followed by the run's tag, so runs
+/// on one cluster do not see each other's keys).
+const PREFIXES: [&str; 4] = ["reg/", "ryw/", "set/", "eu/set/"];
+
+/// The running workloads.
+pub(crate) struct Load {
+    stop: Arc<AtomicBool>,
+    tasks: JoinSet<()>,
+}
+
+impl Load {
+    /// Stops every worker after its current operation (each is bounded by its
+    /// deadline) and waits for them.
+    pub(crate) async fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+struct Ctx {
+    rec: Arc<Recorder>,
+    /// This run's key namespace.
+    tag: String,
+    stop: Arc<AtomicBool>,
+    /// Latest acknowledged token per register key.
+    latest: Mutex<HashMap<String, Token>>,
+}
+
+pub(crate) async fn start(
+    cluster: &ClusterFile,
+    deployment: &Deployment,
+    workloads: &[String],
+    rec: Arc<Recorder>,
+    seed: u64,
+    tag: &str,
+) -> Result<Load> {
+    let mut clients = Vec::new();
+    for region in deployment.topology.regions.keys() {
+        let config = ClientConfig::from_cluster(cluster, region.as_str(), "frontend")?;
+        let client = Client::connect(config)
+            .await
+            .with_context(|| format!("connecting a client in {region}"))?;
+        clients.push((region.to_string(), Arc::new(client)));
+    }
+    let ctx = Arc::new(Ctx {
+        rec,
+        tag: tag.to_owned(),
+        stop: Arc::new(AtomicBool::new(false)),
+        latest: Mutex::new(HashMap::new()),
+    });
+    let mut tasks = JoinSet::new();
+    for (i, (region, client)) in clients.iter().enumerate() {
+        let next = clients[(i + 1) % clients.len()].1.clone();
+        for w in workloads {
+            let (ctx, region, client) = (ctx.clone(), region.clone(), client.clone());
+            let seed = seed ^ ((i as u64) << 32);
+            match w.as_str() {
+                "register" => {
+                    let (c2, r2, cl2) = (ctx.clone(), region.clone(), client.clone());
+                    tasks.spawn(register_writer(c2, r2, cl2, seed));
+                    tasks.spawn(register_reader(ctx, region, client, seed ^ 1));
+                }
+                "ryw" => {
+                    tasks.spawn(ryw(ctx, region, client, next.clone()));
+                }
+                "set" => {
+                    tasks.spawn(set(ctx, region, client));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(Load {
+        stop: ctx.stop.clone(),
+        tasks,
+    })
+}
+
+fn value_cell(row: &Row) -> Option<(String, Version)> {
+    let cell = row
+        .families
+        .iter()
+        .find(|f| f.name == FAMILY)?
+        .cells
+        .iter()
+        .find(|c| c.column.as_ref() == COLUMN)?;
+    Some((
+        String::from_utf8_lossy(&cell.value).into_owned(),
+        Version {
+            ts: cell.timestamp,
+            origin: cell.origin.clone(),
+        },
+    ))
+}
+
+/// Writes `key = value`, records it; the token if acknowledged.
+async fn write(
+    ctx: &Ctx,
+    workload: &str,
+    region: &str,
+    client: &Client,
+    key: &str,
+    value: &str,
+) -> Option<Token> {
+    let id = ctx.rec.next_id();
+    let start_us = ctx.rec.now_us();
+    let m = RowMutation::new(
+        TABLE,
+        Bytes::copy_from_slice(key.as_bytes()),
+        vec![Mutation::SetCell {
+            family: FAMILY.into(),
+            column: Bytes::from_static(COLUMN),
+            value: Bytes::copy_from_slice(value.as_bytes()),
+        }],
+        &pangea_core::Limits::default(),
+    );
+    let result = match m {
+        Ok(m) => {
+            client
+                .mutate(
+                    m,
+                    &WriteOptions {
+                        deadline: Some(WRITE_DEADLINE),
+                    },
+                )
+                .await
+        }
+        Err(e) => Err(pangea_client::Error::InvalidInput(e.to_string())),
+    };
+    let mut op = Op {
+        id,
+        workload: workload.into(),
+        region: region.into(),
+        kind: Kind::Write,
+        key: key.into(),
+        value: Some(value.into()),
+        consistency: None,
+        token: None,
+        version: None,
+        replica: None,
+        start_us,
+        end_us: ctx.rec.now_us(),
+        outcome: Outcome::Ok,
+        error: None,
+    };
+    let token = match result {
+        Ok(r) => {
+            op.token = Some(hex(&r.value.encode()));
+            op.version = Some(Version {
+                ts: r.value.timestamp.as_u64(),
+                origin: r.value.origin.to_string(),
+            });
+            op.replica = Some(r.replica.to_string());
+            Some(r.value)
+        }
+        Err(e) => {
+            use pangea_client::Error as E;
+            // Refused before anything was written; anything else may have applied.
+            op.outcome = match e {
+                E::PolicyForbids(_) | E::InvalidInput(_) | E::NotFound(_) => Outcome::Fail,
+                _ => Outcome::Info,
+            };
+            op.error = Some(e.to_string());
+            None
+        }
+    };
+    ctx.rec.record(Event::Op(op));
+    token
+}
+
+/// Reads `key` at `token` (watermark consistency) and records what came back.
+async fn read_at(ctx: &Ctx, workload: &str, region: &str, client: &Client, key: &str, t: Token) {
+    let id = ctx.rec.next_id();
+    let start_us = ctx.rec.now_us();
+    let token = hex(&t.encode());
+    let opts = ReadOptions::default()
+        .with_consistency(Consistency::Watermark(t))
+        .with_deadline(READ_DEADLINE);
+    let result = client
+        .get(TABLE, Bytes::copy_from_slice(key.as_bytes()), &opts)
+        .await;
+    let mut op = Op {
+        id,
+        workload: workload.into(),
+        region: region.into(),
+        kind: Kind::Read,
+        key: key.into(),
+        value: None,
+        consistency: Some("watermark".into()),
+        token: Some(token),
+        version: None,
+        replica: None,
+        start_us,
+        end_us: ctx.rec.now_us(),
+        outcome: Outcome::Ok,
+        error: None,
+    };
+    match result {
+        Ok(r) => {
+            op.replica = Some(r.replica.to_string());
+            if let Some((value, version)) = r.value.as_ref().and_then(value_cell) {
+                op.value = Some(value);
+                op.version = Some(version);
+            }
+        }
+        Err(e) => {
+            op.outcome = Outcome::Fail;
+            op.error = Some(e.to_string());
+        }
+    }
+    ctx.rec.record(Event::Op(op));
+}
+
+async fn register_writer(ctx: Arc<Ctx>, region: String, client: Arc<Client>, seed: u64) {
+    let mut rng = pangea_core::rng::Rng::new(seed);
+    let mut n = 0u64;
+    while !ctx.stop.load(Ordering::Relaxed) {
+        n += 1;
+        let key = format!("reg/{}/{}", ctx.tag, rng.next_u64() % HOT_KEYS);
+        let value = format!("{region}-{n}");
+        if let Some(t) = write(&ctx, "register", &region, &client, &key, &value).await {
+            let mut latest = ctx.latest.lock().unwrap_or_else(|e| e.into_inner());
+            latest.insert(key, t);
+        }
+        tokio::time::sleep(PACE).await;
+    }
+}
+
+async fn register_reader(ctx: Arc<Ctx>, region: String, client: Arc<Client>, seed: u64) {
+    let mut rng = pangea_core::rng::Rng::new(seed);
+    while !ctx.stop.load(Ordering::Relaxed) {
+        let key = format!("reg/{}/{}", ctx.tag, rng.next_u64() % HOT_KEYS);
+        let token = ctx
+            .latest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        if let Some(t) = token {
+            read_at(&ctx, "register", &region, &client, &key, t).await;
+        }
+        tokio::time::sleep(PACE).await;
+    }
+}
+
+async fn ryw(ctx: Arc<Ctx>, region: String, client: Arc<Client>, next: Arc<Client>) {
+    let mut n = 0u64;
+    while !ctx.stop.load(Ordering::Relaxed) {
+        n += 1;
+        let key = format!("ryw/{}/{region}/{n}", ctx.tag);
+        let value = format!("{region}-{n}");
+        if let Some(t) = write(&ctx, "ryw", &region, &client, &key, &value).await {
+            let there = next.region().to_string();
+            read_at(&ctx, "ryw", &there, &next, &key, t).await;
+        }
+        tokio::time::sleep(PACE).await;
+    }
+}
+
+async fn set(ctx: Arc<Ctx>, region: String, client: Arc<Client>) {
+    let mut n = 0u64;
+    while !ctx.stop.load(Ordering::Relaxed) {
+        n += 1;
+        let key = if n.is_multiple_of(4) {
+            format!("eu/set/{}/{region}/{n}", ctx.tag)
+        } else {
+            format!("set/{}/{region}/{n}", ctx.tag)
+        };
+        write(
+            &ctx,
+            "set",
+            &region,
+            &client,
+            &key,
+            &format!("{region}-{n}"),
+        )
+        .await;
+        tokio::time::sleep(PACE).await;
+    }
+}
+
+/// After the heal: waits until every replica's digest of each scope agrees (at most
+/// `limit`), records it, records every replica's audit, then what each replica holds
+/// under the workload prefixes its placement allows.
+pub(crate) async fn settle(
+    cluster: &ClusterFile,
+    deployment: &Deployment,
+    rec: &Recorder,
+    limit: Duration,
+    tag: &str,
+) -> Result<()> {
+    // Operator requests (audits) are open to every profile; a scan must use a
+    // profile allowed on the replica it reads (a batch replica only serves batch).
+    let mut clients: BTreeMap<ReplicaId, Arc<Client>> = BTreeMap::new();
+    let mut by_profile: BTreeMap<String, Arc<Client>> = BTreeMap::new();
+    for r in deployment.topology.replicas.values() {
+        let profile = deployment
+            .topology
+            .app_profiles
+            .values()
+            .find(|p| p.may_use(r))
+            .with_context(|| format!("no app profile may read replica {}", r.id))?;
+        let client = match by_profile.get(&profile.name) {
+            Some(c) => c.clone(),
+            None => {
+                let config = ClientConfig::from_cluster(cluster, r.region.as_str(), &profile.name)?;
+                let c = Arc::new(Client::connect(config).await?);
+                by_profile.insert(profile.name.clone(), c.clone());
+                c
+            }
+        };
+        clients.insert(r.id.clone(), client);
+    }
+    let ids: Vec<ReplicaId> = clients.keys().cloned().collect();
+    let client = clients
+        .values()
+        .next()
+        .context("the topology has no replica")?
+        .clone();
+    let healed = Instant::now();
+    let (ok, detail, audits) = loop {
+        let mut audits = Vec::new();
+        let mut failed = None;
+        for id in &ids {
+            match client.audit(id).await {
+                Ok(a) => audits.push(a),
+                Err(e) => failed = Some(format!("{id}: audit failed: {e}")),
+            }
+        }
+        let disagreement = failed.or_else(|| disagreement(&audits));
+        match disagreement {
+            None => break (true, String::new(), audits),
+            Some(d) if healed.elapsed() >= limit => break (false, d, audits),
+            Some(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    };
+    let after_heal_ms = healed.elapsed().as_millis() as u64;
+    println!(
+        "{} {} {after_heal_ms} ms after the heal{}",
+        super::stamp(rec),
+        if ok { "converged" } else { "NOT converged" },
+        if ok {
+            String::new()
+        } else {
+            format!(": {detail}")
+        }
+    );
+    rec.record(Event::Converged {
+        ok,
+        after_heal_ms,
+        detail,
+    });
+    for a in &audits {
+        rec.record(Event::Audit {
+            replica: a.replica.clone(),
+            region: a.region.clone(),
+            rows_disallowed: a.tables.iter().map(|t| t.rows_disallowed).sum(),
+            scopes: a
+                .scopes
+                .iter()
+                .map(|s| ScopeDigest {
+                    scope: s.scope.clone(),
+                    rows: s.rows,
+                    digest: hex(&s.digest),
+                })
+                .collect(),
+        });
+    }
+    for id in &ids {
+        for prefix in PREFIXES {
+            let prefix = format!("{prefix}{tag}/");
+            let scope = deployment.scope_of(TABLE, prefix.as_bytes());
+            if !deployment.allowed(id, scope) {
+                continue;
+            }
+            let rows = scan_all(&clients[id], id, &prefix).await?;
+            rec.record(Event::Final {
+                replica: id.to_string(),
+                prefix,
+                rows,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Why the audits do not agree yet (a scope with two digests), if they do not.
+fn disagreement(audits: &[pangea_proto::v1::AuditResponse]) -> Option<String> {
+    let mut by_scope: BTreeMap<&str, BTreeMap<&[u8], Vec<&str>>> = BTreeMap::new();
+    for a in audits {
+        for s in &a.scopes {
+            by_scope
+                .entry(&s.scope)
+                .or_default()
+                .entry(&s.digest)
+                .or_default()
+                .push(&a.replica);
+        }
+    }
+    by_scope.into_iter().find_map(|(scope, d)| {
+        (d.len() > 1).then(|| {
+            let groups: Vec<String> = d.values().map(|rs| rs.join(",")).collect();
+            format!(
+                "scope {scope}: {} digests ({})",
+                d.len(),
+                groups.join(" | ")
+            )
+        })
+    })
+}
+
+/// Every row one replica holds under `prefix`, read from it alone.
+async fn scan_all(client: &Client, replica: &ReplicaId, prefix: &str) -> Result<Vec<Cell>> {
+    let mut cells = Vec::new();
+    let mut scan = ScanOptions {
+        limit: 1_000,
+        resume_after: Bytes::new(),
+    };
+    loop {
+        let page = client
+            .scan_at(
+                replica,
+                TABLE,
+                Bytes::copy_from_slice(prefix.as_bytes()),
+                &scan,
+                Duration::from_secs(10),
+            )
+            .await
+            .with_context(|| format!("scanning {prefix:?} on {replica}"))?;
+        for row in &page.rows {
+            if let Some((value, version)) = value_cell(row) {
+                cells.push(Cell {
+                    key: String::from_utf8_lossy(&row.key).into_owned(),
+                    value,
+                    version,
+                });
+            }
+        }
+        if page.resume_key.is_empty() {
+            return Ok(cells);
+        }
+        scan.resume_after = page.resume_key;
+    }
+}

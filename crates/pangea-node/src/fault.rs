@@ -1,0 +1,273 @@
+//! Runtime fault injection for drills on real processes (`pangea cluster nemesis`).
+//!
+//! Only a replica started with `fault_injection` (`pangea start --fault-injection`,
+//! `pangea cluster up --fault-injection`) has a [`FaultControl`]; every other replica
+//! answers the admin endpoint's `/fault` routes with 403. It acts on two things the
+//! replica already owns:
+//!
+//! - **Links**, through the WAN-emulation layer of its QUIC socket
+//!   ([`pangea_net::wan`]): toward a peer, drop everything (a partition) or drop a
+//!   fraction of datagrams (loss). Rules apply to *outgoing* datagrams, so a
+//!   two-way partition between regions A and B is set on the replicas of both.
+//!   Healing restores each link's base rule (the topology's delay when the replica
+//!   emulates the WAN, none otherwise).
+//! - **The clock**: an offset added to the wall clock the hybrid logical clock reads
+//!   ([`crate::clock::Clock`]), as if the host's time source were that far off.
+//!
+//! The routes (see `admin.rs`), with parameters in the query string:
+//!
+//! - `GET /fault`: the current rules, the clock offset and the WAN counters.
+//! - `POST /fault/link?peers=ID,ID&partitioned=true&loss=0.3`: sets the rule toward
+//!   each peer to its base rule with the given partition flag and loss (each
+//!   optional; absent means off).
+//! - `POST /fault/clock?offset_ms=N`: sets the clock offset (ms, may be negative).
+//! - `POST /fault/heal`: every link back to its base rule, clock offset 0.
+//!
+//! Peers are those of the topology the replica started with; a peer added later by
+//! a live topology change cannot be targeted until the replica restarts.
+
+use crate::clock::Clock;
+use pangea_net::wan::{LinkRule, WanControl};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Largest clock offset a drill may inject: a day. Beyond it the wall clock plus
+/// offset could leave the range the hybrid clock encodes.
+pub const CLOCK_OFFSET_MS_MAX: i64 = 86_400_000;
+
+/// Why a fault request was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FaultError {
+    /// This replica was started without fault injection.
+    Disabled,
+    /// A parameter is missing, unknown or malformed; the message names it.
+    BadRequest(String),
+}
+
+/// The faults one replica can inject into itself.
+#[derive(Debug)]
+pub struct FaultControl {
+    wan: WanControl,
+    /// Each peer's address and the rule it has when healthy.
+    base: BTreeMap<String, (SocketAddr, LinkRule)>,
+    clock: Arc<Clock>,
+}
+
+impl FaultControl {
+    /// `base`: every peer's address and healthy rule, already set on `wan`.
+    pub fn new(
+        wan: WanControl,
+        base: BTreeMap<String, (SocketAddr, LinkRule)>,
+        clock: Arc<Clock>,
+    ) -> Self {
+        Self { wan, base, clock }
+    }
+
+    /// Runs one route: `action` is the path after `/fault` ("", "/link", "/clock",
+    /// "/heal"), `query` the raw query string.
+    pub fn handle(&self, action: &str, query: &str) -> Result<serde_json::Value, FaultError> {
+        let params = parse_query(query)?;
+        let allowed: &[&str] = match action {
+            "" | "/heal" => &[],
+            "/link" => &["peers", "partitioned", "loss"],
+            "/clock" => &["offset_ms"],
+            other => return Err(bad(format!("unknown fault route /fault{other}"))),
+        };
+        if let Some(k) = params.keys().find(|k| !allowed.contains(k)) {
+            return Err(bad(format!(
+                "unknown parameter {k:?} for /fault{action} (expected one of {allowed:?})"
+            )));
+        }
+        match action {
+            "/link" => self.set_links(&params)?,
+            "/clock" => {
+                let offset: i64 = parse(&params, "offset_ms")?
+                    .ok_or_else(|| bad("offset_ms is required".into()))?;
+                if offset.abs() > CLOCK_OFFSET_MS_MAX {
+                    return Err(bad(format!(
+                        "offset_ms {offset} is beyond ±{CLOCK_OFFSET_MS_MAX}"
+                    )));
+                }
+                tracing::warn!(offset_ms = offset, "fault injection: clock offset set");
+                self.clock.set_offset_ms(offset);
+            }
+            "/heal" => {
+                for (addr, rule) in self.base.values() {
+                    self.wan.set_link(*addr, *rule);
+                }
+                self.clock.set_offset_ms(0);
+                tracing::warn!("fault injection: healed (links and clock)");
+            }
+            _ => {}
+        }
+        Ok(self.state())
+    }
+
+    fn set_links(&self, params: &BTreeMap<&str, &str>) -> Result<(), FaultError> {
+        let peers = params
+            .get("peers")
+            .ok_or_else(|| bad("peers is required (comma-separated replica ids)".into()))?;
+        let partitioned: bool = parse(params, "partitioned")?.unwrap_or(false);
+        let loss: f64 = parse(params, "loss")?.unwrap_or(0.0);
+        if !(0.0..=1.0).contains(&loss) {
+            return Err(bad(format!("loss {loss} is outside [0, 1]")));
+        }
+        // Every id checked before any rule changes: a typo changes nothing.
+        let mut targets = Vec::new();
+        for id in peers.split(',').filter(|s| !s.is_empty()) {
+            let (addr, base) = self
+                .base
+                .get(id)
+                .ok_or_else(|| bad(format!("peers: {id:?} is not a peer of this replica")))?;
+            targets.push((id, *addr, *base));
+        }
+        for (id, addr, base) in targets {
+            tracing::warn!(peer = id, partitioned, loss, "fault injection: link rule");
+            self.wan.set_link(
+                addr,
+                LinkRule {
+                    partitioned,
+                    loss,
+                    ..base
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// The rules in force, for `GET /fault` and every answer.
+    pub fn state(&self) -> serde_json::Value {
+        let links: serde_json::Map<String, serde_json::Value> = self
+            .base
+            .iter()
+            .map(|(id, (addr, _))| {
+                let r = self.wan.rule_for(*addr);
+                let v = serde_json::json!({
+                    "delay_ms": r.delay.as_secs_f64() * 1e3,
+                    "loss": r.loss,
+                    "partitioned": r.partitioned,
+                });
+                (id.clone(), v)
+            })
+            .collect();
+        let stats = self.wan.stats();
+        serde_json::json!({
+            "clock_offset_ms": self.clock.offset_ms(),
+            "links": links,
+            "wan": {
+                "sent": stats.sent,
+                "dropped_partition": stats.dropped_partition,
+                "dropped_loss": stats.dropped_loss,
+                "dropped_queue_full": stats.dropped_queue_full,
+            },
+        })
+    }
+}
+
+fn bad(message: String) -> FaultError {
+    FaultError::BadRequest(message)
+}
+
+/// `a=1&b=x` into a map; keys and values are plain (ids, numbers, booleans), so no
+/// percent-decoding: a `%` is refused rather than misread.
+fn parse_query(query: &str) -> Result<BTreeMap<&str, &str>, FaultError> {
+    let mut out = BTreeMap::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if pair.contains('%') {
+            return Err(bad(format!(
+                "parameter {k:?}: percent-encoding is not accepted"
+            )));
+        }
+        if out.insert(k, v).is_some() {
+            return Err(bad(format!("parameter {k:?} is given twice")));
+        }
+    }
+    Ok(out)
+}
+
+fn parse<T: std::str::FromStr>(
+    params: &BTreeMap<&str, &str>,
+    key: &str,
+) -> Result<Option<T>, FaultError>
+where
+    T::Err: std::fmt::Display,
+{
+    params
+        .get(key)
+        .map(|v| {
+            v.parse()
+                .map_err(|e| bad(format!("parameter {key}={v:?}: {e}")))
+        })
+        .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn control() -> (FaultControl, SocketAddr) {
+        let wan = WanControl::new();
+        let addr: SocketAddr = "127.0.0.1:7001".parse().unwrap();
+        let base = LinkRule::delay(Duration::from_millis(40));
+        wan.set_link(addr, base);
+        let peers = BTreeMap::from([("euw1-a".to_string(), (addr, base))]);
+        (
+            FaultControl::new(wan, peers, Arc::new(Clock::default())),
+            addr,
+        )
+    }
+
+    #[test]
+    fn a_partition_keeps_the_base_delay_and_heal_restores_the_link_and_the_clock() {
+        let (f, addr) = control();
+        f.handle("/link", "peers=euw1-a&partitioned=true&loss=0.25")
+            .unwrap();
+        let r = f.wan.rule_for(addr);
+        assert!(r.partitioned);
+        assert_eq!(r.loss, 0.25);
+        assert_eq!(r.delay, Duration::from_millis(40));
+        f.handle("/clock", "offset_ms=-700").unwrap();
+        assert_eq!(f.clock.offset_ms(), -700);
+        let state = f.handle("/heal", "").unwrap();
+        assert_eq!(
+            f.wan.rule_for(addr),
+            LinkRule::delay(Duration::from_millis(40))
+        );
+        assert_eq!(f.clock.offset_ms(), 0);
+        assert_eq!(state["links"]["euw1-a"]["partitioned"], false);
+    }
+
+    #[test]
+    fn bad_requests_name_the_parameter_and_change_nothing() {
+        let (f, addr) = control();
+        let before = f.wan.rule_for(addr);
+        for (action, query, needle) in [
+            ("/link", "peers=euw1-a,nope&partitioned=true", "\"nope\""),
+            ("/link", "peers=euw1-a&loss=1.5", "loss 1.5"),
+            (
+                "/link",
+                "peers=euw1-a&partitioned=yes",
+                "partitioned=\"yes\"",
+            ),
+            ("/link", "partitioned=true", "peers is required"),
+            ("/clock", "offset_ms=x", "offset_ms=\"x\""),
+            ("/clock", "offset_ms=99999999999", "beyond"),
+            ("/clock", "offset_ms=1&offset_ms=2", "twice"),
+            ("/clock", "skew=1", "unknown parameter \"skew\""),
+            ("/link", "peers=euw1%2Da", "percent"),
+            ("/reboot", "", "unknown fault route"),
+        ] {
+            match f.handle(action, query) {
+                Err(FaultError::BadRequest(m)) => {
+                    assert!(m.contains(needle), "{action}?{query}: {m}")
+                }
+                other => panic!("{action}?{query}: {other:?}"),
+            }
+        }
+        assert_eq!(f.wan.rule_for(addr), before);
+        assert_eq!(f.clock.offset_ms(), 0);
+    }
+}
