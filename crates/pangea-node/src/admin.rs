@@ -243,7 +243,9 @@ async fn serve_connection(
 /// The response to one request. Never fails: every error is a status code.
 fn route(state: &dyn AdminState, request: &Request<Incoming>) -> Response<Full<Bytes>> {
     let path = request.uri().path();
-    if let Some(action) = path.strip_prefix("/fault") {
+    if let Some(action) = path.strip_prefix("/fault")
+        && (action.is_empty() || action.starts_with('/'))
+    {
         return fault(state, request, action);
     }
     let known = matches!(path, "/metrics" | "/health" | "/watermarks");

@@ -371,6 +371,34 @@ async fn unknown_paths_are_404_and_other_methods_405() -> Result<()> {
 }
 
 #[tokio::test]
+async fn fault_routes_are_refused_unless_fault_injection_is_on() -> Result<()> {
+    timeout(TEST_TIME_MAX, async {
+        // The fake state keeps the trait's default: fault injection off.
+        let server = Server::start(fake_state()).await?;
+        for (method, path) in [
+            ("GET", "/fault"),
+            ("POST", "/fault/link?peers=a&partitioned=true"),
+            ("POST", "/fault/clock?offset_ms=5000"),
+            ("POST", "/fault/heal"),
+        ] {
+            let reply = request(server.addr, method, path).await?;
+            ensure!(reply.status == 403, "{method} {path}: {reply:?}");
+        }
+        // Changes are POSTs, the view a GET; a look-alike path is unknown.
+        let reply = request(server.addr, "GET", "/fault/heal").await?;
+        ensure!(
+            reply.status == 405 && reply.header("allow") == Some("POST"),
+            "{reply:?}"
+        );
+        let reply = request(server.addr, "POST", "/faults").await?;
+        ensure!(reply.status == 404, "{reply:?}");
+        server.stop().await?;
+        Ok(())
+    })
+    .await?
+}
+
+#[tokio::test]
 async fn malformed_requests_do_not_hurt_the_server() -> Result<()> {
     timeout(TEST_TIME_MAX, async {
         let server = Server::start(fake_state()).await?;

@@ -307,6 +307,9 @@ impl Nemesis {
             }
             for kind in round {
                 if started.elapsed() + t.fault > t.duration {
+                    // No room for another fault: the workloads run on, healthy, to
+                    // the end of the duration.
+                    std::thread::sleep(t.duration.saturating_sub(started.elapsed()));
                     return Ok(());
                 }
                 self.inject(&kind, t.fault)?;
