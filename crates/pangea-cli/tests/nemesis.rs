@@ -22,8 +22,10 @@ fn a_short_nemesis_run_with_every_fault_finds_no_violation_and_its_history_reche
             "nemesis",
             "--cluster",
             cluster_path.to_str().context("path")?,
+            // Six faults of 1.5 s, 1 s of calm after each and restarts of a few
+            // seconds fit with room to spare for a slow machine.
             "--duration",
-            "24s",
+            "36s",
             "--fault-ms",
             "1500",
             "--calm-ms",
