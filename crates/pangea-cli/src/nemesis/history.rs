@@ -115,6 +115,36 @@ pub(crate) struct Op {
     pub error: Option<String>,
 }
 
+impl Op {
+    /// An operation that started at `start_us`, so far without a result: outcome
+    /// `Ok` until the caller says otherwise, ending when it started.
+    pub(crate) fn begun(
+        id: u64,
+        workload: &str,
+        region: &str,
+        kind: Kind,
+        key: &str,
+        start_us: u64,
+    ) -> Op {
+        Op {
+            id,
+            workload: workload.into(),
+            region: region.into(),
+            kind,
+            key: key.into(),
+            value: None,
+            consistency: None,
+            token: None,
+            version: None,
+            replica: None,
+            start_us,
+            end_us: start_us,
+            outcome: Outcome::Ok,
+            error: None,
+        }
+    }
+}
+
 /// A cell's version in merge order: the later timestamp wins, ties by origin.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) struct Version {

@@ -171,22 +171,9 @@ async fn write(
         }
         Err(e) => Err(pangea_client::Error::InvalidInput(e.to_string())),
     };
-    let mut op = Op {
-        id,
-        workload: workload.into(),
-        region: region.into(),
-        kind: Kind::Write,
-        key: key.into(),
-        value: Some(value.into()),
-        consistency: None,
-        token: None,
-        version: None,
-        replica: None,
-        start_us,
-        end_us: ctx.rec.now_us(),
-        outcome: Outcome::Ok,
-        error: None,
-    };
+    let mut op = Op::begun(id, workload, region, Kind::Write, key, start_us);
+    op.value = Some(value.into());
+    op.end_us = ctx.rec.now_us();
     let token = match result {
         Ok(r) => {
             op.token = Some(hex(&r.value.encode()));
@@ -223,22 +210,10 @@ async fn read_at(ctx: &Ctx, workload: &str, region: &str, client: &Client, key: 
     let result = client
         .get(TABLE, Bytes::copy_from_slice(key.as_bytes()), &opts)
         .await;
-    let mut op = Op {
-        id,
-        workload: workload.into(),
-        region: region.into(),
-        kind: Kind::Read,
-        key: key.into(),
-        value: None,
-        consistency: Some("watermark".into()),
-        token: Some(token),
-        version: None,
-        replica: None,
-        start_us,
-        end_us: ctx.rec.now_us(),
-        outcome: Outcome::Ok,
-        error: None,
-    };
+    let mut op = Op::begun(id, workload, region, Kind::Read, key, start_us);
+    op.consistency = Some("watermark".into());
+    op.token = Some(token);
+    op.end_us = ctx.rec.now_us();
     match result {
         Ok(r) => {
             op.replica = Some(r.replica.to_string());
