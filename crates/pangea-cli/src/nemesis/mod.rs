@@ -94,6 +94,11 @@ pub(crate) fn nemesis(a: NemesisArgs) -> Result<()> {
             FAULTS.join(", ")
         );
     }
+    anyhow::ensure!(!a.faults.is_empty(), "--faults: name at least one fault");
+    anyhow::ensure!(
+        !a.workloads.is_empty(),
+        "--workloads: name at least one workload"
+    );
     for w in &a.workloads {
         anyhow::ensure!(
             workload::WORKLOADS.contains(&w.as_str()),
@@ -107,6 +112,11 @@ pub(crate) fn nemesis(a: NemesisArgs) -> Result<()> {
         cluster.fault_injection,
         "cluster {} runs without fault injection: start it with `pangea cluster up \
          --fault-injection`",
+        a.cluster.display()
+    );
+    anyhow::ensure!(
+        !cluster.replicas.is_empty(),
+        "cluster file {} lists no replicas",
         a.cluster.display()
     );
     let deployment = crate::topology_cmd::load(&cluster.topology, cluster.placement.as_deref())?;
