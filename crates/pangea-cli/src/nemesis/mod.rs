@@ -11,7 +11,7 @@
 //! the checkers (`check.rs`). The history file keeps all of it, one JSON object per
 //! line (`history.rs`).
 //!
-//! Faults (docs/reliability.md#nemesis says what each does and which invariant it
+//! Faults (docs/reliability.md#nemesis-on-live-clusters says what each does and which invariant it
 //! attacks): `kill` (SIGKILL a replica, restart it on its data), `pause` (SIGSTOP,
 //! SIGCONT), `partition` (cut one region from the others, both ways, through the
 //! replicas' WAN-emulation layer), `loss` (30 % datagram loss between two regions),
