@@ -6,7 +6,9 @@
 //!
 //! `PANGEA_SPEED_SECS` shortens the virtual duration; `PANGEA_SPEED_RATE` changes
 //! the load; `PANGEA_SPEED_HB_MS` the heartbeat interval (default 50 ms, as in
-//! production).
+//! production) and `PANGEA_SPEED_HB_FWD_MS` how long relayed heartbeats wait to be
+//! coalesced (default 5 ms, as in production); `PANGEA_SPEED_WRITE` the write
+//! fraction (default 0.05; the rest are reads).
 
 use anyhow::Result;
 use pangea_sim::SimDuration;
@@ -36,7 +38,14 @@ fn reference_ten_minutes_at_5000_ops() -> Result<()> {
     let rate = env("PANGEA_SPEED_RATE", 5_000) as f64;
     let mut sc = Scenario::new("speed", d.clone(), 1, SimDuration::from_secs(secs));
     sc.workload = Workload::ad_serving(&d, rate);
+    if let Ok(w) = std::env::var("PANGEA_SPEED_WRITE") {
+        // The write fraction (the rest reads, no deletes), to split the cost.
+        sc.workload.write = w.parse()?;
+        sc.workload.read = 1.0 - sc.workload.write;
+        sc.workload.delete = 0.0;
+    }
     sc.replica.heartbeat_interval_ms = env("PANGEA_SPEED_HB_MS", 50);
+    sc.replica.heartbeat_forward_delay_ms = env("PANGEA_SPEED_HB_FWD_MS", 5);
     let r = Simulation::new(sc)?.run()?;
     println!(
         "virtual_s {:.1} wall_s {:.1} speedup {:.2}x cpu_s {:.1} speedup_cpu {:.2}x operations {} events {} messages {} peak_rss_mib {:.0} lag_p99_ms {:.1} availability {:.5}",
