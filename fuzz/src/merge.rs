@@ -394,7 +394,7 @@ fn check_compaction(history: &History, input: &Input, table: &TableSchema, whole
             .iter()
             .all(|&j| history[j].0.timestamp > horizon);
         if below_done && (step + usize::from(input.split)) % 2 == 0 {
-            row.compact(Some(table), horizon, NOW_MS);
+            compact(&mut row, table, horizon);
             assert_eq!(
                 visible(&row, &ReadFilter::everything(), table),
                 model(&applied, table),
@@ -402,7 +402,11 @@ fn check_compaction(history: &History, input: &Input, table: &TableSchema, whole
             );
         }
     }
-    row.compact(Some(table), horizon, NOW_MS);
+    compact(&mut row, table, horizon);
+    assert!(
+        !row.compact(Some(table), horizon, NOW_MS),
+        "a second compaction changed the row"
+    );
     assert_eq!(
         visible(&row, &ReadFilter::everything(), table),
         model(history, table),
@@ -414,4 +418,11 @@ fn check_compaction(history: &History, input: &Input, table: &TableSchema, whole
         whole.visible_digest(&key, Some(table), NOW_MS),
         "compaction changed the content digest"
     );
+}
+
+/// Compacts `row` and checks that `RowState::compact` tells whether it changed.
+fn compact(row: &mut RowState, table: &TableSchema, horizon: Timestamp) {
+    let before = row.clone();
+    let changed = row.compact(Some(table), horizon, NOW_MS);
+    assert_eq!(changed, *row != before, "compact misreported a change");
 }

@@ -1907,9 +1907,7 @@ impl<S: Storage> Replica<S> {
                 let Some(horizon) = self.scopes.get(&scope).map(|s| s.purge_horizon) else {
                     continue;
                 };
-                let before = row.clone();
-                row.compact(d.placement.schema.table(&table), horizon, now.wall_ms);
-                if row != before {
+                if row.compact(d.placement.schema.table(&table), horizon, now.wall_ms) {
                     batch.rows.push(RowWrite {
                         table: table.clone(),
                         key,

@@ -388,11 +388,21 @@ impl RowState {
     /// Drops versions past their family's TTL at `now_ms`, and tombstones whose
     /// version is at or below `horizon` together with the ghosts they made. Relies on
     /// premise I5: every write not yet applied here is newer than `horizon`.
-    pub fn compact(&mut self, table: Option<&TableSchema>, horizon: Timestamp, now_ms: u64) {
+    ///
+    /// Returns whether the row changed, so that a sweep over many rows writes back
+    /// only those (without keeping a copy of each to compare).
+    pub fn compact(
+        &mut self,
+        table: Option<&TableSchema>,
+        horizon: Timestamp,
+        now_ms: u64,
+    ) -> bool {
         let row_purged = self.tombstone.take_if(|t| t.timestamp <= horizon);
+        let mut changed = row_purged.is_some();
         for (name, fam) in &mut self.families {
             let gc = gc_of(table, name);
             let fam_purged = fam.tombstone.take_if(|t| t.timestamp <= horizon);
+            changed |= fam_purged.is_some();
             // Everything older than a purged row or family tombstone is already a
             // ghost; with the tombstone gone, no later write can be older than them.
             let purged = match (&row_purged, fam_purged) {
@@ -400,6 +410,7 @@ impl RowState {
                 (r, f) => f.or_else(|| r.clone()),
             };
             for col in fam.columns.values_mut() {
+                let entries = col.range_tombstones.len() + col.versions.len();
                 col.range_tombstones
                     .retain(|rt| rt.version.timestamp > horizon);
                 if let Some(p) = &purged {
@@ -409,10 +420,15 @@ impl RowState {
                     col.versions
                         .retain(|(v, _)| v.timestamp.wall_ms().saturating_add(ttl) > now_ms);
                 }
+                changed |= col.range_tombstones.len() + col.versions.len() != entries;
             }
+            let columns = fam.columns.len();
             fam.columns.retain(|_, c| !c.is_empty());
+            changed |= fam.columns.len() != columns;
         }
+        let families = self.families.len();
         self.families.retain(|_, f| !f.is_empty());
+        changed | (self.families.len() != families)
     }
 
     /// What a reader sees at `now_ms` through `filter`: live (not deleted, not

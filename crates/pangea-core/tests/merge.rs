@@ -237,11 +237,16 @@ proptest! {
             // it has been applied.
             let below_done = o[step + 1..].iter().all(|&j| history[j].0.timestamp > horizon);
             if below_done && step % compact_every == 0 {
-                row.compact(t, horizon, NOW_MS);
+                let before = row.clone();
+                let changed = row.compact(t, horizon, NOW_MS);
+                prop_assert_eq!(changed, row != before, "compact says whether the row changed");
                 prop_assert_eq!(visible(&row, &schema), model(&applied, &schema));
             }
         }
-        row.compact(t, horizon, NOW_MS);
+        let before = row.clone();
+        let changed = row.compact(t, horizon, NOW_MS);
+        prop_assert_eq!(changed, row != before, "compact says whether the row changed");
+        prop_assert!(!row.compact(t, horizon, NOW_MS), "a second compaction changes nothing");
         prop_assert_eq!(visible(&row, &schema), model(&history, &schema));
         let key = Bytes::from_static(b"k");
         let plain = replay(&history, &(0..history.len()).collect::<Vec<_>>(), &schema);
