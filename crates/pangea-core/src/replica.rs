@@ -995,49 +995,45 @@ impl<S: Storage> Replica<S> {
     fn apply_entry(&mut self, now: Now, e: &LogEntry) -> Result<(), StorageError> {
         let d = self.deployment.clone();
         let table = d.placement.schema.table(e.mutation.table());
-        let horizon = self
-            .scopes
-            .get(&e.scope)
-            .map_or(Timestamp::ZERO, |s| s.purge_horizon);
-        let mut batch = WriteBatch::default();
-        let is_location = &**e.mutation.table() == LOCATION_TABLE;
-        let mut location_row = None;
-        if self.stores_rows && self.may_hold(e.mutation.table(), e.mutation.row_key()) {
-            let key = e.mutation.row_key();
-            let mut row = self
-                .storage
-                .get_row(e.mutation.table(), key)?
-                .unwrap_or_default();
-            row.apply(
-                &Version::new(e.timestamp, e.origin.clone()),
-                e.mutation.mutations(),
-                table,
-            );
-            // I5: everything not yet applied here is newer than the horizon.
-            row.compact(table, horizon, now.wall_ms);
-            if is_location {
-                location_row = Some(row.clone());
-            }
-            batch.rows.push(RowWrite {
-                table: e.mutation.table().clone(),
-                key: key.clone(),
-                row: (!row.is_empty()).then_some(row),
-            });
-        }
-        let st = self
-            .scopes
-            .get_mut(&e.scope)
-            .map(|s| s.streams.entry(e.origin.clone()).or_default());
-        let Some(st) = st else { return Ok(()) };
+        let holds_row = self.stores_rows && self.may_hold(e.mutation.table(), e.mutation.row_key());
+        let Some(s) = self.scopes.get(&e.scope) else {
+            return Ok(());
+        };
+        let horizon = s.purge_horizon;
+        let applied = s.streams.get(&e.origin).map(|st| st.applied);
         let wm = Watermark {
             sequence: e.sequence,
-            timestamp: e.timestamp.max(st.applied.timestamp),
+            timestamp: e.timestamp.max(applied.unwrap_or_default().timestamp),
         };
+        let mut batch = WriteBatch::default();
         batch.log.push(e.clone());
         batch
             .watermarks
             .push((e.scope.clone(), e.origin.clone(), wm));
-        self.storage.write(batch)?;
+        let is_location = &**e.mutation.table() == LOCATION_TABLE;
+        let mut location_row = None;
+        if holds_row {
+            let version = Version::new(e.timestamp, e.origin.clone());
+            let mut update = |row: &mut RowState| {
+                row.apply(&version, e.mutation.mutations(), table);
+                // I5: everything not yet applied here is newer than the horizon.
+                row.compact(table, horizon, now.wall_ms);
+                if is_location {
+                    location_row = Some(row.clone());
+                }
+            };
+            let (table, key) = (e.mutation.table(), e.mutation.row_key());
+            self.storage.update_row(table, key, &mut update, batch)?;
+        } else {
+            self.storage.write(batch)?;
+        }
+        let st = self
+            .scopes
+            .get_mut(&e.scope)
+            .expect("looked up above")
+            .streams
+            .entry(e.origin.clone())
+            .or_default();
         st.applied = wm;
         st.dirty = false;
         st.known_last = st.known_last.max(e.sequence);

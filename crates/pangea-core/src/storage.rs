@@ -125,6 +125,27 @@ pub trait Storage {
     /// Applies `batch` atomically. Not yet durable: see [`Storage::sync`].
     fn write(&mut self, batch: WriteBatch) -> Result<(), StorageError>;
 
+    /// The read-modify-write of applying an entry: reads the row at (`table`, `key`)
+    /// (empty when absent), lets `update` change it, and writes it (deleted when left
+    /// empty) atomically with `batch`. The default goes through [`Storage::get_row`]
+    /// and [`Storage::write`]; a store may update the row in place.
+    fn update_row(
+        &mut self,
+        table: &Arc<str>,
+        key: &Bytes,
+        update: &mut dyn FnMut(&mut RowState),
+        mut batch: WriteBatch,
+    ) -> Result<(), StorageError> {
+        let mut row = self.get_row(table, key)?.unwrap_or_default();
+        update(&mut row);
+        batch.rows.push(RowWrite {
+            table: table.clone(),
+            key: key.clone(),
+            row: (!row.is_empty()).then_some(row),
+        });
+        self.write(batch)
+    }
+
     /// Makes every earlier write durable (fsync).
     fn sync(&mut self) -> Result<(), StorageError>;
 
@@ -299,12 +320,18 @@ impl MemState {
 /// One copy of the state is kept: each write records what it replaced (moved out,
 /// not copied), a sync forgets those records, and a crash reverts them newest first,
 /// which leaves exactly the state as of the last sync.
+///
+/// A driver that never crashes a store can turn that record off
+/// ([`MemStorage::set_crash_model`]): [`Storage::update_row`] then changes a row in
+/// place without copying it first.
 #[derive(Debug, Clone, Default)]
 pub struct MemStorage {
     /// What reads see.
     current: MemState,
     /// What the writes since the last sync replaced, oldest first.
     unsynced: Vec<Undo>,
+    /// No crash will come: keep no record of what writes replaced.
+    no_crash_model: bool,
 }
 
 impl MemStorage {
@@ -312,8 +339,25 @@ impl MemStorage {
         Self::default()
     }
 
+    /// Whether writes keep what they replaced until the next sync, so that
+    /// [`MemStorage::crash`] can lose them (the default). Off, writes are cheaper and
+    /// `crash` is a programming error.
+    pub fn set_crash_model(&mut self, on: bool) {
+        self.no_crash_model = !on;
+        if !on {
+            self.unsynced.clear();
+        }
+    }
+
     /// Loses every write not yet synced, as a `kill -9` would.
+    ///
+    /// # Panics
+    /// When the crash model is off ([`MemStorage::set_crash_model`]).
     pub fn crash(&mut self) {
+        assert!(
+            !self.no_crash_model,
+            "MemStorage::crash with the crash model off"
+        );
         while let Some(u) = self.unsynced.pop() {
             self.current.revert(u);
         }
@@ -382,7 +426,47 @@ impl Storage for MemStorage {
 
     fn write(&mut self, batch: WriteBatch) -> Result<(), StorageError> {
         self.current.apply(batch, &mut self.unsynced);
+        if self.no_crash_model {
+            self.unsynced.clear();
+        }
         Ok(())
+    }
+
+    /// In place: one descent, and a copy of the old row only for the crash model.
+    fn update_row(
+        &mut self,
+        table: &Arc<str>,
+        key: &Bytes,
+        update: &mut dyn FnMut(&mut RowState),
+        batch: WriteBatch,
+    ) -> Result<(), StorageError> {
+        let rows = self.current.rows.entry(table.clone()).or_default();
+        let old = match rows.get_mut(&key[..]) {
+            Some(row) => {
+                let old = (!self.no_crash_model).then(|| row.clone());
+                update(row);
+                if row.is_empty() {
+                    rows.remove(&key[..]);
+                }
+                old
+            }
+            None => {
+                let mut row = RowState::default();
+                update(&mut row);
+                if !row.is_empty() {
+                    rows.insert(key.clone(), row);
+                }
+                None
+            }
+        };
+        if !self.no_crash_model {
+            self.unsynced.push(Undo::Row {
+                table: table.clone(),
+                key: key.clone(),
+                old,
+            });
+        }
+        self.write(batch)
     }
 
     fn sync(&mut self) -> Result<(), StorageError> {
@@ -437,6 +521,7 @@ impl Storage for MemStorage {
 mod tests {
     use super::*;
     use crate::mutation::Mutation;
+    use crate::row::Version;
 
     fn entry(sequence: u64) -> LogEntry {
         LogEntry {
@@ -526,5 +611,79 @@ mod tests {
         s.sync().unwrap();
         s.crash();
         assert_eq!(s.log_bounds(&g, &a).unwrap(), Some((3, 5)));
+    }
+
+    /// `update_row` in place leaves what the trait's default read-modify-write
+    /// leaves (a new row, a changed one, an emptied one, an absent one left empty),
+    /// with the crash model on or off; with it on, a crash reverts it like a write.
+    #[test]
+    fn update_row_in_place_matches_read_modify_write() {
+        let set = |v: &'static str| {
+            vec![Mutation::SetCell {
+                family: "f".into(),
+                column: Bytes::from_static(b"c"),
+                value: Bytes::from_static(v.as_bytes()),
+            }]
+        };
+        // (key, timestamp, mutations, purge: compact at a horizon above everything)
+        let steps = [
+            ("k1", 1, set("a"), false),
+            ("k2", 2, set("b"), false),
+            ("k1", 3, set("c"), false),
+            ("k2", 4, vec![Mutation::DeleteFromRow], true),
+            ("k3", 5, vec![Mutation::DeleteFromRow], true),
+        ];
+        let table: Arc<str> = "t".into();
+        for crash_model in [true, false] {
+            let mut fast = MemStorage::new();
+            fast.set_crash_model(crash_model);
+            let mut plain = MemStorage::new();
+            let mut synced = None;
+            for (i, (key, ts, muts, purge)) in steps.iter().enumerate() {
+                let version = Version::new(Timestamp::from_u64(*ts), "a".into());
+                let horizon = if *purge {
+                    Timestamp::MAX
+                } else {
+                    Timestamp::ZERO
+                };
+                let mut update = |row: &mut RowState| {
+                    row.apply(&version, muts, None);
+                    row.compact(None, horizon, 0);
+                };
+                let batch = || WriteBatch {
+                    log: vec![entry(*ts)],
+                    ..WriteBatch::default()
+                };
+                let key = Bytes::copy_from_slice(key.as_bytes());
+                fast.update_row(&table, &key, &mut update, batch()).unwrap();
+                let mut row = plain.get_row("t", &key).unwrap().unwrap_or_default();
+                update(&mut row);
+                let mut b = batch();
+                b.rows.push(RowWrite {
+                    table: table.clone(),
+                    key,
+                    row: (!row.is_empty()).then_some(row),
+                });
+                plain.write(b).unwrap();
+                assert_eq!(observe(&fast), observe(&plain), "after step {i}");
+                if i == 1 {
+                    fast.sync().unwrap();
+                    synced = Some(observe(&fast));
+                }
+            }
+            assert_eq!(fast.row_count(), 1, "k1 is left");
+            if crash_model {
+                fast.crash();
+                assert_eq!(Some(observe(&fast)), synced);
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "crash model off")]
+    fn crash_with_the_crash_model_off_is_a_bug() {
+        let mut s = MemStorage::new();
+        s.set_crash_model(false);
+        s.crash();
     }
 }

@@ -75,8 +75,9 @@ pub(crate) struct Client {
     pub(crate) rtt_ms: Vec<Option<f64>>,
     /// Marked down until, by replica index.
     pub(crate) down_until: Vec<SimTime>,
-    /// Last-known watermarks, `[scope][replica]`.
-    pub(crate) known: Vec<Vec<Option<ScopeWatermarks>>>,
+    /// Last-known watermarks, `[scope][replica]`, with their low watermark computed
+    /// once when learnt (planning a bounded read asks it of every candidate).
+    known: Vec<Vec<Option<(ScopeWatermarks, Timestamp)>>>,
     pub(crate) hedger: Hedger,
     /// The key and token of this frontend's last acknowledged write.
     pub(crate) last_write: Option<(Bytes, Token)>,
@@ -123,7 +124,8 @@ impl Client {
 
     pub(crate) fn learn(&mut self, r: usize, scope: usize, wm: ScopeWatermarks) {
         if let Some(row) = self.known.get_mut(scope) {
-            row[r] = Some(wm);
+            let low = wm.low_watermark();
+            row[r] = Some((wm, low));
         }
     }
 }
@@ -150,17 +152,18 @@ impl PeerView for View<'_> {
     }
 
     fn covers(&self, replica: &ReplicaId, token: &Token) -> bool {
-        self.watermarks(replica).is_some_and(|w| w.covers(token))
+        self.known(replica).is_some_and(|(w, _)| w.covers(token))
     }
 
     fn low_watermark(&self, replica: &ReplicaId, _scope: &ScopeId) -> Option<Timestamp> {
-        self.watermarks(replica).map(ScopeWatermarks::low_watermark)
+        self.known(replica).map(|(_, low)| *low)
     }
 }
 
 impl View<'_> {
-    /// The client's last-known watermarks of `replica` for this view's scope.
-    fn watermarks(&self, replica: &ReplicaId) -> Option<&ScopeWatermarks> {
+    /// The client's last-known watermarks of `replica` for this view's scope, and
+    /// their low watermark.
+    fn known(&self, replica: &ReplicaId) -> Option<&(ScopeWatermarks, Timestamp)> {
         let r = self.replicas.get(replica.as_str())?;
         self.client.known.get(self.scope)?.get(r)?.as_ref()
     }

@@ -550,11 +550,18 @@ impl Simulation {
                 skew_ms,
                 view: 0,
             };
+            // Only a replica a fault crashes needs its storage to keep what each
+            // write replaced until the next sync (`MemStorage::crash`).
+            let mut storage = MemStorage::new();
+            storage.set_crash_model(sc.faults.iter().any(|f| match &f.kind {
+                FaultKind::Lose { replicas, .. } => replicas.contains(id),
+                _ => false,
+            }));
             let replica = Replica::new(
                 id.clone(),
                 d.clone(),
                 sc.replica.clone(),
-                MemStorage::new(),
+                storage,
                 replica_seed(sc.seed, i, 0),
                 node.now(SimTime::ZERO),
             )
