@@ -127,8 +127,10 @@ pub trait Storage {
 
     /// The read-modify-write of applying an entry: reads the row at (`table`, `key`)
     /// (empty when absent), lets `update` change it, and writes it (deleted when left
-    /// empty) atomically with `batch`. The default goes through [`Storage::get_row`]
-    /// and [`Storage::write`]; a store may update the row in place.
+    /// empty) atomically with `batch`: both or neither. `batch` must not write that
+    /// row itself. The default goes through [`Storage::get_row`] and
+    /// [`Storage::write`]; a store may update the row in place if its write of
+    /// `batch` cannot then fail.
     fn update_row(
         &mut self,
         table: &Arc<str>,
@@ -318,12 +320,13 @@ impl MemState {
 /// since the last [`Storage::sync`] are lost by [`MemStorage::crash`].
 ///
 /// One copy of the state is kept: each write records what it replaced (moved out,
-/// not copied), a sync forgets those records, and a crash reverts them newest first,
+/// not copied; [`Storage::update_row`], which changes a row in place, copies the old
+/// row first), a sync forgets those records, and a crash reverts them newest first,
 /// which leaves exactly the state as of the last sync.
 ///
 /// A driver that never crashes a store can turn that record off
-/// ([`MemStorage::set_crash_model`]): [`Storage::update_row`] then changes a row in
-/// place without copying it first.
+/// ([`MemStorage::set_crash_model`]): `update_row` then changes a row in place
+/// without copying it, and writes drop what they replaced at once.
 #[derive(Debug, Clone, Default)]
 pub struct MemStorage {
     /// What reads see.
@@ -340,8 +343,9 @@ impl MemStorage {
     }
 
     /// Whether writes keep what they replaced until the next sync, so that
-    /// [`MemStorage::crash`] can lose them (the default). Off, writes are cheaper and
-    /// `crash` is a programming error.
+    /// [`MemStorage::crash`] can lose them (the default). Off, `update_row` copies
+    /// nothing and `crash` is a programming error. Set it before the first write:
+    /// turning it on later treats writes made while it was off as synced.
     pub fn set_crash_model(&mut self, on: bool) {
         self.no_crash_model = !on;
         if !on {
