@@ -89,6 +89,9 @@ pub struct Store {
     path: Arc<Path>,
     group: Arc<GroupCommit>,
     row_cache: Option<Arc<row_cache::RowCache>>,
+    /// This handle wrote since its last [`Storage::sync`], which therefore has work
+    /// to do (a driver turn that wrote nothing then costs no fsync).
+    unsynced: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -134,11 +137,17 @@ impl Store {
             meta,
             options,
             path: path.into(),
+            unsynced: false,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Fsyncs performed so far, by every handle of this store.
+    pub fn syncs(&self) -> u64 {
+        self.group.syncs()
     }
 
     /// Writes `batch` and returns once it is durable; many threads calling this share
@@ -395,11 +404,20 @@ impl Storage for Store {
     }
 
     fn write(&mut self, batch: WriteBatch) -> Result<(), StorageError> {
+        // Set first: a write that fails halfway may still have reached the journal.
+        self.unsynced |= !batch.is_empty();
         self.commit(batch)
     }
 
+    /// Fsyncs (shared with other writers: group commit) what this handle wrote;
+    /// nothing to do when it wrote nothing since its last sync.
     fn sync(&mut self) -> Result<(), StorageError> {
-        self.group.sync_after_commit()
+        if !self.unsynced {
+            return Ok(());
+        }
+        self.group.sync_after_commit()?;
+        self.unsynced = false;
+        Ok(())
     }
 
     fn read_log(

@@ -164,6 +164,33 @@ fn fjall_store_survives_reopen() -> Result<()> {
     Ok(())
 }
 
+/// A sync fsyncs only when this handle wrote since its last one: a driver turn that
+/// wrote nothing costs no fsync, and one that wrote still gets its fsync.
+#[test]
+fn fjall_store_syncs_only_after_writes() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut s = Store::open(dir.path(), StoreOptions::default())?;
+    let put = |seq: u64| WriteBatch {
+        log: vec![entry(seq)],
+        ..WriteBatch::default()
+    };
+    let before = s.syncs();
+    s.sync()?;
+    assert_eq!(s.syncs(), before, "nothing written yet");
+    s.write(put(1))?;
+    s.sync()?;
+    assert_eq!(s.syncs(), before + 1, "a write is synced");
+    s.sync()?;
+    s.write(WriteBatch::default())?;
+    s.sync()?;
+    assert_eq!(s.syncs(), before + 1, "no write, or an empty one: no fsync");
+    s.write(put(2))?;
+    s.write(put(3))?;
+    s.sync()?;
+    assert_eq!(s.syncs(), before + 2, "two writes, one fsync");
+    Ok(())
+}
+
 #[test]
 fn memory_storage_crash_loses_only_unsynced_writes() -> Result<()> {
     let mut s = MemStorage::new();
