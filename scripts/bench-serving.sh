@@ -1,24 +1,63 @@
 #!/usr/bin/env bash
 # Side by side on one machine (docs/benchmarks.md, "Serving"): pangea get on one
-# replica, the quinn echo floor, redis GET; JSON/CSV results in $OUT (default /tmp).
-# Needs redis-server and redis-benchmark.
+# replica, the quinn echo floor, and Redis GET twice — through pangea's own harness
+# (`pangea bench-redis`: same runtime, clock points and histogram) and through
+# redis-benchmark — interleaved over $ROUNDS rounds (3) so that a slow spell of the
+# machine hits all alike; prints medians and the ratios the targets name. Raw JSON/CSV in $OUT (default: a new temporary dir).
+# Needs redis-server and redis-benchmark; run on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${P:-target/release/pangea}   # cargo build --release -p pangea-cli
+ROUNDS=${ROUNDS:-3}
+SIZES=${SIZES:-1024 102400}
+OUT=${OUT:-$(mktemp -d)}
 D=$(mktemp -d)
+PORT=6399
 
-$P cluster up topology/single-replica.toml --placement topology/single-replica.placement.toml --data-dir $D >/dev/null
-redis-server --port 6399 --save '' --appendonly no --daemonize yes >/dev/null
+$P cluster up topology/single-replica.toml --placement topology/single-replica.placement.toml --data-dir "$D" >/dev/null
+redis-server --port $PORT --save '' --appendonly no --daemonize yes >/dev/null
+trap 'redis-cli -p $PORT shutdown nosave >/dev/null 2>&1 || true; $P cluster down --data-dir "$D" >/dev/null' EXIT
 sleep 1
-for size in 1024 102400; do
-  for c in 32 50; do
-    $P bench --cluster $D/cluster.toml --region local-1 --op get --value-bytes $size --concurrency $c --duration 5s --keys 1000 --json > ${OUT:-/tmp}/b-pangea-$size-$c.json 2>/dev/null
-    $P bench-echo --value-bytes $size --concurrency $c --duration 5s --json > ${OUT:-/tmp}/b-echo-$size-$c.json 2>/dev/null
+for round in $(seq "$ROUNDS"); do
+  for size in $SIZES; do
     # GET of keys that exist: SET the 1,000 keys (key:000000000000..999) at this size
     # first, or Redis would answer nil for most GETs and send no value at all.
-    redis-benchmark -p 6399 -t set -d $size -r 1000 -n 20000 -q >/dev/null 2>&1
-    redis-benchmark -p 6399 -t get -d $size -c $c -n 150000 -r 1000 --csv 2>/dev/null | tail -1 > ${OUT:-/tmp}/b-redis-$size-$c.csv
+    redis-benchmark -p $PORT -t set -d "$size" -r 1000 -n 20000 -q >/dev/null 2>&1  # for redis-benchmark's keys
+    for c in 32 50; do
+      $P bench --cluster "$D/cluster.toml" --region local-1 --op get --value-bytes "$size" --concurrency $c --duration 5s --keys 1000 --json > "$OUT/pangea-$size-$c-$round.json" 2>/dev/null
+      $P bench-echo --value-bytes "$size" --concurrency $c --duration 5s --json > "$OUT/echo-$size-$c-$round.json" 2>/dev/null
+      $P bench-redis --address 127.0.0.1:$PORT --value-bytes "$size" --concurrency $c --duration 5s --keys 1000 --json > "$OUT/redis-$size-$c-$round.json" 2>/dev/null
+      redis-benchmark -p $PORT -t get -d "$size" -c $c -n 150000 -r 1000 --csv 2>/dev/null | tail -1 > "$OUT/redis_benchmark-$size-$c-$round.csv"
+    done
   done
 done
-redis-cli -p 6399 shutdown nosave >/dev/null 2>&1 || true
-$P cluster down --data-dir $D >/dev/null
+python3 - "$OUT" <<'EOF'
+import csv, glob, json, os, statistics, sys
+out = sys.argv[1]
+rows = {}
+for path in glob.glob(os.path.join(out, "*")):
+    name, ext = os.path.splitext(os.path.basename(path))
+    system, size, c, _round = name.split("-")
+    if ext == ".json":
+        r = json.load(open(path))
+        r = r.get("reads") or r.get("echo") or r["redis"]
+        ops, p50, p99 = r["ops_per_s"], r["p50_ms"], r["p99_ms"]
+    else:  # redis-benchmark --csv: rps, avg, min, p50, p95, p99, max
+        f = next(csv.reader(open(path)))
+        ops, p50, p99 = float(f[1]), float(f[4]), float(f[6])
+    rows.setdefault((int(size), int(c), system), []).append((ops, p50, p99))
+print(f"{'size':>7} {'c':>3} {'system':<7} {'ops/s':>9} {'p50 ms':>7} {'p99 ms':>7}   (medians of {len(next(iter(rows.values())))} rounds)")
+for (size, c, system), v in sorted(rows.items()):
+    med = [statistics.median(x) for x in zip(*v)]
+    print(f"{size:>7} {c:>3} {system:<7} {med[0]:>9.0f} {med[1]:>7.3f} {med[2]:>7.3f}")
+for (size, c) in sorted({k[:2] for k in rows}):
+    m = {s: [statistics.median(x) for x in zip(*rows[(size, c, s)])] for s in ("pangea", "redis", "redis_benchmark", "echo") if (size, c, s) in rows}
+    line = f"{size} B c={c}:"
+    for base in ("redis", "redis_benchmark"):
+        if base in m:
+            line += f" pangea/{base} ops {m['pangea'][0] / m[base][0]:.2f}x p99 {m['pangea'][2] / m[base][2]:.2f}x;"
+    if "echo" in m:
+        line += f" pangea/echo ops {m['pangea'][0] / m['echo'][0]:.2f}x"
+    print(line)
+print(f"raw results: {out}")
+EOF

@@ -28,6 +28,11 @@ pub(crate) struct EchoArgs {
     /// sends its requests on it one after another (`reused`, as pangea-client does).
     #[arg(long, default_value = "reused")]
     streams: String,
+    /// Threads of the server's runtime and of the client's, each on its own
+    /// (as a replica and `pangea bench` run): 1 (default) single-threaded, 0 one
+    /// per core.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 #[derive(Debug, Args)]
@@ -53,6 +58,10 @@ pub(crate) struct LoadArgs {
     /// Key prefix (placement rules apply: e.g. us/ homes in us-east-1).
     #[arg(long, default_value = "bench/")]
     prefix: String,
+    /// Threads of the load generator: 1 (default) runs every worker on one thread,
+    /// as redis-benchmark does; 0 one per core; more to load a many-core cluster.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 /// Latency figures of one kind of operation.
@@ -98,6 +107,7 @@ struct Report {
     region: String,
     value_bytes: usize,
     concurrency: usize,
+    threads: usize,
     duration_s: f64,
     reads: Figures,
     writes: Figures,
@@ -130,14 +140,13 @@ pub(crate) fn run_echo(a: EchoArgs) -> Result<()> {
         parse_duration(&a.duration)?,
         a.json,
         reuse,
+        a.threads,
     )
 }
 
 pub(crate) fn run(a: LoadArgs) -> Result<()> {
     let duration = parse_duration(&a.duration)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = pangea_node::config::runtime(a.threads).build()?;
     runtime.block_on(async move {
         let client = a.connect.client().await?;
         let value = Bytes::from(vec![b'x'; a.value_bytes]);
@@ -217,6 +226,7 @@ pub(crate) fn run(a: LoadArgs) -> Result<()> {
             region: a.connect.region.clone(),
             value_bytes: a.value_bytes,
             concurrency: a.concurrency,
+            threads: a.threads,
             duration_s: elapsed.as_secs_f64(),
             reads: figures(&reads.lock().expect("not poisoned"), errors.0.load(Ordering::Relaxed), elapsed),
             writes: figures(&writes.lock().expect("not poisoned"), errors.1.load(Ordering::Relaxed), elapsed),
@@ -226,7 +236,7 @@ pub(crate) fn run(a: LoadArgs) -> Result<()> {
         if a.connect.json {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
-            println!("bench {} {} from {}: {} B values, concurrency {}, {:.1} s ({})", report.op, report.mode, report.region, report.value_bytes, report.concurrency, report.duration_s, report.machine);
+            println!("bench {} {} from {}: {} B values, concurrency {}, {} thread(s), {:.1} s ({})", report.op, report.mode, report.region, report.value_bytes, report.concurrency, report.threads, report.duration_s, report.machine);
             for (name, f) in [("reads", &report.reads), ("writes", &report.writes)] {
                 if f.count > 0 || f.errors > 0 {
                     println!(
@@ -264,22 +274,37 @@ fn echo(
     duration: Duration,
     json: bool,
     reuse: bool,
+    threads: usize,
 ) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        let dir = tempfile::tempdir()?;
-        pangea_net::certs::init_ca(dir.path())?;
-        pangea_net::certs::issue_replica(dir.path(), "echo", "local")?;
-        pangea_net::certs::issue_client(dir.path(), "bench", "frontend")?;
-        let ca = pangea_net::certs::load_ca(dir.path())?;
-        let server = pangea_net::tls::server_config(&ca, pangea_net::certs::load_replica(dir.path(), "echo")?)?;
-        let client = pangea_net::tls::client_config(&ca, pangea_net::certs::load_client(dir.path(), "bench")?)?;
-        let client2 = pangea_net::tls::client_config(&ca, pangea_net::certs::load_client(dir.path(), "bench")?)?;
-        let server_ep = pangea_net::bind_endpoint(([127, 0, 0, 1], 0).into(), Some(server), client2, None, None)?;
-        let addr = server_ep.local_addr()?;
-        tokio::spawn(async move {
+    let dir = tempfile::tempdir()?;
+    pangea_net::certs::init_ca(dir.path())?;
+    pangea_net::certs::issue_replica(dir.path(), "echo", "local")?;
+    pangea_net::certs::issue_client(dir.path(), "bench", "frontend")?;
+    let ca = pangea_net::certs::load_ca(dir.path())?;
+    let server =
+        pangea_net::tls::server_config(&ca, pangea_net::certs::load_replica(dir.path(), "echo")?)?;
+    let client =
+        pangea_net::tls::client_config(&ca, pangea_net::certs::load_client(dir.path(), "bench")?)?;
+    let client2 =
+        pangea_net::tls::client_config(&ca, pangea_net::certs::load_client(dir.path(), "bench")?)?;
+    // The server on a thread and runtime of its own, as a replica process has.
+    let server_runtime = pangea_node::config::runtime(threads).build()?;
+    let server_ep = server_runtime.block_on(async {
+        pangea_net::bind_endpoint(
+            ([127, 0, 0, 1], 0).into(),
+            Some(server),
+            client2,
+            None,
+            None,
+        )
+    })?;
+    let addr = server_ep.local_addr()?;
+    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server_thread = std::thread::spawn(move || {
+        server_runtime.block_on(async move {
+            tokio::select! {
+                // Every request frame comes back as the answer.
+                _ = async move {
             while let Some(inc) = server_ep.accept().await {
                 tokio::spawn(async move {
                     let Ok(conn) = inc.await else { return };
@@ -295,7 +320,13 @@ fn echo(
                     }
                 });
             }
+                } => {}
+                _ = server_stopped => {}
+            }
         });
+    });
+    let runtime = pangea_node::config::runtime(threads).build()?;
+    let result = runtime.block_on(async move {
         let ep = pangea_net::bind_endpoint(([127, 0, 0, 1], 0).into(), None, client, None, None)?;
         let conn = ep.connect(addr, "echo")?.await?;
         let payload = Bytes::from(vec![b'x'; value_bytes]);
@@ -359,5 +390,8 @@ fn echo(
             );
         }
         Ok(())
-    })
+    });
+    let _ = stop_server.send(());
+    let _ = server_thread.join();
+    result
 }

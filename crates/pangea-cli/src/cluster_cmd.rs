@@ -372,6 +372,12 @@ pub(crate) fn spawn_replica(
     if flags.fault_injection {
         cmd.arg("--fault-injection");
     }
+    // Replicas of a local cluster share this machine's cores (with each other and
+    // with the clients): one runtime thread each, unless PANGEA_THREADS says
+    // otherwise (see NodeConfig::threads).
+    if std::env::var_os("PANGEA_THREADS").is_none() {
+        cmd.env("PANGEA_THREADS", "1");
+    }
     // The sockets as descriptors 3 (QUIC) and 4 (admin), systemd style. The
     // parent's copies close when `cmd` is dropped, after the spawn.
     use command_fds::{CommandFdExt, FdMapping};

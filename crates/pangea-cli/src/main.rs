@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench_cmd;
+mod bench_redis;
 mod calibrate_cmd;
 mod cluster_cmd;
 mod data_cmd;
@@ -37,6 +38,8 @@ enum Command {
     Bench(bench_cmd::LoadArgs),
     /// The floor: the same request/response sizes over a bare quinn echo server.
     BenchEcho(bench_cmd::EchoArgs),
+    /// The baseline: Redis GET measured by this same harness (docs/benchmarks.md).
+    BenchRedis(bench_redis::RedisArgs),
     /// Run one replica.
     Start(node_cmd::StartArgs),
     /// Cluster certificates: a CA, replica and client leaf certificates.
@@ -127,6 +130,7 @@ fn main() -> std::process::ExitCode {
         Command::Demo(args) => demo_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
         Command::BenchEcho(args) => bench_cmd::run_echo(args),
+        Command::BenchRedis(args) => bench_redis::run(args),
         Command::Start(args) => node_cmd::start(args),
         Command::Certs(cmd) => node_cmd::certs(cmd),
         Command::Cluster(cmd) => cluster_cmd::run(cmd),

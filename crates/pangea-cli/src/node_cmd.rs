@@ -64,6 +64,11 @@ pub(crate) struct StartArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     fault_injection: bool,
+    /// Runtime threads: 0 (default) one per core; 1 a single-threaded runtime,
+    /// best when replicas share a machine.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    threads: Option<usize>,
 }
 
 pub(crate) fn start(args: StartArgs) -> Result<()> {
@@ -73,9 +78,7 @@ pub(crate) fn start(args: StartArgs) -> Result<()> {
     // Before the logging setup, which adds the trace exporter's layer.
     pangea_node::telemetry::configure(config.otlp_endpoint.as_deref(), &config.replica)?;
     crate::init_logging();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = config.runtime().build()?;
     let result = runtime.block_on(async move {
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();

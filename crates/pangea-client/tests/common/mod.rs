@@ -101,16 +101,15 @@ impl LocalCluster {
                 fault_injection: false,
                 // These tests never rotate certificates.
                 certs_reload_interval_ms: 0,
+                // As `pangea cluster up` runs them: one runtime thread each.
+                threads: 1,
             };
             let mut rx = stop_rx.clone();
             // Each replica on its own thread and runtime, as separate processes would
             // be: the test's own tasks (clients) do not share a scheduler with them.
             let (done_tx, done_rx) = tokio::sync::oneshot::channel();
             std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .enable_all()
-                    .build();
+                let rt = config.runtime().build();
                 let result = match rt {
                     Ok(rt) => {
                         rt.block_on(pangea_node::run_with_sockets(config, sockets, async move {

@@ -1,0 +1,222 @@
+//! `pangea bench-redis`: Redis GET through `pangea bench`'s own harness — the same
+//! runtime, the same closed loop, the same clock points and HDR histogram — so the
+//! Redis baseline of docs/benchmarks.md is measured exactly as Pangea is.
+//!
+//! Why not only redis-benchmark: it starts a request's clock when the request is
+//! written to the socket and stops it when the reply is parsed, so the time a reply
+//! waits for its client's turn in the event loop, and the time before the next
+//! request is written, are left out; its mean latency comes out well below what
+//! Little's law gives from its own throughput and concurrency (0.17 ms against
+//! 32 / 101,600 ops/s = 0.31 ms here). `pangea bench` times the whole call, as a
+//! frontend sees it. Both are reported; ratios are taken like for like.
+//!
+//! The client is the least RESP a GET benchmark needs (SET to load, GET, bulk-string
+//! and simple replies); one TCP connection per worker, as redis-benchmark -c has.
+
+use crate::bench_cmd::{figures, histogram, machine, parse_duration};
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+#[derive(Debug, Args)]
+pub(crate) struct RedisArgs {
+    /// The Redis server.
+    #[arg(long, default_value = "127.0.0.1:6379")]
+    address: SocketAddr,
+    #[arg(long, default_value_t = 1024)]
+    value_bytes: usize,
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    #[arg(long, default_value = "10s")]
+    duration: String,
+    /// Distinct keys SET first and then read.
+    #[arg(long, default_value_t = 1_000)]
+    keys: usize,
+    /// Threads of the load generator, as `pangea bench --threads`.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+/// One connection speaking just enough RESP.
+struct Resp {
+    stream: BufReader<TcpStream>,
+    line: String,
+    value: Vec<u8>,
+}
+
+impl Resp {
+    async fn connect(address: SocketAddr) -> Result<Resp> {
+        let stream = TcpStream::connect(address)
+            .await
+            .with_context(|| format!("redis at {address}"))?;
+        stream.set_nodelay(true)?;
+        Ok(Resp {
+            stream: BufReader::new(stream),
+            line: String::new(),
+            value: Vec::new(),
+        })
+    }
+
+    /// Sends one command (an array of bulk strings).
+    async fn send(&mut self, args: &[&[u8]]) -> Result<()> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            out.extend_from_slice(a);
+            out.extend_from_slice(b"\r\n");
+        }
+        self.stream.get_mut().write_all(&out).await?;
+        Ok(())
+    }
+
+    /// Reads one reply; a bulk string lands in `self.value`. Returns its length
+    /// (None for a simple reply or nil).
+    async fn reply(&mut self) -> Result<Option<usize>> {
+        self.line.clear();
+        if self.stream.read_line(&mut self.line).await? == 0 {
+            bail!("redis closed the connection");
+        }
+        let line = self.line.trim_end();
+        match line.as_bytes().first() {
+            Some(b'+' | b':') => Ok(None),
+            Some(b'-') => bail!("redis error: {line}"),
+            Some(b'$') if line == "$-1" => Ok(None),
+            Some(b'$') => {
+                let n: usize = line[1..]
+                    .parse()
+                    .with_context(|| format!("redis bulk length {line:?}"))?;
+                self.value.resize(n + 2, 0);
+                self.stream.read_exact(&mut self.value).await?;
+                Ok(Some(n))
+            }
+            _ => bail!("unexpected redis reply {line:?}"),
+        }
+    }
+}
+
+pub(crate) fn run(a: RedisArgs) -> Result<()> {
+    let duration = parse_duration(&a.duration)?;
+    let runtime = pangea_node::config::runtime(a.threads).build()?;
+    runtime.block_on(async move {
+        let keys: Arc<Vec<String>> = Arc::new((0..a.keys).map(|i| format!("bench/{i:08}")).collect());
+        let value = vec![b'x'; a.value_bytes];
+        let mut load = Resp::connect(a.address).await?;
+        for k in keys.iter() {
+            load.send(&[b"SET", k.as_bytes(), &value]).await?;
+            load.reply().await?;
+        }
+        let hist = Arc::new(Mutex::new(histogram()));
+        let errors = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut conns = Vec::with_capacity(a.concurrency);
+        for _ in 0..a.concurrency {
+            conns.push(Resp::connect(a.address).await?);
+        }
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (t, mut conn) in conns.into_iter().enumerate() {
+            let (keys, hist, errors, stop) = (keys.clone(), hist.clone(), errors.clone(), stop.clone());
+            let value_bytes = a.value_bytes;
+            tasks.spawn(async move {
+                // The same key sequence as `pangea bench` (xorshift per worker).
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let key = &keys[(x % keys.len() as u64) as usize];
+                    let t0 = Instant::now();
+                    let answered = async {
+                        conn.send(&[b"GET", key.as_bytes()]).await?;
+                        conn.reply().await
+                    };
+                    match answered.await {
+                        Ok(Some(n)) if n == value_bytes => {
+                            let _ = hist.lock().expect("not poisoned").record(t0.elapsed().as_micros() as u64);
+                        }
+                        Ok(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+        tokio::time::sleep(duration).await;
+        stop.store(true, Ordering::Relaxed);
+        while tasks.join_next().await.is_some() {}
+        let f = figures(&hist.lock().expect("not poisoned"), errors.load(Ordering::Relaxed), started.elapsed());
+        if a.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "machine": machine(),
+                    "address": a.address.to_string(),
+                    "value_bytes": a.value_bytes,
+                    "concurrency": a.concurrency,
+                    "threads": a.threads,
+                    "redis": f,
+                }))?
+            );
+        } else {
+            println!(
+                "redis GET {} B, concurrency {} ({}): {:.0} ops/s  p50 {:.3} ms  p99 {:.3} ms  p999 {:.3} ms  errors {}",
+                a.value_bytes,
+                a.concurrency,
+                machine(),
+                f.ops_per_s,
+                f.p50_ms,
+                f.p99_ms,
+                f.p999_ms,
+                f.errors
+            );
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// Replies a fake server sends, whatever the commands: RESP's reply kinds.
+    const REPLIES: &[u8] = b"+OK\r\n$5\r\nhello\r\n$-1\r\n:7\r\n-ERR wrong type\r\n?what\r\n";
+
+    #[tokio::test]
+    async fn replies_are_parsed_and_errors_named() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("accept");
+            let mut command = [0u8; 64];
+            let _ = s.read(&mut command).await;
+            s.write_all(REPLIES).await.expect("write");
+            // Hold the connection open until the client is done.
+            let _ = s.read(&mut command).await;
+        });
+        let mut conn = Resp::connect(address).await.expect("connect");
+        conn.send(&[b"GET", b"k"]).await.expect("send");
+        assert_eq!(conn.reply().await.expect("+OK"), None);
+        assert_eq!(conn.reply().await.expect("bulk"), Some(5));
+        assert_eq!(&conn.value[..5], b"hello");
+        assert_eq!(conn.reply().await.expect("nil"), None);
+        assert_eq!(conn.reply().await.expect("integer"), None);
+        let e = conn.reply().await.expect_err("error reply");
+        assert!(e.to_string().contains("ERR wrong type"), "{e}");
+        let e = conn.reply().await.expect_err("unknown reply");
+        assert!(e.to_string().contains("?what"), "{e}");
+        drop(conn);
+        server.await.expect("server");
+    }
+}
