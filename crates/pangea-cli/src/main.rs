@@ -116,11 +116,17 @@ pub(crate) fn init_logging() {
         // Log files written by `pangea cluster up` must not carry colour codes.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_filter(EnvFilter::new(&directives).and(not_a_request_span));
-    let traces = pangea_node::telemetry::layer().with_filter(EnvFilter::new(&directives));
-    let _ = tracing_subscriber::registry()
-        .with(log)
-        .with(traces)
-        .try_init();
+    let registry = tracing_subscriber::registry().with(log);
+    // The trace layer only when exporting: a layer that wants request spans (even
+    // one that is `None`, which counts as wanting everything) makes every request,
+    // and every QUIC packet, build spans nobody reads: a tenth of a replica's CPU
+    // on 1 KiB gets (docs/benchmarks.md).
+    let _ = match pangea_node::telemetry::layer() {
+        Some(traces) => registry
+            .with(traces.with_filter(EnvFilter::new(&directives)))
+            .try_init(),
+        None => registry.try_init(),
+    };
 }
 
 fn main() -> std::process::ExitCode {

@@ -83,8 +83,8 @@ fn body_length(header: [u8; FRAME_HEADER_BYTES], limit_bytes: usize) -> Result<u
 
 /// Writes `msg` as one frame. Does not finish the stream: several frames may follow.
 pub async fn write_frame<M: Message>(send: &mut quinn::SendStream, msg: &M) -> Result<()> {
-    let frame = encode_frame(msg)?;
-    send.write_all(&frame).await?;
+    // Handed to quinn as it is: no copy into the stream's send buffer.
+    send.write_chunk(encode_frame(msg)?).await?;
     Ok(())
 }
 

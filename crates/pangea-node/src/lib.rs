@@ -177,9 +177,8 @@ impl Shared {
         &self,
         table: &str,
         key: &[u8],
-    ) -> Result<Option<RowState>, StorageError> {
-        use pangea_core::Storage;
-        self.store.get_row(table, key)
+    ) -> Result<Option<std::sync::Arc<RowState>>, StorageError> {
+        self.store.get_row_shared(table, key)
     }
 
     pub(crate) fn scan(

@@ -334,15 +334,21 @@ fn split_log(k: &[u8]) -> Result<(String, String, u64), StorageError> {
         .ok_or_else(|| corrupt("log key", k, "not scope\\0origin\\0sequence"))
 }
 
-impl Storage for Store {
-    fn get_row(&self, table: &str, key: &[u8]) -> Result<Option<RowState>, StorageError> {
+impl Store {
+    /// [`Storage::get_row`] for readers that only look at the row: a row cache hit
+    /// shares the cached row instead of copying it.
+    pub fn get_row_shared(
+        &self,
+        table: &str,
+        key: &[u8],
+    ) -> Result<Option<Arc<RowState>>, StorageError> {
         let k = keys::row_key(table, key);
         let Some(cache) = &self.row_cache else {
             return self
                 .rows
                 .get(&k)
                 .map_err(io)?
-                .map(|v| decode_row(&k, &v))
+                .map(|v| decode_row(&k, &v).map(Arc::new))
                 .transpose();
         };
         let miss = match cache.lookup(&k) {
@@ -352,9 +358,15 @@ impl Storage for Store {
         let Some(v) = self.rows.get(&k).map_err(io)? else {
             return Ok(None);
         };
-        let row = decode_row(&k, &v)?;
+        let row = Arc::new(decode_row(&k, &v)?);
         cache.fill(&k, miss, &row, v.len());
         Ok(Some(row))
+    }
+}
+
+impl Storage for Store {
+    fn get_row(&self, table: &str, key: &[u8]) -> Result<Option<RowState>, StorageError> {
+        Ok(self.get_row_shared(table, key)?.map(Arc::unwrap_or_clone))
     }
 
     fn scan_rows(

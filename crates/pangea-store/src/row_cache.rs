@@ -22,14 +22,16 @@
 use pangea_core::RowState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher as _, RandomState};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Independent locks; a power of two.
 pub(crate) const STRIPES: usize = 64;
 
 #[derive(Default)]
 struct Stripe {
-    rows: HashMap<Vec<u8>, (RowState, usize)>,
+    /// Shared with the reads being served from them: a hit costs a reference
+    /// count, not a copy of the row's maps.
+    rows: HashMap<Vec<u8>, (Arc<RowState>, usize)>,
     bytes: usize,
     /// Bumped by every invalidation in this stripe.
     epoch: u64,
@@ -68,7 +70,7 @@ impl RowCache {
     }
 
     /// The cached row of `key` (a clone), or the ticket to fill it with.
-    pub(crate) fn lookup(&self, key: &[u8]) -> Result<RowState, Miss> {
+    pub(crate) fn lookup(&self, key: &[u8]) -> Result<Arc<RowState>, Miss> {
         let stripe = self.stripe_of(key);
         let s = self.lock(stripe);
         match s.rows.get(key) {
@@ -82,7 +84,7 @@ impl RowCache {
 
     /// Caches `row` (`encoded_bytes` long on disk) unless its stripe was invalidated
     /// since `miss` was handed out.
-    pub(crate) fn fill(&self, key: &[u8], miss: Miss, row: &RowState, encoded_bytes: usize) {
+    pub(crate) fn fill(&self, key: &[u8], miss: Miss, row: &Arc<RowState>, encoded_bytes: usize) {
         if encoded_bytes > self.stripe_bytes / 4 {
             return;
         }
