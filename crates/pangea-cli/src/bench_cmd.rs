@@ -62,6 +62,9 @@ pub(crate) struct LoadArgs {
     /// as redis-benchmark does; 0 one per core; more to load a many-core cluster.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// QUIC connections to each replica (the client's `connections_per_replica`).
+    #[arg(long, default_value_t = pangea_client::CONNECTIONS_PER_REPLICA)]
+    connections: usize,
 }
 
 /// Latency figures of one kind of operation.
@@ -148,7 +151,9 @@ pub(crate) fn run(a: LoadArgs) -> Result<()> {
     let duration = parse_duration(&a.duration)?;
     let runtime = pangea_node::config::runtime(a.threads).build()?;
     runtime.block_on(async move {
-        let client = a.connect.client().await?;
+        let mut config = a.connect.config()?;
+        config.connections_per_replica = a.connections;
+        let client = Client::connect(config).await?;
         let value = Bytes::from(vec![b'x'; a.value_bytes]);
         // Load the keys first (concurrently).
         let keys: Vec<Bytes> = (0..a.keys).map(|i| Bytes::from(format!("{}{i:08}", a.prefix))).collect();

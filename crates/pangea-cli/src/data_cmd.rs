@@ -36,9 +36,16 @@ pub(crate) struct Connect {
 
 impl Connect {
     pub(crate) async fn client(&self) -> Result<Client> {
+        Ok(Client::connect(self.config()?).await?)
+    }
+
+    pub(crate) fn config(&self) -> Result<ClientConfig> {
         let cluster = ClusterFile::load(&self.cluster).map_err(anyhow::Error::msg)?;
-        let config = ClientConfig::from_cluster(&cluster, &self.region, &self.app_profile)?;
-        Ok(Client::connect(config).await?)
+        Ok(ClientConfig::from_cluster(
+            &cluster,
+            &self.region,
+            &self.app_profile,
+        )?)
     }
 }
 

@@ -82,7 +82,14 @@ pub struct ClientConfig {
     /// (tests and drills slow or cut a replica at runtime); `emulate_wan` fills in
     /// the topology's delays.
     pub wan: Option<pangea_net::wan::WanControl>,
+    /// QUIC connections kept to each replica; calls alternate between them
+    /// (see `transport`: 2, the default, keeps both sides busy where one would make
+    /// requests move in waves). At least 1.
+    pub connections_per_replica: usize,
 }
+
+/// [`ClientConfig::connections_per_replica`] by default.
+pub const CONNECTIONS_PER_REPLICA: usize = 2;
 
 impl ClientConfig {
     /// From a cluster file: addresses, topology, placement and certificates. Uses
@@ -117,6 +124,7 @@ impl ClientConfig {
             emulate_wan: cluster.emulate_wan,
             read: ReadOptions::default(),
             wan: None,
+            connections_per_replica: CONNECTIONS_PER_REPLICA,
         })
     }
 }
