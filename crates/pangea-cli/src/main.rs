@@ -3,6 +3,9 @@
 
 use clap::{Parser, Subcommand};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench_cmd;
 mod bench_redis;
 mod calibrate_cmd;
