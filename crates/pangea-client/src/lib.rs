@@ -926,7 +926,7 @@ impl Inner {
         };
         let started = Instant::now();
         let result = tokio::time::timeout(budget, self.transport.call(&c.replica, &req)).await;
-        let resp = match result {
+        let mut resp = match result {
             Err(_) => {
                 // No answer in time: at least that slow. If the budget was several
                 // round trips, the replica is likely gone (a killed process keeps a
@@ -952,10 +952,12 @@ impl Inner {
         };
         let elapsed = started.elapsed();
         self.note_rtt(&c.replica, elapsed);
-        let served = resp.served_by.clone().unwrap_or_default();
+        let served = resp.served_by.take().unwrap_or_default();
         let wm = served.watermarks.as_ref().map(ScopeWatermarks::from_proto);
         if let Some(w) = &wm {
             match self.known.get_mut(&c.replica) {
+                // Most answers repeat what the last one said: no copy then.
+                Some(scopes) if scopes.get(&w.scope) == Some(w) => {}
                 Some(mut scopes) => {
                     scopes.insert(w.scope.clone(), w.clone());
                 }
