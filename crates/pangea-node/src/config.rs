@@ -83,7 +83,9 @@ pub struct NodeConfig {
 }
 
 /// A tokio runtime with `threads` threads: 0 one per core (work-stealing), 1 a
-/// single-threaded runtime, n > 1 n work-stealing workers; I/O and timers on.
+/// single-threaded runtime (the thread that calls `block_on` runs everything),
+/// n > 1 n work-stealing workers (besides the `block_on` thread, which runs only
+/// the future it is given); I/O and timers on.
 pub fn runtime(threads: usize) -> tokio::runtime::Builder {
     let mut builder = match threads {
         1 => tokio::runtime::Builder::new_current_thread(),

@@ -282,7 +282,7 @@ async fn drive(shared: &Shared, job: &mut pb::MigrationJob) -> Result<(), CoreEr
                 )
                 .await?;
                 applied_everywhere(shared, &token).await;
-                job.rows_total = count_rows(shared, job)?;
+                job.rows_total = count_rows(shared, job).await?;
                 job.phase = "backfill".into();
                 save(shared, job).await?;
             }
@@ -385,7 +385,9 @@ async fn drive(shared: &Shared, job: &mut pb::MigrationJob) -> Result<(), CoreEr
     }
 }
 
-fn count_rows(shared: &Shared, job: &pb::MigrationJob) -> Result<u64, CoreError> {
+/// Rows under the job's prefix, a page at a time, yielding to the runtime between
+/// pages (serving and replication share it; see `audit` in `serve`).
+async fn count_rows(shared: &Shared, job: &pb::MigrationJob) -> Result<u64, CoreError> {
     let mut n = 0u64;
     let mut after: Option<Bytes> = None;
     loop {
@@ -397,5 +399,6 @@ fn count_rows(shared: &Shared, job: &pb::MigrationJob) -> Result<u64, CoreError>
         };
         after = Some(last.clone());
         n += rows.len() as u64;
+        tokio::task::yield_now().await;
     }
 }

@@ -432,8 +432,10 @@ fn read_row(
 type Served = (pb::client_response::Response, Option<ScopeWatermarks>);
 
 /// This replica's store against placement: rows it holds that their policy does not
-/// allow here (a residency violation; 0 is the only acceptable answer).
-fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
+/// allow here (a residency violation; 0 is the only acceptable answer). Yields to the
+/// runtime between pages of the scan: on a single-threaded runtime (`threads = 1`) a
+/// scan that never yielded would stall serving and replication until it ended.
+async fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
     let d = shared.deployment();
     let now_ms = shared.clock.now().wall_ms;
     let mut tables = Vec::new();
@@ -461,6 +463,7 @@ fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
                 .map_err(|e| Failure::new(Code::Unavailable, e.to_string()))?;
             let Some((last, _)) = rows.last() else { break };
             after = Some(last.clone());
+            tokio::task::yield_now().await;
             for (key, row) in &rows {
                 t.rows += 1;
                 let scope = shared.scope_of(table, key);
@@ -655,7 +658,7 @@ async fn process(
                 None,
             ))
         }
-        R::Audit(_) => Ok((W::Audit(audit(shared)?), None)),
+        R::Audit(_) => Ok((W::Audit(audit(shared).await?), None)),
         R::Watermarks(w) => {
             let all = shared
                 .watermarks

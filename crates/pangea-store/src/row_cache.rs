@@ -69,7 +69,7 @@ impl RowCache {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The cached row of `key` (a clone), or the ticket to fill it with.
+    /// The cached row of `key` (shared, not copied), or the ticket to fill it with.
     pub(crate) fn lookup(&self, key: &[u8]) -> Result<Arc<RowState>, Miss> {
         let stripe = self.stripe_of(key);
         let s = self.lock(stripe);
