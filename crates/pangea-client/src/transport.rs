@@ -7,8 +7,8 @@
 //! so the requests in flight on one connection move in waves: the client sends a
 //! batch, the replica answers the batch, the client sends the next. With two, one
 //! connection's wave is served while the other's answers travel back, and neither
-//! side sits idle between waves (1 KiB gets at 8–32 in flight: +25–60 % on the echo
-//! floor, docs/benchmarks.md); more did not help.
+//! side sits as idle between waves (1 KiB gets with 8–32 in flight: +15–20 %; flat at
+//! 50; docs/benchmarks.md, "Serving"); three or more did not help.
 //!
 //! A request is one frame on a bidirectional stream, its answer one frame back. A
 //! stream whose answer has been read whole is parked on its connection and carries
@@ -156,6 +156,11 @@ impl Transport {
         }
     }
 
+    /// Uncaches `link` unless another call has replaced it with a fresh one.
+    fn drop_link(&self, at: &(ReplicaId, usize), link: &Arc<Link>) {
+        self.connections.remove_if(at, |_, l| Arc::ptr_eq(l, link));
+    }
+
     /// One request, one response.
     pub(crate) async fn call(
         &self,
@@ -166,19 +171,23 @@ impl Transport {
             .next_slot
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             % self.per_replica;
+        let at = (replica.clone(), slot);
         let cached = self
             .connections
-            .get(&(replica.clone(), slot))
-            .is_some_and(|l| l.connection.close_reason().is_none());
-        match self.call_once(replica, slot, req).await {
+            .get(&at)
+            .map(|l| l.clone())
+            .filter(|l| l.connection.close_reason().is_none());
+        match (self.call_once(replica, slot, req).await, cached) {
             // A cached connection can be dead without knowing it yet (its process was
-            // killed and restarted): once, forget the replica's connections and try a
-            // fresh one.
-            Err(Error::Unavailable(_)) if cached => {
-                self.forget(replica);
+            // killed and restarted): once, forget it and try a fresh one. Only that
+            // connection: the replica's others may be fine (calls in flight on them
+            // go on), and a fresh one another call just made stays.
+            (Err(Error::Unavailable(_)), Some(link)) => {
+                self.drop_link(&at, &link);
+                link.connection.close(0u32.into(), b"replica unresponsive");
                 self.call_once(replica, slot, req).await
             }
-            other => other,
+            (other, _) => other,
         }
     }
 
@@ -201,7 +210,7 @@ impl Transport {
                 // still up, the request goes on a fresh stream below.
                 Err(_) if link.connection.close_reason().is_none() => {}
                 Err(e) => {
-                    self.connections.remove(&at);
+                    self.drop_link(&at, &link);
                     return Err(lost(replica, &e));
                 }
             }
@@ -209,7 +218,7 @@ impl Transport {
         let stream = match link.connection.open_bi().await {
             Ok(s) => s,
             Err(e) => {
-                self.connections.remove(&at);
+                self.drop_link(&at, &link);
                 return Err(lost(replica, &e));
             }
         };
@@ -220,7 +229,7 @@ impl Transport {
             }
             Err(e) => {
                 if link.connection.close_reason().is_some() {
-                    self.connections.remove(&at);
+                    self.drop_link(&at, &link);
                 }
                 Err(lost(replica, &e))
             }
