@@ -33,6 +33,9 @@ pub(crate) struct EchoArgs {
     /// per core.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// QUIC connections, workers spread over them (as `pangea bench --connections`).
+    #[arg(long, default_value_t = pangea_client::CONNECTIONS_PER_REPLICA)]
+    connections: usize,
 }
 
 #[derive(Debug, Args)]
@@ -144,6 +147,7 @@ pub(crate) fn run_echo(a: EchoArgs) -> Result<()> {
         a.json,
         reuse,
         a.threads,
+        a.connections.max(1),
     )
 }
 
@@ -280,6 +284,7 @@ fn echo(
     json: bool,
     reuse: bool,
     threads: usize,
+    connections: usize,
 ) -> Result<()> {
     let dir = tempfile::tempdir()?;
     pangea_net::certs::init_ca(dir.path())?;
@@ -333,7 +338,10 @@ fn echo(
     let runtime = pangea_node::config::runtime(threads).build()?;
     let result = runtime.block_on(async move {
         let ep = pangea_net::bind_endpoint(([127, 0, 0, 1], 0).into(), None, client, None, None)?;
-        let conn = ep.connect(addr, "echo")?.await?;
+        let mut conns = Vec::with_capacity(connections);
+        for _ in 0..connections {
+            conns.push(ep.connect(addr, "echo")?.await?);
+        }
         let payload = Bytes::from(vec![b'x'; value_bytes]);
         let req = pangea_proto::v1::ClientRequest {
             deadline_us: 0,
@@ -349,8 +357,8 @@ fn echo(
         let stop = Arc::new(AtomicBool::new(false));
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..concurrency {
-            let (conn, req, hist, stop) = (conn.clone(), req.clone(), hist.clone(), stop.clone());
+        for i in 0..concurrency {
+            let (conn, req, hist, stop) = (conns[i % connections].clone(), req.clone(), hist.clone(), stop.clone());
             tasks.spawn(async move {
                 let mut kept = None;
                 while !stop.load(Ordering::Relaxed) {
@@ -382,7 +390,7 @@ fn echo(
         while tasks.join_next().await.is_some() {}
         let f = figures(&hist.lock().expect("not poisoned"), 0, started.elapsed());
         if json {
-            println!("{}", serde_json::to_string_pretty(&serde_json::json!({"machine": machine(), "value_bytes": value_bytes, "concurrency": concurrency, "streams": if reuse { "reused" } else { "per-request" }, "echo": f}))?);
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({"machine": machine(), "value_bytes": value_bytes, "concurrency": concurrency, "connections": connections, "streams": if reuse { "reused" } else { "per-request" }, "echo": f}))?);
         } else {
             println!(
                 "echo {value_bytes} B, concurrency {concurrency}, {} streams ({}): {:.0} ops/s  p50 {:.3} ms  p99 {:.3} ms  p999 {:.3} ms",

@@ -44,6 +44,17 @@ pub(crate) struct RedisArgs {
     json: bool,
 }
 
+/// A reply, as far as a GET benchmark cares.
+#[derive(Debug, PartialEq)]
+enum Reply {
+    /// `+OK`, an integer, or nil.
+    Other,
+    /// A bulk string of this many bytes (in `Resp::value`).
+    Bulk(usize),
+    /// `-ERR ...`: the connection stays usable.
+    Error(String),
+}
+
 /// One connection speaking just enough RESP.
 struct Resp {
     stream: BufReader<TcpStream>,
@@ -76,25 +87,29 @@ impl Resp {
         Ok(())
     }
 
-    /// Reads one reply; a bulk string lands in `self.value`. Returns its length
-    /// (None for a simple reply or nil).
-    async fn reply(&mut self) -> Result<Option<usize>> {
+    /// Reads one reply; a bulk string lands in `self.value`. An `Err` is a broken
+    /// connection or a reply this client does not understand.
+    async fn reply(&mut self) -> Result<Reply> {
         self.line.clear();
         if self.stream.read_line(&mut self.line).await? == 0 {
             bail!("redis closed the connection");
         }
         let line = self.line.trim_end();
         match line.as_bytes().first() {
-            Some(b'+' | b':') => Ok(None),
-            Some(b'-') => bail!("redis error: {line}"),
-            Some(b'$') if line == "$-1" => Ok(None),
+            Some(b'+' | b':') => Ok(Reply::Other),
+            Some(b'-') => Ok(Reply::Error(line.to_owned())),
+            Some(b'$') if line == "$-1" => Ok(Reply::Other),
             Some(b'$') => {
                 let n: usize = line[1..]
                     .parse()
                     .with_context(|| format!("redis bulk length {line:?}"))?;
                 self.value.resize(n + 2, 0);
                 self.stream.read_exact(&mut self.value).await?;
-                Ok(Some(n))
+                anyhow::ensure!(
+                    self.value.ends_with(b"\r\n"),
+                    "redis bulk string of {n} bytes not ended by CRLF"
+                );
+                Ok(Reply::Bulk(n))
             }
             _ => bail!("unexpected redis reply {line:?}"),
         }
@@ -110,7 +125,9 @@ pub(crate) fn run(a: RedisArgs) -> Result<()> {
         let mut load = Resp::connect(a.address).await?;
         for k in keys.iter() {
             load.send(&[b"SET", k.as_bytes(), &value]).await?;
-            load.reply().await?;
+            if let Reply::Error(e) = load.reply().await? {
+                bail!("redis refused SET {k}: {e}");
+            }
         }
         let hist = Arc::new(Mutex::new(histogram()));
         let errors = Arc::new(AtomicU64::new(0));
@@ -138,7 +155,7 @@ pub(crate) fn run(a: RedisArgs) -> Result<()> {
                         conn.reply().await
                     };
                     match answered.await {
-                        Ok(Some(n)) if n == value_bytes => {
+                        Ok(Reply::Bulk(n)) if n == value_bytes => {
                             let _ = hist.lock().expect("not poisoned").record(t0.elapsed().as_micros() as u64);
                         }
                         Ok(_) => {
@@ -207,13 +224,13 @@ mod tests {
         });
         let mut conn = Resp::connect(address).await.expect("connect");
         conn.send(&[b"GET", b"k"]).await.expect("send");
-        assert_eq!(conn.reply().await.expect("+OK"), None);
-        assert_eq!(conn.reply().await.expect("bulk"), Some(5));
+        assert_eq!(conn.reply().await.expect("+OK"), Reply::Other);
+        assert_eq!(conn.reply().await.expect("bulk"), Reply::Bulk(5));
         assert_eq!(&conn.value[..5], b"hello");
-        assert_eq!(conn.reply().await.expect("nil"), None);
-        assert_eq!(conn.reply().await.expect("integer"), None);
-        let e = conn.reply().await.expect_err("error reply");
-        assert!(e.to_string().contains("ERR wrong type"), "{e}");
+        assert_eq!(conn.reply().await.expect("nil"), Reply::Other);
+        assert_eq!(conn.reply().await.expect("integer"), Reply::Other);
+        let e = conn.reply().await.expect("error reply");
+        assert_eq!(e, Reply::Error("-ERR wrong type".into()));
         let e = conn.reply().await.expect_err("unknown reply");
         assert!(e.to_string().contains("?what"), "{e}");
         drop(conn);
