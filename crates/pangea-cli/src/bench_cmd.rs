@@ -99,6 +99,25 @@ pub(crate) fn figures(h: &Histogram<u64>, errors: u64, elapsed: Duration) -> Fig
     }
 }
 
+/// A worker's draws (xorshift from a per-worker seed): which key it reads next and,
+/// in a mix, whether it writes. `bench` and `bench-redis` ask for the same sequence.
+pub(crate) struct Draws(u64);
+
+impl Draws {
+    pub(crate) fn new(worker: usize) -> Draws {
+        Draws(0x9e37_79b9_7f4a_7c15 ^ (worker as u64 + 1))
+    }
+
+    pub(crate) fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+}
+
 pub(crate) fn parse_duration(s: &str) -> Result<Duration> {
     pangea_topology::placement::parse_duration_ms(s)
         .map(Duration::from_millis)
@@ -186,12 +205,10 @@ pub(crate) fn run(a: LoadArgs) -> Result<()> {
             let (reads, writes, errors, stop) = (reads.clone(), writes.clone(), errors.clone(), stop.clone());
             let (op, mode, table, deadline) = (a.op.clone(), a.mode.clone(), a.connect.table.clone(), a.connect.deadline_ms);
             tasks.spawn(async move {
-                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
+                let mut draws = Draws::new(t);
                 let mut token = None;
                 while !stop.load(Ordering::Relaxed) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = draws.next();
                     let key = keys[(x % keys.len() as u64) as usize].clone();
                     let write = op == "put" || (op == "mix" && x.is_multiple_of(10));
                     let t0 = Instant::now();

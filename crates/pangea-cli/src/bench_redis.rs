@@ -13,7 +13,7 @@
 //! The client is the least RESP a GET benchmark needs (SET to load, GET, bulk-string
 //! and simple replies); one TCP connection per worker, as redis-benchmark -c has.
 
-use crate::bench_cmd::{figures, histogram, machine, parse_duration};
+use crate::bench_cmd::{Draws, figures, histogram, machine, parse_duration};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use std::net::SocketAddr;
@@ -142,13 +142,9 @@ pub(crate) fn run(a: RedisArgs) -> Result<()> {
             let (keys, hist, errors, stop) = (keys.clone(), hist.clone(), errors.clone(), stop.clone());
             let value_bytes = a.value_bytes;
             tasks.spawn(async move {
-                // The same key sequence as `pangea bench` (xorshift per worker).
-                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
+                let mut draws = Draws::new(t);
                 while !stop.load(Ordering::Relaxed) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let key = &keys[(x % keys.len() as u64) as usize];
+                    let key = &keys[(draws.next() % keys.len() as u64) as usize];
                     let t0 = Instant::now();
                     let answered = async {
                         conn.send(&[b"GET", key.as_bytes()]).await?;
