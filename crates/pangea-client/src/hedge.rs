@@ -19,16 +19,17 @@ impl Hedger {
         }
     }
 
-    fn now_us(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    fn us_at(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, Core> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn record(&self, latency: Duration) {
-        let now = self.now_us();
+    /// Records the latency of an answer that came in at `at`.
+    pub(crate) fn record(&self, at: Instant, latency: Duration) {
+        let now = self.us_at(at);
         self.state().record(now, latency);
     }
 

@@ -174,8 +174,10 @@ pub(crate) struct Inner {
     /// Last-known watermarks per replica and scope, from every response.
     known: DashMap<ReplicaId, BTreeMap<ScopeId, ScopeWatermarks>>,
     /// Location metadata (`_location`), refreshed in the background: run-time
-    /// placement of rows, their policy and home region.
-    location: std::sync::RwLock<Location>,
+    /// placement of rows, their policy and home region. Replaced whole on each
+    /// refresh; a call takes the current snapshot (an `Arc`, not a copy of every
+    /// entry).
+    location: std::sync::RwLock<Arc<Location>>,
     hedge: hedge::Hedger,
     pub stats: ClientStats,
 }
@@ -257,7 +259,7 @@ impl Client {
             rtt_ms: DashMap::new(),
             down: DashMap::new(),
             known: DashMap::new(),
-            location: std::sync::RwLock::new(Location::new()),
+            location: std::sync::RwLock::new(Arc::new(Location::new())),
             hedge: hedge::Hedger::new(),
             stats: ClientStats::default(),
             config,
@@ -370,7 +372,7 @@ impl Client {
         // Not through `read`, which refreshes location metadata on policy errors.
         let traced = Traced::refresh_location(table);
         let resp = self
-            .read_once(table, b"", body, &opts, &traced)
+            .read_once(table, b"", &body, &opts, &traced)
             .instrument(traced.span.clone())
             .await;
         traced.finish(&resp);
@@ -389,24 +391,28 @@ impl Client {
             }
         }
         if let Ok(mut l) = self.inner.location.write() {
-            *l = loc;
+            *l = Arc::new(loc);
         }
         Ok(())
     }
 
     /// Location metadata as this client last read it.
     pub fn location(&self) -> Location {
+        Location::clone(&self.location_snapshot())
+    }
+
+    fn location_snapshot(&self) -> Arc<Location> {
         self.inner
             .location
             .read()
-            .map(|l| l.clone())
+            .map(|l| Arc::clone(&l))
             .unwrap_or_default()
     }
 
-    fn view(&self) -> LiveView<'_> {
+    fn view(&self, now: Instant) -> LiveView<'_> {
         LiveView {
             inner: &self.inner,
-            now: Instant::now(),
+            now,
         }
     }
 
@@ -507,9 +513,9 @@ impl Client {
     ) -> Result<Response<Token>, Error> {
         let started = Instant::now();
         let deadline = opts.deadline.unwrap_or(options::WRITE_DEADLINE_DEFAULT);
-        let d = self.inner.config.deployment.clone();
-        let location = self.location();
-        let view = self.view();
+        let d = &self.inner.config.deployment;
+        let location = self.location_snapshot();
+        let view = self.view(started);
         let req = ReadRequest {
             client_region: &self.inner.config.region,
             profile: &self.inner.profile,
@@ -517,7 +523,7 @@ impl Client {
             key: mutation.row_key(),
             consistency: &Consistency::Eventual,
         };
-        let mut plan = plan_read_at(&d, &location, &req, &view, wall_ms())
+        let mut plan = plan_read_at(d, &location, &req, &view, wall_ms())
             .map_err(|e| Error::PolicyForbids(e.to_string()))?;
         // During a migration only replicas of both policies take writes.
         if let Some(b) = location.migrating_to(mutation.table(), mutation.row_key()) {
@@ -548,10 +554,10 @@ impl Client {
             } else {
                 AttemptKind::Failover
             };
-            let span = traced.attempt(&d, c, kind);
+            let span = traced.attempt(d, c, kind);
             let result = self
                 .inner
-                .attempt(c, &body, budget, trace::traceparent(&span))
+                .attempt(c, body.clone(), budget, trace::traceparent(&span))
                 .await;
             trace::finish_attempt(span, &result);
             match result {
@@ -652,7 +658,7 @@ impl Client {
             tracing::debug!(error = %e, "location refresh before a placement move failed");
         }
         let d = &self.inner.config.deployment;
-        let from = self.location().scope_of(d, table, prefix);
+        let from = self.location_snapshot().scope_of(d, table, prefix);
         let to_scope = ScopeId::from(to);
         let mut runners: Vec<&ReplicaId> = d
             .topology
@@ -816,15 +822,12 @@ impl Client {
         self.inner.stats.requests.fetch_add(1, Ordering::Relaxed);
         let traced = Traced::call(op, table, key, keys, trace::mode_name(&opts.consistency));
         let result = async {
-            match self
-                .read_once(table, key, body.clone(), opts, &traced)
-                .await
-            {
+            match self.read_once(table, key, &body, opts, &traced).await {
                 // A replica refused the row: our location metadata may be stale (rows
                 // moved). Refresh it and plan once more.
                 Err(Error::PolicyForbids(_)) if !table.starts_with('_') => {
                     self.refresh_location().await?;
-                    self.read_once(table, key, body, opts, &traced).await
+                    self.read_once(table, key, &body, opts, &traced).await
                 }
                 other => other,
             }
@@ -839,13 +842,16 @@ impl Client {
         &self,
         table: &str,
         key: &[u8],
-        body: pb::client_request::Request,
+        body: &pb::client_request::Request,
         opts: &ReadOptions,
         traced: &Traced,
     ) -> Result<Response<pb::client_response::Response>, Error> {
-        let d = self.inner.config.deployment.clone();
-        let location = self.location();
-        let view = self.view();
+        // The call's one reading of the clock before its answer: health, deadline
+        // and hedge timer all count from here.
+        let started = Instant::now();
+        let d = &self.inner.config.deployment;
+        let location = self.location_snapshot();
+        let view = self.view(started);
         let req = ReadRequest {
             client_region: &self.inner.config.region,
             profile: &self.inner.profile,
@@ -853,20 +859,9 @@ impl Client {
             key,
             consistency: &opts.consistency,
         };
-        let plan = plan_read_at(&d, &location, &req, &view, wall_ms())
+        let plan = plan_read_at(d, &location, &req, &view, wall_ms())
             .map_err(|e| Error::PolicyForbids(e.to_string()))?;
-        let deadline = opts.deadline;
-        let hedge = opts.hedge.clone();
-        read::run(
-            self.inner.clone(),
-            plan,
-            body,
-            deadline,
-            hedge,
-            matches!(opts.consistency, Consistency::Watermark(_)),
-            traced,
-        )
-        .await
+        read::run(&self.inner, plan, body, started, opts, traced).await
     }
 }
 
@@ -889,6 +884,8 @@ impl<T> Response<T> {
 pub(crate) struct Served {
     pub region: String,
     pub watermarks: Option<ScopeWatermarks>,
+    /// When the answer was in.
+    pub at: Instant,
 }
 
 impl Inner {
@@ -909,48 +906,70 @@ impl Inner {
         }
     }
 
-    /// One request to one candidate within `budget`; learns from the answer.
-    /// `traceparent`: the W3C context of the attempt's span (empty: none).
+    /// A request to `r` got no answer in `waited`: at least that slow. If that was
+    /// several round trips, the replica is likely gone (a killed process keeps a QUIC
+    /// connection open until its idle timeout): mark it down.
+    fn no_answer(&self, r: &ReplicaId, waited: Duration) {
+        self.note_slower(r, waited);
+        let rtt_ms = self.rtt_ms.get(r).map(|e| *e);
+        if frontend::looks_gone(waited.as_secs_f64() * 1e3, rtt_ms) {
+            self.down.insert(r.clone(), Instant::now() + DOWN_FOR);
+            self.transport.forget(r);
+        }
+    }
+
+    /// One request to one candidate, with its own timeout of `budget`; learns from
+    /// the answer or its absence.
     pub(crate) async fn attempt(
         &self,
         c: &Candidate,
-        body: &pb::client_request::Request,
+        body: pb::client_request::Request,
         budget: Duration,
         traceparent: String,
     ) -> Result<(pb::client_response::Response, Served), Error> {
-        let req = pb::ClientRequest {
-            deadline_us: budget.as_micros() as u64,
-            app_profile: self.profile.name.clone(),
-            traceparent,
-            request: Some(body.clone()),
-        };
-        let started = Instant::now();
-        let result = tokio::time::timeout(budget, self.transport.call(&c.replica, &req)).await;
-        let mut resp = match result {
+        let since = Instant::now();
+        let deadline_at = since + budget;
+        let ask = self.ask(c, body, since, deadline_at, traceparent);
+        match tokio::time::timeout_at(deadline_at.into(), ask).await {
+            Ok(result) => result,
             Err(_) => {
-                // No answer in time: at least that slow. If the budget was several
-                // round trips, the replica is likely gone (a killed process keeps a
-                // QUIC connection open until its idle timeout): mark it down.
-                self.note_slower(&c.replica, budget);
-                let rtt_ms = self.rtt_ms.get(&c.replica).map(|e| *e);
-                if frontend::looks_gone(budget.as_secs_f64() * 1e3, rtt_ms) {
-                    self.down
-                        .insert(c.replica.clone(), Instant::now() + DOWN_FOR);
-                    self.transport.forget(&c.replica);
-                }
-                return Err(Error::DeadlineExceeded {
+                self.no_answer(&c.replica, budget);
+                Err(Error::DeadlineExceeded {
                     deadline: budget,
                     attempts: 1,
-                });
+                })
             }
-            Ok(Err(e)) => {
+        }
+    }
+
+    /// One request to one candidate, sent at `since`, for an answer by `deadline_at`
+    /// (which the replica is told; the caller stops waiting then, through
+    /// [`Inner::no_answer`]); learns from the answer.
+    /// `traceparent`: the W3C context of the attempt's span (empty: none).
+    pub(crate) async fn ask(
+        &self,
+        c: &Candidate,
+        body: pb::client_request::Request,
+        since: Instant,
+        deadline_at: Instant,
+        traceparent: String,
+    ) -> Result<(pb::client_response::Response, Served), Error> {
+        let req = pb::ClientRequest {
+            deadline_us: deadline_at.saturating_duration_since(since).as_micros() as u64,
+            app_profile: self.profile.name.clone(),
+            traceparent,
+            request: Some(body),
+        };
+        let mut resp = match self.transport.call(&c.replica, &req).await {
+            Ok(r) => r,
+            Err(e) => {
                 self.down
                     .insert(c.replica.clone(), Instant::now() + DOWN_FOR);
                 return Err(e);
             }
-            Ok(Ok(r)) => r,
         };
-        let elapsed = started.elapsed();
+        let at = Instant::now();
+        let elapsed = at.saturating_duration_since(since);
         self.note_rtt(&c.replica, elapsed);
         let served = resp.served_by.take().unwrap_or_default();
         let wm = served.watermarks.as_ref().map(ScopeWatermarks::from_proto);
@@ -970,11 +989,12 @@ impl Inner {
         let served = Served {
             region: served.region,
             watermarks: wm,
+            at,
         };
         match resp.response {
             Some(pb::client_response::Response::Error(e)) => Err(Error::from_wire(&e, &c.replica)),
             Some(r) => {
-                self.hedge.record(elapsed);
+                self.hedge.record(at, elapsed);
                 Ok((r, served))
             }
             None => Err(Error::Internal(format!(
@@ -992,6 +1012,8 @@ mod read {
     use super::*;
     use futures_util::StreamExt as _;
     use futures_util::stream::FuturesUnordered;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
 
     struct Outcome {
         /// Index into `asked`.
@@ -1009,13 +1031,48 @@ mod read {
         span: tracing::Span,
     }
 
-    type Attempts = FuturesUnordered<std::pin::Pin<Box<dyn Future<Output = Outcome> + Send>>>;
+    /// A request in flight, and whom it went to since when (for what its silence
+    /// teaches when the call stops waiting).
+    struct Flight {
+        replica: ReplicaId,
+        since: Instant,
+        answer: Pin<Box<dyn Future<Output = Outcome> + Send>>,
+    }
 
-    /// Lets the attempts still out finish in the background, so their real latency
-    /// is measured.
-    fn detach(set: Attempts) {
-        for attempt in set {
-            tokio::spawn(attempt);
+    impl Future for Flight {
+        type Output = Outcome;
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+            self.answer.as_mut().poll(cx)
+        }
+    }
+
+    type Attempts = FuturesUnordered<Flight>;
+
+    /// Lets the requests still out finish in the background until the call's
+    /// deadline, so their real latency is measured (a slow replica always beaten by
+    /// a hedge would otherwise look fast forever), or their silence.
+    fn detach(inner: &Arc<Inner>, set: Attempts, deadline_at: Instant) {
+        for flight in set {
+            let inner = inner.clone();
+            tokio::spawn(async move {
+                let (replica, since) = (flight.replica.clone(), flight.since);
+                if tokio::time::timeout_at(deadline_at.into(), flight)
+                    .await
+                    .is_err()
+                {
+                    inner.no_answer(&replica, deadline_at.saturating_duration_since(since));
+                }
+            });
+        }
+    }
+
+    /// The call's deadline passed: the requests still out got no answer in time.
+    fn expire(inner: &Inner, set: Attempts, deadline_at: Instant) {
+        for flight in set {
+            inner.no_answer(
+                &flight.replica,
+                deadline_at.saturating_duration_since(flight.since),
+            );
         }
     }
 
@@ -1029,16 +1086,24 @@ mod read {
         }
     }
 
+    /// Runs one read's plan, from `started` (when it was planned) to the answer or
+    /// the deadline of `opts`.
+    ///
+    /// One timer serves the call: it wakes the loop for the hedge, a watermark
+    /// retry or the deadline, whichever is next. Requests carry no timeout of their
+    /// own while the call waits for them (a timer each, set and cancelled per read,
+    /// was a measurable share of a 1 KiB get); those it stops waiting for get one
+    /// in [`detach`], or are judged at once in [`expire`].
     pub(crate) async fn run(
-        inner: Arc<Inner>,
+        inner: &Arc<Inner>,
         plan: pangea_core::read::ReadPlan,
-        body: pb::client_request::Request,
-        deadline: Duration,
-        hedge: Option<HedgePolicy>,
-        watermark: bool,
+        body: &pb::client_request::Request,
+        started: Instant,
+        opts: &ReadOptions,
         traced: &Traced,
     ) -> Result<Response<pb::client_response::Response>, Error> {
-        let started = Instant::now();
+        let deadline = opts.deadline;
+        let watermark = matches!(opts.consistency, Consistency::Watermark(_));
         let deadline_at = started + deadline;
         let primary_all = plan.primary.clone();
         let mut primary: std::collections::VecDeque<Candidate> = plan.primary.into_iter().collect();
@@ -1053,31 +1118,39 @@ mod read {
         let mut asked: Vec<Asked> = Vec::new();
         let mut last_err: Option<Error> = None;
         let mut raced_fallback = false;
-        let launch =
-            |set: &mut Attempts, c: Candidate, kind: AttemptKind, asked: &mut Vec<Asked>| {
-                let span = traced.attempt(&inner.config.deployment, &c, kind);
-                let traceparent = trace::traceparent(&span);
-                let index = asked.len();
-                asked.push(Asked {
-                    replica: c.replica.clone(),
-                    since: Instant::now(),
-                    span,
-                });
-                let inner = inner.clone();
-                let body = body.clone();
-                let budget = deadline_at.saturating_duration_since(Instant::now());
-                set.push(Box::pin(async move {
-                    let result = inner.attempt(&c, &body, budget, traceparent).await;
-                    Outcome {
-                        index,
-                        candidate: c,
-                        kind,
-                        result,
-                    }
-                }));
-            };
+        let launch = |set: &mut Attempts,
+                      c: Candidate,
+                      kind: AttemptKind,
+                      asked: &mut Vec<Asked>,
+                      now: Instant| {
+            let span = traced.attempt(&inner.config.deployment, &c, kind);
+            let traceparent = trace::traceparent(&span);
+            let index = asked.len();
+            asked.push(Asked {
+                replica: c.replica.clone(),
+                since: now,
+                span,
+            });
+            let replica = c.replica.clone();
+            let inner = inner.clone();
+            let body = body.clone();
+            let answer = Box::pin(async move {
+                let result = inner.ask(&c, body, now, deadline_at, traceparent).await;
+                Outcome {
+                    index,
+                    candidate: c,
+                    kind,
+                    result,
+                }
+            });
+            set.push(Flight {
+                replica,
+                since: now,
+                answer,
+            });
+        };
         match primary.pop_front() {
-            Some(c) => launch(&mut set, c, AttemptKind::Primary, &mut asked),
+            Some(c) => launch(&mut set, c, AttemptKind::Primary, &mut asked, started),
             None => return Err(Error::Unavailable("no replica to ask".into())),
         }
         // Watermark reads that found no covered replica poll these again.
@@ -1090,20 +1163,24 @@ mod read {
             retry_set.push(first.clone());
         }
         let mut retry_at: Option<Instant> = None;
-        let mut hedge_at = hedge
+        let mut hedge_at = opts
+            .hedge
             .as_ref()
-            .map(|h| Instant::now() + inner.hedge.delay(h, deadline));
-        loop {
-            let now = Instant::now();
-            if now >= deadline_at {
-                break;
-            }
+            .map(|h| started + inner.hedge.delay(h, deadline));
+        let timer = tokio::time::sleep_until(deadline_at.into());
+        tokio::pin!(timer);
+        let mut now = started;
+        while now < deadline_at {
             let wake = hedge_at
                 .filter(|t| *t > now)
                 .unwrap_or(deadline_at)
                 .min(retry_at.unwrap_or(deadline_at))
                 .min(deadline_at);
+            if timer.deadline() != wake.into() {
+                timer.as_mut().reset(wake.into());
+            }
             tokio::select! {
+                biased;
                 done = set.next(), if !set.is_empty() => {
                     let Some(o) = done else { continue };
                     if let Some(a) = asked.get_mut(o.index) {
@@ -1111,27 +1188,26 @@ mod read {
                     }
                     match o.result {
                         Ok((resp, served)) => {
-                            // Losers finish in the background, so their real latency
-                            // is measured (a slow replica always beaten by a hedge would
-                            // otherwise look fast forever); meanwhile they count as
-                            // at least as slow as they have been.
-                            detach(set);
+                            detach(inner, set, deadline_at);
                             cancel_rest(&mut asked);
+                            // The others have taken at least this long.
                             for a in asked.iter().filter(|a| a.replica != o.candidate.replica) {
-                                inner.note_slower(&a.replica, a.since.elapsed());
+                                inner.note_slower(&a.replica, served.at.saturating_duration_since(a.since));
                             }
                             let attempts = asked.len() as u32;
                             let reason = if o.kind == AttemptKind::Hedge { Reason::Hedge } else { o.candidate.reason };
-                            return Ok(Response { value: resp, replica: o.candidate.replica, region: served.region, reason, watermarks: served.watermarks, latency: started.elapsed(), attempts });
+                            let latency = served.at.saturating_duration_since(started);
+                            return Ok(Response { value: resp, replica: o.candidate.replica, region: served.region, reason, watermarks: served.watermarks, latency, attempts });
                         }
                         Err(Error::NotCovered { .. }) if watermark && !raced_fallback => {
                             // Ask the origin and every replica known to cover the token,
                             // all at once; the first covered answer wins.
                             inner.stats.not_covered.fetch_add(1, Ordering::Relaxed);
                             raced_fallback = true;
+                            let now = Instant::now();
                             for c in fallback.drain(..).filter(|c| c.replica != o.candidate.replica) {
                                 inner.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
-                                launch(&mut set, c, AttemptKind::Fallback, &mut asked);
+                                launch(&mut set, c, AttemptKind::Fallback, &mut asked, now);
                             }
                             last_err = Some(o.result.err().unwrap_or(Error::Internal(String::new())));
                         }
@@ -1144,7 +1220,7 @@ mod read {
                             let next = if watermark && raced_fallback { None } else { primary.pop_front() };
                             if let Some(c) = next {
                                 inner.stats.failovers.fetch_add(1, Ordering::Relaxed);
-                                launch(&mut set, c, AttemptKind::Failover, &mut asked);
+                                launch(&mut set, c, AttemptKind::Failover, &mut asked, Instant::now());
                             }
                             last_err = Some(e);
                         }
@@ -1160,20 +1236,21 @@ mod read {
                             // the deadline (replicas catch up in milliseconds).
                             retry_at = Some(Instant::now() + WATERMARK_RETRY);
                         } else if let Some(c) = primary.pop_front() {
-                            launch(&mut set, c, AttemptKind::Failover, &mut asked);
+                            launch(&mut set, c, AttemptKind::Failover, &mut asked, Instant::now());
                         } else {
                             break;
                         }
                     }
                 }
-                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {
-                    if retry_at.is_some_and(|t| Instant::now() >= t) && set.is_empty() {
+                () = &mut timer => {
+                    let now = Instant::now();
+                    if retry_at.is_some_and(|t| now >= t) && set.is_empty() {
                         retry_at = None;
                         for c in retry_set.iter().cloned() {
-                            launch(&mut set, c, AttemptKind::Retry, &mut asked);
+                            launch(&mut set, c, AttemptKind::Retry, &mut asked, now);
                         }
                     }
-                    if hedge_at.is_some_and(|t| Instant::now() >= t) {
+                    if hedge_at.is_some_and(|t| now >= t) {
                         hedge_at = None;
                         // Hedge to the next candidate; for watermark reads only to one
                         // known to cover the token.
@@ -1187,16 +1264,18 @@ mod read {
                             && inner.hedge.try_spend()
                         {
                             inner.stats.hedges.fetch_add(1, Ordering::Relaxed);
-                            launch(&mut set, c, AttemptKind::Hedge, &mut asked);
+                            launch(&mut set, c, AttemptKind::Hedge, &mut asked, now);
                         }
                     }
                 }
             }
+            now = Instant::now();
         }
-        detach(set);
+        expire(inner, set, deadline_at);
         cancel_rest(&mut asked);
+        let now = Instant::now();
         for a in &asked {
-            inner.note_slower(&a.replica, a.since.elapsed());
+            inner.note_slower(&a.replica, now.saturating_duration_since(a.since));
         }
         Err(match last_err {
             Some(Error::NotCovered {
@@ -1206,11 +1285,7 @@ mod read {
                 detail,
                 deadline_passed: true,
             },
-            Some(e)
-                if !matches!(e, Error::DeadlineExceeded { .. }) && Instant::now() < deadline_at =>
-            {
-                e
-            }
+            Some(e) if !matches!(e, Error::DeadlineExceeded { .. }) && now < deadline_at => e,
             _ => Error::DeadlineExceeded {
                 deadline,
                 attempts: asked.len() as u32,
