@@ -232,6 +232,14 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// `start + d`, or a day after `start` for a `d` past what an `Instant` can hold
+/// (a caller's deadline is theirs to choose).
+fn deadline_after(start: Instant, d: Duration) -> Instant {
+    start
+        .checked_add(d)
+        .unwrap_or_else(|| start + Duration::from_secs(86_400))
+}
+
 fn wall_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -928,7 +936,7 @@ impl Inner {
         traceparent: String,
     ) -> Result<(pb::client_response::Response, Served), Error> {
         let since = Instant::now();
-        let deadline_at = since + budget;
+        let deadline_at = deadline_after(since, budget);
         let ask = self.ask(c, body, since, deadline_at, traceparent);
         match tokio::time::timeout_at(deadline_at.into(), ask).await {
             Ok(result) => result,
@@ -1104,7 +1112,7 @@ mod read {
     ) -> Result<Response<pb::client_response::Response>, Error> {
         let deadline = opts.deadline;
         let watermark = matches!(opts.consistency, Consistency::Watermark(_));
-        let deadline_at = started + deadline;
+        let deadline_at = deadline_after(started, deadline);
         let primary_all = plan.primary.clone();
         let mut primary: std::collections::VecDeque<Candidate> = plan.primary.into_iter().collect();
         let mut fallback: Vec<Candidate> = plan.fallback;
