@@ -999,6 +999,17 @@ async fn bad_requests_get_clear_errors_and_the_node_keeps_serving() -> Result<()
              {acknowledged} acknowledged; slowest answer {:.1} ms",
             ms(slowest)
         );
+        // The largest budget a client can ask for (past what a clock can add): served.
+        let req = common::request(
+            "frontend",
+            u64::MAX,
+            common::get_request(TABLE, b"t4/hurry/0", None),
+        );
+        let resp = common::call(&conn, &req).await?;
+        ensure!(
+            common::error_of(&resp).is_none(),
+            "a read with deadline_us = u64::MAX: {resp:?}"
+        );
         // A token no replica can cover (a sequence use1-a has not reached).
         let future = Token {
             scope: pangea_core::ScopeId::global(),

@@ -85,6 +85,12 @@ impl ReadFilter {
         }
     }
 
+    /// The newest version of every cell: what a point read asks for unless it
+    /// narrows the families or columns or wants history.
+    pub fn is_latest(&self) -> bool {
+        self.families.is_empty() && self.columns.is_empty() && self.versions_per_column <= 1
+    }
+
     fn wants_family(&self, family: &str) -> bool {
         (self.families.is_empty() && self.columns.is_empty())
             || self.families.iter().any(|f| &**f == family)
@@ -440,6 +446,35 @@ impl RowState {
         table: Option<&TableSchema>,
         now_ms: u64,
     ) -> Option<pb::Row> {
+        self.read_until(key, filter, table, now_ms).0
+    }
+
+    /// [`RowState::read`] through [`ReadFilter::default`] (the newest version of
+    /// every cell), encoded as a `pb::Row`, and the wall time (ms) before which that
+    /// answer stays right: when its first cell expires (`u64::MAX` if none has a
+    /// TTL). Until the row changes, every read before then gets the same bytes;
+    /// cells expired at `now_ms` stay expired (time only moves forward), so only
+    /// the returned cells' expiry matters.
+    pub fn encode_latest(
+        &self,
+        key: &Bytes,
+        table: Option<&TableSchema>,
+        now_ms: u64,
+    ) -> (Option<Bytes>, u64) {
+        use pangea_proto::Message as _;
+        let (row, until_ms) = self.read_until(key, &ReadFilter::default(), table, now_ms);
+        (row.map(|r| Bytes::from(r.encode_to_vec())), until_ms)
+    }
+
+    /// [`RowState::read`], and until when (wall ms, exclusive) its answer holds.
+    fn read_until(
+        &self,
+        key: &Bytes,
+        filter: &ReadFilter,
+        table: Option<&TableSchema>,
+        now_ms: u64,
+    ) -> (Option<pb::Row>, u64) {
+        let mut until_ms = u64::MAX;
         let per_column = filter.versions_per_column.max(1) as usize;
         let mut families = Vec::new();
         for (name, fam) in self
@@ -461,7 +496,13 @@ impl RowState {
                     .filter(|(v, _)| {
                         ttl.is_none_or(|ttl| v.timestamp.wall_ms().saturating_add(ttl) > now_ms)
                     })
-                    .take(per_column);
+                    .take(per_column)
+                    .inspect(|(v, _)| {
+                        if let Some(ttl) = ttl {
+                            let expires = v.timestamp.wall_ms().saturating_add(ttl);
+                            until_ms = until_ms.min(expires);
+                        }
+                    });
                 cells.extend(live.map(|(v, value)| pb::Cell {
                     column: column.clone(),
                     timestamp: v.timestamp.as_u64(),
@@ -476,10 +517,11 @@ impl RowState {
                 });
             }
         }
-        (!families.is_empty()).then(|| pb::Row {
+        let row = (!families.is_empty()).then(|| pb::Row {
             key: key.clone(),
             families,
-        })
+        });
+        (row, until_ms)
     }
 
     /// A 128-bit xxh3 digest of everything a reader can see in this row at `now_ms`

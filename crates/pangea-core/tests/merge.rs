@@ -281,6 +281,29 @@ proptest! {
         c.apply(&Version::new(ts(99), "z".into()), &[Mutation::MergeRow(Box::new(b))], Some(table(&schema)));
         prop_assert_eq!(c, whole);
     }
+
+    /// A replica answers point reads from `encode_latest` until the time it returns:
+    /// the encoding is the newest-version read, and every read before that time
+    /// gives the same bytes; the first read at it (a cell expired) does not.
+    #[test]
+    fn encoded_latest_read_holds_until_its_time(history in history(), now in 0u64..120, later in 0u64..120) {
+        let schema = schema();
+        let row = replay(&history, &(0..history.len()).collect::<Vec<_>>(), &schema);
+        let key = Bytes::from_static(b"k");
+        let t = Some(table(&schema));
+        let read_at = |ms: u64| row.read(&key, &ReadFilter::default(), t, ms).map(|r| r.encode_to_vec());
+        let (encoded, until_ms) = row.encode_latest(&key, t, now);
+        let encoded = encoded.map(|b| b.to_vec());
+        prop_assert_eq!(&encoded, &read_at(now));
+        prop_assert!(until_ms > now);
+        let at = now + later;
+        if at < until_ms {
+            prop_assert_eq!(&encoded, &read_at(at));
+        }
+        if until_ms < u64::MAX {
+            prop_assert_ne!(&encoded, &read_at(until_ms));
+        }
+    }
 }
 
 #[test]

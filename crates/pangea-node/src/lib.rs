@@ -78,7 +78,10 @@ impl Drop for InflightGuard<'_> {
 pub struct Shared {
     pub id: ReplicaId,
     pub region: RegionId,
-    deployment: RwLock<Arc<Deployment>>,
+    /// The deployment, and its generation: bumped by every reload, so answers
+    /// derived from table schemas (`pangea_store::CachedRow::latest_encoded`, TTLs)
+    /// know when they must be made again.
+    deployment: RwLock<(Arc<Deployment>, u64)>,
     store: Store,
     /// Durable watermarks per scope, published by the driver after every flush.
     pub watermarks: RwLock<BTreeMap<ScopeId, ScopeWatermarks>>,
@@ -143,16 +146,18 @@ impl Shared {
 
     /// Replaces the deployment (after a validated reload).
     pub fn set_deployment(&self, d: Arc<Deployment>) {
-        if let Ok(mut w) = self.deployment.write() {
-            *w = d;
-        }
+        let mut w = self.deployment.write().unwrap_or_else(|p| p.into_inner());
+        *w = (d, w.1 + 1);
     }
 
     pub fn deployment(&self) -> Arc<Deployment> {
-        self.deployment
-            .read()
-            .map(|d| d.clone())
-            .unwrap_or_else(|p| p.into_inner().clone())
+        self.deployment_and_generation().0
+    }
+
+    /// The deployment and its generation (see the field).
+    pub fn deployment_and_generation(&self) -> (Arc<Deployment>, u64) {
+        let d = self.deployment.read().unwrap_or_else(|p| p.into_inner());
+        (d.0.clone(), d.1)
     }
 
     /// The effective scope of a row (location metadata, else the placement file).
@@ -177,7 +182,7 @@ impl Shared {
         &self,
         table: &str,
         key: &[u8],
-    ) -> Result<Option<std::sync::Arc<RowState>>, StorageError> {
+    ) -> Result<Option<std::sync::Arc<pangea_store::CachedRow>>, StorageError> {
         self.store.get_row_shared(table, key)
     }
 
@@ -474,7 +479,7 @@ pub async fn run_with_sockets(
     let shared = Arc::new(Shared {
         id: id.clone(),
         region: me.region.clone(),
-        deployment: RwLock::new(deployment.clone()),
+        deployment: RwLock::new((deployment.clone(), 0)),
         store,
         watermarks: RwLock::new(BTreeMap::new()),
         suspected: RwLock::new(BTreeSet::new()),

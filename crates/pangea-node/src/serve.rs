@@ -123,7 +123,7 @@ async fn serve_stream(
                     )),
                     None,
                 );
-                let _ = write_frame(&mut send, &resp).await;
+                let _ = resp.write(&mut send).await;
                 break;
             }
         };
@@ -132,7 +132,7 @@ async fn serve_stream(
         };
         let _inflight = shared.inflight.enter();
         let resp = serve_request(&shared, &caller, req).await;
-        if write_frame(&mut send, &resp).await.is_err() {
+        if resp.write(&mut send).await.is_err() {
             return;
         }
     }
@@ -140,11 +140,7 @@ async fn serve_stream(
 }
 
 /// One request: checked against its deadline, traced, counted, answered.
-async fn serve_request(
-    shared: &Arc<Shared>,
-    caller: &Caller,
-    req: pb::ClientRequest,
-) -> pb::ClientResponse {
+async fn serve_request(shared: &Arc<Shared>, caller: &Caller, req: pb::ClientRequest) -> Reply {
     let started = Instant::now();
     let (op, mode) = describe(&req);
     let budget = if req.deadline_us > 0 {
@@ -153,12 +149,19 @@ async fn serve_request(
         DEFAULT_DEADLINE
     };
     let span = serve_span(shared, caller, &req, op, mode);
+    let work = tracing::Instrument::instrument(process(shared, caller, req), span.clone());
+    // A client may ask for any budget: one past what an `Instant` can hold is as
+    // good as a day.
+    let deadline_at = started
+        .checked_add(budget)
+        .unwrap_or_else(|| started + Duration::from_secs(86_400));
+    let done = tokio::time::timeout_at(deadline_at.into(), work).await;
+    let took = started.elapsed();
     let result = {
-        let work = tracing::Instrument::instrument(process(shared, caller, req), span.clone());
-        match tokio::time::timeout(budget, work).await {
+        match done {
             // Reads complete without yielding, so the timer may not have fired: an
             // answer later than the deadline is still an expired request.
-            Ok(Ok(_)) if started.elapsed() > budget => Err(Failure::new(
+            Ok(Ok(_)) if took > budget => Err(Failure::new(
                 Code::DeadlineExceeded,
                 format!(
                     "deadline of {} µs exceeded at replica {}",
@@ -194,7 +197,7 @@ async fn serve_request(
     };
     shared
         .metrics
-        .observe_request(op, mode, outcome, started.elapsed().as_secs_f64());
+        .observe_request(op, mode, outcome, took.as_secs_f64());
     resp
 }
 
@@ -272,27 +275,58 @@ fn describe(req: &pb::ClientRequest) -> (&'static str, &'static str) {
     }
 }
 
-fn response(
-    shared: &Shared,
-    result: Result<pb::client_response::Response, Failure>,
-    wm: Option<ScopeWatermarks>,
-) -> pb::ClientResponse {
+/// What a request produced.
+enum Body {
+    Message(pb::client_response::Response),
+    /// A get's row as its encoded answer (`None`: no row), shared with the row
+    /// cache (`pangea_store::CachedRow::latest_encoded`).
+    EncodedRow(Option<Bytes>),
+}
+
+impl From<pb::client_response::Response> for Body {
+    fn from(r: pb::client_response::Response) -> Body {
+        Body::Message(r)
+    }
+}
+
+/// An answer ready to write. Both decode, on the client, as a `ClientResponse`.
+enum Reply {
+    Message(pb::ClientResponse),
+    EncodedGet(pb::ClientResponseEncodedGet),
+}
+
+impl Reply {
+    async fn write(&self, send: &mut quinn::SendStream) -> pangea_net::Result<()> {
+        match self {
+            Reply::Message(m) => write_frame(send, m).await,
+            Reply::EncodedGet(m) => write_frame(send, m).await,
+        }
+    }
+}
+
+fn response(shared: &Shared, result: Result<Body, Failure>, wm: Option<ScopeWatermarks>) -> Reply {
     let served_by = Some(pb::ServedBy {
         replica: shared.id.to_string(),
         region: shared.region.to_string(),
         watermarks: wm.map(|w| w.to_proto()),
     });
     let response = match result {
-        Ok(r) => r,
+        Ok(Body::Message(r)) => r,
+        Ok(Body::EncodedRow(row)) => {
+            return Reply::EncodedGet(pb::ClientResponseEncodedGet {
+                served_by,
+                get: Some(pb::GetResponseEncoded { row }),
+            });
+        }
         Err(f) => pb::client_response::Response::Error(pb::Error {
             code: f.code as i32,
             message: f.message,
         }),
     };
-    pb::ClientResponse {
+    Reply::Message(pb::ClientResponse {
         served_by,
         response: Some(response),
-    }
+    })
 }
 
 fn consistency(c: Option<pb::Consistency>) -> Result<Consistency, Failure> {
@@ -429,7 +463,24 @@ fn read_row(
     }))
 }
 
-type Served = (pb::client_response::Response, Option<ScopeWatermarks>);
+/// A point read of the newest version of every cell, answered from the row's
+/// encoded answer, which the row cache keeps until the row changes.
+fn read_row_encoded(shared: &Shared, table: &str, key: &Bytes) -> Result<Option<Bytes>, Failure> {
+    let (d, generation) = shared.deployment_and_generation();
+    let row = shared
+        .store_row(table, key)
+        .map_err(|e| Failure::new(Code::Unavailable, e.to_string()))?;
+    Ok(row.and_then(|r| {
+        r.latest_encoded(
+            key,
+            d.placement.schema.table(table),
+            shared.clock.now().wall_ms,
+            generation,
+        )
+    }))
+}
+
+type Served = (Body, Option<ScopeWatermarks>);
 
 /// This replica's store against placement: rows it holds that their policy does not
 /// allow here (a residency violation; 0 is the only acceptable answer). Yields to the
@@ -550,8 +601,13 @@ async fn process(
             )?;
             let scope = scope_here(shared, &g.table, &g.row_key)?;
             let wm = admit(shared, &scope, &consistency(g.consistency)?)?;
-            let row = read_row(shared, &g.table, &g.row_key, &filter(g.filter))?;
-            Ok((W::Get(pb::GetResponse { row }), Some(wm)))
+            let f = filter(g.filter);
+            if f.is_latest() {
+                let row = read_row_encoded(shared, &g.table, &g.row_key)?;
+                return Ok((Body::EncodedRow(row), Some(wm)));
+            }
+            let row = read_row(shared, &g.table, &g.row_key, &f)?;
+            Ok((W::Get(pb::GetResponse { row }).into(), Some(wm)))
         }
         R::GetMany(g) => {
             if g.row_keys.len() > GET_MANY_KEYS_MAX {
@@ -584,7 +640,7 @@ async fn process(
                     }),
                 );
             }
-            Ok((W::GetMany(pb::GetManyResponse { rows }), wm))
+            Ok((W::GetMany(pb::GetManyResponse { rows }).into(), wm))
         }
         R::ScanPrefix(s) => {
             let scope = scope_here(shared, &s.table, &s.prefix)?;
@@ -615,7 +671,7 @@ async fn process(
             }
             let resume_key = if more { last } else { Bytes::new() };
             Ok((
-                W::ScanPrefix(pb::ScanPrefixResponse { rows, resume_key }),
+                W::ScanPrefix(pb::ScanPrefixResponse { rows, resume_key }).into(),
                 Some(wm),
             ))
         }
@@ -639,7 +695,8 @@ async fn process(
             Ok((
                 W::Mutate(pb::MutateResponse {
                     token: token.encode(),
-                }),
+                })
+                .into(),
                 Some(wm),
             ))
         }
@@ -654,11 +711,11 @@ async fn process(
             .await
             .map_err(|e| Failure::new(Code::InvalidArgument, e))?;
             Ok((
-                W::PlacementMove(pb::PlacementMoveResponse { job_id: id }),
+                W::PlacementMove(pb::PlacementMoveResponse { job_id: id }).into(),
                 None,
             ))
         }
-        R::Audit(_) => Ok((W::Audit(audit(shared).await?), None)),
+        R::Audit(_) => Ok((W::Audit(audit(shared).await?).into(), None)),
         R::Watermarks(w) => {
             let all = shared
                 .watermarks
@@ -670,7 +727,7 @@ async fn process(
                 .filter(|s| w.scope.is_empty() || s.scope.as_str() == w.scope)
                 .map(ScopeWatermarks::to_proto)
                 .collect();
-            Ok((W::Watermarks(pb::WatermarkResponse { scopes }), None))
+            Ok((W::Watermarks(pb::WatermarkResponse { scopes }).into(), None))
         }
     }
 }

@@ -19,3 +19,47 @@ pub use prost::{self, Message};
 
 /// The replication protocol version carried in `Hello`.
 pub const PROTOCOL_VERSION: u32 = 1;
+
+#[cfg(test)]
+mod tests {
+    use super::v1::*;
+    use super::*;
+
+    /// What a replica writes from a pre-encoded row decodes, on the client, as the
+    /// response it would have built.
+    #[test]
+    fn an_encoded_get_decodes_as_the_client_response() {
+        let row = Row {
+            key: "user-1".into(),
+            families: vec![FamilyCells {
+                name: "profile".into(),
+                cells: vec![Cell {
+                    column: "p".into(),
+                    timestamp: 42,
+                    origin: "us-east1-a".into(),
+                    value: vec![7u8; 1024].into(),
+                }],
+            }],
+        };
+        let served_by = Some(ServedBy {
+            replica: "us-east1-a".into(),
+            region: "us-east1".into(),
+            watermarks: None,
+        });
+        for row in [Some(row), None] {
+            let encoded = ClientResponseEncodedGet {
+                served_by: served_by.clone(),
+                get: Some(GetResponseEncoded {
+                    row: row.as_ref().map(|r| r.encode_to_vec().into()),
+                }),
+            };
+            let built = ClientResponse {
+                served_by: served_by.clone(),
+                response: Some(client_response::Response::Get(GetResponse { row })),
+            };
+            let decoded = ClientResponse::decode(encoded.encode_to_vec().as_slice());
+            assert_eq!(decoded.ok(), Some(built.clone()));
+            assert_eq!(encoded.encode_to_vec(), built.encode_to_vec());
+        }
+    }
+}

@@ -19,6 +19,8 @@ mod group_commit;
 mod keys;
 mod row_cache;
 
+pub use row_cache::CachedRow;
+
 use bytes::Bytes;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use pangea_core::storage::{LogEntry, Storage, Watermark, WriteBatch};
@@ -336,19 +338,20 @@ fn split_log(k: &[u8]) -> Result<(String, String, u64), StorageError> {
 
 impl Store {
     /// [`Storage::get_row`] for readers that only look at the row: a row cache hit
-    /// shares the cached row instead of copying it.
+    /// shares the cached row (and its encoded answer, [`CachedRow::latest_encoded`])
+    /// instead of copying it.
     pub fn get_row_shared(
         &self,
         table: &str,
         key: &[u8],
-    ) -> Result<Option<Arc<RowState>>, StorageError> {
+    ) -> Result<Option<Arc<CachedRow>>, StorageError> {
         let k = keys::row_key(table, key);
         let Some(cache) = &self.row_cache else {
             return self
                 .rows
                 .get(&k)
                 .map_err(io)?
-                .map(|v| decode_row(&k, &v).map(Arc::new))
+                .map(|v| decode_row(&k, &v).map(|r| Arc::new(CachedRow::new(r))))
                 .transpose();
         };
         let miss = match cache.lookup(&k) {
@@ -358,7 +361,7 @@ impl Store {
         let Some(v) = self.rows.get(&k).map_err(io)? else {
             return Ok(None);
         };
-        let row = Arc::new(decode_row(&k, &v)?);
+        let row = Arc::new(CachedRow::new(decode_row(&k, &v)?));
         cache.fill(&k, miss, &row, v.len());
         Ok(Some(row))
     }
@@ -366,7 +369,7 @@ impl Store {
 
 impl Storage for Store {
     fn get_row(&self, table: &str, key: &[u8]) -> Result<Option<RowState>, StorageError> {
-        Ok(self.get_row_shared(table, key)?.map(Arc::unwrap_or_clone))
+        Ok(self.get_row_shared(table, key)?.map(CachedRow::into_row))
     }
 
     fn scan_rows(

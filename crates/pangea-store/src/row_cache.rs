@@ -13,16 +13,89 @@
 //! that fetched the row from fjall just before a commit cannot put the old row back
 //! after that commit's invalidation.
 //!
+//! Beside each row the cache keeps, once a get asked for it, the row's answer to a
+//! point read of its newest versions already encoded ([`CachedRow::latest_encoded`]):
+//! building and encoding that answer per read was an eighth of a replica's CPU on
+//! 1 KiB gets (docs/benchmarks.md); a hot row now pays for it once per change.
+//!
 //! Memory is bounded: the budget is split over [`STRIPES`] stripes, a stripe that
 //! would exceed its share is emptied (crude, but O(1) and fair to hot rows, which
 //! come back at once), and rows over a quarter of a stripe's share are not cached.
+//! A row counts twice its stored size: its decoded state and its encoded answer.
 //!
 //! [`Store`]: crate::Store
 
+use bytes::Bytes;
 use pangea_core::RowState;
+use pangea_topology::schema::TableSchema;
 use std::collections::HashMap;
 use std::hash::{BuildHasher as _, RandomState};
 use std::sync::{Arc, Mutex, PoisonError};
+
+/// A row as the store read it, and its encoded newest-version answer once asked.
+#[derive(Debug)]
+pub struct CachedRow {
+    row: RowState,
+    latest: Mutex<Option<Latest>>,
+}
+
+/// A remembered [`RowState::encode_latest`].
+#[derive(Debug)]
+struct Latest {
+    encoded: Option<Bytes>,
+    /// Wall ms before which it holds (a cell's TTL).
+    until_ms: u64,
+    /// The schema generation it was made under (TTLs come from the schema).
+    schema: u64,
+}
+
+impl CachedRow {
+    pub(crate) fn new(row: RowState) -> CachedRow {
+        CachedRow {
+            row,
+            latest: Mutex::new(None),
+        }
+    }
+
+    /// [`RowState::encode_latest`] at `now_ms`, made once and then shared until a
+    /// cell expires or `schema_generation` (which the caller bumps whenever table
+    /// schemas may have changed) moves. The row itself never changes: a write
+    /// replaces the whole entry.
+    pub fn latest_encoded(
+        &self,
+        key: &Bytes,
+        table: Option<&TableSchema>,
+        now_ms: u64,
+        schema_generation: u64,
+    ) -> Option<Bytes> {
+        let mut latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(l) = &*latest
+            && l.schema == schema_generation
+            && now_ms < l.until_ms
+        {
+            return l.encoded.clone();
+        }
+        let (encoded, until_ms) = self.row.encode_latest(key, table, now_ms);
+        *latest = Some(Latest {
+            encoded: encoded.clone(),
+            until_ms,
+            schema: schema_generation,
+        });
+        encoded
+    }
+
+    /// The row, copied only if the cache still shares it.
+    pub fn into_row(this: Arc<CachedRow>) -> RowState {
+        Arc::try_unwrap(this).map_or_else(|shared| shared.row.clone(), |own| own.row)
+    }
+}
+
+impl std::ops::Deref for CachedRow {
+    type Target = RowState;
+    fn deref(&self) -> &RowState {
+        &self.row
+    }
+}
 
 /// Independent locks; a power of two.
 pub(crate) const STRIPES: usize = 64;
@@ -31,7 +104,7 @@ pub(crate) const STRIPES: usize = 64;
 struct Stripe {
     /// Shared with the reads being served from them: a hit costs a reference
     /// count, not a copy of the row's maps.
-    rows: HashMap<Vec<u8>, (Arc<RowState>, usize)>,
+    rows: HashMap<Vec<u8>, (Arc<CachedRow>, usize)>,
     bytes: usize,
     /// Bumped by every invalidation in this stripe.
     epoch: u64,
@@ -70,7 +143,7 @@ impl RowCache {
     }
 
     /// The cached row of `key` (shared, not copied), or the ticket to fill it with.
-    pub(crate) fn lookup(&self, key: &[u8]) -> Result<Arc<RowState>, Miss> {
+    pub(crate) fn lookup(&self, key: &[u8]) -> Result<Arc<CachedRow>, Miss> {
         let stripe = self.stripe_of(key);
         let s = self.lock(stripe);
         match s.rows.get(key) {
@@ -82,9 +155,10 @@ impl RowCache {
         }
     }
 
-    /// Caches `row` (`encoded_bytes` long on disk) unless its stripe was invalidated
+    /// Caches `row` (`stored_bytes` long on disk) unless its stripe was invalidated
     /// since `miss` was handed out.
-    pub(crate) fn fill(&self, key: &[u8], miss: Miss, row: &Arc<RowState>, encoded_bytes: usize) {
+    pub(crate) fn fill(&self, key: &[u8], miss: Miss, row: &Arc<CachedRow>, stored_bytes: usize) {
+        let encoded_bytes = stored_bytes.saturating_mul(2);
         if encoded_bytes > self.stripe_bytes / 4 {
             return;
         }
