@@ -84,7 +84,9 @@ pub struct Shared {
     deployment: RwLock<(Arc<Deployment>, u64)>,
     store: Store,
     /// Durable watermarks per scope, published by the driver after every flush.
-    pub watermarks: RwLock<BTreeMap<ScopeId, ScopeWatermarks>>,
+    /// Shared with the requests that answer with them (each publish makes new
+    /// ones), not copied per request.
+    pub watermarks: RwLock<BTreeMap<ScopeId, Arc<ScopeWatermarks>>>,
     pub suspected: RwLock<BTreeSet<ReplicaId>>,
     /// Location metadata as the driver last applied it.
     pub location: RwLock<pangea_core::location::Location>,
@@ -170,12 +172,12 @@ impl Shared {
     }
 
     /// Durable watermarks of `scope` (all origins at zero if none published yet).
-    pub fn watermarks_of(&self, scope: &ScopeId) -> ScopeWatermarks {
+    pub fn watermarks_of(&self, scope: &ScopeId) -> Arc<ScopeWatermarks> {
         self.watermarks
             .read()
             .ok()
             .and_then(|m| m.get(scope).cloned())
-            .unwrap_or_else(|| ScopeWatermarks::new(scope.clone()))
+            .unwrap_or_else(|| Arc::new(ScopeWatermarks::new(scope.clone())))
     }
 
     pub(crate) fn store_row(

@@ -46,7 +46,7 @@ struct Failure {
     code: Code,
     message: String,
     /// Watermarks to attach (not-covered answers carry them so the client learns).
-    watermarks: Option<ScopeWatermarks>,
+    watermarks: Option<Arc<ScopeWatermarks>>,
 }
 
 impl Failure {
@@ -304,7 +304,11 @@ impl Reply {
     }
 }
 
-fn response(shared: &Shared, result: Result<Body, Failure>, wm: Option<ScopeWatermarks>) -> Reply {
+fn response(
+    shared: &Shared,
+    result: Result<Body, Failure>,
+    wm: Option<Arc<ScopeWatermarks>>,
+) -> Reply {
     let served_by = Some(pb::ServedBy {
         replica: shared.id.to_string(),
         region: shared.region.to_string(),
@@ -413,7 +417,11 @@ fn scope_here(shared: &Shared, table: &str, key: &[u8]) -> Result<ScopeId, Failu
 }
 
 /// Checks the consistency asked for against our durable watermarks.
-fn admit(shared: &Shared, scope: &ScopeId, c: &Consistency) -> Result<ScopeWatermarks, Failure> {
+fn admit(
+    shared: &Shared,
+    scope: &ScopeId,
+    c: &Consistency,
+) -> Result<Arc<ScopeWatermarks>, Failure> {
     // A token is checked against its own scope's stream: after a row changed
     // placement, a token from its old scope is still a valid promise wherever that
     // stream is applied.
@@ -480,7 +488,7 @@ fn read_row_encoded(shared: &Shared, table: &str, key: &Bytes) -> Result<Option<
     }))
 }
 
-type Served = (Body, Option<ScopeWatermarks>);
+type Served = (Body, Option<Arc<ScopeWatermarks>>);
 
 /// This replica's store against placement: rows it holds that their policy does not
 /// allow here (a residency violation; 0 is the only acceptable answer). Yields to the
@@ -725,7 +733,7 @@ async fn process(
             let scopes = all
                 .values()
                 .filter(|s| w.scope.is_empty() || s.scope.as_str() == w.scope)
-                .map(ScopeWatermarks::to_proto)
+                .map(|s| s.to_proto())
                 .collect();
             Ok((W::Watermarks(pb::WatermarkResponse { scopes }).into(), None))
         }
