@@ -69,6 +69,10 @@ pub(crate) struct StartArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     threads: Option<usize>,
+    /// Row cache memory in MiB (default 64; 0: off).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    row_cache_mib: Option<u64>,
 }
 
 pub(crate) fn start(args: StartArgs) -> Result<()> {

@@ -80,6 +80,12 @@ pub struct NodeConfig {
     /// Storage writes and fsyncs run on their own thread either way.
     #[serde(default)]
     pub threads: usize,
+    /// Memory for the row cache, in MiB (default 64): decoded hot rows and their
+    /// encoded answers, so point reads of them skip the store and the encoding. A
+    /// row counts twice its stored size; rows stored in more than 1/512 of it (128
+    /// KiB of 64 MiB) are read from the store each time; 0 turns the cache off.
+    #[serde(default = "default_row_cache_mib")]
+    pub row_cache_mib: u64,
 }
 
 /// A tokio runtime with `threads` threads: 0 one per core (work-stealing), 1 a
@@ -121,6 +127,10 @@ fn default_certs_reload_ms() -> u64 {
     30_000
 }
 
+fn default_row_cache_mib() -> u64 {
+    64
+}
+
 impl NodeConfig {
     /// The tokio runtime [`NodeConfig::threads`] asks for (not started yet).
     pub fn runtime(&self) -> tokio::runtime::Builder {
@@ -156,7 +166,7 @@ impl NodeConfig {
 
 /// Keys the environment may set (so unrelated `PANGEA_*` variables, such as the
 /// topology overrides, are not mistaken for node settings).
-const FIELDS: [&str; 18] = [
+const FIELDS: [&str; 19] = [
     "topology",
     "placement",
     "replica",
@@ -175,6 +185,7 @@ const FIELDS: [&str; 18] = [
     "clock_offset_ms",
     "fault_injection",
     "threads",
+    "row_cache_mib",
 ];
 
 #[cfg(test)]
@@ -209,5 +220,11 @@ mod tests {
         assert_eq!(flavor(&default), RuntimeFlavor::MultiThread);
         assert_eq!(flavor(&load("threads = 1")), RuntimeFlavor::CurrentThread);
         assert_eq!(flavor(&load("threads = 3")), RuntimeFlavor::MultiThread);
+    }
+
+    #[test]
+    fn row_cache_size_defaults_to_64_mib() {
+        assert_eq!(load("").row_cache_mib, 64);
+        assert_eq!(load("row_cache_mib = 0").row_cache_mib, 0);
     }
 }

@@ -398,6 +398,7 @@ pub async fn run_with_sockets(
         &config.data_dir,
         StoreOptions {
             durability,
+            row_cache_bytes: config.row_cache_mib.saturating_mul(1 << 20),
             ..Default::default()
         },
     )?;

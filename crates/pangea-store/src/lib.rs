@@ -64,8 +64,8 @@ pub struct StoreOptions {
     pub durability: Durability,
     /// Block cache size in bytes (default 64 MiB).
     pub cache_bytes: u64,
-    /// Decoded-row cache for point reads, in bytes of encoded rows (default 64 MiB;
-    /// 0 turns it off).
+    /// Row cache for point reads (decoded rows and their encoded answers), in bytes,
+    /// each row counted at twice its stored size (default 64 MiB; 0 turns it off).
     pub row_cache_bytes: u64,
 }
 

@@ -103,6 +103,7 @@ impl LocalCluster {
                 certs_reload_interval_ms: 0,
                 // As `pangea cluster up` runs them: one runtime thread each.
                 threads: 1,
+                row_cache_mib: 64,
             };
             let mut rx = stop_rx.clone();
             // Each replica on its own thread and runtime, as separate processes would
