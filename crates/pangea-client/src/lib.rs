@@ -1054,13 +1054,61 @@ mod read {
         }
     }
 
-    type Attempts = FuturesUnordered<Flight>;
+    /// The requests of one call in flight: one held on its own, any more (hedges,
+    /// fallbacks) in a `FuturesUnordered`, made only when a second goes out. Most
+    /// reads send one request, and the set's allocations and wake-up queue were a
+    /// few % of a 1 KiB get's client CPU.
+    #[derive(Default)]
+    struct Attempts {
+        one: Option<Flight>,
+        more: Option<FuturesUnordered<Flight>>,
+    }
+
+    impl Attempts {
+        fn push(&mut self, flight: Flight) {
+            if self.one.is_none() {
+                self.one = Some(flight);
+            } else {
+                self.more
+                    .get_or_insert_with(FuturesUnordered::new)
+                    .push(flight);
+            }
+        }
+
+        fn is_empty(&self) -> bool {
+            self.one.is_none() && self.more.as_ref().is_none_or(|m| m.is_empty())
+        }
+
+        /// The next answer; `None` once nothing is in flight.
+        fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Outcome>> {
+            if let Some(flight) = &mut self.one
+                && let Poll::Ready(o) = Pin::new(flight).poll(cx)
+            {
+                self.one = None;
+                return Poll::Ready(Some(o));
+            }
+            if let Some(more) = &mut self.more
+                && let Poll::Ready(Some(o)) = more.poll_next_unpin(cx)
+            {
+                return Poll::Ready(Some(o));
+            }
+            if self.is_empty() {
+                Poll::Ready(None)
+            } else {
+                Poll::Pending
+            }
+        }
+
+        fn into_flights(self) -> impl Iterator<Item = Flight> {
+            self.one.into_iter().chain(self.more.into_iter().flatten())
+        }
+    }
 
     /// Lets the requests still out finish in the background until the call's
     /// deadline, so their real latency is measured (a slow replica always beaten by
     /// a hedge would otherwise look fast forever), or their silence.
     fn detach(inner: &Arc<Inner>, set: Attempts, deadline_at: Instant) {
-        for flight in set {
+        for flight in set.into_flights() {
             let inner = inner.clone();
             tokio::spawn(async move {
                 let (replica, since) = (flight.replica.clone(), flight.since);
@@ -1076,7 +1124,7 @@ mod read {
 
     /// The call's deadline passed: the requests still out got no answer in time.
     fn expire(inner: &Inner, set: Attempts, deadline_at: Instant) {
-        for flight in set {
+        for flight in set.into_flights() {
             inner.no_answer(
                 &flight.replica,
                 deadline_at.saturating_duration_since(flight.since),
@@ -1119,7 +1167,7 @@ mod read {
         // The attempts race inside this task (no task spawned per attempt, which
         // was 5 % of a client's CPU on 1 KiB reads); the losers are handed to the
         // runtime once the race is decided, to finish in the background.
-        let mut set: Attempts = FuturesUnordered::new();
+        let mut set = Attempts::default();
         // Who has been asked, since when. When one answers first, the slower ones
         // have taken at least that long, which their round-trip estimates learn
         // (otherwise a slow replica, always beaten by a hedge, would look fast forever).
@@ -1189,7 +1237,7 @@ mod read {
             }
             tokio::select! {
                 biased;
-                done = set.next(), if !set.is_empty() => {
+                done = std::future::poll_fn(|cx| set.poll_next(cx)), if !set.is_empty() => {
                     let Some(o) = done else { continue };
                     if let Some(a) = asked.get_mut(o.index) {
                         trace::finish_attempt(std::mem::replace(&mut a.span, tracing::Span::none()), &o.result);
