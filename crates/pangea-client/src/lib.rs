@@ -1161,8 +1161,18 @@ mod read {
         let deadline = opts.deadline;
         let watermark = matches!(opts.consistency, Consistency::Watermark(_));
         let deadline_at = deadline_after(started, deadline);
-        let primary_all = plan.primary.clone();
-        let mut primary: std::collections::VecDeque<Candidate> = plan.primary.into_iter().collect();
+        // Watermark reads that found no covered replica poll these again: the
+        // fallbacks and the first replica asked.
+        let mut retry_set: Vec<Candidate> = Vec::new();
+        if watermark {
+            retry_set.clone_from(&plan.fallback);
+            if let Some(first) = plan.primary.first()
+                && !retry_set.iter().any(|c| c.replica == first.replica)
+            {
+                retry_set.push(first.clone());
+            }
+        }
+        let mut primary = std::collections::VecDeque::from(plan.primary);
         let mut fallback: Vec<Candidate> = plan.fallback;
         // The attempts race inside this task (no task spawned per attempt, which
         // was 5 % of a client's CPU on 1 KiB reads); the losers are handed to the
@@ -1208,15 +1218,6 @@ mod read {
         match primary.pop_front() {
             Some(c) => launch(&mut set, c, AttemptKind::Primary, &mut asked, started),
             None => return Err(Error::Unavailable("no replica to ask".into())),
-        }
-        // Watermark reads that found no covered replica poll these again.
-        let mut retry_set: Vec<Candidate> = fallback.clone();
-        if let Some(first) = asked
-            .first()
-            .and_then(|a| primary_all.iter().find(|c| c.replica == a.replica))
-            && !retry_set.iter().any(|c| c.replica == first.replica)
-        {
-            retry_set.push(first.clone());
         }
         let mut retry_at: Option<Instant> = None;
         let mut hedge_at = opts
