@@ -43,7 +43,10 @@ pub struct CachedRow {
 #[derive(Debug)]
 struct Latest {
     encoded: Option<Bytes>,
-    /// Wall ms before which it holds (a cell's TTL).
+    /// Wall ms from which (made at) and before which (a cell's TTL) it holds: a
+    /// clock set back (an NTP step, a drill's skew healed) may show a cell that had
+    /// expired when it was made.
+    from_ms: u64,
     until_ms: u64,
     /// The schema generation it was made under (TTLs come from the schema).
     schema: u64,
@@ -58,9 +61,10 @@ impl CachedRow {
     }
 
     /// [`RowState::encode_latest`] at `now_ms`, made once and then shared until a
-    /// cell expires or `schema_generation` (which the caller bumps whenever table
-    /// schemas may have changed) moves. The row itself never changes: a write
-    /// replaces the whole entry.
+    /// cell expires, the clock reads earlier than when it was made, or
+    /// `schema_generation` (which the caller bumps whenever table schemas may have
+    /// changed) moves. The row itself never changes: a write replaces the whole
+    /// entry.
     pub fn latest_encoded(
         &self,
         key: &Bytes,
@@ -71,13 +75,14 @@ impl CachedRow {
         let mut latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(l) = &*latest
             && l.schema == schema_generation
-            && now_ms < l.until_ms
+            && (l.from_ms..l.until_ms).contains(&now_ms)
         {
             return l.encoded.clone();
         }
         let (encoded, until_ms) = self.row.encode_latest(key, table, now_ms);
         *latest = Some(Latest {
             encoded: encoded.clone(),
+            from_ms: now_ms,
             until_ms,
             schema: schema_generation,
         });
@@ -183,5 +188,54 @@ impl RowCache {
         if let Some((_, bytes)) = s.rows.remove(key) {
             s.bytes -= bytes;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pangea_core::{Mutation, Timestamp, Version};
+    use pangea_topology::schema::{GcPolicy, Schema};
+
+    /// The remembered answer is used only between the time it was made and the
+    /// first expiry of a cell it shows: before (a clock set back) and after, the
+    /// answer is made again and shows what a read then sees.
+    #[test]
+    fn an_encoded_answer_holds_only_from_when_it_was_made_until_a_cell_expires() {
+        let gc = |ttl_ms| GcPolicy {
+            max_versions: None,
+            ttl_ms,
+        };
+        let schema = Schema::single_table("t", &[("short", gc(Some(100))), ("long", gc(None))]);
+        let table = schema.table("t");
+        let set = |family: &str| Mutation::SetCell {
+            family: family.into(),
+            column: Bytes::from_static(b"c"),
+            value: Bytes::from_static(b"v"),
+        };
+        let mut row = RowState::default();
+        // Written at 1,000 ms: "short" shows until 1,100, "long" always.
+        row.apply(
+            &Version::new(Timestamp::new(1_000, 0), "a".into()),
+            &[set("short"), set("long")],
+            table,
+        );
+        let key = Bytes::from_static(b"k");
+        let cached = CachedRow::new(row.clone());
+        let fresh = |now_ms| row.encode_latest(&key, table, now_ms).0;
+        for now_ms in [1_050, 1_099, 1_100, 1_200, 1_050, 1_150] {
+            assert_eq!(
+                cached.latest_encoded(&key, table, now_ms, 0),
+                fresh(now_ms),
+                "at {now_ms} ms"
+            );
+        }
+        // A new schema generation: made again, same bytes.
+        assert_eq!(cached.latest_encoded(&key, table, 1_050, 1), fresh(1_050));
+        assert_ne!(
+            fresh(1_050),
+            fresh(1_100),
+            "the short cell must expire at 1,100"
+        );
     }
 }
