@@ -1223,13 +1223,14 @@ mod read {
         let mut hedge_at = opts
             .hedge
             .as_ref()
-            .map(|h| started + inner.hedge.delay(h, deadline));
+            .map(|h| deadline_after(started, inner.hedge.delay(h, deadline)));
         let timer = tokio::time::sleep_until(deadline_at.into());
         tokio::pin!(timer);
         let mut now = started;
         while now < deadline_at {
+            // A hedge already due fires now (the timer is then in the past): one
+            // the loop was too busy with answers to send is late, not dropped.
             let wake = hedge_at
-                .filter(|t| *t > now)
                 .unwrap_or(deadline_at)
                 .min(retry_at.unwrap_or(deadline_at))
                 .min(deadline_at);
@@ -1282,7 +1283,7 @@ mod read {
                             last_err = Some(e);
                         }
                         Err(e) => {
-                            drop(set);
+                            detach(inner, set, deadline_at);
                             cancel_rest(&mut asked);
                             return Err(e);
                         }
@@ -1301,6 +1302,9 @@ mod read {
                 }
                 () = &mut timer => {
                     let now = Instant::now();
+                    if now >= deadline_at {
+                        break;
+                    }
                     if retry_at.is_some_and(|t| now >= t) && set.is_empty() {
                         retry_at = None;
                         for c in retry_set.iter().cloned() {
