@@ -1889,27 +1889,35 @@ impl<S: Storage> Replica<S> {
                 .sweep
                 .take()
                 .unwrap_or_else(|| (tables[0].clone(), Bytes::new()));
-            let rows = self.storage.scan_rows(
+            // Rows are looked at in place; only those compaction changes are copied.
+            let schema = d.placement.schema.table(&table);
+            let (location, scopes) = (&self.location, &self.scopes);
+            let mut due = Vec::new();
+            let mut last = None;
+            self.storage.visit_rows(
                 &table,
                 b"",
                 (!after.is_empty()).then_some(&after[..]),
                 SWEEP_ROWS_MAX,
+                &mut |key, row| {
+                    last = Some(key.clone());
+                    let scope = location.scope_of(&d, &table, key);
+                    if let Some(horizon) = scopes.get(&scope).map(|s| s.purge_horizon)
+                        && row.needs_compact(schema, horizon, now.wall_ms)
+                    {
+                        due.push((key.clone(), row.clone(), horizon));
+                    }
+                },
             )?;
             let mut batch = WriteBatch::default();
-            let mut last = None;
-            for (key, mut row) in rows {
-                last = Some(key.clone());
-                let scope = self.location.scope_of(&d, &table, &key);
-                let Some(horizon) = self.scopes.get(&scope).map(|s| s.purge_horizon) else {
-                    continue;
-                };
-                if row.compact(d.placement.schema.table(&table), horizon, now.wall_ms) {
-                    batch.rows.push(RowWrite {
-                        table: table.clone(),
-                        key,
-                        row: (!row.is_empty()).then_some(row),
-                    });
-                }
+            for (key, mut row, horizon) in due {
+                let changed = row.compact(schema, horizon, now.wall_ms);
+                debug_assert!(changed, "needs_compact is exact");
+                batch.rows.push(RowWrite {
+                    table: table.clone(),
+                    key,
+                    row: (!row.is_empty()).then_some(row),
+                });
             }
             if !batch.is_empty() {
                 self.storage.write(batch)?;

@@ -437,6 +437,40 @@ impl RowState {
         changed | (self.families.len() != families)
     }
 
+    /// Whether [`RowState::compact`] with these arguments would change the row,
+    /// without changing it: a sweep over many rows copies only those that need it.
+    /// Exact, not conservative (property-tested against `compact`).
+    pub fn needs_compact(
+        &self,
+        table: Option<&TableSchema>,
+        horizon: Timestamp,
+        now_ms: u64,
+    ) -> bool {
+        // Any purged tombstone is a change; with none purged, nothing else is
+        // dropped as older than one, so only expiry and empty parts remain.
+        let purged = |t: &Option<Version>| t.as_ref().is_some_and(|t| t.timestamp <= horizon);
+        if purged(&self.tombstone) {
+            return true;
+        }
+        self.families.iter().any(|(name, fam)| {
+            if fam.is_empty() || purged(&fam.tombstone) {
+                return true;
+            }
+            let ttl = gc_of(table, name).ttl_ms;
+            fam.columns.values().any(|col| {
+                col.is_empty()
+                    || col
+                        .range_tombstones
+                        .iter()
+                        .any(|rt| rt.version.timestamp <= horizon)
+                    // Newest first: the last version expires first.
+                    || ttl.zip(col.versions.last()).is_some_and(|(ttl, (v, _))| {
+                        v.timestamp.wall_ms().saturating_add(ttl) <= now_ms
+                    })
+            })
+        })
+    }
+
     /// What a reader sees at `now_ms` through `filter`: live (not deleted, not
     /// expired) versions, newest first. `None` when nothing is left to show.
     pub fn read(

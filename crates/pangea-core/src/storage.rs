@@ -119,6 +119,23 @@ pub trait Storage {
         limit: usize,
     ) -> Result<Vec<(Bytes, RowState)>, StorageError>;
 
+    /// [`Storage::scan_rows`] without the copies: calls `f` with each row in turn.
+    /// The default copies through `scan_rows`; a store that holds its rows in
+    /// memory lends them.
+    fn visit_rows(
+        &self,
+        table: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+        f: &mut dyn FnMut(&Bytes, &RowState),
+    ) -> Result<(), StorageError> {
+        for (key, row) in self.scan_rows(table, prefix, after, limit)? {
+            f(&key, &row);
+        }
+        Ok(())
+    }
+
     /// Tables holding at least one row, in name order.
     fn tables(&self) -> Result<Vec<Arc<str>>, StorageError>;
 
@@ -416,6 +433,28 @@ impl Storage for MemStorage {
             .take(limit)
             .map(|(k, r)| (k.clone(), r.clone()))
             .collect())
+    }
+
+    fn visit_rows(
+        &self,
+        table: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+        f: &mut dyn FnMut(&Bytes, &RowState),
+    ) -> Result<(), StorageError> {
+        let Some(rows) = self.current.rows.get(table) else {
+            return Ok(());
+        };
+        let start = match after {
+            Some(a) if a >= prefix => Bound::Excluded(a),
+            _ => Bound::Included(prefix),
+        };
+        rows.range::<[u8], _>((start, Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .take(limit)
+            .for_each(|(k, r)| f(k, r));
+        Ok(())
     }
 
     fn tables(&self) -> Result<Vec<Arc<str>>, StorageError> {

@@ -238,8 +238,10 @@ proptest! {
             let below_done = o[step + 1..].iter().all(|&j| history[j].0.timestamp > horizon);
             if below_done && step % compact_every == 0 {
                 let before = row.clone();
+                let needs = row.needs_compact(t, horizon, NOW_MS);
                 let changed = row.compact(t, horizon, NOW_MS);
                 prop_assert_eq!(changed, row != before, "compact says whether the row changed");
+                prop_assert_eq!(needs, changed, "needs_compact foretells compact");
                 prop_assert_eq!(visible(&row, &schema), model(&applied, &schema));
             }
         }
@@ -259,6 +261,21 @@ proptest! {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    /// A sweep copies only the rows `needs_compact` names: it says exactly whether
+    /// `compact` would change the row, at any horizon and time (the premise of I5
+    /// is not needed for that).
+    #[test]
+    fn needs_compact_is_exact(history in history(), horizon_ms in 0u64..60, now in 0u64..120) {
+        let schema = schema();
+        let t = Some(table(&schema));
+        let row = replay(&history, &(0..history.len()).collect::<Vec<_>>(), &schema);
+        let mut compacted = row.clone();
+        let changed = compacted.compact(t, ts(horizon_ms), now);
+        prop_assert_eq!(changed, compacted != row);
+        prop_assert_eq!(row.needs_compact(t, ts(horizon_ms), now), changed);
+        prop_assert!(!compacted.needs_compact(t, ts(horizon_ms), now));
+    }
 
     /// Snapshots and migration backfills merge row states: merging the states of two
     /// halves of a history equals applying the whole history, to the byte.
