@@ -183,6 +183,82 @@ pub trait PeerView {
     fn covers(&self, replica: &ReplicaId, token: &Token) -> bool;
     /// `replica`'s last-known low watermark of `scope`, if any.
     fn low_watermark(&self, replica: &ReplicaId, scope: &ScopeId) -> Option<Timestamp>;
+
+    /// [`PeerView::rtt_ms`] of the replica at position `rank` of the deployment's
+    /// replicas in id order (`Topology::replicas`): a view that keeps its replicas
+    /// by that position answers without looking the name up.
+    fn rtt_ms_ranked(&self, rank: usize, replica: &ReplicaId) -> Option<f64> {
+        let _ = rank;
+        self.rtt_ms(replica)
+    }
+
+    /// [`PeerView::is_down`], by position as in [`PeerView::rtt_ms_ranked`].
+    fn is_down_ranked(&self, rank: usize, replica: &ReplicaId) -> bool {
+        let _ = rank;
+        self.is_down(replica)
+    }
+}
+
+/// One replica a client may route a scope's reads to, with what planning needs
+/// from the topology looked up once.
+#[derive(Debug, Clone)]
+struct Route {
+    id: ReplicaId,
+    region: RegionId,
+    weight: f64,
+    /// Position in the deployment's replicas in id order.
+    rank: usize,
+    /// The topology's round-trip estimate from the client's region.
+    est_rtt_ms: f64,
+}
+
+/// What [`plan_read_at`] works out from the deployment on every call, worked out
+/// once: per scope, the replicas a client of one region and app profile may use,
+/// in id order, with their topology round-trip estimates. Build one per
+/// (deployment, client region, app profile) and plan with [`plan_read_routed`];
+/// the plans are the same.
+#[derive(Debug, Clone)]
+pub struct RouteTable {
+    client_region: RegionId,
+    profile: String,
+    scopes: std::collections::BTreeMap<ScopeId, Vec<Route>>,
+}
+
+impl RouteTable {
+    pub fn new(d: &Deployment, profile: &AppProfile, client_region: &RegionId) -> RouteTable {
+        RouteTable {
+            client_region: client_region.clone(),
+            profile: profile.name.clone(),
+            scopes: d
+                .scopes()
+                .map(|s| (s.clone(), routes(d, profile, client_region, s)))
+                .collect(),
+        }
+    }
+}
+
+/// [`eligible_replicas`] as routes.
+fn routes(
+    d: &Deployment,
+    profile: &AppProfile,
+    client_region: &RegionId,
+    scope: &ScopeId,
+) -> Vec<Route> {
+    let eligible = eligible_replicas(d, profile, client_region, scope);
+    // Both walk `Topology::replicas` in order, so ranks only grow.
+    let mut ranks = d.topology.replicas.values().enumerate();
+    eligible
+        .into_iter()
+        .map(|r| Route {
+            id: r.id.clone(),
+            region: r.region.clone(),
+            weight: r.weight,
+            rank: ranks
+                .find(|(_, x)| x.id == r.id)
+                .map_or(usize::MAX, |(i, _)| i),
+            est_rtt_ms: estimated_rtt_to(d, client_region, r),
+        })
+        .collect()
 }
 
 /// Replicas an app profile may use for rows of `scope`: inside the scope's policy,
@@ -274,6 +350,43 @@ pub fn plan_read_at(
     view: &dyn PeerView,
     now_ms: u64,
 ) -> Result<ReadPlan, RouteError> {
+    let scope = location.scope_of(d, req.table, req.key);
+    let routes = routes(d, req.profile, req.client_region, &scope);
+    plan_routes(d, &routes, scope, location, req, view, now_ms)
+}
+
+/// [`plan_read_at`] with the deployment's routes worked out beforehand: `routes`
+/// must be built from `d` for the request's client region and app profile.
+pub fn plan_read_routed(
+    d: &Deployment,
+    routes: &RouteTable,
+    location: &Location,
+    req: &ReadRequest<'_>,
+    view: &dyn PeerView,
+    now_ms: u64,
+) -> Result<ReadPlan, RouteError> {
+    debug_assert!(
+        routes.client_region == *req.client_region && routes.profile == req.profile.name,
+        "a route table of another region or profile"
+    );
+    let scope = location.scope_of(d, req.table, req.key);
+    match routes.scopes.get(&scope) {
+        Some(r) => plan_routes(d, r, scope, location, req, view, now_ms),
+        // A scope the deployment does not list (no such policy): worked out now.
+        None => plan_read_at(d, location, req, view, now_ms),
+    }
+}
+
+/// The plan, given the scope's eligible replicas in id order.
+fn plan_routes(
+    d: &Deployment,
+    eligible: &[Route],
+    scope: ScopeId,
+    location: &Location,
+    req: &ReadRequest<'_>,
+    view: &dyn PeerView,
+    now_ms: u64,
+) -> Result<ReadPlan, RouteError> {
     let ReadRequest {
         client_region,
         profile,
@@ -281,19 +394,13 @@ pub fn plan_read_at(
         key,
         consistency,
     } = *req;
-    let scope = location.scope_of(d, table, key);
-    let eligible = eligible_replicas(d, profile, client_region, &scope);
     if eligible.is_empty() {
         return Err(RouteError::NoEligibleReplica {
             scope,
             profile: profile.name.clone(),
         });
     }
-    let rtt = |r: &Replica| {
-        view.rtt_ms(&r.id)
-            .unwrap_or_else(|| estimated_rtt_to(d, client_region, r))
-    };
-    let in_region = |r: &Replica, region: &RegionId| &r.region == region;
+    let in_region = |r: &Route, region: &RegionId| &r.region == region;
     // A row's home region directs reads only when the caller's own region cannot
     // serve the row (its policy keeps the row elsewhere): then the home region's
     // replicas go first, the policy's other regions after. A row the caller's
@@ -302,25 +409,26 @@ pub fn plan_read_at(
     let home_owned = location.home_of(d, table, key).filter(|_| !local);
     let home = home_owned.as_ref();
     // Healthy before failing; then the home region (when it applies); then by
-    // round trip; then by id, so equal inputs give equal plans.
-    let mut ordered: Vec<(bool, bool, f64, &Replica)> = eligible
+    // round trip; then by id (the routes' order), so equal inputs give equal plans.
+    let mut ordered: Vec<(bool, bool, f64, usize)> = eligible
         .iter()
-        .map(|r| {
+        .enumerate()
+        .map(|(i, r)| {
             (
-                view.is_down(&r.id),
+                view.is_down_ranked(r.rank, &r.id),
                 home.is_some_and(|h| !in_region(r, h)),
-                rtt(r),
-                *r,
+                view.rtt_ms_ranked(r.rank, &r.id).unwrap_or(r.est_rtt_ms),
+                i,
             )
         })
         .collect();
-    ordered.sort_by(|a, b| {
+    ordered.sort_unstable_by(|a, b| {
         (a.0, a.1)
             .cmp(&(b.0, b.1))
             .then(a.2.total_cmp(&b.2))
-            .then(a.3.id.cmp(&b.3.id))
+            .then(a.3.cmp(&b.3))
     });
-    let base_reason = |r: &Replica| {
+    let base_reason = |r: &Route| {
         if home.is_some_and(|h| in_region(r, h)) {
             Reason::Home
         } else {
@@ -329,10 +437,10 @@ pub fn plan_read_at(
     };
     let mut primary: Vec<Candidate> = ordered
         .iter()
-        .map(|(_, _, rtt, r)| Candidate {
-            replica: r.id.clone(),
-            reason: base_reason(r),
-            rtt_ms: *rtt,
+        .map(|&(_, _, rtt, i)| Candidate {
+            replica: eligible[i].id.clone(),
+            reason: base_reason(&eligible[i]),
+            rtt_ms: rtt,
         })
         .collect();
     let mut fallback = Vec::new();

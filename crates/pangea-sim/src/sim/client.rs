@@ -135,6 +135,8 @@ impl Client {
 pub(crate) struct View<'a> {
     pub(crate) client: &'a Client,
     pub(crate) replicas: &'a Interner,
+    /// The replica index of each of the deployment's replicas, in id order.
+    pub(crate) ranked: &'a [Option<usize>],
     pub(crate) scope: usize,
     pub(crate) now: SimTime,
 }
@@ -157,6 +159,20 @@ impl PeerView for View<'_> {
 
     fn low_watermark(&self, replica: &ReplicaId, _scope: &ScopeId) -> Option<Timestamp> {
         self.known(replica).map(|(_, low)| *low)
+    }
+
+    fn rtt_ms_ranked(&self, rank: usize, replica: &ReplicaId) -> Option<f64> {
+        match self.ranked.get(rank) {
+            Some(r) => self.client.rtt_ms[(*r)?],
+            None => self.rtt_ms(replica),
+        }
+    }
+
+    fn is_down_ranked(&self, rank: usize, replica: &ReplicaId) -> bool {
+        match self.ranked.get(rank) {
+            Some(r) => r.is_some_and(|r| self.client.down_until[r] > self.now),
+            None => self.is_down(replica),
+        }
     }
 }
 

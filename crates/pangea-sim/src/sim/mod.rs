@@ -58,7 +58,8 @@ use metrics::{
 use pangea_core::digest::ContentDigest;
 use pangea_core::frame::Frame;
 use pangea_core::read::{
-    Candidate, Consistency, Decision, ReadRequest, Reason, decide, estimated_rtt_ms, plan_read,
+    Candidate, Consistency, Decision, ReadRequest, Reason, RouteTable, decide, estimated_rtt_ms,
+    plan_read_routed,
 };
 use pangea_core::replica::{Event, Now, Replica};
 use pangea_core::storage::{LogEntry, Storage};
@@ -427,6 +428,11 @@ pub struct Simulation {
     allowed: Vec<Vec<Vec<bool>>>,
     /// The deployment clients plan with (the newest).
     client_view: usize,
+    /// `[view][region]`: the routes clients of the region plan reads with.
+    routes: Vec<Vec<RouteTable>>,
+    /// `[view][rank]`: the replica index of each of the view's replicas, in id order
+    /// (`PeerView::rtt_ms_ranked`).
+    rank_replica: Vec<Vec<Option<usize>>>,
     profile: AppProfile,
     /// `[region][replica]`: one-way client latency before overrides (µs).
     client_one_way_us: Vec<Vec<u64>>,
@@ -620,6 +626,25 @@ impl Simulation {
                 ));
             }
         }
+        let routes = views
+            .iter()
+            .map(|v| {
+                regions
+                    .iter()
+                    .map(|region| RouteTable::new(v, &profile, region))
+                    .collect()
+            })
+            .collect();
+        let rank_replica = views
+            .iter()
+            .map(|v| {
+                v.topology
+                    .replicas
+                    .keys()
+                    .map(|id| names.get(id.as_str()))
+                    .collect()
+            })
+            .collect();
         let region_prefix = regions
             .iter()
             .map(|r| {
@@ -681,6 +706,8 @@ impl Simulation {
             allowed,
             views,
             client_view: 0,
+            routes,
+            rank_replica,
             profile,
             client_one_way_us,
             clients,

@@ -4,6 +4,7 @@
 //! event handlers.
 
 use super::*;
+use pangea_core::location::Location;
 
 impl Simulation {
     /// One-way delay of client traffic between a client region and replica `r`
@@ -167,6 +168,7 @@ impl Simulation {
             let view = View {
                 client: c,
                 replicas: &self.names,
+                ranked: &self.rank_replica[self.client_view],
                 scope: op.scope,
                 now: self.now,
             };
@@ -177,7 +179,15 @@ impl Simulation {
                 key: &op.key,
                 consistency: &op.consistency,
             };
-            plan_read(&d, &req, &view, self.now_wall_ms())
+            let routes = &self.routes[self.client_view][c.region];
+            plan_read_routed(
+                &d,
+                routes,
+                &Location::default(),
+                &req,
+                &view,
+                self.now_wall_ms(),
+            )
         };
         let plan = match plan {
             Ok(p) => p,
@@ -235,6 +245,7 @@ impl Simulation {
             let view = View {
                 client: c,
                 replicas: &self.names,
+                ranked: &self.rank_replica[self.client_view],
                 scope: op.scope,
                 now: self.now,
             };
@@ -245,7 +256,15 @@ impl Simulation {
                 key: &op.key,
                 consistency: &Consistency::Eventual,
             };
-            plan_read(&d, &req, &view, self.now_wall_ms())
+            let routes = &self.routes[self.client_view][c.region];
+            plan_read_routed(
+                &d,
+                routes,
+                &Location::default(),
+                &req,
+                &view,
+                self.now_wall_ms(),
+            )
         };
         let Ok(plan) = plan else {
             self.metrics.writes.errors += 1;

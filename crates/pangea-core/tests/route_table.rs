@@ -1,0 +1,161 @@
+//! Planning with a [`RouteTable`] worked out beforehand gives the same plans as
+//! planning from the deployment on every call, whether the view answers by name or
+//! by position; and plans keep their documented order (health, home region, round
+//! trip, then replica id).
+
+use pangea_core::read::{
+    Consistency, PeerView, ReadRequest, Reason, RouteTable, plan_read_at, plan_read_routed,
+};
+use pangea_core::{ReplicaId, ScopeId, Timestamp, Token, location::Location};
+use pangea_topology::{Deployment, RegionId};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::LazyLock;
+
+const T0: u64 = 1_700_000_000_000;
+
+static DEPLOYMENT: LazyLock<Deployment> = LazyLock::new(|| {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology");
+    Deployment::load(
+        &root.join("four-continents.toml"),
+        Some(&root.join("placement.toml")),
+    )
+    .unwrap()
+});
+
+/// What a client knows, per replica in id order; answers by name through `rank`.
+#[derive(Debug)]
+struct View {
+    rank: BTreeMap<ReplicaId, usize>,
+    rtt: Vec<Option<f64>>,
+    down: Vec<bool>,
+    covers: Vec<bool>,
+    low_ms: Vec<Option<u64>>,
+    /// Answer the `_ranked` methods by position (as the simulator does) or through
+    /// the names (as the default methods do).
+    by_rank: bool,
+}
+
+impl PeerView for View {
+    fn rtt_ms(&self, r: &ReplicaId) -> Option<f64> {
+        self.rtt[self.rank[r]]
+    }
+    fn is_down(&self, r: &ReplicaId) -> bool {
+        self.down[self.rank[r]]
+    }
+    fn covers(&self, r: &ReplicaId, _: &Token) -> bool {
+        self.covers[self.rank[r]]
+    }
+    fn low_watermark(&self, r: &ReplicaId, _: &ScopeId) -> Option<Timestamp> {
+        self.low_ms[self.rank[r]].map(|ms| Timestamp::new(ms, 0))
+    }
+    fn rtt_ms_ranked(&self, rank: usize, r: &ReplicaId) -> Option<f64> {
+        if self.by_rank {
+            self.rtt[rank]
+        } else {
+            self.rtt_ms(r)
+        }
+    }
+    fn is_down_ranked(&self, rank: usize, r: &ReplicaId) -> bool {
+        if self.by_rank {
+            self.down[rank]
+        } else {
+            self.is_down(r)
+        }
+    }
+}
+
+fn view() -> impl Strategy<Value = View> {
+    let n = DEPLOYMENT.topology.replicas.len();
+    // Few distinct round trips, so that ties (broken by id) are common.
+    let rtt = prop::option::of(prop::sample::select(vec![1.0, 5.0, 80.0]));
+    (
+        prop::collection::vec(rtt, n),
+        prop::collection::vec(prop::bool::weighted(0.2), n),
+        prop::collection::vec(any::<bool>(), n),
+        prop::collection::vec(prop::option::of(T0 - 5_000..T0), n),
+        any::<bool>(),
+    )
+        .prop_map(|(rtt, down, covers, low_ms, by_rank)| View {
+            rank: DEPLOYMENT
+                .topology
+                .replicas
+                .keys()
+                .cloned()
+                .enumerate()
+                .map(|(i, id)| (id, i))
+                .collect(),
+            rtt,
+            down,
+            covers,
+            low_ms,
+            by_rank,
+        })
+}
+
+fn consistency() -> impl Strategy<Value = Consistency> {
+    let origins: Vec<ReplicaId> = DEPLOYMENT.topology.replicas.keys().cloned().collect();
+    prop_oneof![
+        Just(Consistency::Eventual),
+        Just(Consistency::RowAffinity),
+        (prop::sample::select(origins), 1u64..100).prop_map(|(origin, sequence)| {
+            Consistency::Watermark(Token {
+                scope: ScopeId::global(),
+                origin,
+                sequence,
+                timestamp: Timestamp::new(T0, 0),
+            })
+        }),
+        (0u64..3_000).prop_map(|max_ms| Consistency::BoundedStaleness { max_ms }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    #[test]
+    fn routed_plans_equal_plans_from_the_deployment(
+        view in view(),
+        consistency in consistency(),
+        region in prop::sample::select(DEPLOYMENT.topology.regions.keys().cloned().collect::<Vec<RegionId>>()),
+        profile in prop::sample::select(DEPLOYMENT.topology.app_profiles.keys().cloned().collect::<Vec<String>>()),
+        prefix in prop::sample::select(vec!["eu/", "us/", "apac/", "x/", ""]),
+        user in 0u32..1_000,
+    ) {
+        let d = &*DEPLOYMENT;
+        let profile = &d.topology.app_profiles[&profile];
+        let key = format!("{prefix}{user}");
+        let req = ReadRequest {
+            client_region: &region,
+            profile,
+            table: "ad_profiles",
+            key: key.as_bytes(),
+            consistency: &consistency,
+        };
+        let location = Location::default();
+        let routes = RouteTable::new(d, profile, &region);
+        let routed = plan_read_routed(d, &routes, &location, &req, &view, T0);
+        let direct = plan_read_at(d, &location, &req, &view, T0);
+        prop_assert_eq!(&routed, &direct);
+        // Eventual plans keep the documented order; among equals, by replica id.
+        if let (Consistency::Eventual, Ok(plan)) = (&consistency, routed) {
+            for w in plan.primary.windows(2) {
+                let key = |c: &pangea_core::read::Candidate| {
+                    (view.is_down(&c.replica), c.reason != Reason::Home, c.rtt_ms)
+                };
+                let (a, b) = (key(&w[0]), key(&w[1]));
+                prop_assert!(a.0 <= b.0);
+                if a.0 == b.0 {
+                    prop_assert!(a.1 <= b.1);
+                    if a.1 == b.1 {
+                        prop_assert!(a.2 <= b.2);
+                        if a.2 == b.2 {
+                            prop_assert!(w[0].replica < w[1].replica, "ties break by id");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
