@@ -177,7 +177,8 @@ impl Mutation {
 pub struct RowMutation {
     table: Arc<str>,
     row_key: Bytes,
-    mutations: Vec<Mutation>,
+    /// Shared: a log entry is copied per peer it goes to and into the write batch.
+    mutations: Arc<[Mutation]>,
 }
 
 impl RowMutation {
@@ -191,7 +192,7 @@ impl RowMutation {
         let m = RowMutation {
             table: table.into(),
             row_key: row_key.into(),
-            mutations,
+            mutations: mutations.into(),
         };
         // One validation path for local and remote input: round-trip through the
         // checks of `from_proto`.
