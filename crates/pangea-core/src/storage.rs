@@ -232,9 +232,14 @@ enum Undo {
 }
 
 impl MemState {
-    /// Applies `batch`, moving its contents in, and records in `undo` what each
-    /// change replaced.
-    fn apply(&mut self, batch: WriteBatch, undo: &mut Vec<Undo>) {
+    /// Applies `batch`, moving its contents in, and records in `undo` (when given)
+    /// what each change replaced; without it, what was replaced is dropped at once.
+    fn apply(&mut self, batch: WriteBatch, mut undo: Option<&mut Vec<Undo>>) {
+        let mut record = |u: Undo| {
+            if let Some(undo) = undo.as_deref_mut() {
+                undo.push(u);
+            }
+        };
         for w in batch.rows {
             let old = match w.row {
                 Some(row) => self
@@ -244,7 +249,7 @@ impl MemState {
                     .insert(w.key.clone(), row),
                 None => self.rows.get_mut(&w.table).and_then(|t| t.remove(&w.key)),
             };
-            undo.push(Undo::Row {
+            record(Undo::Row {
                 table: w.table,
                 key: w.key,
                 old,
@@ -253,12 +258,12 @@ impl MemState {
         for e in batch.log {
             let stream = (e.scope.clone(), e.origin.clone());
             let sequence = e.sequence;
-            let old = self
-                .log
-                .entry(stream.clone())
-                .or_default()
-                .insert(sequence, e);
-            undo.push(Undo::Log {
+            let log = match self.log.get_mut(&stream) {
+                Some(log) => log,
+                None => self.log.entry(stream.clone()).or_default(),
+            };
+            let old = log.insert(sequence, e);
+            record(Undo::Log {
                 stream,
                 sequence,
                 old,
@@ -266,8 +271,11 @@ impl MemState {
         }
         for (scope, origin, wm) in batch.watermarks {
             let stream = (scope, origin);
-            let old = self.watermarks.insert(stream.clone(), wm);
-            undo.push(Undo::Watermark { stream, old });
+            let old = match self.watermarks.get_mut(&stream) {
+                Some(w) => Some(std::mem::replace(w, wm)),
+                None => self.watermarks.insert(stream.clone(), wm),
+            };
+            record(Undo::Watermark { stream, old });
         }
         for (scope, origin, below) in batch.truncate_log {
             let stream = (scope, origin);
@@ -275,7 +283,7 @@ impl MemState {
                 let kept = log.split_off(&below);
                 let entries = std::mem::replace(log, kept);
                 if !entries.is_empty() {
-                    undo.push(Undo::Truncated { stream, entries });
+                    record(Undo::Truncated { stream, entries });
                 }
             }
         }
@@ -284,7 +292,7 @@ impl MemState {
                 Some(v) => self.meta.insert(key.clone(), v),
                 None => self.meta.remove(&key),
             };
-            undo.push(Undo::Meta { key, old });
+            record(Undo::Meta { key, old });
         }
     }
 
@@ -468,10 +476,8 @@ impl Storage for MemStorage {
     }
 
     fn write(&mut self, batch: WriteBatch) -> Result<(), StorageError> {
-        self.current.apply(batch, &mut self.unsynced);
-        if self.no_crash_model {
-            self.unsynced.clear();
-        }
+        let undo = (!self.no_crash_model).then_some(&mut self.unsynced);
+        self.current.apply(batch, undo);
         Ok(())
     }
 

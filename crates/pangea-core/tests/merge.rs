@@ -73,7 +73,12 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 fn history() -> impl Strategy<Value = Vec<(Version, Vec<Mutation>)>> {
     prop::collection::btree_map(
         (1u64..50, 0usize..3),
-        prop::collection::vec(mutation(), 1..4),
+        // Mostly a few mutations, sometimes many (with repeated cells: the last
+        // set of a cell in one row mutation counts).
+        prop_oneof![
+            4 => prop::collection::vec(mutation(), 1..4),
+            1 => prop::collection::vec(mutation(), 9..14),
+        ],
         1..25,
     )
     .prop_map(|m| {
