@@ -692,6 +692,30 @@ impl RowState {
         self.families.keys().map(|f| &**f)
     }
 
+    /// Bytes of columns and values a read of the newest version of every cell
+    /// returns at `now_ms` (what [`RowState::encode_latest`] carries, without the
+    /// encoding's framing), counted without building the answer.
+    pub fn latest_value_bytes(&self, table: Option<&TableSchema>, now_ms: u64) -> usize {
+        self.families
+            .iter()
+            .map(|(name, fam)| {
+                let ttl = gc_of(table, name).ttl_ms;
+                let live = |v: &Version| {
+                    ttl.is_none_or(|ttl| v.timestamp.wall_ms().saturating_add(ttl) > now_ms)
+                };
+                fam.columns
+                    .iter()
+                    .filter_map(|(column, col)| {
+                        col.versions
+                            .iter()
+                            .find_map(|(v, value)| value.as_ref().filter(|_| live(v)))
+                            .map(|value| column.len() + value.len())
+                    })
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
     /// Bytes of keys and values held, for store statistics.
     pub fn value_bytes(&self) -> usize {
         self.families

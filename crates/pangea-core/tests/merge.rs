@@ -306,7 +306,8 @@ proptest! {
 
     /// A replica answers point reads from `encode_latest` until the time it returns:
     /// the encoding is the newest-version read, and every read before that time
-    /// gives the same bytes; the first read at it (a cell expired) does not.
+    /// gives the same bytes; the first read at it (a cell expired) does not. The
+    /// simulator's answer size, `latest_value_bytes`, counts that read's cells.
     #[test]
     fn encoded_latest_read_holds_until_its_time(history in history(), now in 0u64..120, later in 0u64..120) {
         let schema = schema();
@@ -314,6 +315,10 @@ proptest! {
         let key = Bytes::from_static(b"k");
         let t = Some(table(&schema));
         let read_at = |ms: u64| row.read(&key, &ReadFilter::default(), t, ms).map(|r| r.encode_to_vec());
+        let read_bytes = row.read(&key, &ReadFilter::default(), t, now).map_or(0, |r| {
+            r.families.iter().flat_map(|f| &f.cells).map(|c| c.column.len() + c.value.len()).sum()
+        });
+        prop_assert_eq!(row.latest_value_bytes(t, now), read_bytes);
         let (encoded, until_ms) = row.encode_latest(&key, t, now);
         let encoded = encoded.map(|b| b.to_vec());
         prop_assert_eq!(&encoded, &read_at(now));

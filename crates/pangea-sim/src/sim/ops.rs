@@ -433,11 +433,13 @@ impl Simulation {
         let reply = match decision {
             Decision::Serve => {
                 let table = self.sc.workload.table.as_str();
-                // `get_row` without the copy: only the size is needed.
+                // `get_row` without the copy: only the size of the answer (the
+                // newest version of every cell) is needed.
+                let schema = self.views[self.nodes[r].view].placement.schema.table(table);
                 let bytes = rep
                     .storage()
                     .row(table, &op.key)
-                    .map_or(0, RowState::value_bytes);
+                    .map_or(0, |row| row.latest_value_bytes(schema, nw.wall_ms));
                 // C4: a watermark read is served only by a replica that applied the
                 // token's write.
                 if let Consistency::Watermark(token) = &op.consistency
