@@ -53,6 +53,9 @@ pub struct Heartbeat {
     pub applied: Vec<(ReplicaId, Watermark)>,
     /// The origin's view of the purge horizon.
     pub purge: Timestamp,
+    /// The sender is the origin and holds the receiver as a tree neighbour (or is
+    /// probing it): the receiver adopts it as an inbound neighbour.
+    pub tree_edge: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,7 +185,8 @@ pub fn heartbeats_encoded_len(hbs: &[Heartbeat]) -> usize {
                     + pb_len::uint64(h.sequence)
                     + pb_len::uint64(h.timestamp.as_u64())
                     + applied
-                    + pb_len::uint64(h.purge.as_u64()),
+                    + pb_len::uint64(h.purge.as_u64())
+                    + pb_len::uint64(u64::from(h.tree_edge)),
             )
         })
         .sum();
@@ -257,6 +261,7 @@ impl Frame {
                             timestamp: Timestamp::from_u64(h.timestamp),
                             applied: watermarks_from(h.applied, fl.applied_max)?,
                             purge: Timestamp::from_u64(h.purge_timestamp),
+                            tree_edge: h.tree_edge,
                         })
                     })
                     .collect::<Result<_, Error>>()?;
@@ -352,6 +357,7 @@ impl Frame {
                         timestamp: h.timestamp.as_u64(),
                         applied: watermarks_to(&h.applied),
                         purge_timestamp: h.purge.as_u64(),
+                        tree_edge: h.tree_edge,
                     })
                     .collect(),
             }),
@@ -413,6 +419,18 @@ impl Frame {
     }
 
     /// The name used in rejection counters and traces.
+    /// Entries (mutations, gap fills), heartbeats or rows (snapshot chunks) carried;
+    /// 1 for a request.
+    pub fn items(&self) -> usize {
+        match self {
+            Frame::Mutations(es) => es.len(),
+            Frame::Heartbeats(hbs) => hbs.len(),
+            Frame::GapRequest(_) | Frame::SnapshotRequest { .. } => 1,
+            Frame::GapFill(g) => g.entries.len(),
+            Frame::SnapshotChunk(c) => c.rows.len(),
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Frame::Mutations(_) => "mutations",
@@ -448,6 +466,7 @@ mod tests {
                 })
                 .collect(),
             purge: Timestamp::from_u64(purge),
+            tree_edge: seq % 2 == 1,
         };
         let cases = vec![
             vec![],

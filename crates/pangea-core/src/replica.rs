@@ -287,10 +287,18 @@ struct ScopeState {
     heartbeat_news: Vec<(Heartbeat, ReplicaId)>,
     /// An incoming snapshot, if one is being installed.
     incoming: Option<Incoming>,
-    /// Members that recently sent us tree traffic (mutations, heartbeats) directly,
-    /// until when. We forward to them as if they were tree neighbours: when views of
-    /// the tree differ (a topology rollout, different suspicions), each side still
-    /// reaches the other, so no replica is left without a feed (I8).
+    /// Members that recently sent us their own heartbeat directly, until when: those
+    /// that hold us as a tree neighbour (or probe us). We forward to them as if they
+    /// were tree neighbours: when views of the tree differ (a topology rollout,
+    /// different suspicions), each side still reaches the other, so no replica is
+    /// left without a feed (I8).
+    ///
+    /// Only a sender's own heartbeats count, and a replica sends those to its tree
+    /// neighbours (and suspected members) only, never to its inbound ones. Adopting
+    /// on any traffic let two replicas keep each other inbound for ever by
+    /// forwarding to each other: every tree a failure made left its edges behind,
+    /// and after a few failures entries went out over a near-mesh (15 copies per
+    /// apply in the `rolling-restart` drill).
     inbound: BTreeMap<ReplicaId, u64>,
 }
 
@@ -1118,9 +1126,7 @@ impl<S: Storage> Replica<S> {
             self.reject(from, Reject::NotInScope);
             return Ok(());
         }
-        let until_us = now.mono_us + self.inbound_ttl_us();
-        let s = self.scopes.get_mut(&e.scope).expect("checked above");
-        s.adopt(from, until_us);
+        let s = &self.scopes[&e.scope];
         // Copy the watermark only: cloning the whole stream (with its buffer of up to
         // `reorder_window` out-of-order entries) for every entry made catching up
         // quadratic; a replica restarted behind a busy origin spent over a minute of
@@ -1685,6 +1691,7 @@ impl<S: Storage> Replica<S> {
             },
             applied,
             purge: s.purge_horizon,
+            tree_edge: false,
         })
     }
 
@@ -1705,19 +1712,31 @@ impl<S: Storage> Replica<S> {
                 }
             }
             let s = &self.scopes[&scope];
-            let mut to: Vec<ReplicaId> = s.forward_set(&self.id);
+            // Tree neighbours, and suspected members on a probe round (so a cut tree
+            // heals, I8), are told we hold them as neighbours: they adopt us as
+            // inbound. Inbound neighbours get the heartbeat without that flag, so
+            // two replicas that are not neighbours in either's tree do not keep each
+            // other inbound by sending to each other.
+            let mut edges: Vec<ReplicaId> = s.tree.neighbours(&self.id).to_vec();
             if probe {
-                // Probe suspected members directly, so a cut tree heals (I8).
-                to.extend(
+                edges.extend(
                     s.members
                         .iter()
                         .filter(|m| self.peers.get(m).is_some_and(|p| p.suspected))
                         .cloned(),
                 );
             }
-            for n in to {
+            let inbound_only = s.inbound.keys().filter(|n| !edges.contains(n));
+            let to: Vec<(ReplicaId, bool)> = inbound_only
+                .map(|n| (n.clone(), false))
+                .chain(edges.iter().map(|n| (n.clone(), true)))
+                .collect();
+            for (n, tree_edge) in to {
                 if let Some(p) = self.peers.get_mut(&n) {
-                    p.heartbeats.push(hb.clone());
+                    p.heartbeats.push(Heartbeat {
+                        tree_edge,
+                        ..hb.clone()
+                    });
                 }
             }
         }
@@ -1740,9 +1759,11 @@ impl<S: Storage> Replica<S> {
                 continue;
             }
             let origin_is_writer = s.origins.contains(&hb.origin);
-            let until_us = now.mono_us + self.inbound_ttl_us();
-            if let Some(s) = self.scopes.get_mut(&hb.scope) {
-                s.adopt(from, until_us);
+            if hb.origin == *from && hb.tree_edge {
+                let until_us = now.mono_us + self.inbound_ttl_us();
+                if let Some(s) = self.scopes.get_mut(&hb.scope) {
+                    s.adopt(from, until_us);
+                }
             }
             if hb.origin == self.id {
                 continue;
@@ -1796,6 +1817,11 @@ impl<S: Storage> Replica<S> {
                     st.hint = Some(from.clone());
                 }
             }
+            // Relayed, it no longer comes from its origin.
+            let hb = Heartbeat {
+                tree_edge: false,
+                ..hb
+            };
             match s
                 .heartbeat_news
                 .binary_search_by(|(h, _)| h.origin.cmp(&origin))

@@ -245,6 +245,7 @@ fn hostile_frames_are_refused_counted_and_change_nothing() {
         timestamp: Timestamp::new(T0, 0),
         applied: vec![],
         purge: Timestamp::ZERO,
+        tree_edge: true,
     };
     a.handle_frame(at(2), &from, Frame::Heartbeats(vec![hb]))
         .unwrap();
@@ -521,6 +522,7 @@ fn a_replica_whose_clock_disagrees_with_most_peers_refuses_writes() {
         timestamp: Timestamp::new(wall_ms, 0),
         applied: vec![],
         purge: Timestamp::ZERO,
+        tree_edge: true,
     };
     let hear = |r: &mut Replica<MemStorage>, now_ms: u64, peer: &str, offset_ms: i64| {
         let wall = (T0 + now_ms) as i64 + offset_ms;

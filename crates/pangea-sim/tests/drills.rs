@@ -258,3 +258,34 @@ fn host_costs_add_to_reads_writes_and_lag() -> Result<()> {
     assert!(err.contains("fsync_us"), "{err}");
     Ok(())
 }
+
+/// Tree changes leave no mesh behind: a replica forwards to the members whose own
+/// heartbeats say they hold it as a tree neighbour, so once a failure heals every
+/// entry goes out about once per replica that applies it again. (When any traffic
+/// made a sender an "inbound neighbour", two replicas kept each other inbound for
+/// ever by forwarding to each other: every tree a failure made left its edges
+/// behind, and after the `rolling-restart` drill each entry went out about 15 times
+/// per apply.) Two runs with the same early failure, 12 s and 24 s long: the
+/// seconds only the longer one has must cost about one send per apply.
+#[test]
+fn failures_leave_no_mesh_behind() -> Result<()> {
+    let run = |secs: u64| -> Result<(f64, f64)> {
+        let text = format!(
+            "{}\n[[faults]]\nat = \"1s\"\nkind = \"lose-replica\"\nreplica = \"euw1-a\"\nfor = \"2s\"\n",
+            HEAD.replace("duration = \"4s\"", &format!("duration = \"{secs}s\""))
+        );
+        let r = Simulation::new(drill("failure.toml", &text)?.scenario)?.run()?;
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        let sent = r.counters.frames_sent["mutations"].items as f64;
+        Ok((sent, r.counters.entries_applied as f64))
+    };
+    let (sent_short, applied_short) = run(12)?;
+    let (sent_long, applied_long) = run(24)?;
+    let tail = (sent_long - sent_short) / (applied_long - applied_short);
+    eprintln!("{tail:.2} mutations sent per entry applied after the failure");
+    assert!(
+        tail < 1.2,
+        "{tail:.2} mutations sent per entry applied, long after the failure healed"
+    );
+    Ok(())
+}

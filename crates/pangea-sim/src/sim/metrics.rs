@@ -209,6 +209,17 @@ pub struct Counters {
     pub read_errors: BTreeMap<String, u64>,
     /// Simulator events processed (deliveries, timers, client messages).
     pub events: u64,
+    /// Replication frames replicas sent, by kind (`mutations`, `heartbeats`, ...):
+    /// frames, the entries or heartbeats they carried, and bytes on the wire.
+    pub frames_sent: BTreeMap<&'static str, FrameCount>,
+}
+
+/// Frames of one kind: how many, the items they carried, their wire bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct FrameCount {
+    pub frames: u64,
+    pub items: u64,
+    pub bytes: u64,
 }
 
 /// The result of one run; `pangea sim run --json` writes it.

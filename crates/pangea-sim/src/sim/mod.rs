@@ -884,6 +884,10 @@ impl Simulation {
                 continue;
             };
             let kind = t.frame.kind();
+            let count = self.metrics.counters.frames_sent.entry(kind).or_default();
+            count.frames += 1;
+            count.items += t.frame.items() as u64;
+            count.bytes += t.bytes as u64;
             note_wire(&mut self.checks, &self.scopes, &self.names, &t.frame, now);
             // Frames leave once the turn is committed (`HostModel::commit`).
             let out = self.net.send_idx(
