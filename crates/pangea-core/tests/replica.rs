@@ -617,3 +617,62 @@ fn a_replica_whose_clock_disagrees_with_most_peers_refuses_writes() {
     }
     assert_eq!(g.clock_fence(at(101)), None);
 }
+
+/// I8's inbound neighbours: a replica forwards to a member outside its tree only
+/// while that member's own heartbeats say it holds this replica as a tree
+/// neighbour (`tree_edge`). The same heartbeat without the flag, or relayed by the
+/// member for another origin, adopts nobody; an adoption lapses when the flagged
+/// heartbeats stop.
+#[test]
+fn only_a_senders_own_tree_edge_heartbeat_makes_it_an_inbound_neighbour() {
+    let d = deployment();
+    let tree = d.tree(&ScopeId::global(), None);
+    let me: ReplicaId = "euw1-a".into();
+    // A member that is not our tree neighbour, and a third origin.
+    let (far, other) = {
+        let mut outside = d
+            .topology
+            .replicas
+            .keys()
+            .filter(|r| **r != me && !tree.neighbours(&me).contains(r));
+        (
+            outside.next().unwrap().clone(),
+            outside.next().unwrap().clone(),
+        )
+    };
+    let hb = |origin: &ReplicaId, tree_edge: bool, ms: u64| Heartbeat {
+        scope: ScopeId::global(),
+        origin: origin.clone(),
+        sequence: 0,
+        timestamp: Timestamp::new(T0 + ms, 0),
+        applied: vec![],
+        purge: Timestamp::ZERO,
+        tree_edge,
+    };
+    let mut a = replica(&d, me.as_str());
+    // Whether a write proposed at `ms` is sent to `far`.
+    let sends_to_far = |a: &mut Replica<MemStorage>, ms: u64| {
+        a.propose(at(ms), set(&format!("us/{ms}"), "x")).unwrap();
+        a.flush(at(ms)).unwrap();
+        std::iter::from_fn(|| a.poll_transmit())
+            .any(|t| t.to == far && matches!(t.frame, Frame::Mutations(_)))
+    };
+    assert!(!sends_to_far(&mut a, 1), "not a tree neighbour");
+    let frame = |hbs| Frame::Heartbeats(hbs);
+    a.handle_frame(at(2), &far, frame(vec![hb(&far, false, 2)]))
+        .unwrap();
+    assert!(!sends_to_far(&mut a, 3), "its heartbeat without the flag");
+    a.handle_frame(at(4), &far, frame(vec![hb(&other, true, 4)]))
+        .unwrap();
+    assert!(
+        !sends_to_far(&mut a, 5),
+        "another origin's heartbeat, relayed"
+    );
+    a.handle_frame(at(6), &far, frame(vec![hb(&far, true, 6)]))
+        .unwrap();
+    assert!(sends_to_far(&mut a, 7), "it holds us as a tree neighbour");
+    // No flagged heartbeat for longer than the adoption lasts: forgotten.
+    let lapse_ms = 10_000;
+    a.handle_timeout(at(lapse_ms)).unwrap();
+    assert!(!sends_to_far(&mut a, lapse_ms + 1), "the adoption lapsed");
+}
