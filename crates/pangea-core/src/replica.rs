@@ -427,10 +427,6 @@ impl Peers {
     fn iter(&self) -> impl Iterator<Item = (&ReplicaId, &Peer)> {
         self.0.iter().map(|(id, p)| (id, p))
     }
-
-    fn iter_mut(&mut self) -> impl Iterator<Item = (&ReplicaId, &mut Peer)> {
-        self.0.iter_mut().map(|(id, p)| (&*id, p))
-    }
 }
 
 /// How recent a peer's heartbeat must be to count toward the clock fence.
@@ -2031,9 +2027,36 @@ impl<S: Storage> Replica<S> {
             s.inbound.retain(|_, until| *until > now.mono_us);
         }
         let limit_us = self.config.suspect_after_ms * 1_000;
+        let silent: Vec<ReplicaId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| !p.suspected && now.mono_us.saturating_sub(p.last_heard_us) > limit_us)
+            .map(|(id, _)| id.clone())
+            .collect();
+        if silent.is_empty() {
+            return;
+        }
+        // Most peers are heard only through heartbeats relayed along the tree, so
+        // when one replica goes quiet, so does everyone behind it. Suspect the quiet
+        // peers nearest to us on the global tree only; those behind another quiet one
+        // get a new period to be heard over the tree rebuilt without it (suspecting
+        // them all at once made every loss of a relay look like the loss of its
+        // subtree, and the trees churn). One tree has no cycles, so the nearest
+        // quiet peer on each path is always suspected.
+        let tree = self.scopes.get(&ScopeId::global()).map(|s| &s.tree);
+        let behind_quiet = |p: &ReplicaId| {
+            tree.and_then(|t| t.path(&self.id, p))
+                .is_some_and(|path| path[1..path.len() - 1].iter().any(|q| silent.contains(q)))
+        };
+        let graced: Vec<bool> = silent.iter().map(behind_quiet).collect();
         let mut changed = false;
-        for (id, p) in self.peers.iter_mut() {
-            if !p.suspected && now.mono_us.saturating_sub(p.last_heard_us) > limit_us {
+        for (id, graced) in silent.iter().zip(graced) {
+            let Some(p) = self.peers.get_mut(id) else {
+                continue;
+            };
+            if graced {
+                p.last_heard_us = now.mono_us;
+            } else {
                 p.suspected = true;
                 changed = true;
                 self.events.push_back(Event::PeerSuspected(id.clone()));
