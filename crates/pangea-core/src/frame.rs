@@ -53,8 +53,8 @@ pub struct Heartbeat {
     pub applied: Vec<(ReplicaId, Watermark)>,
     /// The origin's view of the purge horizon.
     pub purge: Timestamp,
-    /// The sender is the origin and holds the receiver as a tree neighbour (or is
-    /// probing it): the receiver adopts it as an inbound neighbour.
+    /// The sender is the origin and holds the receiver as a tree neighbour: the
+    /// receiver adopts it as an inbound neighbour.
     pub tree_edge: bool,
 }
 

@@ -287,14 +287,14 @@ struct ScopeState {
     heartbeat_news: Vec<(Heartbeat, ReplicaId)>,
     /// An incoming snapshot, if one is being installed.
     incoming: Option<Incoming>,
-    /// Members that recently sent us their own heartbeat directly, until when: those
-    /// that hold us as a tree neighbour (or probe us). We forward to them as if they
+    /// Members that recently sent us their own heartbeat flagged `tree_edge`, until
+    /// when: those that hold us as a tree neighbour. We forward to them as if they
     /// were tree neighbours: when views of the tree differ (a topology rollout,
     /// different suspicions), each side still reaches the other, so no replica is
     /// left without a feed (I8).
     ///
-    /// Only a sender's own heartbeats count, and a replica sends those to its tree
-    /// neighbours (and suspected members) only, never to its inbound ones. Adopting
+    /// Only a sender's own heartbeats count, and a replica flags those to its tree
+    /// neighbours only (not to inbound neighbours, not to the members it probes). Adopting
     /// on any traffic let two replicas keep each other inbound for ever by
     /// forwarding to each other: every tree a failure made left its edges behind,
     /// and after a few failures entries went out over a near-mesh (15 copies per
@@ -1708,25 +1708,33 @@ impl<S: Storage> Replica<S> {
                 }
             }
             let s = &self.scopes[&scope];
-            // Tree neighbours, and suspected members on a probe round (so a cut tree
-            // heals, I8), are told we hold them as neighbours: they adopt us as
-            // inbound. Inbound neighbours get the heartbeat without that flag, so
-            // two replicas that are not neighbours in either's tree do not keep each
-            // other inbound by sending to each other.
-            let mut edges: Vec<ReplicaId> = s.tree.neighbours(&self.id).to_vec();
+            // Tree neighbours are told we hold them as neighbours: they adopt us as
+            // inbound. Everyone else gets the heartbeat without that flag: inbound
+            // neighbours (so two replicas that are neighbours in neither's tree do
+            // not keep each other inbound by sending to each other), and suspected
+            // members on a probe round (hearing us is what heals a cut tree, I8;
+            // adopting every prober made each replica forward the backlog of a
+            // healed partition to the whole other side at once).
+            let edges = s.tree.neighbours(&self.id);
+            let mut to: Vec<(ReplicaId, bool)> = s
+                .inbound
+                .keys()
+                .filter(|n| !edges.contains(n))
+                .map(|n| (n.clone(), false))
+                .collect();
             if probe {
-                edges.extend(
+                to.extend(
                     s.members
                         .iter()
-                        .filter(|m| self.peers.get(m).is_some_and(|p| p.suspected))
-                        .cloned(),
+                        .filter(|m| {
+                            !edges.contains(m)
+                                && !s.inbound.contains_key(*m)
+                                && self.peers.get(m).is_some_and(|p| p.suspected)
+                        })
+                        .map(|m| (m.clone(), false)),
                 );
             }
-            let inbound_only = s.inbound.keys().filter(|n| !edges.contains(n));
-            let to: Vec<(ReplicaId, bool)> = inbound_only
-                .map(|n| (n.clone(), false))
-                .chain(edges.iter().map(|n| (n.clone(), true)))
-                .collect();
+            to.extend(edges.iter().map(|n| (n.clone(), true)));
             for (n, tree_edge) in to {
                 if let Some(p) = self.peers.get_mut(&n) {
                     p.heartbeats.push(Heartbeat {

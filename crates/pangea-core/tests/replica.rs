@@ -676,3 +676,33 @@ fn only_a_senders_own_tree_edge_heartbeat_makes_it_an_inbound_neighbour() {
     a.handle_timeout(at(lapse_ms)).unwrap();
     assert!(!sends_to_far(&mut a, lapse_ms + 1), "the adoption lapsed");
 }
+
+/// Probes of suspected members do not ask them to forward to us (`tree_edge`
+/// unset): hearing the probe is what heals a cut tree, while adopting every prober
+/// made each replica forward a healed partition's backlog to the whole other side.
+#[test]
+fn probes_of_suspected_members_do_not_ask_for_a_feed() {
+    let d = deployment();
+    let mut a = replica(&d, "euw1-a");
+    // Nobody is heard: every peer is suspected within a few suspicion delays (the
+    // nearest on the tree first), and the probe rounds after that reach each of them.
+    let mut probed = BTreeMap::new();
+    for ms in (0..=8_000).step_by(50) {
+        a.handle_timeout(at(ms)).unwrap();
+        a.flush(at(ms)).unwrap();
+        let out: Vec<_> = std::iter::from_fn(|| a.poll_transmit()).collect();
+        for t in out {
+            a.handle_sent(&t.to, t.bytes);
+            if let Frame::Heartbeats(hbs) = t.frame
+                && ms > 6_000
+            {
+                for hb in hbs {
+                    *probed.entry(t.to.clone()).or_insert(false) |= hb.tree_edge;
+                }
+            }
+        }
+    }
+    assert_eq!(a.suspected().count(), d.topology.replicas.len() - 1);
+    assert_eq!(probed.len(), d.topology.replicas.len() - 1, "{probed:?}");
+    assert!(probed.values().all(|flag| !flag), "{probed:?}");
+}
