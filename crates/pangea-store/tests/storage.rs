@@ -290,7 +290,9 @@ fn encoded_value_bytes(encoded: &[u8]) -> Result<usize> {
 /// length once its commit returned; two readers check every read is at least that
 /// long, half of them through the encoded answer the cache keeps beside the row.
 /// (Without the stripe epoch, a read that fetched the old row just before a commit
-/// could put it back in the cache after the commit's invalidation.)
+/// could put it back in the cache after the commit's invalidation.) Every 100
+/// writes the writer waits for a read, so reads interleave with the writes even
+/// when the machine is too busy to run the readers on their own.
 #[test]
 fn the_row_cache_is_never_staler_than_a_returned_commit() -> Result<()> {
     use std::sync::Arc;
@@ -304,9 +306,15 @@ fn the_row_cache_is_never_staler_than_a_returned_commit() -> Result<()> {
     let mut store = Store::open(dir.path(), opts)?;
     let published = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicBool::new(false));
+    let reads_total = Arc::new(AtomicUsize::new(0));
     let readers: Vec<_> = (0..2)
         .map(|_| {
-            let (store, published, done) = (store.clone(), published.clone(), done.clone());
+            let (store, published, done, reads_total) = (
+                store.clone(),
+                published.clone(),
+                done.clone(),
+                reads_total.clone(),
+            );
             std::thread::spawn(move || -> Result<usize> {
                 let mut reads = 0;
                 while !done.load(Ordering::Acquire) {
@@ -327,6 +335,7 @@ fn the_row_cache_is_never_staler_than_a_returned_commit() -> Result<()> {
                         "read a {got}-byte value after the {at_least}-byte one was committed"
                     );
                     reads += 1;
+                    reads_total.fetch_add(1, Ordering::Release);
                 }
                 Ok(reads)
             })
@@ -334,6 +343,20 @@ fn the_row_cache_is_never_staler_than_a_returned_commit() -> Result<()> {
         .collect();
     let mut last_bytes = 0;
     for i in 1..=WRITES {
+        if i % 100 == 0 {
+            let seen = reads_total.load(Ordering::Acquire);
+            let waited = std::time::Instant::now();
+            // (A reader that stopped on a stale read is joined below, with its error.)
+            while reads_total.load(Ordering::Acquire) == seen
+                && !readers.iter().any(|r| r.is_finished())
+            {
+                anyhow::ensure!(
+                    waited.elapsed() < std::time::Duration::from_secs(10),
+                    "no reader read for 10 s"
+                );
+                std::thread::yield_now();
+            }
+        }
         let r = row(&"x".repeat(i), i as u64);
         last_bytes = r.value_bytes();
         store.write(WriteBatch {
@@ -347,10 +370,11 @@ fn the_row_cache_is_never_staler_than_a_returned_commit() -> Result<()> {
         published.store(last_bytes, Ordering::Release);
     }
     done.store(true, Ordering::Release);
+    let mut reads = 0;
     for r in readers {
-        let reads = r.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
-        assert!(reads > 0);
+        reads += r.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
     }
+    assert!(reads >= WRITES / 100, "{reads} reads");
     let last = store.get_row("t", b"k")?.map(|r| r.value_bytes());
     assert_eq!(last, Some(last_bytes));
     Ok(())
