@@ -48,7 +48,7 @@ fn reference_ten_minutes_at_5000_ops() -> Result<()> {
     sc.replica.heartbeat_forward_delay_ms = env("PANGEA_SPEED_HB_FWD_MS", 5);
     let r = Simulation::new(sc)?.run()?;
     println!(
-        "virtual_s {:.1} wall_s {:.1} speedup {:.2}x cpu_s {:.1} speedup_cpu {:.2}x operations {} events {} messages {} peak_rss_mib {:.0} lag_p99_ms {:.1} availability {:.5}",
+        "virtual_s {:.1} wall_s {:.1} speedup {:.2}x cpu_s {:.1} speedup_cpu {:.2}x operations {} events {} messages {} peak_rss_mib {:.0} lag_p99_ms {:.1} availability {:.5} trace_hash {}",
         r.virtual_s,
         r.wall_s,
         r.speedup,
@@ -59,7 +59,8 @@ fn reference_ten_minutes_at_5000_ops() -> Result<()> {
         r.counters.messages_delivered,
         peak_rss_mib().unwrap_or(0.0),
         r.replication_lag_ms.p99,
-        r.availability
+        r.availability,
+        r.trace_hash
     );
     assert!(r.slo_failures.is_empty(), "{:?}", r.slo_failures);
     Ok(())

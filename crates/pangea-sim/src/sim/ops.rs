@@ -5,6 +5,7 @@
 
 use super::*;
 use pangea_core::location::Location;
+use pangea_core::read::{ReadPlan, RouteError};
 
 impl Simulation {
     /// One-way delay of client traffic between a client region and replica `r`
@@ -146,8 +147,7 @@ impl Simulation {
         key: Bytes,
         consistency: Consistency,
     ) {
-        let d = self.views[self.client_view].clone();
-        let scope_id = d.scope_of(&table, &key).clone();
+        let scope_id = self.views[self.client_view].scope_of(&table, &key).clone();
         let deadline = self.sc.workload.deadline;
         let mut op = self.new_op(
             client,
@@ -163,33 +163,7 @@ impl Simulation {
         let region = self.clients[client].region;
         self.metrics.regions[region].count += 1;
         self.metrics.region_modes[region][mode.index()].count += 1;
-        let plan = {
-            let c = &self.clients[client];
-            let view = View {
-                client: c,
-                replicas: &self.names,
-                ranked: &self.rank_replica[self.client_view],
-                scope: op.scope,
-                now: self.now,
-            };
-            let req = ReadRequest {
-                client_region: &c.region_id,
-                profile: &self.profile,
-                table: &table,
-                key: &op.key,
-                consistency: &op.consistency,
-            };
-            let routes = &self.routes[self.client_view][c.region];
-            plan_read_routed(
-                &d,
-                routes,
-                &Location::default(),
-                &req,
-                &view,
-                self.now_wall_ms(),
-            )
-        };
-        let plan = match plan {
+        let plan = match self.plan(client, op.scope, &table, &op.key, &op.consistency) {
             Ok(p) => p,
             Err(_) => {
                 self.finish_read(op, Err(ErrKind::Policy), None);
@@ -218,8 +192,7 @@ impl Simulation {
     }
 
     fn start_write(&mut self, client: usize, table: Arc<str>, key: Bytes, m: Mutation) {
-        let d = self.views[self.client_view].clone();
-        let scope_id = d.scope_of(&table, &key).clone();
+        let scope_id = self.views[self.client_view].scope_of(&table, &key).clone();
         self.metrics.writes.count += 1;
         let mutation =
             match RowMutation::new(table.clone(), key.clone(), vec![m], &Limits::default()) {
@@ -240,33 +213,7 @@ impl Simulation {
             deadline,
         );
         // Writes go to the nearest allowed replica: the order of an eventual plan.
-        let plan = {
-            let c = &self.clients[client];
-            let view = View {
-                client: c,
-                replicas: &self.names,
-                ranked: &self.rank_replica[self.client_view],
-                scope: op.scope,
-                now: self.now,
-            };
-            let req = ReadRequest {
-                client_region: &c.region_id,
-                profile: &self.profile,
-                table: &table,
-                key: &op.key,
-                consistency: &Consistency::Eventual,
-            };
-            let routes = &self.routes[self.client_view][c.region];
-            plan_read_routed(
-                &d,
-                routes,
-                &Location::default(),
-                &req,
-                &view,
-                self.now_wall_ms(),
-            )
-        };
-        let Ok(plan) = plan else {
+        let Ok(plan) = self.plan(client, op.scope, &table, &op.key, &Consistency::Eventual) else {
             self.metrics.writes.errors += 1;
             self.trace([20, client as u64, 0, 0]);
             return;
@@ -281,6 +228,42 @@ impl Simulation {
         let r = self.ops.insert(op);
         self.queue.push(deadline_at, Ev::Deadline { op: r });
         self.launch(r, first, false);
+    }
+
+    /// Plans a request of `client` as `pangea-client` does (`plan_read_routed` on
+    /// the newest deployment and the region's route table); writes plan as eventual
+    /// reads (nearest allowed replica first).
+    fn plan(
+        &self,
+        client: usize,
+        scope: usize,
+        table: &Arc<str>,
+        key: &Bytes,
+        consistency: &Consistency,
+    ) -> Result<ReadPlan, RouteError> {
+        let c = &self.clients[client];
+        let view = View {
+            client: c,
+            replicas: &self.names,
+            ranked: &self.rank_replica[self.client_view],
+            scope,
+            now: self.now,
+        };
+        let req = ReadRequest {
+            client_region: &c.region_id,
+            profile: &self.profile,
+            table,
+            key,
+            consistency,
+        };
+        plan_read_routed(
+            &self.views[self.client_view],
+            &self.routes[self.client_view][c.region],
+            &Location::default(),
+            &req,
+            &view,
+            self.now_wall_ms(),
+        )
     }
 
     /// The clients' wall clock (true time; frontends are not skewed).
