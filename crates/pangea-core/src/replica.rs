@@ -1922,15 +1922,20 @@ impl<S: Storage> Replica<S> {
             // Rows are looked at in place; only those compaction changes are copied.
             let schema = d.placement.schema.table(&table);
             let (location, scopes) = (&self.location, &self.scopes);
+            // A row that needs nothing at the latest horizon of any scope needs
+            // nothing at its own (purging only grows with the horizon): most rows are
+            // passed over on their compaction hint alone, before finding their scope.
+            let latest_horizon = scopes.values().map(|s| s.purge_horizon).max();
             let mut due = Vec::new();
-            let mut last = None;
-            self.storage.visit_rows(
+            let last = self.storage.visit_rows(
                 &table,
                 b"",
                 (!after.is_empty()).then_some(&after[..]),
                 SWEEP_ROWS_MAX,
                 &mut |key, row| {
-                    last = Some(key.clone());
+                    if latest_horizon.is_none_or(|h| !row.needs_compact(schema, h, now.wall_ms)) {
+                        return;
+                    }
                     let scope = location.scope_of(&d, &table, key);
                     if let Some(horizon) = scopes.get(&scope).map(|s| s.purge_horizon)
                         && row.needs_compact(schema, horizon, now.wall_ms)

@@ -198,6 +198,59 @@ impl FamilyState {
 pub struct RowState {
     tombstone: Option<Version>,
     families: BTreeMap<Arc<str>, FamilyState>,
+    /// Kept up to date by every change ([`RowState::refresh_hint`]).
+    hint: CompactHint,
+}
+
+/// What [`RowState::needs_compact`] reads first: a summary of the row kept in the
+/// row itself, so that a sweep decides on most rows without following their
+/// families, columns and versions through memory (three cache misses a row, the
+/// sweep's whole cost). A function of the row's contents only, so equal rows have
+/// equal hints (and `RowState`'s derived equality stays right).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct CompactHint {
+    /// The oldest timestamp of any tombstone: row, family or range.
+    oldest_tombstone: Option<Timestamp>,
+    /// The oldest wall time (ms) of any column's oldest version.
+    oldest_version_ms: Option<u64>,
+    /// Some family or column is empty (compaction drops it).
+    has_empty: bool,
+}
+
+impl CompactHint {
+    fn of(tombstone: &Option<Version>, families: &BTreeMap<Arc<str>, FamilyState>) -> Self {
+        let mut h = CompactHint::default();
+        let mut tomb = |v: &Version| {
+            h.oldest_tombstone = Some(
+                h.oldest_tombstone
+                    .map_or(v.timestamp, |t| t.min(v.timestamp)),
+            );
+        };
+        if let Some(t) = tombstone {
+            tomb(t);
+        }
+        let mut has_empty = false;
+        let mut oldest_ms: Option<u64> = None;
+        for fam in families.values() {
+            has_empty |= fam.is_empty();
+            if let Some(t) = &fam.tombstone {
+                tomb(t);
+            }
+            for col in fam.columns.values() {
+                has_empty |= col.is_empty();
+                for rt in &col.range_tombstones {
+                    tomb(&rt.version);
+                }
+                if let Some((v, _)) = col.versions.last() {
+                    let ms = v.timestamp.wall_ms();
+                    oldest_ms = Some(oldest_ms.map_or(ms, |o| o.min(ms)));
+                }
+            }
+        }
+        h.has_empty = has_empty;
+        h.oldest_version_ms = oldest_ms;
+        h
+    }
 }
 
 fn gc_of(table: Option<&TableSchema>, family: &str) -> GcPolicy {
@@ -259,6 +312,12 @@ impl RowState {
                 Mutation::MergeRow(other) => self.merge(other, table),
             }
         }
+        self.refresh_hint();
+    }
+
+    /// Recomputes the compaction hint: the last step of every public change.
+    fn refresh_hint(&mut self) {
+        self.hint = CompactHint::of(&self.tombstone, &self.families);
     }
 
     fn set_cell(
@@ -371,6 +430,7 @@ impl RowState {
                 }
             }
         }
+        self.refresh_hint();
     }
 
     fn merge_ghost(&mut self, v: &Version, family: &Arc<str>, column: &Bytes, gc: &GcPolicy) {
@@ -434,6 +494,7 @@ impl RowState {
         }
         let families = self.families.len();
         self.families.retain(|_, f| !f.is_empty());
+        self.refresh_hint();
         changed | (self.families.len() != families)
     }
 
@@ -446,6 +507,24 @@ impl RowState {
         horizon: Timestamp,
         now_ms: u64,
     ) -> bool {
+        // The hint first: it decides alone unless a version may have expired.
+        let h = &self.hint;
+        debug_assert_eq!(
+            *h,
+            CompactHint::of(&self.tombstone, &self.families),
+            "stale hint"
+        );
+        if h.has_empty || h.oldest_tombstone.is_some_and(|t| t <= horizon) {
+            return true;
+        }
+        // No column's oldest version is older than `oldest`, and no family keeps
+        // versions shorter than the table's shortest TTL (an unknown family keeps
+        // them for ever): if that has not passed, nothing has expired.
+        let shortest_ttl = table.and_then(|t| t.families.values().filter_map(|f| f.ttl_ms).min());
+        match (h.oldest_version_ms, shortest_ttl) {
+            (Some(oldest), Some(ttl)) if oldest.saturating_add(ttl) <= now_ms => {}
+            _ => return false,
+        }
         // Any purged tombstone is a change; with none purged, nothing else is
         // dropped as older than one, so only expiry and empty parts remain.
         let purged = |t: &Option<Version>| t.as_ref().is_some_and(|t| t.timestamp <= horizon);
@@ -621,6 +700,7 @@ impl RowState {
                 .map(|v| Version::from_proto(Some(v)))
                 .transpose()?,
             families: BTreeMap::new(),
+            hint: CompactHint::default(),
         };
         let mut last_family: Option<Arc<str>> = None;
         for f in p.families {
@@ -684,6 +764,7 @@ impl RowState {
             last_family = Some(name.clone());
             row.families.insert(name, fam);
         }
+        row.refresh_hint();
         Ok((p.key, row))
     }
 

@@ -119,9 +119,9 @@ pub trait Storage {
         limit: usize,
     ) -> Result<Vec<(Bytes, RowState)>, StorageError>;
 
-    /// [`Storage::scan_rows`] without the copies: calls `f` with each row in turn.
-    /// The default copies through `scan_rows`; a store that holds its rows in
-    /// memory lends them.
+    /// [`Storage::scan_rows`] without the copies: calls `f` with each row in turn,
+    /// and returns the last key visited (where a scan resumes). The default copies
+    /// through `scan_rows`; a store that holds its rows in memory lends them.
     fn visit_rows(
         &self,
         table: &str,
@@ -129,11 +129,13 @@ pub trait Storage {
         after: Option<&[u8]>,
         limit: usize,
         f: &mut dyn FnMut(&Bytes, &RowState),
-    ) -> Result<(), StorageError> {
+    ) -> Result<Option<Bytes>, StorageError> {
+        let mut last = None;
         for (key, row) in self.scan_rows(table, prefix, after, limit)? {
             f(&key, &row);
+            last = Some(key);
         }
-        Ok(())
+        Ok(last)
     }
 
     /// Tables holding at least one row, in name order.
@@ -450,19 +452,23 @@ impl Storage for MemStorage {
         after: Option<&[u8]>,
         limit: usize,
         f: &mut dyn FnMut(&Bytes, &RowState),
-    ) -> Result<(), StorageError> {
+    ) -> Result<Option<Bytes>, StorageError> {
         let Some(rows) = self.current.rows.get(table) else {
-            return Ok(());
+            return Ok(None);
         };
         let start = match after {
             Some(a) if a >= prefix => Bound::Excluded(a),
             _ => Bound::Included(prefix),
         };
+        let mut last = None;
         rows.range::<[u8], _>((start, Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
             .take(limit)
-            .for_each(|(k, r)| f(k, r));
-        Ok(())
+            .for_each(|(k, r)| {
+                f(k, r);
+                last = Some(k);
+            });
+        Ok(last.cloned())
     }
 
     fn tables(&self) -> Result<Vec<Arc<str>>, StorageError> {
