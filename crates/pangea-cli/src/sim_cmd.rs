@@ -24,6 +24,10 @@ pub(crate) enum SimCommand {
         /// Write report.json, summary.md and SVG charts into this directory.
         #[arg(long)]
         report: Option<PathBuf>,
+        /// Threads for a run split into shards (a drill without faults): the result
+        /// is the same for any count (default: 2 on a machine with two cores).
+        #[arg(long)]
+        threads: Option<usize>,
     },
     /// Validate drill files (or every drill of a directory); print every problem
     /// as file:line: key: message.
@@ -61,8 +65,10 @@ pub(crate) fn run(cmd: SimCommand) -> Result<()> {
             seed,
             json,
             report,
+            threads,
         } => {
-            let run = run_drill(&drill, seed)?;
+            let threads = threads.unwrap_or_else(pangea_sim::sim::default_threads);
+            let run = run_drill(&drill, seed, threads)?;
             write_outputs(&run, json.as_deref(), report.as_deref())?;
             print!("{}", one_screen(&run));
             if !run.report.passed() {

@@ -78,7 +78,7 @@ fn main() -> Result<()> {
     let Some(drill) = drill else {
         bail!("usage: sim DRILL [--seed N] [--json OUT] [--report DIR]")
     };
-    let run = run_drill(&drill, seed)?;
+    let run = run_drill(&drill, seed, pangea_sim::sim::default_threads())?;
     write_outputs(&run, json.as_deref(), report.as_deref())?;
     print!("{}", one_screen(&run));
     if !run.report.passed() {

@@ -3,7 +3,6 @@
 
 use crate::charts::write_report_dir;
 use crate::drill::Drill;
-use crate::sim::Simulation;
 use crate::sim::metrics::RunReport;
 use anyhow::{Context, Result};
 use std::path::Path;
@@ -15,16 +14,16 @@ pub struct DrillRun {
     pub report: RunReport,
 }
 
-/// Loads a drill, runs it (with `seed` instead of the file's, if given), and fills
-/// in the process's peak memory.
-pub fn run_drill(path: &Path, seed: Option<u64>) -> Result<DrillRun> {
+/// Loads a drill, runs it (with `seed` instead of the file's, if given; split into
+/// shards on up to `threads` threads when it can be, see
+/// [`crate::sim::run_scenario`]), and fills in the process's peak memory.
+pub fn run_drill(path: &Path, seed: Option<u64>, threads: usize) -> Result<DrillRun> {
     let mut drill = Drill::load(path).map_err(|p| anyhow::anyhow!("{p}"))?;
     if let Some(s) = seed {
         drill.scenario.seed = s;
     }
-    let mut report = Simulation::new(drill.scenario.clone())
-        .with_context(|| format!("setting up {}", path.display()))?
-        .run()?;
+    let mut report = crate::sim::run_scenario(drill.scenario.clone(), threads)
+        .with_context(|| format!("running {}", path.display()))?;
     report.peak_rss_mib = peak_rss_mib();
     Ok(DrillRun { drill, report })
 }
@@ -60,6 +59,12 @@ pub fn one_screen(run: &DrillRun) -> String {
         r.speedup_cpu.unwrap_or(0.0),
         r.trace_hash
     );
+    if let Some(l) = r.lookahead_ms {
+        s += &format!(
+            "  split into {} shards ({l:.1} ms apart), run side by side\n",
+            r.shards
+        );
+    }
     for (m, x) in &r.reads_by_mode {
         s += &format!(
             "  {m:<9} reads {:>8}  errors {:>6}  p50 {:>7.2} ms  p99 {:>7.2} ms  p99.9 {:>7.2} ms\n",

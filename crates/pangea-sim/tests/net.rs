@@ -780,3 +780,50 @@ fn same_seed_same_deliveries_different_seed_different() -> Result<()> {
     assert_ne!(a, c);
     Ok(())
 }
+
+/// A split run's networks hand frames to each other (`hand_out`, `hand_in`): the
+/// receiver's network delivers exactly what, when and in the order the sender's
+/// would have, whatever it holds of its own.
+#[test]
+fn handed_over_messages_arrive_as_they_would_have() -> Result<()> {
+    let t = topo("narrow-lossy", NARROW_LOSSY)?;
+    let cfg = NetConfig::default();
+    let (mut whole, mut sender, mut receiver) = (
+        Network::<u32>::new(&t, cfg.clone(), 3)?,
+        Network::<u32>::new(&t, cfg.clone(), 3)?,
+        Network::<u32>::new(&t, cfg, 9)?,
+    );
+    let (e1a, e1b, w1a) = (
+        idx(&whole, "e1-a")?,
+        idx(&whole, "e1-b")?,
+        idx(&whole, "w1-a")?,
+    );
+    let mut now = SimTime::ZERO;
+    for i in 0..60u32 {
+        now += SimDuration::from_us(300);
+        let from = if i % 2 == 0 { e1a } else { e1b };
+        let _ = whole.send_idx(now, from, w1a, i, 1_000 + i as usize);
+        let _ = sender.send_idx(now, from, w1a, i, 1_000 + i as usize);
+        // The receiver's own traffic, to the other side.
+        let _ = receiver.send_idx(now, w1a, e1a, 1_000 + i, 200);
+    }
+    let handed = sender.hand_out(|to| to == w1a);
+    assert_eq!(handed.len(), 60);
+    assert_eq!(sender.in_flight(), 0);
+    assert!(handed.iter().all(|h| h.to() == w1a));
+    receiver.hand_in(handed);
+    let drain = |net: &mut Network<u32>| {
+        let mut out = Vec::new();
+        while let Some(d) = net.pop_delivery(SimTime::MAX) {
+            out.push((d.deliver_at, d.from, d.to, d.msg, d.bytes));
+        }
+        out
+    };
+    let expected = drain(&mut whole);
+    let got: Vec<_> = drain(&mut receiver)
+        .into_iter()
+        .filter(|d| d.2 == w1a)
+        .collect();
+    assert_eq!(got, expected);
+    Ok(())
+}

@@ -4,6 +4,9 @@
 //!
 //! `cargo test --release -p pangea-sim --test speed -- --ignored --nocapture`
 //!
+//! The run is split into two shards on two threads (`sim::shard`), as `pangea sim
+//! run` splits a drill without faults on a machine with two cores.
+//!
 //! `PANGEA_SPEED_SECS` shortens the virtual duration; `PANGEA_SPEED_RATE` changes
 //! the load; `PANGEA_SPEED_HB_MS` the heartbeat interval (default 50 ms, as in
 //! production) and `PANGEA_SPEED_HB_FWD_MS` how long relayed heartbeats wait to be
@@ -14,7 +17,7 @@ use anyhow::Result;
 use pangea_sim::SimDuration;
 use pangea_sim::runner::peak_rss_mib;
 use pangea_sim::scenario::{Scenario, Workload};
-use pangea_sim::sim::Simulation;
+use pangea_sim::sim::{Simulation, default_threads, run_scenario};
 use pangea_topology::Deployment;
 use std::path::Path;
 use std::sync::Arc;
@@ -46,9 +49,15 @@ fn reference_ten_minutes_at_5000_ops() -> Result<()> {
     }
     sc.replica.heartbeat_interval_ms = env("PANGEA_SPEED_HB_MS", 50);
     sc.replica.heartbeat_forward_delay_ms = env("PANGEA_SPEED_HB_FWD_MS", 5);
-    let r = Simulation::new(sc)?.run()?;
+    // Split into two shards on this machine's cores, as `pangea sim run` does;
+    // `PANGEA_SPEED_SHARDS=1` runs it whole, `PANGEA_SPEED_THREADS` sets the threads.
+    let threads = env("PANGEA_SPEED_THREADS", default_threads() as u64) as usize;
+    let r = match env("PANGEA_SPEED_SHARDS", 2) {
+        1 => Simulation::new(sc)?.run()?,
+        _ => run_scenario(sc, threads)?,
+    };
     println!(
-        "virtual_s {:.1} wall_s {:.1} speedup {:.2}x cpu_s {:.1} speedup_cpu {:.2}x operations {} events {} messages {} peak_rss_mib {:.0} lag_p99_ms {:.1} availability {:.5} trace_hash {}",
+        "virtual_s {:.1} wall_s {:.1} speedup {:.2}x cpu_s {:.1} speedup_cpu {:.2}x operations {} events {} messages {} peak_rss_mib {:.0} lag_p99_ms {:.1} availability {:.5} trace_hash {} shards {} threads {}",
         r.virtual_s,
         r.wall_s,
         r.speedup,
@@ -60,7 +69,9 @@ fn reference_ten_minutes_at_5000_ops() -> Result<()> {
         peak_rss_mib().unwrap_or(0.0),
         r.replication_lag_ms.p99,
         r.availability,
-        r.trace_hash
+        r.trace_hash,
+        r.shards,
+        threads
     );
     assert!(r.slo_failures.is_empty(), "{:?}", r.slo_failures);
     Ok(())

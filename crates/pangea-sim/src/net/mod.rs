@@ -272,6 +272,27 @@ impl RegionPair {
     }
 }
 
+/// A message in flight from one shard's network to another's
+/// ([`Network::hand_out`], [`Network::hand_in`]).
+#[derive(Debug)]
+pub struct HandOff<M> {
+    conn: u32,
+    to: ReplicaIdx,
+    m: InFlight<M>,
+}
+
+impl<M> HandOff<M> {
+    /// Its receiver.
+    pub fn to(&self) -> ReplicaIdx {
+        self.to
+    }
+
+    /// When it arrives.
+    pub fn deliver_at(&self) -> SimTime {
+        self.m.deliver_at
+    }
+}
+
 /// A message on the wire (its connection knows both ends).
 #[derive(Debug)]
 struct InFlight<M> {
@@ -704,6 +725,58 @@ impl<M> Network<M> {
     /// Messages accepted and not yet delivered or dropped.
     pub fn in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    // ---- Shards -----------------------------------------------------------------
+
+    /// Takes out every message in flight to a replica `elsewhere` names: when a run
+    /// is split into shards, each shard's network sends (its links, its pipes, its
+    /// random draws) and the receiver's shard delivers. Comes out in connection
+    /// order, each connection's messages in delivery order; hand them over with
+    /// [`Network::hand_in`].
+    pub fn hand_out(&mut self, elsewhere: impl Fn(ReplicaIdx) -> bool) -> Vec<HandOff<M>> {
+        let n = self.replicas.len();
+        let mut out = Vec::new();
+        for (c, conn) in self.conns.iter_mut().enumerate() {
+            if conn.in_flight.is_empty() || !elsewhere(ReplicaIdx((c % n) as u32)) {
+                continue;
+            }
+            out.extend(conn.in_flight.drain(..).map(|m| HandOff {
+                conn: c as u32,
+                to: ReplicaIdx((c % n) as u32),
+                m,
+            }));
+        }
+        if !out.is_empty() {
+            let conns = &self.conns;
+            self.heads
+                .retain(|h| !conns[h.conn as usize].in_flight.is_empty());
+            self.in_flight -= out.len();
+        }
+        out
+    }
+
+    /// Takes over messages another shard's network sent ([`Network::hand_out`]),
+    /// to deliver them at their times. A connection's messages must come in order.
+    pub fn hand_in(&mut self, messages: Vec<HandOff<M>>) {
+        for HandOff { conn, m, .. } in messages {
+            let c = &mut self.conns[conn as usize];
+            debug_assert!(
+                c.in_flight
+                    .back()
+                    .is_none_or(|b| b.deliver_at <= m.deliver_at)
+            );
+            if c.in_flight.is_empty() {
+                self.heads.push(Head {
+                    at: m.deliver_at,
+                    seq: m.seq,
+                    conn,
+                });
+            }
+            c.in_flight.push_back(m);
+            self.in_flight += 1;
+            self.in_flight_max = self.in_flight_max.max(self.in_flight);
+        }
     }
 
     // ---- Faults ---------------------------------------------------------------

@@ -103,3 +103,41 @@ pub struct NetStats {
     /// Every connection that carried traffic, ordered by (from, to) id.
     pub pairs: Vec<PairTraffic>,
 }
+
+impl NetStats {
+    /// Adds the counters of another shard's network (`in_flight_max` becomes the sum
+    /// of the maxima: an upper bound).
+    pub fn absorb(&mut self, o: NetStats) {
+        for class in [
+            LinkClass::IntraRegion,
+            LinkClass::InterRegion,
+            LinkClass::InterContinent,
+        ] {
+            let t = *o.sent.get(class);
+            let mine = self.sent.get_mut(class);
+            mine.messages += t.messages;
+            mine.bytes += t.bytes;
+        }
+        self.delivered.messages += o.delivered.messages;
+        self.delivered.bytes += o.delivered.bytes;
+        for (a, b) in [
+            (&mut self.dropped_at_send, o.dropped_at_send),
+            (&mut self.dropped_in_flight, o.dropped_in_flight),
+        ] {
+            for (x, y) in [
+                (&mut a.partitioned, b.partitioned),
+                (&mut a.replica_down, b.replica_down),
+                (&mut a.unknown_replica, b.unknown_replica),
+            ] {
+                x.messages += y.messages;
+                x.bytes += y.bytes;
+            }
+        }
+        self.retransmissions += o.retransmissions;
+        self.in_flight += o.in_flight;
+        self.in_flight_max += o.in_flight_max;
+        self.pairs.extend(o.pairs);
+        self.pairs
+            .sort_by(|a, b| (&a.from, &a.to).cmp(&(&b.from, &b.to)));
+    }
+}

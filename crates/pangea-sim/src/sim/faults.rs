@@ -301,7 +301,7 @@ impl Simulation {
     // ---- convergence --------------------------------------------------------------
 
     /// The durable set's highest sequence per stream (what every member must reach).
-    fn durable_targets(&self) -> Vec<u64> {
+    pub(super) fn durable_targets(&self) -> Vec<u64> {
         self.checks.streams.iter().map(|v| v.len() as u64).collect()
     }
 
@@ -315,7 +315,7 @@ impl Simulation {
     }
 
     /// Whether every up replica storing each scope durably covers `targets`.
-    fn covers(&self, targets: &[u64]) -> bool {
+    pub(super) fn covers(&self, targets: &[u64]) -> bool {
         let d = &self.views[self.client_view];
         let n = self.names.len();
         for s in 0..self.scopes.len() {
@@ -419,18 +419,27 @@ impl Simulation {
 
     /// C5: every replica storing a scope has the same content digest as the oracle.
     pub(super) fn digests_agree(&self) -> std::result::Result<(), String> {
+        self.digests_agree_with(&self.checks.oracle)
+    }
+
+    /// [`Self::digests_agree`] against `oracle`, for the replicas this run (or
+    /// shard) runs.
+    pub(super) fn digests_agree_with(
+        &self,
+        oracle_rows: &BTreeMap<(Arc<str>, Bytes), RowState>,
+    ) -> std::result::Result<(), String> {
         let d = &self.views[self.client_view];
         let schema = &d.placement.schema;
         let now_ms = self.now_wall_ms();
         let ns = self.scopes.len();
         let mut oracle = vec![ContentDigest::new(); ns];
-        for ((table, key), row) in &self.checks.oracle {
+        for ((table, key), row) in oracle_rows {
             if let Some(s) = self.scopes.get(d.scope_of(table, key).as_str()) {
                 oracle[s].add(schema, table, key, row, now_ms);
             }
         }
         for (r, node) in self.nodes.iter().enumerate() {
-            if !node.stores_rows {
+            if !node.stores_rows || node.foreign {
                 continue;
             }
             let Some(rep) = node.replica.as_ref() else {

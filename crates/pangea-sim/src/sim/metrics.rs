@@ -60,6 +60,13 @@ impl Default for OpStats {
 }
 
 impl OpStats {
+    /// Adds another shard's counts and latencies.
+    pub(crate) fn absorb(&mut self, o: &OpStats) {
+        self.count += o.count;
+        self.errors += o.errors;
+        self.ok.add(&o.ok).expect("same histogram bounds");
+    }
+
     pub(crate) fn summary(&self) -> LatencySummary {
         let q = |p: f64| {
             if self.ok.is_empty() {
@@ -127,6 +134,15 @@ impl LogBins {
 
     pub(crate) fn count(&self) -> u64 {
         self.count
+    }
+
+    /// Adds another histogram's counts (a shard's, at the end of a split run).
+    pub(crate) fn absorb(&mut self, o: &LogBins) {
+        for (a, b) in self.bins.iter_mut().zip(o.bins.iter()) {
+            *a = a.saturating_add(*b);
+        }
+        self.count += o.count;
+        self.max = self.max.max(o.max);
     }
 
     pub(crate) fn max_us(&self) -> u64 {
@@ -214,6 +230,35 @@ pub struct Counters {
     pub frames_sent: BTreeMap<&'static str, FrameCount>,
 }
 
+impl Counters {
+    /// Adds another shard's counters (`network_in_flight_max` is set by the report).
+    pub(crate) fn absorb(&mut self, o: Counters) {
+        self.writes_acknowledged += o.writes_acknowledged;
+        self.entries_applied += o.entries_applied;
+        self.gap_requests += o.gap_requests;
+        self.snapshots_installed += o.snapshots_installed;
+        self.peer_suspicions += o.peer_suspicions;
+        for (k, v) in o.frames_rejected {
+            *self.frames_rejected.entry(k).or_default() += v;
+        }
+        self.hedges += o.hedges;
+        self.fallback_races += o.fallback_races;
+        self.failovers += o.failovers;
+        self.messages_delivered += o.messages_delivered;
+        self.messages_dropped += o.messages_dropped;
+        for (k, v) in o.read_errors {
+            *self.read_errors.entry(k).or_default() += v;
+        }
+        self.events += o.events;
+        for (k, v) in o.frames_sent {
+            let c = self.frames_sent.entry(k).or_default();
+            c.frames += v.frames;
+            c.items += v.items;
+            c.bytes += v.bytes;
+        }
+    }
+}
+
 /// Frames of one kind: how many, the items they carried, their wire bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct FrameCount {
@@ -291,6 +336,10 @@ pub struct RunReport {
     pub lag_matrix_p99_ms: Vec<Vec<Option<f64>>>,
     /// Peak resident memory of the process (from /proc, Linux only), MiB.
     pub peak_rss_mib: Option<f64>,
+    /// Shards the run was split into (1: whole; docs/drills.md, "Two cores").
+    pub shards: u32,
+    /// A split run's window: the shortest latency between its shards, ms.
+    pub lookahead_ms: Option<f64>,
 }
 
 impl RunReport {

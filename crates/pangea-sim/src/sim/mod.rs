@@ -40,6 +40,9 @@ mod faults;
 pub mod metrics;
 mod ops;
 mod report;
+mod shard;
+
+pub use shard::{Split, default_threads, plan_split, run_scenario, run_split};
 
 use crate::ids::Interner;
 use crate::net::{NetConfig, Network};
@@ -115,6 +118,8 @@ struct Node {
     skew_ms: i64,
     /// Index of the deployment this replica was last handed (`Sim::views`).
     view: usize,
+    /// Run by another shard (`shard.rs`): never up here, never counted down.
+    foreign: bool,
 }
 
 impl Node {
@@ -186,6 +191,9 @@ enum Ev {
         r: u32,
         client: u32,
         write: Option<Box<RowMutation>>,
+        /// What a replica in another shard needs to serve a read (the operation
+        /// lives in the client's shard).
+        remote: Option<Box<RemoteRead>>,
     },
     Response {
         op: OpRef,
@@ -228,6 +236,14 @@ enum Ev {
     CatchUpCheck,
     EndWorkload,
     DrainCheck,
+}
+
+/// A read as a replica of another shard serves it.
+#[derive(Debug)]
+struct RemoteRead {
+    key: Bytes,
+    scope_id: ScopeId,
+    consistency: Consistency,
 }
 
 #[derive(Debug)]
@@ -286,6 +302,13 @@ impl Slab {
             slot,
             generation: self.gens[slot as usize],
         }
+    }
+
+    fn get(&self, r: OpRef) -> Option<&Op> {
+        if self.gens.get(r.slot as usize) != Some(&r.generation) {
+            return None;
+        }
+        self.ops[r.slot as usize].as_ref()
     }
 
     fn get_mut(&mut self, r: OpRef) -> Option<&mut Op> {
@@ -462,6 +485,10 @@ pub struct Simulation {
     stop: bool,
     events_buf: Vec<Event>,
     leak_bytes: u64,
+    /// Set when the run is split into shards (`shard.rs`).
+    shard: Option<Box<shard::ShardCtx>>,
+    /// The other shard's network counters, once merged (`shard.rs`).
+    net_absorbed: Option<crate::net::NetStats>,
 }
 
 fn residency_bytes(e: &LogEntry) -> usize {
@@ -471,8 +498,19 @@ fn residency_bytes(e: &LogEntry) -> usize {
 impl Simulation {
     /// Builds the network, the replicas and the clients of a scenario.
     pub fn new(sc: Scenario) -> Result<Simulation> {
+        Self::build(sc, None)
+    }
+
+    /// [`Simulation::new`], or one shard of a split run: it runs only the replicas
+    /// and clients `shard` gives it, and draws from its own random streams.
+    fn build(sc: Scenario, shard: Option<Box<shard::ShardCtx>>) -> Result<Simulation> {
         let d = sc.deployment.clone();
-        let mut rng = SimRng::new(sc.seed);
+        let mut rng = SimRng::new(match &shard {
+            None => sc.seed,
+            Some(ctx) => {
+                xxh3_64(&[sc.seed.to_le_bytes(), u64::from(ctx.me).to_le_bytes()].concat())
+            }
+        });
         let net: Network<Wire> =
             Network::new(&d.topology, sc.net.clone(), rng.next_u64()).context("network")?;
         let mut names = Interner::new(net.replicas().map(|(_, id)| id.as_str()));
@@ -555,7 +593,13 @@ impl Simulation {
                 timer_at: None,
                 skew_ms,
                 view: 0,
+                foreign: false,
             };
+            if shard.as_ref().is_some_and(|ctx| ctx.replica[i] != ctx.me) {
+                node.foreign = true;
+                nodes.push(node);
+                continue;
+            }
             // Only a replica a fault crashes needs its storage to keep what each
             // write replaced until the next sync (`MemStorage::crash`).
             let mut storage = MemStorage::new();
@@ -731,6 +775,8 @@ impl Simulation {
             stop: false,
             events_buf: Vec::new(),
             leak_bytes: 0,
+            shard,
+            net_absorbed: None,
             sc,
         };
         for r in 0..n {
@@ -743,23 +789,7 @@ impl Simulation {
     pub fn run(mut self) -> Result<RunReport> {
         let wall = std::time::Instant::now();
         let cpu0 = thread_cpu_s();
-        for ri in 0..self.region_rate.len() {
-            if self.region_rate[ri] > 0.0 && !self.region_clients[ri].is_empty() {
-                let dt = self.generator.interarrival(self.region_rate[ri]);
-                self.queue
-                    .push(SimTime::ZERO + dt, Ev::Issue { region: ri as u32 });
-            }
-        }
-        for c in 0..self.clients.len() {
-            self.queue
-                .push(SimTime::ZERO, Ev::Probe { client: c as u32 });
-        }
-        for (i, f) in self.sc.faults.iter().enumerate() {
-            if f.at < self.sc.duration {
-                self.queue
-                    .push(SimTime::ZERO + f.at, Ev::FaultStart(i as u32));
-            }
-        }
+        self.start();
         let end_workload = SimTime::ZERO + self.sc.duration;
         self.queue.push(end_workload, Ev::EndWorkload);
         let hard_end = end_workload + self.sc.drain_max;
@@ -776,7 +806,80 @@ impl Simulation {
         Ok(report)
     }
 
+    /// Queues the first events: each region's first request, each client's first
+    /// probe round, the fault timeline (a shard: its own regions and clients only).
+    fn start(&mut self) {
+        for ri in 0..self.region_rate.len() {
+            if self.region_rate[ri] > 0.0
+                && !self.region_clients[ri].is_empty()
+                && self.region_here(ri)
+            {
+                let dt = self.generator.interarrival(self.region_rate[ri]);
+                self.queue
+                    .push(SimTime::ZERO + dt, Ev::Issue { region: ri as u32 });
+            }
+        }
+        for c in 0..self.clients.len() {
+            if self.region_here(self.clients[c].region) {
+                self.queue
+                    .push(SimTime::ZERO, Ev::Probe { client: c as u32 });
+            }
+        }
+        for (i, f) in self.sc.faults.iter().enumerate() {
+            if f.at < self.sc.duration {
+                self.queue
+                    .push(SimTime::ZERO + f.at, Ev::FaultStart(i as u32));
+            }
+        }
+    }
+
+    /// Whether this run (or shard) runs replica `r`.
+    fn replica_here(&self, r: usize) -> bool {
+        self.shard.as_ref().is_none_or(|c| c.replica[r] == c.me)
+    }
+
+    /// Whether this run (or shard) runs the clients of `region`.
+    fn region_here(&self, region: usize) -> bool {
+        self.shard.as_ref().is_none_or(|c| c.region[region] == c.me)
+    }
+
+    /// Queues `ev` at `at` here, or hands it to shard `to` at the next barrier (it
+    /// is due at or after the barrier: `at` is at least one cross-shard latency
+    /// away).
+    fn push_to(&mut self, to: Option<u8>, at: SimTime, ev: Ev) {
+        match (to, self.shard.as_mut()) {
+            (Some(k), Some(ctx)) if k != ctx.me => {
+                debug_assert!(
+                    at >= ctx.window_end,
+                    "an event for another shard is due inside the window: the lookahead is wrong"
+                );
+                ctx.outbox.push((k, at, ev));
+            }
+            _ => self.queue.push(at, ev),
+        }
+    }
+
+    /// The shard of replica `r` (`None` when the run is not split).
+    fn shard_of_replica(&self, r: usize) -> Option<u8> {
+        self.shard.as_ref().map(|c| c.replica[r])
+    }
+
+    /// The shard of `region`'s clients.
+    fn shard_of_region(&self, region: usize) -> Option<u8> {
+        self.shard.as_ref().map(|c| c.region[region])
+    }
+
     // ---- the event loop ---------------------------------------------------------
+
+    /// Handles every event due before `end` (a shard's window: `end` excluded).
+    fn run_before(&mut self, end: SimTime) {
+        if let Some(ctx) = self.shard.as_mut() {
+            ctx.window_end = end;
+        }
+        while self.next_time().is_some_and(|t| t < end) {
+            self.run_until(self.next_time().expect("checked"));
+        }
+    }
 
     fn run_until(&mut self, end: SimTime) {
         loop {
@@ -821,7 +924,8 @@ impl Simulation {
                 r,
                 client,
                 write,
-            } => self.on_request(op, attempt, r as usize, client as usize, write),
+                remote,
+            } => self.on_request(op, attempt, r as usize, client as usize, write, remote),
             Ev::Response {
                 op,
                 attempt,
@@ -963,7 +1067,12 @@ impl Simulation {
         // unless the sender restarted since sending it.
         let to_id = self.nodes[to].id.clone();
         let sender = &mut self.nodes[from];
-        if sender.life == msg.life
+        if sender.foreign {
+            // Its shard releases the bytes at the next barrier.
+            if let Some(ctx) = self.shard.as_mut() {
+                ctx.sent_back.push((from, to, bytes, msg.life));
+            }
+        } else if sender.life == msg.life
             && let Some(rep) = sender.replica.as_mut()
         {
             rep.handle_sent(&to_id, bytes);

@@ -297,7 +297,19 @@ impl Simulation {
         let region = self.clients[client].region;
         self.count_client_bytes(region, replica, bytes);
         if let Some(delay) = self.client_path(region, replica, true) {
-            self.queue.push(
+            let to = self.shard_of_replica(replica);
+            let remote = (!self.replica_here(replica) && write.is_none())
+                .then(|| self.ops.get_mut(r))
+                .flatten()
+                .map(|op| {
+                    Box::new(RemoteRead {
+                        key: op.key.clone(),
+                        scope_id: op.scope_id.clone(),
+                        consistency: op.consistency.clone(),
+                    })
+                });
+            self.push_to(
+                to,
                 now + delay,
                 Ev::Request {
                     op: r,
@@ -306,6 +318,7 @@ impl Simulation {
                     r: replica as u32,
                     client: client as u32,
                     write,
+                    remote,
                 },
             );
         }
@@ -341,7 +354,9 @@ impl Simulation {
         self.count_client_bytes(region, r, bytes);
         if let Some(delay) = self.client_path(region, r, false) {
             let at = self.now + self.sc.host.service + extra + delay;
-            self.queue.push(
+            let to = self.shard_of_region(region);
+            self.push_to(
+                to,
                 at,
                 Ev::Response {
                     op,
@@ -362,6 +377,7 @@ impl Simulation {
         r: usize,
         client: usize,
         write: Option<Box<RowMutation>>,
+        remote: Option<Box<RemoteRead>>,
     ) {
         let region = self.clients[client].region;
         if self
@@ -382,85 +398,87 @@ impl Simulation {
                 r: r as u32,
                 client: client as u32,
                 write,
+                remote,
             });
             return;
         }
         match write {
             Some(m) => self.serve_write(op, attempt, r, client, *m),
-            None => self.serve_read(op, attempt, r, client),
+            None => self.serve_read(op, attempt, r, client, remote),
         }
     }
 
-    fn serve_read(&mut self, op_ref: OpRef, attempt: u16, r: usize, client: usize) {
-        let Some(op) = self.ops.get_mut(op_ref) else {
-            return; // the client gave up; a read has no effect
-        };
-        let node = &self.nodes[r];
-        let nw = node.now(self.now);
-        let Some(rep) = node.replica.as_ref() else {
-            return;
-        };
-        let Some(wm) = rep.watermarks(&op.scope_id) else {
-            // Not a member of the row's scope (a stale plan after a placement change).
-            self.reply(
-                op_ref,
-                attempt,
-                r,
-                client,
-                Reply::Err(ErrKind::Policy, None),
-                ENVELOPE_BYTES,
-            );
-            return;
-        };
-        let decision = decide(&op.consistency, &wm, nw.wall_ms);
-        let reply = match decision {
-            Decision::Serve => {
-                let table = self.sc.workload.table.as_str();
-                // `get_row` without the copy: only the size of the answer (the
-                // newest version of every cell) is needed.
-                let schema = self.views[self.nodes[r].view].placement.schema.table(table);
-                let bytes = rep
-                    .storage()
-                    .row(table, &op.key)
-                    .map_or(0, |row| row.latest_value_bytes(schema, nw.wall_ms));
-                // C4: a watermark read is served only by a replica that applied the
-                // token's write.
-                if let Consistency::Watermark(token) = &op.consistency
-                    && let (Some(s), Some(o)) = (
-                        self.scopes.get(token.scope.as_str()),
-                        self.names.get(token.origin.as_str()),
-                    )
-                {
-                    let applied = self.checks.applied[self.checks.idx(r, s, o)];
-                    if applied < token.sequence {
-                        self.checks.token_violations += 1;
-                        let id = self.nodes[r].id.clone();
-                        self.checks.violation(format!(
-                            "C4: {id} served a read of {}/{} #{} having applied only #{applied}",
-                            token.scope, token.origin, token.sequence
-                        ));
-                    }
+    fn serve_read(
+        &mut self,
+        op_ref: OpRef,
+        attempt: u16,
+        r: usize,
+        client: usize,
+        remote: Option<Box<RemoteRead>>,
+    ) {
+        let (reply, bytes) = {
+            let (scope_id, key, consistency) = match remote.as_deref() {
+                Some(x) => (&x.scope_id, &x.key, &x.consistency),
+                None => {
+                    let Some(op) = self.ops.get(op_ref) else {
+                        return; // the client gave up; a read has no effect
+                    };
+                    (&op.scope_id, &op.key, &op.consistency)
                 }
-                (
-                    Reply::Ok {
-                        wm: Some(wm),
-                        token: None,
-                    },
-                    bytes,
-                )
+            };
+            let node = &self.nodes[r];
+            let nw = node.now(self.now);
+            let Some(rep) = node.replica.as_ref() else {
+                return;
+            };
+            match rep.watermarks(scope_id) {
+                // Not a member of the row's scope (a stale plan after a placement change).
+                None => (Reply::Err(ErrKind::Policy, None), ENVELOPE_BYTES),
+                Some(wm) => match decide(consistency, &wm, nw.wall_ms) {
+                    Decision::Serve => {
+                        let table = self.sc.workload.table.as_str();
+                        // `get_row` without the copy: only the size of the answer (the
+                        // newest version of every cell) is needed.
+                        let schema = self.views[node.view].placement.schema.table(table);
+                        let bytes = rep
+                            .storage()
+                            .row(table, key)
+                            .map_or(0, |row| row.latest_value_bytes(schema, nw.wall_ms));
+                        // C4: a watermark read is served only by a replica that applied
+                        // the token's write.
+                        if let Consistency::Watermark(token) = consistency
+                            && let (Some(s), Some(o)) = (
+                                self.scopes.get(token.scope.as_str()),
+                                self.names.get(token.origin.as_str()),
+                            )
+                        {
+                            let applied = self.checks.applied[self.checks.idx(r, s, o)];
+                            if applied < token.sequence {
+                                self.checks.token_violations += 1;
+                                self.checks.violation(format!(
+                                    "C4: {} served a read of {}/{} #{} having applied only #{applied}",
+                                    node.id, token.scope, token.origin, token.sequence
+                                ));
+                            }
+                        }
+                        let reply = Reply::Ok {
+                            wm: Some(wm),
+                            token: None,
+                        };
+                        (reply, ENVELOPE_BYTES + key.len() + bytes)
+                    }
+                    Decision::NotCovered { .. } => (
+                        Reply::Err(ErrKind::NotCovered, Some(wm)),
+                        ENVELOPE_BYTES + key.len(),
+                    ),
+                    Decision::TooStale { .. } => (
+                        Reply::Err(ErrKind::TooStale, Some(wm)),
+                        ENVELOPE_BYTES + key.len(),
+                    ),
+                },
             }
-            Decision::NotCovered { .. } => (Reply::Err(ErrKind::NotCovered, Some(wm)), 0),
-            Decision::TooStale { .. } => (Reply::Err(ErrKind::TooStale, Some(wm)), 0),
         };
-        let key_len = self.ops.get_mut(op_ref).map_or(0, |o| o.key.len());
-        self.reply(
-            op_ref,
-            attempt,
-            r,
-            client,
-            reply.0,
-            ENVELOPE_BYTES + key_len + reply.1,
-        );
+        self.reply(op_ref, attempt, r, client, reply, bytes);
     }
 
     fn serve_write(&mut self, op: OpRef, attempt: u16, r: usize, client: usize, m: RowMutation) {
@@ -794,7 +812,9 @@ impl Simulation {
                 },
             );
             if let Some(delay) = self.client_path(region, r, true) {
-                self.queue.push(
+                let to = self.shard_of_replica(r);
+                self.push_to(
+                    to,
                     now + delay,
                     Ev::ProbeRequest {
                         client: client as u32,
@@ -828,7 +848,9 @@ impl Simulation {
         });
         if let Some(delay) = self.client_path(region, r, false) {
             let at = self.now + self.sc.host.service + delay;
-            self.queue.push(
+            let to = self.shard_of_region(region);
+            self.push_to(
+                to,
                 at,
                 Ev::ProbeReply {
                     client: client as u32,

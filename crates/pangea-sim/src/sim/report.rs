@@ -18,7 +18,7 @@ impl Simulation {
                 let mut missing_max = 0;
                 let mut example = None;
                 for (r, node) in self.nodes.iter().enumerate() {
-                    if !node.stores_rows || !self.allowed[self.client_view][s][r] {
+                    if !node.stores_rows || node.foreign || !self.allowed[self.client_view][s][r] {
                         continue;
                     }
                     let have = node
@@ -65,7 +65,10 @@ impl Simulation {
 
     pub(super) fn report(mut self, wall_s: f64) -> RunReport {
         let virtual_s = self.now.as_secs_f64();
-        let stats = self.net.stats();
+        let mut stats = self.net.stats();
+        if let Some(other) = self.net_absorbed.take() {
+            stats.absorb(other);
+        }
         let wan_bytes = WanBytes {
             intra_region: stats.sent.get(LinkClass::IntraRegion).bytes,
             inter_region: stats.sent.get(LinkClass::InterRegion).bytes,
@@ -225,6 +228,8 @@ impl Simulation {
             lag_matrix_ids,
             lag_matrix_p99_ms,
             peak_rss_mib: None,
+            shards: 1,
+            lookahead_ms: None,
         };
         report.counters.messages_delivered = stats.delivered.messages;
         report.slo_failures = evaluate_slo(&self.sc.slo, &report, self.checks.other_violations);

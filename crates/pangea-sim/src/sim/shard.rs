@@ -1,0 +1,596 @@
+//! A run split into two shards that run side by side, one per core.
+//!
+//! Each shard is a [`Simulation`] that runs the replicas and the clients of its own
+//! regions; the regions are split so that the shards share as little as possible
+//! and lie far apart (two groups of continents). Nothing one shard does can reach the
+//! other sooner than the shortest latency between them, the lookahead `L`: a frame
+//! between replicas, a client's request to a replica or its answer. So both shards
+//! run the window `[t, t + L)` on their own, then meet at a barrier and hand over
+//! what they sent each other (conservative parallel discrete-event simulation with a
+//! fixed lookahead). Over 10 virtual minutes of the reference deployment (`L` about
+//! 35 ms, us-east to eu-west) that is about 17,000 barriers.
+//!
+//! What crosses at a barrier:
+//! * frames in flight to the other shard's replicas ([`Network::hand_out`]): the
+//!   sender's network decided their delivery time (its links, its pipes, its random
+//!   draws);
+//! * client requests, answers and probes, as events due after the barrier (a read
+//!   carries its key, scope and consistency: the operation lives in the client's
+//!   shard);
+//! * in-flight bytes a sender may release (`Replica::handle_sent`): delivered
+//!   frames are credited to a sender of the other shard at the barrier, at most `L`
+//!   late, as an acknowledgement would be;
+//! * the checkers' record of each origin's writes (C1, replication lag), from the
+//!   origin's shard to the other.
+//!
+//! The end of the workload, the catch-up and drain checks run at barriers over both
+//! shards, and the reports are merged. A run depends on its seed and its split (a
+//! function of the topology and workload), never on the threads: one thread runs
+//! the shards in turn and gives the same `trace_hash` as two.
+//!
+//! Limits: runs with faults are not split yet (a fault would have to apply to both
+//! shards at a barrier); [`run_split`] says so.
+
+use super::*;
+use crate::net::{HandOff, ReplicaIdx};
+use std::sync::mpsc;
+
+/// What a shard needs to know about the split, and what it sends the others.
+#[derive(Debug)]
+pub(super) struct ShardCtx {
+    pub(super) me: u8,
+    /// The shard of each replica (network order).
+    pub(super) replica: Vec<u8>,
+    /// The shard of each region's clients (network order).
+    pub(super) region: Vec<u8>,
+    /// Events for other shards: (shard, due time, event).
+    pub(super) outbox: Vec<(u8, SimTime, Ev)>,
+    /// Frames delivered here from a replica of another shard: (from, to, bytes, the
+    /// sender's life when it sent them).
+    pub(super) sent_back: Vec<(usize, usize, usize, u32)>,
+    /// The end of the window being run: nothing sent to another shard may be due
+    /// before it (checked in debug builds).
+    pub(super) window_end: SimTime,
+}
+
+/// How a run is split: the shard of each region and the lookahead.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Split {
+    /// By region, in the topology's region order.
+    pub region_shard: Vec<u8>,
+    /// The shortest one-way latency between the two shards.
+    pub lookahead: SimDuration,
+}
+
+/// Windows shorter than this are not worth a barrier: the run stays whole.
+const LOOKAHEAD_MIN: SimDuration = SimDuration::from_ms(5);
+
+/// The best split of `sc` into two shards: the most even load (replicas, and
+/// client rate, by region), the longest lookahead among equals. `None` when no split
+/// keeps the shards at least [`LOOKAHEAD_MIN`] apart.
+pub fn plan_split(sc: &Scenario) -> Option<Split> {
+    let t = &sc.deployment.topology;
+    let regions: Vec<&RegionId> = t.regions.keys().collect();
+    let nr = regions.len();
+    if !(2..=20).contains(&nr) {
+        return None;
+    }
+    let replicas: Vec<f64> = regions
+        .iter()
+        .map(|r| t.regions[*r].replicas.len() as f64)
+        .collect();
+    let rate: Vec<f64> = regions
+        .iter()
+        .map(|r| {
+            sc.workload
+                .regions
+                .iter()
+                .filter(|l| l.region == **r)
+                .map(|l| l.rate)
+                .sum()
+        })
+        .collect();
+    let (rt, ratet) = (
+        replicas.iter().sum::<f64>().max(1.0),
+        rate.iter().sum::<f64>().max(1e-9),
+    );
+    // Replicas do about 60 % of the work, clients the rest (docs/plans/sim-speed.md).
+    let load: Vec<f64> = (0..nr)
+        .map(|i| 0.6 * replicas[i] / rt + 0.4 * rate[i] / ratet)
+        .collect();
+    let mut rtt = vec![f64::INFINITY; nr * nr];
+    for a in 0..nr {
+        for b in 0..nr {
+            if a != b {
+                rtt[a * nr + b] = t.region_rtt_ms(regions[a], regions[b]).unwrap_or(0.0);
+            }
+        }
+    }
+    // Each split once (region 0 stays in shard 0): its heavier shard's load and its
+    // shortest cross round trip.
+    let splits: Vec<(f64, f64, u32)> = (2u32..1 << nr)
+        .step_by(2)
+        .map(|mask| {
+            let (mut l0, mut l1, mut min_rtt) = (0.0, 0.0, f64::INFINITY);
+            for a in 0..nr {
+                let in1 = mask >> a & 1 == 1;
+                if in1 {
+                    l1 += load[a];
+                } else {
+                    l0 += load[a];
+                }
+                for b in 0..nr {
+                    if in1 != (mask >> b & 1 == 1) {
+                        min_rtt = min_rtt.min(rtt[a * nr + b]);
+                    }
+                }
+            }
+            (f64::max(l0, l1), min_rtt, mask)
+        })
+        .filter(|&(_, rtt, _)| SimDuration::from_ms_f64(rtt / 2.0) >= LOOKAHEAD_MIN)
+        .collect();
+    // Long windows matter as much as even shards (each barrier costs a thread hand-off):
+    // among the splits that keep at least 40 % of the load in each shard, those within
+    // 3/4 of the longest lookahead; of those, the most even, then the longest.
+    let longest = splits
+        .iter()
+        .filter(|s| s.0 <= 0.6)
+        .map(|s| s.1)
+        .fold(0.0, f64::max);
+    let best = splits
+        .iter()
+        .filter(|s| s.0 <= 0.6 && s.1 >= 0.75 * longest)
+        .min_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)))
+        .copied();
+    let (_, min_rtt, mask) = best?;
+    Some(Split {
+        region_shard: (0..nr).map(|a| (mask >> a & 1) as u8).collect(),
+        lookahead: SimDuration::from_ms_f64(min_rtt / 2.0),
+    })
+}
+
+/// Runs `sc` the fastest way that gives the same result on any machine: split into
+/// two shards when [`plan_split`] finds a split and the scenario has no faults
+/// (on up to `threads` threads: the result does not depend on them), else whole.
+pub fn run_scenario(sc: Scenario, threads: usize) -> Result<RunReport> {
+    match plan_split(&sc).filter(|_| sc.faults.is_empty()) {
+        Some(split) => run_split(sc, &split, threads),
+        None => Simulation::new(sc)?.run(),
+    }
+}
+
+/// Threads worth using for a split run on this machine: 2 with two cores or more.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(2))
+}
+
+/// Global events of a split run: the coordinator handles them at barriers.
+#[derive(Debug, Clone, Copy)]
+enum Global {
+    EndWorkload,
+    CatchUpCheck,
+    DrainCheck,
+}
+
+/// Runs `sc` split as `split` says, on `threads` threads (1 or 2; the result is
+/// the same). Fails for a scenario with faults (not split yet).
+pub fn run_split(sc: Scenario, split: &Split, threads: usize) -> Result<RunReport> {
+    anyhow::ensure!(
+        sc.faults.is_empty(),
+        "a run with faults cannot be split into shards yet"
+    );
+    let wall = std::time::Instant::now();
+    let cpu0 = process_cpu_s();
+    let mut shards = Vec::new();
+    for me in 0..2u8 {
+        let probe =
+            Network::<Wire>::new(&sc.deployment.topology, sc.net.clone(), 0).context("network")?;
+        let region_idx = |r: ReplicaIdx| probe.region_idx_of(r).expect("replica of the network");
+        let replica = probe
+            .replicas()
+            .map(|(idx, _)| split.region_shard[region_idx(idx)])
+            .collect();
+        let ctx = ShardCtx {
+            me,
+            replica,
+            region: split.region_shard.clone(),
+            outbox: Vec::new(),
+            sent_back: Vec::new(),
+            window_end: SimTime::ZERO,
+        };
+        shards.push(Simulation::build(sc.clone(), Some(Box::new(ctx)))?);
+    }
+    let lookahead = lookahead_of(&shards[0]);
+    anyhow::ensure!(
+        lookahead >= split.lookahead.min(LOOKAHEAD_MIN),
+        "the split's shards are {} ms apart",
+        lookahead.as_ms_f64()
+    );
+    for s in &mut shards {
+        s.start();
+    }
+    let mut end = Ending::new(SimTime::ZERO + sc.duration, sc.drain_max);
+    if threads > 1 {
+        // One worker runs the second shard for the whole run; the shard travels to
+        // it and back once per window (a thread per window cost 75 µs a barrier).
+        std::thread::scope(|scope| {
+            let (to_worker, work) = mpsc::channel::<(Simulation, SimTime)>();
+            let (to_main, done) = mpsc::channel::<Simulation>();
+            scope.spawn(move || {
+                while let Some((mut s, until)) = recv_spinning(&work) {
+                    s.run_before(until);
+                    if to_main.send(s).is_err() {
+                        return;
+                    }
+                }
+            });
+            drive(&mut shards, lookahead, &mut end, &mut |shards, until| {
+                let b = shards.pop().expect("two shards");
+                to_worker.send((b, until)).expect("the worker runs");
+                shards[0].run_before(until);
+                shards.push(recv_spinning(&done).expect("the worker answers"));
+            });
+            drop(to_worker);
+        });
+    } else {
+        drive(&mut shards, lookahead, &mut end, &mut |shards, until| {
+            for s in shards.iter_mut() {
+                s.run_before(until);
+            }
+        });
+    }
+    let Ending {
+        catch_up,
+        drain_started,
+        final_convergence,
+        violations,
+        ..
+    } = end;
+    if final_convergence.is_none() && violations.is_empty() {
+        shards[0].explain_not_converged();
+    }
+    // C1 over every acknowledged write: acknowledgements are counted where the
+    // client runs, replicas checked where they run.
+    let acked: Vec<u64> = (0..shards[0].checks.acked_max.len())
+        .map(|i| {
+            shards
+                .iter()
+                .map(|s| s.checks.acked_max[i])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for s in &mut shards {
+        s.checks.acked_max.clone_from(&acked);
+        s.final_checks();
+    }
+    let mut rest = shards.split_off(1);
+    let mut main = shards.pop().expect("two shards");
+    let other = rest.pop().expect("two shards");
+    main.catch_up = catch_up;
+    main.drain_started = drain_started;
+    main.final_convergence = final_convergence;
+    main.checks.other_violations += violations.len() as u64;
+    main.checks.violations.extend(violations);
+    main.absorb(other);
+    let wall_s = wall.elapsed().as_secs_f64();
+    let cpu_s = process_cpu_s().zip(cpu0).map(|(b, a)| b - a);
+    let mut report = main.report(wall_s);
+    report.shards = 2;
+    report.lookahead_ms = Some(lookahead.as_ms_f64());
+    report.cpu_s = cpu_s;
+    report.speedup_cpu = cpu_s.filter(|c| *c > 0.0).map(|c| report.virtual_s / c);
+    Ok(report)
+}
+
+/// What the coordinator learns about the end of a split run.
+struct Ending {
+    global: EventQueue<Global>,
+    hard_end: SimTime,
+    catch_up: Option<CatchUp>,
+    drain_started: Option<SimTime>,
+    final_convergence: Option<SimTime>,
+    violations: Vec<String>,
+}
+
+impl Ending {
+    fn new(end_workload: SimTime, drain_max: SimDuration) -> Ending {
+        let mut global = EventQueue::new();
+        global.push(end_workload, Global::EndWorkload);
+        Ending {
+            global,
+            hard_end: end_workload + drain_max,
+            catch_up: None,
+            drain_started: None,
+            final_convergence: None,
+            violations: Vec::new(),
+        }
+    }
+}
+
+/// Runs windows until the drain ends: `run` takes every shard to a window's end,
+/// then the barrier hands over what crossed and handles the global events due.
+fn drive(
+    shards: &mut Vec<Simulation>,
+    lookahead: SimDuration,
+    e: &mut Ending,
+    run: &mut dyn FnMut(&mut Vec<Simulation>, SimTime),
+) {
+    let hard_end = e.hard_end;
+    let global = &mut e.global;
+    let catch_up = &mut e.catch_up;
+    let drain_started = &mut e.drain_started;
+    let final_convergence = &mut e.final_convergence;
+    let violations = &mut e.violations;
+    let mut stop = false;
+    while !stop {
+        let next_global = global.peek_time().unwrap_or(hard_end).min(hard_end);
+        let start = shards
+            .iter()
+            .filter_map(Simulation::next_time)
+            .min()
+            .unwrap_or(next_global)
+            .min(next_global);
+        let end = (start + lookahead).min(next_global);
+        if end > start {
+            run(shards, end);
+        }
+        for s in shards.iter_mut() {
+            s.now = s.now.max(end);
+        }
+        exchange(shards);
+        if end >= hard_end {
+            break;
+        }
+        while global.peek_time() == Some(end) {
+            let (_, g) = global.pop().expect("peeked");
+            match g {
+                Global::EndWorkload => {
+                    for s in shards.iter_mut() {
+                        s.workload_on = false;
+                        s.trace([56, 0, 0, 0]);
+                    }
+                    *drain_started = Some(end);
+                    *catch_up = Some(CatchUp {
+                        heal_at: end,
+                        targets: shards[0].durable_targets(),
+                        done_at: None,
+                    });
+                    global.push(end, Global::CatchUpCheck);
+                    global.push(end + DRAIN_CHECK, Global::DrainCheck);
+                }
+                Global::CatchUpCheck => {
+                    if let Some(c) = catch_up.as_mut().filter(|c| c.done_at.is_none()) {
+                        if shards.iter().all(|s| s.covers(&c.targets)) {
+                            c.done_at = Some(end);
+                        } else {
+                            global.push(end + CATCH_UP_CHECK, Global::CatchUpCheck);
+                        }
+                    }
+                }
+                Global::DrainCheck => {
+                    let targets = shards[0].durable_targets();
+                    if shards.iter().all(|s| s.covers(&targets)) {
+                        if let Err(why) = digests_agree(shards) {
+                            violations.push(format!("C5: {why}"));
+                        } else {
+                            *final_convergence = Some(end);
+                        }
+                        stop = true;
+                        break;
+                    }
+                    global.push(end + DRAIN_CHECK, Global::DrainCheck);
+                }
+            }
+        }
+    }
+}
+
+/// Receives, spinning a while first: a window is a few milliseconds, and waking a
+/// blocked thread costs tens of microseconds.
+fn recv_spinning<T>(rx: &mpsc::Receiver<T>) -> Option<T> {
+    for _ in 0..100_000 {
+        match rx.try_recv() {
+            Ok(v) => return Some(v),
+            Err(mpsc::TryRecvError::Empty) => std::hint::spin_loop(),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+        }
+    }
+    rx.recv().ok()
+}
+
+/// The shortest time anything one shard does takes to reach the other: frames
+/// between their replicas, client requests and answers between their regions.
+fn lookahead_of(s: &Simulation) -> SimDuration {
+    let ctx = s.shard.as_ref().expect("a shard");
+    let n = ctx.replica.len();
+    let mut min_us = u64::MAX;
+    for a in 0..n {
+        for b in 0..n {
+            if ctx.replica[a] != ctx.replica[b]
+                && let Some(l) = s
+                    .net
+                    .one_way_latency(ReplicaIdx::new(a), ReplicaIdx::new(b))
+            {
+                min_us = min_us.min(l.as_us());
+            }
+        }
+    }
+    for (region, row) in s.client_one_way_us.iter().enumerate() {
+        for (r, &us) in row.iter().enumerate() {
+            if ctx.region[region] != ctx.replica[r] {
+                min_us = min_us.min(us);
+            }
+        }
+    }
+    SimDuration::from_us(min_us)
+}
+
+/// The barrier: each shard hands the others what it sent them.
+fn exchange(shards: &mut [Simulation]) {
+    let k = shards.len();
+    for from in 0..k {
+        let (outbox, sent_back) = {
+            let ctx = shards[from].shard.as_mut().expect("a shard");
+            (
+                std::mem::take(&mut ctx.outbox),
+                std::mem::take(&mut ctx.sent_back),
+            )
+        };
+        let replica_shard = shards[from]
+            .shard
+            .as_ref()
+            .expect("a shard")
+            .replica
+            .clone();
+        let frames: Vec<HandOff<Wire>> = shards[from]
+            .net
+            .hand_out(|to| replica_shard[to.index()] != from as u8);
+        debug_assert!(
+            frames.iter().all(|h| h.deliver_at() >= shards[from].now),
+            "a frame to another shard is due inside the window: the lookahead is wrong"
+        );
+        let mut by_shard: Vec<Vec<HandOff<Wire>>> = (0..k).map(|_| Vec::new()).collect();
+        for h in frames {
+            by_shard[replica_shard[h.to().index()] as usize].push(h);
+        }
+        for (to, frames) in by_shard.into_iter().enumerate() {
+            if !frames.is_empty() {
+                shards[to].net.hand_in(frames);
+            }
+        }
+        for (to, at, ev) in outbox {
+            shards[to as usize].queue.push(at, ev);
+        }
+        for (sender, receiver, bytes, life) in sent_back {
+            let s = &mut shards[replica_shard[sender] as usize];
+            let to_id = s.nodes[receiver].id.clone();
+            let node = &mut s.nodes[sender];
+            if node.life == life
+                && let Some(rep) = node.replica.as_mut()
+            {
+                rep.handle_sent(&to_id, bytes);
+            }
+        }
+    }
+    // The checkers' record of each origin's writes goes from the origin's shard to
+    // the others (a write reaches another shard only after a barrier).
+    let n = shards[0].names.len();
+    for st in 0..shards[0].checks.streams.len() {
+        let owner = shards[0].shard.as_ref().expect("a shard").replica[st % n] as usize;
+        for to in 0..k {
+            if to == owner {
+                continue;
+            }
+            let (src, dst) = pair_mut(shards, owner, to);
+            sync_tail(&src.checks.streams[st], &mut dst.checks.streams[st]);
+            sync_tail(&src.checks.proposed_us[st], &mut dst.checks.proposed_us[st]);
+        }
+    }
+}
+
+/// Copies what `src` has beyond `dst`'s length.
+fn sync_tail<T: Clone>(src: &[T], dst: &mut Vec<T>) {
+    if src.len() > dst.len() {
+        dst.extend_from_slice(&src[dst.len()..]);
+    }
+}
+
+fn pair_mut(v: &mut [Simulation], a: usize, b: usize) -> (&mut Simulation, &mut Simulation) {
+    assert_ne!(a, b);
+    if a < b {
+        let (x, y) = v.split_at_mut(b);
+        (&mut x[a], &mut y[0])
+    } else {
+        let (x, y) = v.split_at_mut(a);
+        (&mut y[0], &mut x[b])
+    }
+}
+
+/// C5 over both shards: the oracle is the union of the shards' (each holds its
+/// origins' writes), and every replica, in its own shard, must match it.
+fn digests_agree(shards: &[Simulation]) -> std::result::Result<(), String> {
+    let mut oracle = shards[0].checks.oracle.clone();
+    for s in &shards[1..] {
+        for ((table, key), row) in &s.checks.oracle {
+            let schema = s.checks.schema.table(table);
+            oracle
+                .entry((table.clone(), key.clone()))
+                .or_default()
+                .merge(row, schema);
+        }
+    }
+    for s in shards {
+        s.digests_agree_with(&oracle)?;
+    }
+    Ok(())
+}
+
+/// CPU seconds of this process (Linux `/proc/self/stat`: user plus system, in
+/// clock ticks of 10 ms); `None` elsewhere.
+fn process_cpu_s() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name may hold spaces: fields count from after its ')'.
+    let rest = s.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+impl Simulation {
+    /// The time of this shard's next event, if any.
+    pub(super) fn next_time(&self) -> Option<SimTime> {
+        match (self.queue.peek_time(), self.net.next_delivery()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Takes in another shard's measurements, checks and trace at the end of a
+    /// split run.
+    fn absorb(&mut self, o: Simulation) {
+        let m = &mut self.metrics;
+        let om = o.metrics;
+        for (a, b) in m.modes.iter_mut().zip(&om.modes) {
+            a.absorb(b);
+        }
+        for (a, b) in m.regions.iter_mut().zip(&om.regions) {
+            a.absorb(b);
+        }
+        for (a, b) in m.region_modes.iter_mut().zip(&om.region_modes) {
+            for (x, y) in a.iter_mut().zip(b) {
+                x.absorb(y);
+            }
+        }
+        m.writes.absorb(&om.writes);
+        m.reads += om.reads;
+        m.reads_ok += om.reads_ok;
+        m.lag.add(&om.lag).expect("same histogram bounds");
+        for (a, b) in m.lag_matrix.iter_mut().zip(&om.lag_matrix) {
+            a.absorb(b);
+        }
+        for (a, b) in m.series.iter_mut().zip(&om.series) {
+            for (x, y) in a.iter_mut().zip(b) {
+                x.0.absorb(&y.0);
+                x.1 += y.1;
+            }
+        }
+        for (a, b) in m.lag_series.iter_mut().zip(&om.lag_series) {
+            a.absorb(b);
+        }
+        m.counters.absorb(om.counters);
+        m.client_cross_region_bytes += om.client_cross_region_bytes;
+        let c = &mut self.checks;
+        c.lost_writes += o.checks.lost_writes;
+        c.watermark_violations += o.checks.watermark_violations;
+        c.token_violations += o.checks.token_violations;
+        c.other_violations += o.checks.other_violations;
+        for v in o.checks.violations {
+            c.violation(v);
+        }
+        self.leak_bytes += o.leak_bytes;
+        self.now = self.now.max(o.now);
+        self.trace.0.update(&o.trace.0.digest().to_le_bytes());
+        self.net_absorbed = Some(o.net.stats());
+    }
+}
