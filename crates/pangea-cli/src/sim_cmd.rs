@@ -131,8 +131,14 @@ pub(crate) fn run(cmd: SimCommand) -> Result<()> {
             let summary = swarm(&opts, |o| {
                 if o.passed() {
                     println!(
-                        "seed {:>6} ok   {:>2} replicas {:>3} faults {:>6} ops  {:.2} s  trace {}",
-                        o.seed, o.replicas, o.faults, o.operations, o.wall_s, o.trace_hash
+                        "seed {:>6} ok   {:>2} replicas {:>3} faults {:>6} ops  {:.2} s  trace {}{}",
+                        o.seed,
+                        o.replicas,
+                        o.faults,
+                        o.operations,
+                        o.wall_s,
+                        o.trace_hash,
+                        if o.shards > 1 { "  split" } else { "" }
                     );
                 } else {
                     println!(

@@ -11,7 +11,6 @@ use crate::rng::SimRng;
 use crate::scenario::{
     Fault, FaultKind, KeyDistribution, ModeMix, RegionLoad, Scenario, Slo, ValueSize, Workload,
 };
-use crate::sim::Simulation;
 use crate::time::SimDuration;
 use pangea_core::replica::Config as ReplicaConfig;
 use pangea_topology::{Deployment, Placement, RegionId, ReplicaId, Topology};
@@ -366,6 +365,8 @@ pub struct SeedOutcome {
     pub replicas: usize,
     pub faults: usize,
     pub operations: u64,
+    /// 2 when the run was split between two cores (`sim::shard`).
+    pub shards: u32,
 }
 
 impl SeedOutcome {
@@ -379,7 +380,9 @@ pub fn run_seed(seed: u64, twice: bool) -> SeedOutcome {
     let started = Instant::now();
     let sc = scenario_for_seed(seed);
     let (replicas, faults) = (sc.deployment.topology.replicas.len(), sc.faults.len());
-    let run = |sc: Scenario| Simulation::new(sc).and_then(Simulation::run);
+    // Split into shards where the topology allows (`sim::run_scenario`); the second
+    // run of C6 takes one thread, so it also checks that threads change nothing.
+    let run = |sc: Scenario, threads: usize| crate::sim::run_scenario(sc, threads);
     let mut out = SeedOutcome {
         seed,
         failures: Vec::new(),
@@ -388,16 +391,18 @@ pub fn run_seed(seed: u64, twice: bool) -> SeedOutcome {
         replicas,
         faults,
         operations: 0,
+        shards: 1,
     };
-    match run(sc.clone()) {
+    match run(sc.clone(), crate::sim::default_threads()) {
         Ok(r) => {
             out.failures = r.slo_failures.clone();
             out.failures.extend(r.violations.iter().take(3).cloned());
             out.failures.dedup();
             out.trace_hash = r.trace_hash.clone();
             out.operations = r.operations;
+            out.shards = r.shards;
             if twice {
-                match run(sc) {
+                match run(sc, 1) {
                     Ok(again) if again.trace_hash != r.trace_hash => out.failures.push(format!(
                         "C6: trace hash {} then {}",
                         r.trace_hash, again.trace_hash

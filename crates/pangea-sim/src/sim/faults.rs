@@ -89,7 +89,10 @@ impl Simulation {
         ) && f.duration.is_none();
         if permanent {
             self.faults[i].ended = true;
-        } else if let Some(d) = f.duration {
+        } else if let Some(d) = f.duration
+            && self.shard.is_none()
+        {
+            // (Split, the coordinator ends it.)
             self.queue.push(self.now + d, Ev::FaultEnd(i as u32));
         }
     }
@@ -147,7 +150,8 @@ impl Simulation {
             }
             FaultKind::ChangePlacement { .. } => {}
         }
-        if self.workload_on {
+        // (Split, the coordinator measures catch-up over both shards.)
+        if self.workload_on && self.shard.is_none() {
             self.start_catch_up();
         }
     }
@@ -171,8 +175,16 @@ impl Simulation {
     /// Messages the network dropped in flight: release the senders' in-flight bytes.
     fn release_dropped(&mut self) {
         for dropped in self.net.take_dropped() {
-            let to_id = self.nodes[dropped.to.index()].id.clone();
-            if let Some(rep) = self.nodes[dropped.from.index()].replica.as_mut() {
+            let (from, to) = (dropped.from.index(), dropped.to.index());
+            let to_id = self.nodes[to].id.clone();
+            let sender = &mut self.nodes[from];
+            if sender.foreign {
+                // Its shard releases the bytes at the next barrier.
+                let life = sender.life;
+                if let Some(ctx) = self.shard.as_mut() {
+                    ctx.sent_back.push((from, to, dropped.bytes, life));
+                }
+            } else if let Some(rep) = sender.replica.as_mut() {
                 rep.handle_sent(&to_id, dropped.bytes);
             }
             self.metrics.counters.messages_dropped += 1;
@@ -184,6 +196,11 @@ impl Simulation {
         let node = &mut self.nodes[r];
         node.down += 1;
         if node.down > 1 {
+            return;
+        }
+        if node.foreign {
+            // Its shard crashes it; here only the network learns it is gone.
+            let _ = self.net.set_down_idx(crate::net::ReplicaIdx::new(r), true);
             return;
         }
         let Some(rep) = node.replica.take() else {
@@ -211,6 +228,10 @@ impl Simulation {
         }
         node.down -= 1;
         if node.down > 0 {
+            return;
+        }
+        if node.foreign {
+            let _ = self.net.set_down_idx(crate::net::ReplicaIdx::new(r), false);
             return;
         }
         let Some(storage) = node.parked.take() else {
@@ -361,9 +382,27 @@ impl Simulation {
 
     /// The end of the safety phase: stop the workload, heal everything.
     pub(super) fn on_end_workload(&mut self) {
+        let had_heal_inside = self.catch_up.is_some();
+        self.end_workload_here();
+        if !had_heal_inside {
+            // No heal inside the workload phase: measure catch-up from this one.
+            self.catch_up = Some(CatchUp {
+                heal_at: self.now,
+                targets: self.durable_targets(),
+                done_at: None,
+            });
+            self.queue.push(self.now, Ev::CatchUpCheck);
+        } else if self.catch_up.as_ref().is_some_and(|c| c.done_at.is_none()) {
+            self.queue.push(self.now, Ev::CatchUpCheck);
+        }
+        self.queue.push(self.now + DRAIN_CHECK, Ev::DrainCheck);
+    }
+
+    /// The end of the safety phase, in this run (or shard): the workload stops,
+    /// every fault heals.
+    pub(super) fn end_workload_here(&mut self) {
         self.workload_on = false;
         self.trace([56, 0, 0, 0]);
-        let had_heal_inside = self.catch_up.is_some();
         for i in 0..self.faults.len() {
             if self.faults[i].started && !self.faults[i].ended {
                 self.fault_end(i);
@@ -382,18 +421,6 @@ impl Simulation {
         self.net.restore_all_links();
         self.region_lost.iter_mut().for_each(|x| *x = 0);
         self.drain_started = Some(self.now);
-        if !had_heal_inside {
-            // No heal inside the workload phase: measure catch-up from this one.
-            self.catch_up = Some(CatchUp {
-                heal_at: self.now,
-                targets: self.durable_targets(),
-                done_at: None,
-            });
-            self.queue.push(self.now, Ev::CatchUpCheck);
-        } else if self.catch_up.as_ref().is_some_and(|c| c.done_at.is_none()) {
-            self.queue.push(self.now, Ev::CatchUpCheck);
-        }
-        self.queue.push(self.now + DRAIN_CHECK, Ev::DrainCheck);
     }
 
     pub(super) fn on_drain_check(&mut self) {

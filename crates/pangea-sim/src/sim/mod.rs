@@ -737,7 +737,12 @@ impl Simulation {
         };
         let generator = Generator::new(&sc.workload, rng.next_u64())?;
         let path_rng = rng.fork(2);
-        let fault_rng = rng.fork(3);
+        // Split, both shards run every fault and must draw the same (a rollout's
+        // order): the faults' stream does not depend on the shard.
+        let fault_rng = match &shard {
+            None => rng.fork(3),
+            Some(_) => SimRng::new(xxh3_64(&[sc.seed.to_le_bytes(), *b"faults\0\0"].concat())),
+        };
         let faults = sc.faults.iter().map(|_| FaultState::default()).collect();
         let n_regions = regions.len();
         let mut sim = Simulation {
@@ -825,8 +830,9 @@ impl Simulation {
                     .push(SimTime::ZERO, Ev::Probe { client: c as u32 });
             }
         }
+        // Split, the coordinator runs the timeline at barriers (`shard.rs`).
         for (i, f) in self.sc.faults.iter().enumerate() {
-            if f.at < self.sc.duration {
+            if f.at < self.sc.duration && self.shard.is_none() {
                 self.queue
                     .push(SimTime::ZERO + f.at, Ev::FaultStart(i as u32));
             }

@@ -23,13 +23,13 @@
 //! * the checkers' record of each origin's writes (C1, replication lag), from the
 //!   origin's shard to the other.
 //!
-//! The end of the workload, the catch-up and drain checks run at barriers over both
-//! shards, and the reports are merged. A run depends on its seed and its split (a
-//! function of the topology and workload), never on the threads: one thread runs
-//! the shards in turn and gives the same `trace_hash` as two.
-//!
-//! Limits: runs with faults are not split yet (a fault would have to apply to both
-//! shards at a barrier); [`run_split`] says so.
+//! Faults, the end of the workload, the catch-up and drain checks run at barriers:
+//! every shard runs every fault on its own replicas, clients and network (both
+//! networks learn of every partition and every replica down; a rollout draws its
+//! order from a stream both shards share), and convergence is measured over both.
+//! The reports are merged. A run depends on its seed and its split (a function of
+//! the topology and workload), never on the threads: one thread runs the shards in
+//! turn and gives the same `trace_hash` as two.
 
 use super::*;
 use crate::net::{HandOff, ReplicaIdx};
@@ -150,10 +150,10 @@ pub fn plan_split(sc: &Scenario) -> Option<Split> {
 }
 
 /// Runs `sc` the fastest way that gives the same result on any machine: split into
-/// two shards when [`plan_split`] finds a split and the scenario has no faults
-/// (on up to `threads` threads: the result does not depend on them), else whole.
+/// two shards when [`plan_split`] finds a split (on up to `threads` threads: the
+/// result does not depend on them), else whole.
 pub fn run_scenario(sc: Scenario, threads: usize) -> Result<RunReport> {
-    match plan_split(&sc).filter(|_| sc.faults.is_empty()) {
+    match plan_split(&sc) {
         Some(split) => run_split(sc, &split, threads),
         None => Simulation::new(sc)?.run(),
     }
@@ -167,18 +167,16 @@ pub fn default_threads() -> usize {
 /// Global events of a split run: the coordinator handles them at barriers.
 #[derive(Debug, Clone, Copy)]
 enum Global {
+    FaultStart(usize),
+    FaultEnd(usize),
     EndWorkload,
     CatchUpCheck,
     DrainCheck,
 }
 
 /// Runs `sc` split as `split` says, on `threads` threads (1 or 2; the result is
-/// the same). Fails for a scenario with faults (not split yet).
+/// the same).
 pub fn run_split(sc: Scenario, split: &Split, threads: usize) -> Result<RunReport> {
-    anyhow::ensure!(
-        sc.faults.is_empty(),
-        "a run with faults cannot be split into shards yet"
-    );
     let wall = std::time::Instant::now();
     let cpu0 = process_cpu_s();
     let mut shards = Vec::new();
@@ -209,7 +207,7 @@ pub fn run_split(sc: Scenario, split: &Split, threads: usize) -> Result<RunRepor
     for s in &mut shards {
         s.start();
     }
-    let mut end = Ending::new(SimTime::ZERO + sc.duration, sc.drain_max);
+    let mut end = Ending::new(&sc);
     if threads > 1 {
         // One worker runs the second shard for the whole run; the shard travels to
         // it and back once per window (a thread per window cost 75 µs a barrier).
@@ -294,12 +292,18 @@ struct Ending {
 }
 
 impl Ending {
-    fn new(end_workload: SimTime, drain_max: SimDuration) -> Ending {
+    fn new(sc: &Scenario) -> Ending {
+        let end_workload = SimTime::ZERO + sc.duration;
         let mut global = EventQueue::new();
         global.push(end_workload, Global::EndWorkload);
+        for (i, f) in sc.faults.iter().enumerate() {
+            if f.at < sc.duration {
+                global.push(SimTime::ZERO + f.at, Global::FaultStart(i));
+            }
+        }
         Ending {
             global,
-            hard_end: end_workload + drain_max,
+            hard_end: end_workload + sc.drain_max,
             catch_up: None,
             drain_started: None,
             final_convergence: None,
@@ -344,26 +348,57 @@ fn drive(
         }
         while global.peek_time() == Some(end) {
             let (_, g) = global.pop().expect("peeked");
+            // Every shard runs every fault (each on its own replicas, clients and
+            // network); convergence is measured over both.
             match g {
-                Global::EndWorkload => {
+                Global::FaultStart(i) => {
                     for s in shards.iter_mut() {
-                        s.workload_on = false;
-                        s.trace([56, 0, 0, 0]);
+                        s.fault_start(i);
+                    }
+                    let st = &shards[0].faults[i];
+                    if st.started
+                        && !st.ended
+                        && let Some(d) = shards[0].sc.faults[i].duration
+                    {
+                        global.push(end + d, Global::FaultEnd(i));
+                    }
+                }
+                Global::FaultEnd(i) => {
+                    for s in shards.iter_mut() {
+                        s.fault_end(i);
+                    }
+                    if shards[0].workload_on {
+                        *catch_up = Some(CatchUp {
+                            heal_at: end,
+                            targets: shards[0].durable_targets(),
+                            done_at: None,
+                        });
+                        global.push(end + CATCH_UP_CHECK, Global::CatchUpCheck);
+                    }
+                }
+                Global::EndWorkload => {
+                    let had_heal_inside = catch_up.is_some();
+                    for s in shards.iter_mut() {
+                        s.end_workload_here();
                     }
                     *drain_started = Some(end);
-                    *catch_up = Some(CatchUp {
-                        heal_at: end,
-                        targets: shards[0].durable_targets(),
-                        done_at: None,
-                    });
-                    global.push(end, Global::CatchUpCheck);
+                    if !had_heal_inside {
+                        *catch_up = Some(CatchUp {
+                            heal_at: end,
+                            targets: shards[0].durable_targets(),
+                            done_at: None,
+                        });
+                        global.push(end, Global::CatchUpCheck);
+                    } else if catch_up.as_ref().is_some_and(|c| c.done_at.is_none()) {
+                        global.push(end, Global::CatchUpCheck);
+                    }
                     global.push(end + DRAIN_CHECK, Global::DrainCheck);
                 }
                 Global::CatchUpCheck => {
                     if let Some(c) = catch_up.as_mut().filter(|c| c.done_at.is_none()) {
                         if shards.iter().all(|s| s.covers(&c.targets)) {
                             c.done_at = Some(end);
-                        } else {
+                        } else if shards[0].workload_on || drain_started.is_some() {
                             global.push(end + CATCH_UP_CHECK, Global::CatchUpCheck);
                         }
                     }
