@@ -170,7 +170,10 @@ enum Global {
     FaultStart(usize),
     FaultEnd(usize),
     EndWorkload,
-    CatchUpCheck,
+    /// Of the catch-up that many heals ago started (one chain of checks at a time:
+    /// each check is a barrier, and a chain per heal, as a whole run keeps, would
+    /// cut the windows short after many faults).
+    CatchUpCheck(u64),
     DrainCheck,
 }
 
@@ -289,6 +292,8 @@ struct Ending {
     drain_started: Option<SimTime>,
     final_convergence: Option<SimTime>,
     violations: Vec<String>,
+    /// Catch-ups started so far: only the newest one's checks run.
+    catch_ups: u64,
 }
 
 impl Ending {
@@ -308,6 +313,7 @@ impl Ending {
             drain_started: None,
             final_convergence: None,
             violations: Vec::new(),
+            catch_ups: 0,
         }
     }
 }
@@ -326,6 +332,7 @@ fn drive(
     let drain_started = &mut e.drain_started;
     let final_convergence = &mut e.final_convergence;
     let violations = &mut e.violations;
+    let catch_ups = &mut e.catch_ups;
     let mut stop = false;
     while !stop {
         let next_global = global.peek_time().unwrap_or(hard_end).min(hard_end);
@@ -373,7 +380,8 @@ fn drive(
                             targets: shards[0].durable_targets(),
                             done_at: None,
                         });
-                        global.push(end + CATCH_UP_CHECK, Global::CatchUpCheck);
+                        *catch_ups += 1;
+                        global.push(end + CATCH_UP_CHECK, Global::CatchUpCheck(*catch_ups));
                     }
                 }
                 Global::EndWorkload => {
@@ -388,18 +396,23 @@ fn drive(
                             targets: shards[0].durable_targets(),
                             done_at: None,
                         });
-                        global.push(end, Global::CatchUpCheck);
+                        *catch_ups += 1;
+                        global.push(end, Global::CatchUpCheck(*catch_ups));
                     } else if catch_up.as_ref().is_some_and(|c| c.done_at.is_none()) {
-                        global.push(end, Global::CatchUpCheck);
+                        *catch_ups += 1;
+                        global.push(end, Global::CatchUpCheck(*catch_ups));
                     }
                     global.push(end + DRAIN_CHECK, Global::DrainCheck);
                 }
-                Global::CatchUpCheck => {
+                Global::CatchUpCheck(n) => {
+                    if n != *catch_ups {
+                        continue; // a newer heal started its own chain
+                    }
                     if let Some(c) = catch_up.as_mut().filter(|c| c.done_at.is_none()) {
                         if shards.iter().all(|s| s.covers(&c.targets)) {
                             c.done_at = Some(end);
                         } else if shards[0].workload_on || drain_started.is_some() {
-                            global.push(end + CATCH_UP_CHECK, Global::CatchUpCheck);
+                            global.push(end + CATCH_UP_CHECK, Global::CatchUpCheck(n));
                         }
                     }
                 }
