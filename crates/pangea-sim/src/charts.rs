@@ -359,9 +359,16 @@ pub fn summary_md(sc: &Scenario, description: &str, r: &RunReport) -> String {
         let _ = writeln!(s, "{description}\n");
     }
     let verdict = if r.passed() { "PASSED" } else { "FAILED" };
+    let split = match r.lookahead_ms {
+        Some(l) => format!(
+            "; split into {} shards {l:.1} ms apart, run side by side",
+            r.shards
+        ),
+        None => String::new(),
+    };
     let _ = writeln!(
         s,
-        "**{verdict}** — seed {}, {:.0} s virtual in {:.1} s wall ({:.1}× real time; {:.1} s of CPU, {:.1}×), trace `{}`.\n",
+        "**{verdict}** — seed {}, {:.0} s virtual in {:.1} s wall ({:.1}× real time; {:.1} s of CPU, {:.1}×{split}), trace `{}`.\n",
         r.seed,
         r.virtual_s,
         r.wall_s,
