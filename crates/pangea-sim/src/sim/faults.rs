@@ -179,10 +179,10 @@ impl Simulation {
             let to_id = self.nodes[to].id.clone();
             let sender = &mut self.nodes[from];
             if sender.foreign {
-                // Its shard releases the bytes at the next barrier.
-                let life = sender.life;
+                // Its shard releases the bytes at the next barrier (whatever life
+                // sent them, as below: this shard does not know its lives).
                 if let Some(ctx) = self.shard.as_mut() {
-                    ctx.sent_back.push((from, to, dropped.bytes, life));
+                    ctx.sent_back.push((from, to, dropped.bytes, None));
                 }
             } else if let Some(rep) = sender.replica.as_mut() {
                 rep.handle_sent(&to_id, dropped.bytes);

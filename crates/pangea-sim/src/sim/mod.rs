@@ -1076,7 +1076,7 @@ impl Simulation {
         if sender.foreign {
             // Its shard releases the bytes at the next barrier.
             if let Some(ctx) = self.shard.as_mut() {
-                ctx.sent_back.push((from, to, bytes, msg.life));
+                ctx.sent_back.push((from, to, bytes, Some(msg.life)));
             }
         } else if sender.life == msg.life
             && let Some(rep) = sender.replica.as_mut()
@@ -1084,6 +1084,10 @@ impl Simulation {
             rep.handle_sent(&to_id, bytes);
         }
         self.check_residency(from, to, &msg.frame, bytes);
+        debug_assert!(
+            !self.nodes[to].foreign,
+            "a frame for another shard's replica was delivered here"
+        );
         let node = &mut self.nodes[to];
         if node.paused > 0 {
             node.held_frames.push_back((from, msg, bytes));

@@ -7,7 +7,15 @@ impl Simulation {
     /// scope (a watermark covers a whole prefix of its stream, so the highest
     /// acknowledged sequence per stream is enough).
     pub(super) fn final_checks(&mut self) {
+        let gaps = self.acked_gaps();
+        self.report_acked_gaps(&gaps);
+    }
+
+    /// Per stream (`scope × replicas + origin`): the replica (run here) furthest
+    /// behind the highest acknowledged sequence, how far, and where it stands.
+    pub(super) fn acked_gaps(&self) -> Vec<Option<(u64, ReplicaId, u64)>> {
         let n = self.names.len();
+        let mut gaps = vec![None; self.scopes.len() * n];
         for s in 0..self.scopes.len() {
             let scope = ScopeId::new(self.scopes.name(s));
             for o in 0..n {
@@ -15,8 +23,6 @@ impl Simulation {
                 if acked == 0 {
                     continue;
                 }
-                let mut missing_max = 0;
-                let mut example = None;
                 for (r, node) in self.nodes.iter().enumerate() {
                     if !node.stores_rows || node.foreign || !self.allowed[self.client_view][s][r] {
                         continue;
@@ -26,19 +32,30 @@ impl Simulation {
                         .as_ref()
                         .and_then(|rep| rep.watermarks(&scope))
                         .map_or(0, |w| w.get(&self.nodes[o].id).sequence);
-                    if have < acked && acked - have > missing_max {
-                        missing_max = acked - have;
-                        example = Some((node.id.clone(), have));
+                    let missing = acked.saturating_sub(have);
+                    if missing > gaps[s * n + o].as_ref().map_or(0, |g: &(u64, _, _)| g.0) {
+                        gaps[s * n + o] = Some((missing, node.id.clone(), have));
                     }
                 }
-                if let Some((id, have)) = example {
-                    self.checks.lost_writes += missing_max;
-                    let origin = self.nodes[o].id.clone();
-                    self.checks.violation(format!(
-                        "C1: {id} has {scope}/{origin} at #{have}, acknowledged up to #{acked}"
-                    ));
-                }
             }
+        }
+        gaps
+    }
+
+    /// C1 for the gaps [`Self::acked_gaps`] found (over every shard, in a split run):
+    /// each stream's largest counts as lost writes.
+    pub(super) fn report_acked_gaps(&mut self, gaps: &[Option<(u64, ReplicaId, u64)>]) {
+        let n = self.names.len();
+        for (i, gap) in gaps.iter().enumerate() {
+            let Some((missing, id, have)) = gap else {
+                continue;
+            };
+            let (scope, origin) = (self.scopes.name(i / n), self.names.name(i % n));
+            let acked = self.checks.acked_max[i];
+            self.checks.lost_writes += missing;
+            self.checks.violation(format!(
+                "C1: {id} has {scope}/{origin} at #{have}, acknowledged up to #{acked}"
+            ));
         }
     }
 

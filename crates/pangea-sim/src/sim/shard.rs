@@ -45,9 +45,9 @@ pub(super) struct ShardCtx {
     pub(super) region: Vec<u8>,
     /// Events for other shards: (shard, due time, event).
     pub(super) outbox: Vec<(u8, SimTime, Ev)>,
-    /// Frames delivered here from a replica of another shard: (from, to, bytes, the
-    /// sender's life when it sent them).
-    pub(super) sent_back: Vec<(usize, usize, usize, u32)>,
+    /// Frames delivered (or dropped) here from a replica of another shard: (from,
+    /// to, bytes, the sender's life when it sent them if known).
+    pub(super) sent_back: Vec<(usize, usize, usize, Option<u32>)>,
     /// The end of the window being run: nothing sent to another shard may be due
     /// before it (checked in debug builds).
     pub(super) window_end: SimTime,
@@ -265,10 +265,18 @@ pub fn run_split(sc: Scenario, split: &Split, threads: usize) -> Result<RunRepor
                 .unwrap_or(0)
         })
         .collect();
+    let mut gaps = vec![None; acked.len()];
     for s in &mut shards {
         s.checks.acked_max.clone_from(&acked);
-        s.final_checks();
+        for (g, mine) in gaps.iter_mut().zip(s.acked_gaps()) {
+            if mine.as_ref().map_or(0, |m| m.0)
+                > g.as_ref().map_or(0, |g: &(u64, ReplicaId, u64)| g.0)
+            {
+                *g = mine;
+            }
+        }
     }
+    shards[0].report_acked_gaps(&gaps);
     let other = shards.pop().expect("two shards");
     let mut main = shards.pop().expect("two shards");
     main.catch_up = catch_up;
@@ -353,10 +361,9 @@ fn drive(
             s.now = s.now.max(end);
         }
         exchange(shards);
-        if end >= hard_end {
-            break;
-        }
-        while global.peek_time() == Some(end) {
+        let mut handled = false;
+        while !stop && global.peek_time() == Some(end) {
+            handled = true;
             let (_, g) = global.pop().expect("peeked");
             // Every shard runs every fault (each on its own replicas, clients and
             // network); convergence is measured over both.
@@ -433,6 +440,22 @@ fn drive(
                     global.push(end + DRAIN_CHECK, Global::DrainCheck);
                 }
             }
+        }
+        if handled {
+            // What the global events sent (a restarted replica's frames, answers to
+            // requests a pause held) is due from `end + L` on: over to its shard
+            // before the next window, which may start later than `end`.
+            exchange(shards);
+        }
+        if end >= hard_end {
+            // The last instant, as a whole run's `run_until(hard_end)` includes it
+            // (nothing at it can reach the other shard in time to matter).
+            if !stop {
+                for s in shards.iter_mut() {
+                    s.run_until(hard_end);
+                }
+            }
+            break;
         }
     }
 }
@@ -517,7 +540,7 @@ fn exchange(shards: &mut [Simulation]) {
             let s = &mut shards[replica_shard[sender] as usize];
             let to_id = s.nodes[receiver].id.clone();
             let node = &mut s.nodes[sender];
-            if node.life == life
+            if life.is_none_or(|l| node.life == l)
                 && let Some(rep) = node.replica.as_mut()
             {
                 rep.handle_sent(&to_id, bytes);
@@ -636,8 +659,11 @@ impl Simulation {
         c.watermark_violations += o.checks.watermark_violations;
         c.token_violations += o.checks.token_violations;
         c.other_violations += o.checks.other_violations;
+        // Both shards run every fault: an error in one is reported once.
         for v in o.checks.violations {
-            c.violation(v);
+            if !c.violations.contains(&v) {
+                c.violation(v);
+            }
         }
         self.leak_bytes += o.leak_bytes;
         self.now = self.now.max(o.now);
