@@ -556,7 +556,9 @@ fn exchange(shards: &mut [Simulation]) {
             if to == owner {
                 continue;
             }
-            let (src, dst) = pair_mut(shards, owner, to);
+            let [src, dst] = shards
+                .get_disjoint_mut([owner, to])
+                .expect("two different shards");
             sync_tail(&src.checks.streams[st], &mut dst.checks.streams[st]);
             sync_tail(&src.checks.proposed_us[st], &mut dst.checks.proposed_us[st]);
         }
@@ -567,17 +569,6 @@ fn exchange(shards: &mut [Simulation]) {
 fn sync_tail<T: Clone>(src: &[T], dst: &mut Vec<T>) {
     if src.len() > dst.len() {
         dst.extend_from_slice(&src[dst.len()..]);
-    }
-}
-
-fn pair_mut(v: &mut [Simulation], a: usize, b: usize) -> (&mut Simulation, &mut Simulation) {
-    assert_ne!(a, b);
-    if a < b {
-        let (x, y) = v.split_at_mut(b);
-        (&mut x[a], &mut y[0])
-    } else {
-        let (x, y) = v.split_at_mut(a);
-        (&mut y[0], &mut x[b])
     }
 }
 
