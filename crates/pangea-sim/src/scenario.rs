@@ -304,6 +304,19 @@ impl Workload {
 }
 
 impl Scenario {
+    /// An equal scenario whose deployments share no `Arc` with this one's, for a
+    /// shard on a thread of its own (see `Deployment::detached`).
+    pub fn detached(&self) -> Scenario {
+        let mut sc = self.clone();
+        sc.deployment = Arc::new(self.deployment.detached());
+        for f in &mut sc.faults {
+            if let FaultKind::ChangePlacement { deployment, .. } = &mut f.kind {
+                *deployment = Arc::new(deployment.detached());
+            }
+        }
+        sc
+    }
+
     /// A scenario with the ad-serving workload, no faults and no SLOs beyond the
     /// invariants: the base that drill files and the swarm fill in.
     pub fn new(name: &str, deployment: Arc<Deployment>, seed: u64, duration: SimDuration) -> Self {

@@ -24,6 +24,7 @@
 
 pub mod affinity;
 pub mod cluster;
+mod detach;
 pub mod ids;
 pub mod placement;
 pub mod plan;

@@ -136,7 +136,7 @@ pub struct Topology {
     pub links: BTreeMap<(RegionId, RegionId), Link>,
     pub app_profiles: BTreeMap<String, AppProfile>,
     /// Shortest-path round trip between regions over links.
-    region_rtt_ms: BTreeMap<(RegionId, RegionId), f64>,
+    pub(crate) region_rtt_ms: BTreeMap<(RegionId, RegionId), f64>,
 }
 
 fn finite_non_negative(v: f64) -> bool {

@@ -291,6 +291,11 @@ impl<M> HandOff<M> {
     pub fn deliver_at(&self) -> SimTime {
         self.m.deliver_at
     }
+
+    /// The message itself.
+    pub fn msg_mut(&mut self) -> &mut M {
+        &mut self.m.msg
+    }
 }
 
 /// A message on the wire (its connection knows both ends).

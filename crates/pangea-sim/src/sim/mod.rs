@@ -1472,6 +1472,41 @@ rtt_ms = 30.0
     }
 
     #[test]
+    fn frames_from_the_other_shard_cross_encoded_with_this_shards_ids() {
+        let sc = small();
+        let mut sim = Simulation::new(sc.clone()).unwrap();
+        // As the other shard's replicas would send it: names from its own copy.
+        let other = sc.detached();
+        let origin = other.deployment.topology.replicas.keys().next().unwrap();
+        let scope = ScopeId::global();
+        let hb = pangea_core::frame::Heartbeat {
+            scope,
+            origin: origin.clone(),
+            sequence: 3,
+            timestamp: Timestamp::from_u64(5),
+            applied: vec![(origin.clone(), Watermark::default())],
+            purge: Timestamp::ZERO,
+            tree_edge: true,
+        };
+        let mut frame = Frame::Heartbeats(vec![hb]);
+        let sent = frame.clone();
+        assert!(sim.take_over(&mut frame));
+        assert_eq!(frame, sent);
+        let Frame::Heartbeats(hbs) = &frame else {
+            unreachable!()
+        };
+        let own = sim.nodes[0].id.as_str().as_ptr();
+        assert_ne!(origin.as_str().as_ptr(), own);
+        assert_eq!(hbs[0].origin.as_str().as_ptr(), own);
+        assert_eq!(hbs[0].applied[0].0.as_str().as_ptr(), own);
+        // A frame that does not decode is a violation, and does not arrive.
+        let mut empty = Frame::Mutations(Vec::new());
+        assert!(!sim.take_over(&mut empty));
+        assert_eq!(sim.checks.other_violations, 1);
+        assert!(sim.checks.violations[0].contains("does not decode"));
+    }
+
+    #[test]
     fn c5_catches_a_replica_that_lost_a_row() {
         let mut sim = Simulation::new(small()).unwrap();
         run_to(&mut sim, SimTime::from_secs(3));
