@@ -219,7 +219,7 @@ pub fn run_split(sc: Scenario, split: &Split, threads: usize) -> Result<RunRepor
     for s in &mut shards {
         s.start();
     }
-    let mut end = Ending::new(&sc);
+    let mut end = Ending::new(&sc, threads);
     if threads > 1 {
         // One worker runs the second shard for the whole run; the shard travels to
         // it and back once per window (a thread per window cost 75 µs a barrier).
@@ -313,10 +313,12 @@ struct Ending {
     violations: Vec<String>,
     /// Catch-ups started so far: only the newest one's checks run.
     catch_ups: u64,
+    /// Threads the run may use (the final C5 check runs a thread per shard).
+    threads: usize,
 }
 
 impl Ending {
-    fn new(sc: &Scenario) -> Ending {
+    fn new(sc: &Scenario, threads: usize) -> Ending {
         let end_workload = SimTime::ZERO + sc.duration;
         let mut global = EventQueue::new();
         global.push(end_workload, Global::EndWorkload);
@@ -333,6 +335,7 @@ impl Ending {
             final_convergence: None,
             violations: Vec::new(),
             catch_ups: 0,
+            threads,
         }
     }
 }
@@ -437,7 +440,7 @@ fn drive(
                 Global::DrainCheck => {
                     let targets = shards[0].durable_targets();
                     if shards.iter().all(|s| s.covers(&targets)) {
-                        if let Err(why) = digests_agree(shards) {
+                        if let Err(why) = digests_agree(shards, e.threads) {
                             violations.push(format!("C5: {why}"));
                         } else {
                             *final_convergence = Some(end);
@@ -649,7 +652,7 @@ fn sync_tail<T: Clone>(src: &[T], dst: &mut Vec<T>) {
 
 /// C5 over both shards: the oracle is the union of the shards' (each holds its
 /// origins' writes), and every replica, in its own shard, must match it.
-fn digests_agree(shards: &[Simulation]) -> std::result::Result<(), String> {
+fn digests_agree(shards: &[Simulation], threads: usize) -> std::result::Result<(), String> {
     let mut oracle = shards[0].checks.oracle.clone();
     for s in &shards[1..] {
         for ((table, key), row) in &s.checks.oracle {
@@ -660,10 +663,25 @@ fn digests_agree(shards: &[Simulation]) -> std::result::Result<(), String> {
                 .merge(row, schema);
         }
     }
-    for s in shards {
-        s.digests_agree_with(&oracle)?;
+    if threads < 2 {
+        return shards
+            .iter()
+            .try_for_each(|s| s.digests_agree_with(&oracle));
     }
-    Ok(())
+    // A shard per thread: at the end of a long run this is a few hundred ms each.
+    // The first error in shard order, as on one thread.
+    std::thread::scope(|scope| {
+        let oracle = &oracle;
+        let rest: Vec<_> = shards[1..]
+            .iter()
+            .map(|s| scope.spawn(move || s.digests_agree_with(oracle)))
+            .collect();
+        let first = shards[0].digests_agree_with(oracle);
+        let rest = rest
+            .into_iter()
+            .map(|h| h.join().expect("a digest thread does not panic"));
+        std::iter::once(first).chain(rest).collect()
+    })
 }
 
 /// CPU seconds of this process (Linux `/proc/self/stat`: user plus system, in
