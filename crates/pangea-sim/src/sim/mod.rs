@@ -1540,6 +1540,22 @@ rtt_ms = 30.0
             es[0].mutation.row_key().as_ptr(),
             was[0].mutation.row_key().as_ptr()
         );
+        // So do the watermarks of a probe reply.
+        let mut wm = ScopeWatermarks::new(ScopeId::global());
+        wm.origins.insert(origin.clone(), Watermark::default());
+        let mut ev = Ev::ProbeReply {
+            client: 0,
+            r: 0,
+            sent_at: SimTime::ZERO,
+            wms: Some(vec![(0, wm.clone())]),
+        };
+        sim.take_over_event(&mut ev);
+        let Ev::ProbeReply { wms: Some(wms), .. } = &ev else {
+            unreachable!()
+        };
+        assert_eq!(wms[0].1, wm);
+        let (id, _) = wms[0].1.origins.first_key_value().unwrap();
+        assert_eq!(id.as_str().as_ptr(), own);
     }
 
     #[test]

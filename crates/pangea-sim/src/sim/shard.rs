@@ -24,8 +24,8 @@
 //!   origin's shard to the other.
 //!
 //! The shards share no `Arc`: the second runs on a detached copy of the scenario
-//! (`Scenario::detached`), and frames cross with their row mutations copied and
-//! their ids swapped for the receiving shard's own. Two threads cloning the same
+//! (`Scenario::detached`), and frames and events cross with their row mutations
+//! and keys copied and their ids swapped for the receiving shard's own. Two threads cloning the same
 //! `Arc` write one cache line, and every read of the name behind it on the other
 //! core then misses: shared ids made two threads up to 2x slower than they are
 //! apart.
@@ -552,8 +552,10 @@ fn exchange(shards: &mut [Simulation]) {
                 shards[to].net.hand_in(frames);
             }
         }
-        for (to, at, ev) in outbox {
-            shards[to as usize].queue.push(at, ev);
+        for (to, at, mut ev) in outbox {
+            let s = &mut shards[to as usize];
+            s.take_over_event(&mut ev);
+            s.queue.push(at, ev);
         }
         for (sender, receiver, bytes, life) in sent_back {
             let s = &mut shards[replica_shard[sender] as usize];
@@ -610,43 +612,93 @@ impl Simulation {
 
     /// Swaps the replica and scope ids of `frame` for this shard's own `Arc`s.
     fn localize(&self, frame: &mut Frame) {
-        let scope = |id: &mut ScopeId| {
-            if let Some(s) = self.scopes.get(id.as_str()) {
-                *id = self.scope_ids[s].clone();
-            }
-        };
-        let replica = |id: &mut ReplicaId| {
-            if let Some(r) = self.names.get(id.as_str()) {
-                *id = self.nodes[r].id.clone();
-            }
-        };
         let entry = |e: &mut LogEntry| {
-            scope(&mut e.scope);
-            replica(&mut e.origin);
+            self.own_scope(&mut e.scope);
+            self.own_replica(&mut e.origin);
         };
         match frame {
             Frame::Mutations(es) => es.iter_mut().for_each(entry),
             Frame::Heartbeats(hbs) => {
                 for hb in hbs {
-                    scope(&mut hb.scope);
-                    replica(&mut hb.origin);
-                    hb.applied.iter_mut().for_each(|(o, _)| replica(o));
+                    self.own_scope(&mut hb.scope);
+                    self.own_replica(&mut hb.origin);
+                    hb.applied.iter_mut().for_each(|(o, _)| self.own_replica(o));
                 }
             }
             Frame::GapRequest(g) => {
-                scope(&mut g.scope);
-                replica(&mut g.origin);
+                self.own_scope(&mut g.scope);
+                self.own_replica(&mut g.origin);
             }
             Frame::GapFill(g) => {
-                scope(&mut g.scope);
-                replica(&mut g.origin);
+                self.own_scope(&mut g.scope);
+                self.own_replica(&mut g.origin);
                 g.entries.iter_mut().for_each(entry);
             }
-            Frame::SnapshotRequest { scope: s } => scope(s),
+            Frame::SnapshotRequest { scope } => self.own_scope(scope),
             Frame::SnapshotChunk(c) => {
-                scope(&mut c.scope);
-                c.watermarks.iter_mut().for_each(|(o, _)| replica(o));
+                self.own_scope(&mut c.scope);
+                c.watermarks
+                    .iter_mut()
+                    .for_each(|(o, _)| self.own_replica(o));
             }
+        }
+    }
+
+    /// Makes an event from the other shard this shard's own, as `take_over` does
+    /// a frame: a write's mutation and a read's key are copied, and the
+    /// watermarks and tokens of answers and probe replies (about 250 a second on
+    /// the reference run, each naming every origin) get this shard's ids.
+    pub(super) fn take_over_event(&self, ev: &mut Ev) {
+        match ev {
+            Ev::Request { write, remote, .. } => {
+                if let Some(w) = write {
+                    **w = w.detached();
+                }
+                if let Some(r) = remote {
+                    r.key = Bytes::copy_from_slice(&r.key);
+                    self.own_scope(&mut r.scope_id);
+                }
+            }
+            Ev::Response { reply, .. } => match &mut **reply {
+                Reply::Ok { wm, token } => {
+                    if let Some(wm) = wm {
+                        self.own_watermarks(wm);
+                    }
+                    if let Some(t) = token {
+                        self.own_scope(&mut t.scope);
+                        self.own_replica(&mut t.origin);
+                    }
+                }
+                Reply::Err(_, Some(wm)) => self.own_watermarks(wm),
+                Reply::Err(_, None) | Reply::Refused => {}
+            },
+            Ev::ProbeReply { wms: Some(wms), .. } => {
+                wms.iter_mut().for_each(|(_, wm)| self.own_watermarks(wm));
+            }
+            _ => {}
+        }
+    }
+
+    fn own_watermarks(&self, wm: &mut ScopeWatermarks) {
+        self.own_scope(&mut wm.scope);
+        wm.origins = std::mem::take(&mut wm.origins)
+            .into_iter()
+            .map(|(mut o, w)| {
+                self.own_replica(&mut o);
+                (o, w)
+            })
+            .collect();
+    }
+
+    fn own_scope(&self, id: &mut ScopeId) {
+        if let Some(s) = self.scopes.get(id.as_str()) {
+            *id = self.scope_ids[s].clone();
+        }
+    }
+
+    fn own_replica(&self, id: &mut ReplicaId) {
+        if let Some(r) = self.names.get(id.as_str()) {
+            *id = self.nodes[r].id.clone();
         }
     }
 }
