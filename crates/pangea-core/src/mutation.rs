@@ -139,8 +139,9 @@ impl Mutation {
         }
     }
 
-    /// An equal mutation that shares no memory with this one, except a merged row's
-    /// cells (placement backfill only). See [`RowMutation::detached`].
+    /// An equal mutation that shares no memory with this one, except a merged row
+    /// (its family names, cells and versions' origins: placement backfill only).
+    /// See [`RowMutation::detached`].
     fn detached(&self) -> Mutation {
         let name = |f: &Arc<str>| Arc::from(&**f);
         match self {
@@ -263,7 +264,7 @@ impl RowMutation {
     }
 
     /// An equal row mutation that shares no memory with this one (no `Arc`, no
-    /// `Bytes` buffer; a merged row's cells excepted), for another thread. Two
+    /// `Bytes` buffer; a merged row excepted), for another thread. Two
     /// threads that clone one reference count write one cache line, and every read
     /// near it then misses on the other core: the simulator's shards hand each
     /// other copies.

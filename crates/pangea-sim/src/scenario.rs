@@ -304,16 +304,45 @@ impl Workload {
 }
 
 impl Scenario {
-    /// An equal scenario whose deployments share no `Arc` with this one's, for a
-    /// shard on a thread of its own (see `Deployment::detached`).
+    /// An equal scenario that shares no `Arc` with this one, for a shard on a
+    /// thread of its own: its deployments are detached (`Deployment::detached`), and
+    /// the regions of its workload and the replicas and regions of its faults are
+    /// the detached deployment's.
     pub fn detached(&self) -> Scenario {
         let mut sc = self.clone();
-        sc.deployment = Arc::new(self.deployment.detached());
+        let d = Arc::new(self.deployment.detached());
+        let region = |r: &mut RegionId| {
+            if let Some((own, _)) = d.topology.regions.get_key_value(r.as_str()) {
+                *r = own.clone();
+            }
+        };
+        let replica = |r: &mut ReplicaId| {
+            if let Some((own, _)) = d.topology.replicas.get_key_value(r.as_str()) {
+                *r = own.clone();
+            }
+        };
+        sc.workload
+            .regions
+            .iter_mut()
+            .for_each(|l| region(&mut l.region));
         for f in &mut sc.faults {
-            if let FaultKind::ChangePlacement { deployment, .. } = &mut f.kind {
-                *deployment = Arc::new(deployment.detached());
+            match &mut f.kind {
+                FaultKind::Lose { replicas, regions } => {
+                    replicas.iter_mut().for_each(replica);
+                    regions.iter_mut().for_each(region);
+                }
+                FaultKind::Partition { a, b, .. } | FaultKind::DegradeLink { a, b, .. } => {
+                    a.iter_mut().chain(b.iter_mut()).for_each(region);
+                }
+                FaultKind::ClockSkew { replicas, .. } | FaultKind::Pause { replicas } => {
+                    replicas.iter_mut().for_each(replica);
+                }
+                FaultKind::ChangePlacement { deployment, .. } => {
+                    *deployment = Arc::new(deployment.detached());
+                }
             }
         }
+        sc.deployment = d;
         sc
     }
 

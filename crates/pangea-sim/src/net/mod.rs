@@ -292,7 +292,7 @@ impl<M> HandOff<M> {
         self.m.deliver_at
     }
 
-    /// The message itself.
+    /// The message, for the receiving shard to make its own (`Simulation::take_over`).
     pub fn msg_mut(&mut self) -> &mut M {
         &mut self.m.msg
     }

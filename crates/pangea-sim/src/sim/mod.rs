@@ -525,9 +525,14 @@ impl Simulation {
             }
         }
         let mut scopes = Interner::default();
+        // This run's own `ScopeId` of each scope (frames from another shard's
+        // replicas get them, see `shard::take_over`).
+        let mut scope_ids = Vec::new();
         for v in &views {
             for s in v.scopes() {
-                scopes.intern(s.as_str());
+                if scopes.intern(s.as_str()) == scope_ids.len() {
+                    scope_ids.push(s.clone());
+                }
             }
         }
         // The ids replicas and frontends hand back are clones of the deployments'.
@@ -535,17 +540,6 @@ impl Simulation {
             names.pin(id);
         }
         pin_views(&mut names, &mut scopes, &views);
-        // This run's own `ScopeId` of each scope (frames from another shard's
-        // replicas get them, see `shard::take_over`).
-        let scope_ids = (0..scopes.len())
-            .map(|s| {
-                let name = scopes.name(s);
-                views
-                    .iter()
-                    .find_map(|v| v.placement.policies.get_key_value(name))
-                    .map_or_else(|| ScopeId::new(name), |(id, _)| id.clone())
-            })
-            .collect();
         let allowed = views
             .iter()
             .map(|v| {
@@ -656,7 +650,7 @@ impl Simulation {
                 region_clients[ri].push(clients.len());
                 clients.push(Client::new(
                     ri,
-                    load.region.clone(),
+                    regions[ri].clone(),
                     n,
                     scopes.len(),
                     SimTime::ZERO,
@@ -1170,8 +1164,6 @@ fn replica_seed(seed: u64, i: usize, life: u32) -> u64 {
     )
 }
 
-/// Entries on the wire are durable at their origin (I11): they join the oracle, and
-/// a sequence seen twice with different writes is a C1 violation.
 /// Lets `names` and `scopes` find the clones of `views`' ids without hashing.
 fn pin_views(names: &mut Interner, scopes: &mut Interner, views: &[Arc<Deployment>]) {
     for v in views {
@@ -1197,6 +1189,8 @@ fn pin_views(names: &mut Interner, scopes: &mut Interner, views: &[Arc<Deploymen
     }
 }
 
+/// Entries on the wire are durable at their origin (I11): they join the oracle, and
+/// a sequence seen twice with different writes is a C1 violation.
 fn note_wire(checks: &mut Checks, scopes: &Interner, names: &Interner, f: &Frame, now: SimTime) {
     let entries: &[LogEntry] = match f {
         Frame::Mutations(es) => es,
@@ -1521,8 +1515,9 @@ rtt_ms = 30.0
         };
         let sent = [Frame::Heartbeats(vec![hb]), Frame::Mutations(vec![entry])];
         let mut got = sent.clone();
+        let mut copies = shard::Copies::default();
         for f in &mut got {
-            sim.take_over(f);
+            sim.take_over(f, &mut copies);
         }
         assert_eq!(got, sent);
         let own = sim.nodes[0].id.as_str().as_ptr();
@@ -1556,6 +1551,45 @@ rtt_ms = 30.0
         assert_eq!(wms[0].1, wm);
         let (id, _) = wms[0].1.origins.first_key_value().unwrap();
         assert_eq!(id.as_str().as_ptr(), own);
+        // And a watermark read served across: its key, scope and token.
+        let token = Token {
+            scope: ScopeId::global(),
+            origin: origin.clone(),
+            sequence: 1,
+            timestamp: Timestamp::from_u64(7),
+        };
+        let key = Bytes::from(b"user:1".to_vec());
+        let mut ev = Ev::Request {
+            op: OpRef {
+                slot: 0,
+                generation: 0,
+            },
+            attempt: 0,
+            r: 0,
+            client: 0,
+            write: None,
+            remote: Some(Box::new(RemoteRead {
+                key: key.clone(),
+                scope_id: ScopeId::global(),
+                consistency: Consistency::Watermark(token.clone()),
+            })),
+        };
+        sim.take_over_event(&mut ev);
+        let Ev::Request {
+            remote: Some(r), ..
+        } = &ev
+        else {
+            unreachable!()
+        };
+        assert_eq!(
+            (&r.key, &r.consistency),
+            (&key, &Consistency::Watermark(token))
+        );
+        assert_ne!(r.key.as_ptr(), key.as_ptr());
+        let Consistency::Watermark(t) = &r.consistency else {
+            unreachable!()
+        };
+        assert_eq!(t.origin.as_str().as_ptr(), own);
     }
 
     #[test]

@@ -23,12 +23,13 @@
 //! * the checkers' record of each origin's writes (C1, replication lag), from the
 //!   origin's shard to the other.
 //!
-//! The shards share no `Arc`: the second runs on a detached copy of the scenario
-//! (`Scenario::detached`), and frames and events cross with their row mutations
-//! and keys copied and their ids swapped for the receiving shard's own. Two threads cloning the same
-//! `Arc` write one cache line, and every read of the name behind it on the other
-//! core then misses: shared ids made two threads up to 2x slower than they are
-//! apart.
+//! The shards share no memory they write in the hot path: the second runs on a
+//! detached copy of the scenario (`Scenario::detached`), and frames and events
+//! cross with their row mutations and keys copied and their ids swapped for the
+//! receiving shard's own. (Snapshot chunks and merged rows of a placement backfill
+//! cross as they are: rare.) Two threads cloning the same `Arc` write one cache
+//! line, and every read of the name behind it on the other core then misses:
+//! shared ids made the two threads 10-80 % slower than apart.
 //!
 //! Faults, the end of the workload, the catch-up and drain checks run at barriers:
 //! every shard runs every fault on its own replicas, clients and network (both
@@ -545,8 +546,9 @@ fn exchange(shards: &mut [Simulation]) {
             by_shard[replica_shard[h.to().index()] as usize].push(h);
         }
         for (to, mut frames) in by_shard.into_iter().enumerate() {
+            let mut copies = Copies::default();
             for h in &mut frames {
-                shards[to].take_over(&mut h.msg_mut().frame);
+                shards[to].take_over(&mut h.msg_mut().frame, &mut copies);
             }
             if !frames.is_empty() {
                 shards[to].net.hand_in(frames);
@@ -559,12 +561,14 @@ fn exchange(shards: &mut [Simulation]) {
         }
         for (sender, receiver, bytes, life) in sent_back {
             let s = &mut shards[replica_shard[sender] as usize];
-            let to_id = s.nodes[receiver].id.clone();
-            let node = &mut s.nodes[sender];
+            let [node, to] = s
+                .nodes
+                .get_disjoint_mut([sender, receiver])
+                .expect("a frame goes to another replica");
             if life.is_none_or(|l| node.life == l)
                 && let Some(rep) = node.replica.as_mut()
             {
-                rep.handle_sent(&to_id, bytes);
+                rep.handle_sent(&to.id, bytes);
             }
         }
     }
@@ -596,25 +600,16 @@ impl Simulation {
         pin_views(&mut self.names, &mut self.scopes, &other.views);
     }
 
-    /// Makes a frame from the other shard this shard's own: its row mutations are
-    /// copied (`RowMutation::detached`) and its ids swapped for this shard's, so
-    /// that the shards never share memory they write. A snapshot chunk's rows stay
-    /// shared (they cross only when a replica rebuilds).
-    pub(super) fn take_over(&self, frame: &mut Frame) {
-        let copy = |e: &mut LogEntry| e.mutation = e.mutation.detached();
-        match frame {
-            Frame::Mutations(es) => es.iter_mut().for_each(copy),
-            Frame::GapFill(g) => g.entries.iter_mut().for_each(copy),
-            _ => {}
-        }
-        self.localize(frame);
-    }
-
-    /// Swaps the replica and scope ids of `frame` for this shard's own `Arc`s.
-    fn localize(&self, frame: &mut Frame) {
+    /// Makes a frame from the other shard this shard's own: its ids are swapped for
+    /// this shard's and its row mutations copied (`RowMutation::detached`; once per
+    /// barrier however many replicas the entry goes to, see [`Copies`]), so that the
+    /// threads never write each other's memory. A snapshot chunk's rows stay
+    /// shared: they cross only when a replica rebuilds.
+    pub(super) fn take_over(&self, frame: &mut Frame, copies: &mut Copies) {
         let entry = |e: &mut LogEntry| {
             self.own_scope(&mut e.scope);
             self.own_replica(&mut e.origin);
+            e.mutation = copies.copy(&e.mutation);
         };
         match frame {
             Frame::Mutations(es) => es.iter_mut().for_each(entry),
@@ -657,6 +652,10 @@ impl Simulation {
                 if let Some(r) = remote {
                     r.key = Bytes::copy_from_slice(&r.key);
                     self.own_scope(&mut r.scope_id);
+                    if let Consistency::Watermark(t) = &mut r.consistency {
+                        self.own_scope(&mut t.scope);
+                        self.own_replica(&mut t.origin);
+                    }
                 }
             }
             Ev::Response { reply, .. } => match &mut **reply {
@@ -700,6 +699,24 @@ impl Simulation {
         if let Some(r) = self.names.get(id.as_str()) {
             *id = self.nodes[r].id.clone();
         }
+    }
+}
+
+/// The copies of row mutations made at one barrier, by the address of the
+/// original's mutations (a `RowMutation`'s clones share them): an entry forwarded
+/// to several replicas of the other shard is copied once. The originals are kept
+/// until the barrier ends, so that no address is reused meanwhile.
+#[derive(Default)]
+pub(super) struct Copies(HashMap<usize, (RowMutation, RowMutation)>);
+
+impl Copies {
+    fn copy(&mut self, m: &RowMutation) -> RowMutation {
+        let (_, copy) = self
+            .0
+            .entry(m.mutations().as_ptr() as usize)
+            .or_insert_with(|| (m.clone(), m.detached()));
+        debug_assert_eq!(copy, m);
+        copy.clone()
     }
 }
 
