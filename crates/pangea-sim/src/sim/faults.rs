@@ -339,9 +339,8 @@ impl Simulation {
     pub(super) fn covers(&self, targets: &[u64]) -> bool {
         let d = &self.views[self.client_view];
         let n = self.names.len();
-        for s in 0..self.scopes.len() {
-            let scope = ScopeId::new(self.scopes.name(s));
-            if d.placement.policy(&scope).is_none() {
+        for (s, scope) in self.scope_ids.iter().enumerate() {
+            if d.placement.policy(scope).is_none() {
                 continue;
             }
             for (r, node) in self.nodes.iter().enumerate() {
@@ -351,7 +350,7 @@ impl Simulation {
                 let Some(rep) = node.replica.as_ref() else {
                     continue; // down: it cannot catch up until it is back
                 };
-                let Some(wm) = rep.watermarks(&scope) else {
+                let Some(wm) = rep.watermarks(scope) else {
                     return false;
                 };
                 for o in 0..n {
@@ -502,8 +501,7 @@ impl Simulation {
         let d = self.views[self.client_view].clone();
         let n = self.names.len();
         let mut why = String::from("not converged within the drain limit");
-        'outer: for s in 0..self.scopes.len() {
-            let scope = ScopeId::new(self.scopes.name(s));
+        'outer: for (s, scope) in self.scope_ids.iter().enumerate() {
             for (r, node) in self.nodes.iter().enumerate() {
                 if !node.stores_rows || !self.allowed[self.client_view][s][r] {
                     continue;
@@ -511,7 +509,7 @@ impl Simulation {
                 let Some(rep) = node.replica.as_ref() else {
                     continue;
                 };
-                let wm = rep.watermarks(&scope);
+                let wm = rep.watermarks(scope);
                 for o in 0..n {
                     let t = targets[s * n + o];
                     let have = wm.as_ref().map_or(0, |w| w.get(&self.nodes[o].id).sequence);

@@ -543,11 +543,11 @@ impl Simulation {
         let allowed = views
             .iter()
             .map(|v| {
-                (0..scopes.len())
-                    .map(|s| {
-                        let scope = ScopeId::new(scopes.name(s));
+                scope_ids
+                    .iter()
+                    .map(|scope| {
                         (0..n)
-                            .map(|r| v.allowed(&ReplicaId::new(names.name(r)), &scope))
+                            .map(|r| v.allowed(&ReplicaId::new(names.name(r)), scope))
                             .collect()
                     })
                     .collect()

@@ -16,8 +16,7 @@ impl Simulation {
     pub(super) fn acked_gaps(&self) -> Vec<Option<(u64, ReplicaId, u64)>> {
         let n = self.names.len();
         let mut gaps = vec![None; self.scopes.len() * n];
-        for s in 0..self.scopes.len() {
-            let scope = ScopeId::new(self.scopes.name(s));
+        for (s, scope) in self.scope_ids.iter().enumerate() {
             for o in 0..n {
                 let acked = self.checks.acked_max[s * n + o];
                 if acked == 0 {
@@ -30,7 +29,7 @@ impl Simulation {
                     let have = node
                         .replica
                         .as_ref()
-                        .and_then(|rep| rep.watermarks(&scope))
+                        .and_then(|rep| rep.watermarks(scope))
                         .map_or(0, |w| w.get(&self.nodes[o].id).sequence);
                     let missing = acked.saturating_sub(have);
                     if missing > gaps[s * n + o].as_ref().map_or(0, |g: &(u64, _, _)| g.0) {
