@@ -498,9 +498,11 @@ fn residency_bytes(e: &LogEntry) -> usize {
 }
 
 impl Simulation {
-    /// Builds the network, the replicas and the clients of a scenario.
+    /// Builds the network, the replicas and the clients of a scenario, on its own
+    /// copy of the scenario's deployments (`Scenario::detached`: one `Arc` per name,
+    /// so that equal ids compare by pointer, and none shared with the caller).
     pub fn new(sc: Scenario) -> Result<Simulation> {
-        Self::build(sc, None)
+        Self::build(sc.detached(), None)
     }
 
     /// [`Simulation::new`], or one shard of a split run: it runs only the replicas

@@ -23,7 +23,7 @@
 //! * the checkers' record of each origin's writes (C1, replication lag), from the
 //!   origin's shard to the other.
 //!
-//! The shards share no memory they write in the hot path: the second runs on a
+//! The shards share no memory they write in the hot path: each runs on its own
 //! detached copy of the scenario (`Scenario::detached`), and frames and events
 //! cross with their row mutations and keys copied and their ids swapped for the
 //! receiving shard's own. (Snapshot chunks and merged rows of a placement backfill
@@ -207,7 +207,7 @@ pub fn run_split(sc: Scenario, split: &Split, threads: usize) -> Result<RunRepor
             sent_back: Vec::new(),
             window_end: SimTime::ZERO,
         };
-        let own = if me == 0 { sc.clone() } else { sc.detached() };
+        let own = sc.detached();
         shards.push(Simulation::build(own, Some(Box::new(ctx)))?);
     }
     let [a, b] = shards
