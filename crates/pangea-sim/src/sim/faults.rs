@@ -454,16 +454,35 @@ impl Simulation {
         &self,
         oracle_rows: &BTreeMap<(Arc<str>, Bytes), RowState>,
     ) -> std::result::Result<(), String> {
+        self.replicas_match(&self.oracle_digests(oracle_rows))
+    }
+
+    /// The digest of each scope's rows in `oracle_rows`, by scope index.
+    pub(super) fn oracle_digests(
+        &self,
+        oracle_rows: &BTreeMap<(Arc<str>, Bytes), RowState>,
+    ) -> Vec<ContentDigest> {
         let d = &self.views[self.client_view];
         let schema = &d.placement.schema;
         let now_ms = self.now_wall_ms();
-        let ns = self.scopes.len();
-        let mut oracle = vec![ContentDigest::new(); ns];
+        let mut oracle = vec![ContentDigest::new(); self.scopes.len()];
         for ((table, key), row) in oracle_rows {
             if let Some(s) = self.scopes.get(d.scope_of(table, key).as_str()) {
                 oracle[s].add(schema, table, key, row, now_ms);
             }
         }
+        oracle
+    }
+
+    /// C5 for the replicas this run (or shard) runs, against `oracle`'s digests.
+    pub(super) fn replicas_match(
+        &self,
+        oracle: &[ContentDigest],
+    ) -> std::result::Result<(), String> {
+        let d = &self.views[self.client_view];
+        let schema = &d.placement.schema;
+        let now_ms = self.now_wall_ms();
+        let ns = self.scopes.len();
         for (r, node) in self.nodes.iter().enumerate() {
             if !node.stores_rows || node.foreign {
                 continue;
