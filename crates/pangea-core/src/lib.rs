@@ -17,6 +17,7 @@
 //! - [`digest`]: content digests for comparing replicas;
 //! - [`token`]: consistency tokens;
 //! - [`storage`]: the storage trait and the in-memory implementation;
+//! - [`shared_rows`]: rows the in-memory stores of one process share;
 //! - [`watermark`]: a replica's watermarks for one scope;
 //! - [`frame`]: replication frames, parsed and bounded;
 //! - [`replica`]: the replica state machine (streams, forwarding, gap repair,
@@ -42,6 +43,7 @@ pub mod redact;
 pub mod replica;
 pub mod rng;
 pub mod row;
+pub mod shared_rows;
 pub mod storage;
 pub mod token;
 pub mod watermark;
@@ -52,6 +54,8 @@ pub use ids::{ReplicaId, ScopeId};
 pub use limits::Limits;
 pub use mutation::{Mutation, RowMutation, TimeRange};
 pub use row::{ReadFilter, RowState, Version};
-pub use storage::{LogEntry, MemStorage, RowWrite, Storage, Watermark, WriteBatch};
+pub use storage::{
+    Compaction, LogEntry, MemStorage, RowApply, RowWrite, Storage, Watermark, WriteBatch,
+};
 pub use token::Token;
 pub use watermark::ScopeWatermarks;

@@ -33,8 +33,8 @@ use crate::ids::{ReplicaId, ScopeId};
 use crate::limits::Limits;
 use crate::location::{LOCATION_TABLE, Location};
 use crate::mutation::RowMutation;
-use crate::row::{RowState, Version};
-use crate::storage::{LogEntry, RowWrite, Storage, Watermark, WriteBatch};
+use crate::row::RowState;
+use crate::storage::{Compaction, LogEntry, RowApply, RowWrite, Storage, Watermark, WriteBatch};
 use crate::token::Token;
 use crate::watermark::ScopeWatermarks;
 use crate::{Error, StorageError};
@@ -998,7 +998,6 @@ impl<S: Storage> Replica<S> {
     /// atomic write (I2).
     fn apply_entry(&mut self, now: Now, e: &LogEntry) -> Result<(), StorageError> {
         let d = self.deployment.clone();
-        let table = d.placement.schema.table(e.mutation.table());
         let holds_row = self.stores_rows && self.may_hold(e.mutation.table(), e.mutation.row_key());
         let Some(s) = self.scopes.get(&e.scope) else {
             return Ok(());
@@ -1017,17 +1016,19 @@ impl<S: Storage> Replica<S> {
         let is_location = &**e.mutation.table() == LOCATION_TABLE;
         let mut location_row = None;
         if holds_row {
-            let version = Version::new(e.timestamp, e.origin.clone());
-            let mut update = |row: &mut RowState| {
-                row.apply(&version, e.mutation.mutations(), table);
-                // I5: everything not yet applied here is newer than the horizon.
-                row.compact(table, horizon, now.wall_ms);
-                if is_location {
-                    location_row = Some(row.clone());
-                }
+            let a = RowApply {
+                entry: e,
+                compaction: Compaction {
+                    deployment: &d,
+                    horizon,
+                    now_ms: now.wall_ms,
+                },
             };
-            let (table, key) = (e.mutation.table(), e.mutation.row_key());
-            self.storage.update_row(table, key, &mut update, batch)?;
+            self.storage.apply_to_row(&a, batch)?;
+            if is_location {
+                let (table, key) = (e.mutation.table(), e.mutation.row_key());
+                location_row = self.storage.get_row(table, key)?;
+            }
         } else {
             self.storage.write(batch)?;
         }
@@ -1926,7 +1927,8 @@ impl<S: Storage> Replica<S> {
             // nothing at its own (purging only grows with the horizon): most rows are
             // passed over on their compaction hint alone, before finding their scope.
             let latest_horizon = scopes.values().map(|s| s.purge_horizon).max();
-            let mut due = Vec::new();
+            // Keys by the horizon of their scope.
+            let mut due: BTreeMap<Timestamp, Vec<Bytes>> = BTreeMap::new();
             let last = self.storage.visit_rows(
                 &table,
                 b"",
@@ -1940,22 +1942,17 @@ impl<S: Storage> Replica<S> {
                     if let Some(horizon) = scopes.get(&scope).map(|s| s.purge_horizon)
                         && row.needs_compact(schema, horizon, now.wall_ms)
                     {
-                        due.push((key.clone(), row.clone(), horizon));
+                        due.entry(horizon).or_default().push(key.clone());
                     }
                 },
             )?;
-            let mut batch = WriteBatch::default();
-            for (key, mut row, horizon) in due {
-                let changed = row.compact(schema, horizon, now.wall_ms);
-                debug_assert!(changed, "needs_compact is exact");
-                batch.rows.push(RowWrite {
-                    table: table.clone(),
-                    key,
-                    row: (!row.is_empty()).then_some(row),
-                });
-            }
-            if !batch.is_empty() {
-                self.storage.write(batch)?;
+            for (horizon, keys) in due {
+                let c = Compaction {
+                    deployment: &d,
+                    horizon,
+                    now_ms: now.wall_ms,
+                };
+                self.storage.compact_rows(&table, keys, &c)?;
             }
             let next = match last {
                 Some(k) => (table, k),

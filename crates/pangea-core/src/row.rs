@@ -550,6 +550,45 @@ impl RowState {
         })
     }
 
+    /// What [`RowState::compact`] depends on besides the row and the table, when
+    /// that is the horizon alone: the newest tombstone at or below `horizon`
+    /// (`Some(None)`: none is). Compaction compares only tombstones with the
+    /// horizon, so two horizons with the same cut compact a row alike; stores that
+    /// share rows key shared compactions on it. `None` when a version may have
+    /// expired under a TTL by `now_ms`, where the result depends on the clock too.
+    pub fn purge_cut(
+        &self,
+        table: Option<&TableSchema>,
+        horizon: Timestamp,
+        now_ms: u64,
+    ) -> Option<Option<Timestamp>> {
+        // As in `needs_compact`: no version is older than the hint's oldest, and
+        // none expires sooner than the table's shortest TTL.
+        let shortest_ttl = table.and_then(|t| t.families.values().filter_map(|f| f.ttl_ms).min());
+        if let (Some(oldest), Some(ttl)) = (self.hint.oldest_version_ms, shortest_ttl)
+            && oldest.saturating_add(ttl) <= now_ms
+        {
+            return None;
+        }
+        if self.hint.oldest_tombstone.is_none_or(|t| t > horizon) {
+            return Some(None);
+        }
+        let mut cut: Option<Timestamp> = None;
+        let mut see = |v: &Version| {
+            if v.timestamp <= horizon {
+                cut = cut.max(Some(v.timestamp));
+            }
+        };
+        self.tombstone.iter().for_each(&mut see);
+        for fam in self.families.values() {
+            fam.tombstone.iter().for_each(&mut see);
+            for col in fam.columns.values() {
+                col.range_tombstones.iter().for_each(|rt| see(&rt.version));
+            }
+        }
+        Some(cut)
+    }
+
     /// What a reader sees at `now_ms` through `filter`: live (not deleted, not
     /// expired) versions, newest first. `None` when nothing is left to show.
     pub fn read(

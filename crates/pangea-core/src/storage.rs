@@ -11,10 +11,13 @@ use crate::hlc::Timestamp;
 use crate::ids::{ReplicaId, ScopeId};
 use crate::limits::Limits;
 use crate::mutation::RowMutation;
-use crate::row::RowState;
+use crate::row::{RowState, Version};
+use crate::shared_rows::SharedRows;
 use crate::{Error, StorageError};
 use bytes::Bytes;
 use pangea_proto::v1 as pb;
+use pangea_topology::Deployment;
+use pangea_topology::schema::TableSchema;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -105,6 +108,59 @@ impl WriteBatch {
     }
 }
 
+/// Compaction at one replica: its purge horizon and its clock. I5: everything not
+/// yet applied here is newer than the horizon.
+#[derive(Debug, Clone, Copy)]
+pub struct Compaction<'a> {
+    /// Gives the GC policies (the tables' schemas).
+    pub deployment: &'a Arc<Deployment>,
+    pub horizon: Timestamp,
+    pub now_ms: u64,
+}
+
+impl Compaction<'_> {
+    pub fn schema(&self, table: &str) -> Option<&TableSchema> {
+        self.deployment.placement.schema.table(table)
+    }
+
+    /// Whether [`Compaction::run`] would change `row` (exact).
+    pub fn needs(&self, table: &str, row: &RowState) -> bool {
+        row.needs_compact(self.schema(table), self.horizon, self.now_ms)
+    }
+
+    /// [`RowState::compact`]; whether the row changed.
+    pub fn run(&self, table: &str, row: &mut RowState) -> bool {
+        row.compact(self.schema(table), self.horizon, self.now_ms)
+    }
+}
+
+/// Applying one log entry to its row: the change itself ([`RowApply::change`], a
+/// function of the row and the entry alone), then this replica's compaction.
+#[derive(Debug, Clone, Copy)]
+pub struct RowApply<'a> {
+    pub entry: &'a LogEntry,
+    pub compaction: Compaction<'a>,
+}
+
+impl RowApply<'_> {
+    /// The entry's mutations, at its version.
+    pub fn change(&self, row: &mut RowState) {
+        let e = self.entry;
+        let version = Version::new(e.timestamp, e.origin.clone());
+        let table = self.compaction.schema(e.mutation.table());
+        row.apply(&version, e.mutation.mutations(), table);
+    }
+
+    /// The change, then compaction if it changes anything.
+    pub fn run(&self, row: &mut RowState) {
+        self.change(row);
+        let table = self.entry.mutation.table();
+        if self.compaction.needs(table, row) {
+            self.compaction.run(table, row);
+        }
+    }
+}
+
 /// Durable rows, replication log and watermarks of one replica.
 pub trait Storage {
     fn get_row(&self, table: &str, key: &[u8]) -> Result<Option<RowState>, StorageError>;
@@ -167,6 +223,38 @@ pub trait Storage {
         self.write(batch)
     }
 
+    /// Applies a log entry to its row ([`RowApply::run`]) atomically with `batch`,
+    /// as [`Storage::update_row`] does. A store may take the row another store
+    /// computed from the same row and entry ([`MemStorage::share_rows`]).
+    fn apply_to_row(&mut self, a: &RowApply<'_>, batch: WriteBatch) -> Result<(), StorageError> {
+        let m = &a.entry.mutation;
+        self.update_row(m.table(), m.row_key(), &mut |row| a.run(row), batch)
+    }
+
+    /// Compacts the rows of `table` at `keys` (those [`Compaction::needs`] named);
+    /// rows left empty are deleted. Compaction changes nothing a reader sees, so
+    /// the rows need not be written together.
+    fn compact_rows(
+        &mut self,
+        table: &Arc<str>,
+        keys: Vec<Bytes>,
+        c: &Compaction<'_>,
+    ) -> Result<(), StorageError> {
+        let mut batch = WriteBatch::default();
+        for key in keys {
+            let Some(mut row) = self.get_row(table, &key)? else {
+                continue;
+            };
+            c.run(table, &mut row);
+            batch.rows.push(RowWrite {
+                table: table.clone(),
+                key,
+                row: (!row.is_empty()).then_some(row),
+            });
+        }
+        self.write(batch)
+    }
+
     /// Makes every earlier write durable (fsync).
     fn sync(&mut self) -> Result<(), StorageError>;
 
@@ -198,7 +286,9 @@ type StreamLog = BTreeMap<u64, LogEntry>;
 #[derive(Debug, Clone, Default)]
 struct MemState {
     /// Rows by table, then key: lookups borrow the caller's `&str` and `&[u8]`.
-    rows: BTreeMap<Arc<str>, BTreeMap<Bytes, RowState>>,
+    /// Each row in an `Arc`: shared with other stores under [`MemStorage::share_rows`],
+    /// and recorded for a crash without a copy.
+    rows: BTreeMap<Arc<str>, BTreeMap<Bytes, Arc<RowState>>>,
     /// The log by stream, then sequence: one string comparison per stream, not per
     /// entry.
     log: BTreeMap<(ScopeId, ReplicaId), StreamLog>,
@@ -212,7 +302,7 @@ enum Undo {
     Row {
         table: Arc<str>,
         key: Bytes,
-        old: Option<RowState>,
+        old: Option<Arc<RowState>>,
     },
     Log {
         stream: (ScopeId, ReplicaId),
@@ -248,7 +338,7 @@ impl MemState {
                     .rows
                     .entry(w.table.clone())
                     .or_default()
-                    .insert(w.key.clone(), row),
+                    .insert(w.key.clone(), Arc::new(row)),
                 None => self.rows.get_mut(&w.table).and_then(|t| t.remove(&w.key)),
             };
             record(Undo::Row {
@@ -347,13 +437,14 @@ impl MemState {
 /// since the last [`Storage::sync`] are lost by [`MemStorage::crash`].
 ///
 /// One copy of the state is kept: each write records what it replaced (moved out,
-/// not copied; [`Storage::update_row`], which changes a row in place, copies the old
-/// row first), a sync forgets those records, and a crash reverts them newest first,
-/// which leaves exactly the state as of the last sync.
+/// not copied: rows are held in `Arc`s, so a row changed in place is copied only
+/// while the record still holds it), a sync forgets those records, and a crash
+/// reverts them newest first, which leaves exactly the state as of the last sync.
 ///
 /// A driver that never crashes a store can turn that record off
-/// ([`MemStorage::set_crash_model`]): `update_row` then changes a row in place
-/// without copying it, and writes drop what they replaced at once.
+/// ([`MemStorage::set_crash_model`]): rows are then changed in place without a
+/// copy, and writes drop what they replaced at once. Stores of one process can
+/// also share rows ([`MemStorage::share_rows`], [`crate::shared_rows`]).
 #[derive(Debug, Clone, Default)]
 pub struct MemStorage {
     /// What reads see.
@@ -362,6 +453,8 @@ pub struct MemStorage {
     unsynced: Vec<Undo>,
     /// No crash will come: keep no record of what writes replaced.
     no_crash_model: bool,
+    /// Rows shared with other stores ([`MemStorage::share_rows`]).
+    shared: Option<SharedRows>,
 }
 
 impl MemStorage {
@@ -378,6 +471,14 @@ impl MemStorage {
         if !on {
             self.unsynced.clear();
         }
+    }
+
+    /// Shares rows with every store given the same `shared`
+    /// ([`crate::shared_rows`]): an entry another of them already applied to the
+    /// same row is applied by taking its result. Reads, digests and everything else
+    /// see exactly what they would without it.
+    pub fn share_rows(&mut self, shared: SharedRows) {
+        self.shared = Some(shared);
     }
 
     /// Loses every write not yet synced, as a `kill -9` would.
@@ -404,13 +505,35 @@ impl MemStorage {
         self.current
             .rows
             .iter()
-            .flat_map(|(t, rows)| rows.iter().map(move |(k, r)| (t, k, r)))
+            .flat_map(|(t, rows)| rows.iter().map(move |(k, r)| (t, k, &**r)))
     }
 
     /// A row, borrowed: [`Storage::get_row`] without the copy, for drivers that
     /// only look at it (the simulator measures served rows).
     pub fn row(&self, table: &str, key: &[u8]) -> Option<&RowState> {
-        self.current.rows.get(table).and_then(|t| t.get(key))
+        self.current
+            .rows
+            .get(table)
+            .and_then(|t| t.get(key))
+            .map(|r| &**r)
+    }
+
+    /// Stores `row` at (`table`, `key`), or deletes it when empty, recording what it
+    /// replaced for a crash.
+    fn replace_row(&mut self, table: &Arc<str>, key: &Bytes, row: Arc<RowState>) {
+        let rows = self.current.rows.entry(table.clone()).or_default();
+        let old = if row.is_empty() {
+            rows.remove(&key[..])
+        } else {
+            rows.insert(key.clone(), row)
+        };
+        if !self.no_crash_model {
+            self.unsynced.push(Undo::Row {
+                table: table.clone(),
+                key: key.clone(),
+                old,
+            });
+        }
     }
 
     fn stream_log(&self, scope: &ScopeId, origin: &ReplicaId) -> Option<&StreamLog> {
@@ -441,7 +564,7 @@ impl Storage for MemStorage {
             .range::<[u8], _>((start, Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
             .take(limit)
-            .map(|(k, r)| (k.clone(), r.clone()))
+            .map(|(k, r)| (k.clone(), RowState::clone(r)))
             .collect())
     }
 
@@ -499,7 +622,8 @@ impl Storage for MemStorage {
         let old = match rows.get_mut(&key[..]) {
             Some(row) => {
                 let old = (!self.no_crash_model).then(|| row.clone());
-                update(row);
+                // Copied first only if shared (with the crash record or other stores).
+                update(Arc::make_mut(row));
                 if row.is_empty() {
                     rows.remove(&key[..]);
                 }
@@ -509,7 +633,7 @@ impl Storage for MemStorage {
                 let mut row = RowState::default();
                 update(&mut row);
                 if !row.is_empty() {
-                    rows.insert(key.clone(), row);
+                    rows.insert(key.clone(), Arc::new(row));
                 }
                 None
             }
@@ -522,6 +646,67 @@ impl Storage for MemStorage {
             });
         }
         self.write(batch)
+    }
+
+    /// With shared rows: a row no other store (or crash record) holds is changed in
+    /// place; a shared one is replaced by the shared result.
+    fn apply_to_row(&mut self, a: &RowApply<'_>, batch: WriteBatch) -> Result<(), StorageError> {
+        let m = &a.entry.mutation;
+        let Some(shared) = &self.shared else {
+            return self.update_row(m.table(), m.row_key(), &mut |row| a.run(row), batch);
+        };
+        let (table, key) = (m.table(), m.row_key());
+        let rows = self.current.rows.entry(table.clone()).or_default();
+        let next = match rows.get_mut(&key[..]) {
+            Some(row) if self.no_crash_model && Arc::strong_count(row) == 1 => {
+                a.run(Arc::make_mut(row)); // held here alone: no copy
+                if row.is_empty() {
+                    rows.remove(&key[..]);
+                }
+                return self.write(batch);
+            }
+            row => {
+                let changed = shared.apply(row.as_deref(), a);
+                shared.compact(changed, table, &a.compaction)
+            }
+        };
+        self.replace_row(table, key, next);
+        self.write(batch)
+    }
+
+    fn compact_rows(
+        &mut self,
+        table: &Arc<str>,
+        keys: Vec<Bytes>,
+        c: &Compaction<'_>,
+    ) -> Result<(), StorageError> {
+        for key in keys {
+            let Some(row) = self
+                .current
+                .rows
+                .get_mut(table)
+                .and_then(|t| t.get_mut(&key[..]))
+            else {
+                continue;
+            };
+            if self.no_crash_model && Arc::strong_count(row) == 1 {
+                c.run(table, Arc::make_mut(row)); // held here alone: no copy
+                if row.is_empty() {
+                    self.current.rows.get_mut(table).map(|t| t.remove(&key[..]));
+                }
+                continue;
+            }
+            let next = match &self.shared {
+                Some(shared) => shared.compact(row.clone(), table, c),
+                None => {
+                    let mut next = RowState::clone(row);
+                    c.run(table, &mut next);
+                    Arc::new(next)
+                }
+            };
+            self.replace_row(table, &key, next);
+        }
+        Ok(())
     }
 
     fn sync(&mut self) -> Result<(), StorageError> {

@@ -11,7 +11,8 @@
 //! the load; `PANGEA_SPEED_HB_MS` the heartbeat interval (default 50 ms, as in
 //! production) and `PANGEA_SPEED_HB_FWD_MS` how long relayed heartbeats wait to be
 //! coalesced (default 5 ms, as in production); `PANGEA_SPEED_WRITE` the write
-//! fraction (default 0.05; the rest are reads).
+//! fraction (default 0.05; the rest are reads). `PANGEA_SPEED_COUNTERS` prints the
+//! run's counters (events, frames sent by kind).
 
 use anyhow::Result;
 use pangea_sim::SimDuration;
@@ -73,6 +74,9 @@ fn reference_ten_minutes_at_5000_ops() -> Result<()> {
         r.shards,
         threads
     );
+    if std::env::var_os("PANGEA_SPEED_COUNTERS").is_some() {
+        println!("{:#?}", r.counters);
+    }
     assert!(r.slo_failures.is_empty(), "{:?}", r.slo_failures);
     Ok(())
 }

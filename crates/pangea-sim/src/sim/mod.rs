@@ -557,6 +557,8 @@ impl Simulation {
             .collect();
 
         let mut nodes = Vec::with_capacity(n);
+        // One run (or shard) shares rows between its replicas, never with another.
+        let shared_rows = pangea_core::shared_rows::SharedRows::new();
         let skew_max = sc.clock_skew_ms_max as i64;
         let mut skew_rng = rng.fork(1);
         for (i, (idx, id)) in net.replicas().enumerate() {
@@ -592,6 +594,7 @@ impl Simulation {
             // Only a replica a fault crashes needs its storage to keep what each
             // write replaced until the next sync (`MemStorage::crash`).
             let mut storage = MemStorage::new();
+            storage.share_rows(shared_rows.clone());
             storage.set_crash_model(sc.faults.iter().any(|f| match &f.kind {
                 FaultKind::Lose { replicas, .. } => replicas.contains(id),
                 _ => false,

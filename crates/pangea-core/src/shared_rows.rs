@@ -1,0 +1,191 @@
+//! Rows shared between the in-memory stores of one process (the simulator's
+//! replicas): a replica applying a log entry to a row that another replica already
+//! turned into the next row takes that row instead of computing and storing its own.
+//!
+//! Every replica applies every write of its scope, and the change is a function of
+//! the row before and the entry ([`RowApply::change`]). Where replicas hold the very
+//! same row (one `Arc`, not merely equal contents), the first to apply an entry
+//! computes the next row and records it here under (row, entry); the others find it.
+//! Compaction is shared the same way, keyed on the row and its purge cut
+//! ([`RowState::purge_cut`]): replicas whose horizons differ but purge the same
+//! tombstones get the same row. A simulated deployment of 27 replicas then holds
+//! most rows once instead of 27 times and applies most entries by a lookup.
+//!
+//! Exact: a hit returns what computing would have returned. A record holds the row,
+//! entry and deployment its key names by address, so no address is reused while it
+//! exists. Bounded: the oldest records go first. Replicas that received two writes
+//! to one row in different orders hold different `Arc`s (with equal contents) and
+//! share nothing more for that row until they hold one `Arc` again.
+
+use crate::row::RowState;
+use crate::storage::{Compaction, RowApply};
+use crate::{ReplicaId, RowMutation, Timestamp};
+use pangea_topology::Deployment;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Records kept: the applies of a few seconds of writes in a large simulation.
+const RECORDS_MAX: usize = 16_384;
+
+/// A handle on the shared records; clones share them. See the module documentation.
+#[derive(Debug, Clone, Default)]
+pub struct SharedRows(Arc<Mutex<Records>>);
+
+/// What a record is the result of, by address (0: no row yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Key {
+    /// A log entry's change: its mutations and version.
+    Apply {
+        row: usize,
+        mutations: usize,
+        timestamp: Timestamp,
+        origin: usize,
+        deployment: usize,
+    },
+    /// Compaction that purges the tombstones up to `cut`.
+    Compact {
+        row: usize,
+        cut: Option<Timestamp>,
+        deployment: usize,
+    },
+}
+
+#[derive(Debug)]
+struct Record {
+    next: Arc<RowState>,
+    /// Held so that the key's addresses stay theirs.
+    _held: Held,
+}
+
+#[derive(Debug)]
+struct Held {
+    _row: Option<Arc<RowState>>,
+    _entry: Option<(RowMutation, ReplicaId)>,
+    _deployment: Arc<Deployment>,
+}
+
+#[derive(Debug, Default)]
+struct Records {
+    by_key: HashMap<Key, Record>,
+    /// Insertion order, for dropping the oldest.
+    order: VecDeque<Key>,
+    hits: u64,
+    misses: u64,
+}
+
+fn address(row: Option<&Arc<RowState>>) -> usize {
+    row.map_or(0, |r| Arc::as_ptr(r) as usize)
+}
+
+impl Records {
+    fn find(&mut self, key: &Key) -> Option<Arc<RowState>> {
+        let next = self.by_key.get(key).map(|r| r.next.clone());
+        match next {
+            Some(_) => self.hits += 1,
+            None => self.misses += 1,
+        }
+        next
+    }
+
+    fn record(&mut self, key: Key, record: Record) {
+        if self.order.len() >= RECORDS_MAX
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.by_key.remove(&oldest);
+        }
+        self.order.push_back(key);
+        self.by_key.insert(key, record);
+    }
+}
+
+impl SharedRows {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// (hits, misses): results found here, and results computed.
+    pub fn stats(&self) -> (u64, u64) {
+        let r = self.records();
+        (r.hits, r.misses)
+    }
+
+    fn records(&self) -> std::sync::MutexGuard<'_, Records> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// [`RowApply::change`] applied to `row` (`None`: no row yet), shared.
+    pub(crate) fn apply(&self, row: Option<&Arc<RowState>>, a: &RowApply<'_>) -> Arc<RowState> {
+        let e = a.entry;
+        let deployment = a.compaction.deployment;
+        let key = Key::Apply {
+            row: address(row),
+            mutations: e.mutation.mutations().as_ptr() as usize,
+            timestamp: e.timestamp,
+            origin: e.origin.as_str().as_ptr() as usize,
+            deployment: Arc::as_ptr(deployment) as usize,
+        };
+        let mut records = self.records();
+        if let Some(next) = records.find(&key) {
+            return next;
+        }
+        let mut next = row.map(|r| RowState::clone(r)).unwrap_or_default();
+        a.change(&mut next);
+        let next = Arc::new(next);
+        let held = Held {
+            _row: row.cloned(),
+            _entry: Some((e.mutation.clone(), e.origin.clone())),
+            _deployment: deployment.clone(),
+        };
+        records.record(
+            key,
+            Record {
+                next: next.clone(),
+                _held: held,
+            },
+        );
+        next
+    }
+
+    /// `row` compacted by `c` if that changes it, shared when the result depends on
+    /// the horizon only through the row's purge cut (no TTL in play).
+    pub(crate) fn compact(
+        &self,
+        row: Arc<RowState>,
+        table: &str,
+        c: &Compaction<'_>,
+    ) -> Arc<RowState> {
+        if !c.needs(table, &row) {
+            return row;
+        }
+        let Some(cut) = row.purge_cut(c.schema(table), c.horizon, c.now_ms) else {
+            let mut row = row;
+            c.run(table, Arc::make_mut(&mut row));
+            return row;
+        };
+        let key = Key::Compact {
+            row: address(Some(&row)),
+            cut,
+            deployment: Arc::as_ptr(c.deployment) as usize,
+        };
+        let mut records = self.records();
+        if let Some(next) = records.find(&key) {
+            return next;
+        }
+        let mut next = RowState::clone(&row);
+        c.run(table, &mut next);
+        let next = Arc::new(next);
+        let held = Held {
+            _row: Some(row),
+            _entry: None,
+            _deployment: c.deployment.clone(),
+        };
+        records.record(
+            key,
+            Record {
+                next: next.clone(),
+                _held: held,
+            },
+        );
+        next
+    }
+}
