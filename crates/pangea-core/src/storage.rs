@@ -283,16 +283,26 @@ pub trait Storage {
 /// One (scope, origin) stream's log, by sequence.
 type StreamLog = BTreeMap<u64, LogEntry>;
 
+/// A value per (scope, origin) stream, nested so that lookups borrow the ids.
+type ByStream<T> = BTreeMap<ScopeId, BTreeMap<ReplicaId, T>>;
+
+/// The streams of `scope`, inserted if absent (the id is copied only then).
+fn origins_mut<'a, T>(m: &'a mut ByStream<T>, scope: &ScopeId) -> &'a mut BTreeMap<ReplicaId, T> {
+    if !m.contains_key(scope) {
+        m.insert(scope.clone(), BTreeMap::new());
+    }
+    m.get_mut(scope).expect("inserted above")
+}
+
 #[derive(Debug, Clone, Default)]
 struct MemState {
     /// Rows by table, then key: lookups borrow the caller's `&str` and `&[u8]`.
     /// Each row in an `Arc`: shared with other stores under [`MemStorage::share_rows`],
     /// and recorded for a crash without a copy.
     rows: BTreeMap<Arc<str>, BTreeMap<Bytes, Arc<RowState>>>,
-    /// The log by stream, then sequence: one string comparison per stream, not per
-    /// entry.
-    log: BTreeMap<(ScopeId, ReplicaId), StreamLog>,
-    watermarks: BTreeMap<(ScopeId, ReplicaId), Watermark>,
+    /// The log by scope, origin, then sequence: looked up by borrowed ids.
+    log: ByStream<StreamLog>,
+    watermarks: ByStream<Watermark>,
     meta: BTreeMap<String, Bytes>,
 }
 
@@ -325,13 +335,9 @@ enum Undo {
 
 impl MemState {
     /// Applies `batch`, moving its contents in, and records in `undo` (when given)
-    /// what each change replaced; without it, what was replaced is dropped at once.
+    /// what each change replaced; without it, what was replaced is dropped at once
+    /// (and no record is built).
     fn apply(&mut self, batch: WriteBatch, mut undo: Option<&mut Vec<Undo>>) {
-        let mut record = |u: Undo| {
-            if let Some(undo) = undo.as_deref_mut() {
-                undo.push(u);
-            }
-        };
         for w in batch.rows {
             let old = match w.row {
                 Some(row) => self
@@ -341,41 +347,58 @@ impl MemState {
                     .insert(w.key.clone(), Arc::new(row)),
                 None => self.rows.get_mut(&w.table).and_then(|t| t.remove(&w.key)),
             };
-            record(Undo::Row {
-                table: w.table,
-                key: w.key,
-                old,
-            });
+            if let Some(undo) = undo.as_deref_mut() {
+                undo.push(Undo::Row {
+                    table: w.table,
+                    key: w.key,
+                    old,
+                });
+            }
         }
         for e in batch.log {
-            let stream = (e.scope.clone(), e.origin.clone());
             let sequence = e.sequence;
-            let log = match self.log.get_mut(&stream) {
-                Some(log) => log,
-                None => self.log.entry(stream.clone()).or_default(),
-            };
-            let old = log.insert(sequence, e);
-            record(Undo::Log {
-                stream,
-                sequence,
-                old,
-            });
+            let log = origins_mut(&mut self.log, &e.scope)
+                .entry(e.origin.clone())
+                .or_default();
+            match undo.as_deref_mut() {
+                Some(undo) => {
+                    let stream = (e.scope.clone(), e.origin.clone());
+                    let old = log.insert(sequence, e);
+                    undo.push(Undo::Log {
+                        stream,
+                        sequence,
+                        old,
+                    });
+                }
+                None => {
+                    log.insert(sequence, e);
+                }
+            }
         }
         for (scope, origin, wm) in batch.watermarks {
-            let stream = (scope, origin);
-            let old = match self.watermarks.get_mut(&stream) {
+            let by_origin = origins_mut(&mut self.watermarks, &scope);
+            let old = match by_origin.get_mut(&origin) {
                 Some(w) => Some(std::mem::replace(w, wm)),
-                None => self.watermarks.insert(stream.clone(), wm),
+                None => by_origin.insert(origin.clone(), wm),
             };
-            record(Undo::Watermark { stream, old });
+            if let Some(undo) = undo.as_deref_mut() {
+                undo.push(Undo::Watermark {
+                    stream: (scope, origin),
+                    old,
+                });
+            }
         }
         for (scope, origin, below) in batch.truncate_log {
-            let stream = (scope, origin);
-            if let Some(log) = self.log.get_mut(&stream) {
+            if let Some(log) = self.log.get_mut(&scope).and_then(|l| l.get_mut(&origin)) {
                 let kept = log.split_off(&below);
                 let entries = std::mem::replace(log, kept);
-                if !entries.is_empty() {
-                    record(Undo::Truncated { stream, entries });
+                if let Some(undo) = undo.as_deref_mut()
+                    && !entries.is_empty()
+                {
+                    undo.push(Undo::Truncated {
+                        stream: (scope, origin),
+                        entries,
+                    });
                 }
             }
         }
@@ -384,7 +407,9 @@ impl MemState {
                 Some(v) => self.meta.insert(key.clone(), v),
                 None => self.meta.remove(&key),
             };
-            record(Undo::Meta { key, old });
+            if let Some(undo) = undo.as_deref_mut() {
+                undo.push(Undo::Meta { key, old });
+            }
         }
     }
 
@@ -399,28 +424,42 @@ impl MemState {
                 };
             }
             Undo::Log {
-                stream,
+                stream: (scope, origin),
                 sequence,
                 old,
             } => {
-                let log = self.log.entry(stream).or_default();
+                let log = self
+                    .log
+                    .entry(scope)
+                    .or_default()
+                    .entry(origin)
+                    .or_default();
                 match old {
                     Some(e) => log.insert(sequence, e),
                     None => log.remove(&sequence),
                 };
             }
             Undo::Truncated {
-                stream,
+                stream: (scope, origin),
                 mut entries,
             } => {
-                let log = self.log.entry(stream).or_default();
+                let log = self
+                    .log
+                    .entry(scope)
+                    .or_default()
+                    .entry(origin)
+                    .or_default();
                 entries.append(log);
                 *log = entries;
             }
-            Undo::Watermark { stream, old } => {
+            Undo::Watermark {
+                stream: (scope, origin),
+                old,
+            } => {
+                let by_origin = self.watermarks.entry(scope).or_default();
                 match old {
-                    Some(w) => self.watermarks.insert(stream, w),
-                    None => self.watermarks.remove(&stream),
+                    Some(w) => by_origin.insert(origin, w),
+                    None => by_origin.remove(&origin),
                 };
             }
             Undo::Meta { key, old } => {
@@ -537,7 +576,7 @@ impl MemStorage {
     }
 
     fn stream_log(&self, scope: &ScopeId, origin: &ReplicaId) -> Option<&StreamLog> {
-        self.current.log.get(&(scope.clone(), origin.clone()))
+        self.current.log.get(scope)?.get(origin)
     }
 }
 
@@ -749,7 +788,11 @@ impl Storage for MemStorage {
             .current
             .watermarks
             .iter()
-            .map(|((s, o), w)| (s.clone(), o.clone(), *w))
+            .flat_map(|(s, by_origin)| {
+                by_origin
+                    .iter()
+                    .map(move |(o, w)| (s.clone(), o.clone(), *w))
+            })
             .collect())
     }
 
