@@ -22,7 +22,7 @@ pub fn token(data: &[u8]) {
     assert_eq!(Token::decode(&encoded).as_ref(), Ok(&t), "token round trip");
     // A replica just short of the token, and one that has it.
     let mut wm = ScopeWatermarks::new(t.scope.clone());
-    wm.origins.insert(
+    wm.insert(
         t.origin.clone(),
         Watermark {
             sequence: t.sequence - 1,
@@ -35,7 +35,7 @@ pub fn token(data: &[u8]) {
         &wm,
         t.timestamp.wall_ms(),
     );
-    wm.origins.insert(
+    wm.insert(
         t.origin.clone(),
         Watermark {
             sequence: t.sequence,

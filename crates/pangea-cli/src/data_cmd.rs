@@ -314,7 +314,6 @@ pub(crate) fn watermarks(a: WatermarksArgs) -> Result<()> {
                     for s in scopes {
                         let lag = now_ms.saturating_sub(s.low_watermark().wall_ms());
                         let origins: serde_json::Map<String, serde_json::Value> = s
-                            .origins
                             .iter()
                             .map(|(o, w)| (o.to_string(), serde_json::json!({"sequence": w.sequence, "lag_ms": now_ms.saturating_sub(w.timestamp.wall_ms())})))
                             .collect();

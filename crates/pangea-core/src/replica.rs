@@ -613,11 +613,10 @@ impl<S: Storage> Replica<S> {
     /// Durable watermarks for `scope`: what reads may rely on (I6).
     pub fn watermarks(&self, scope: &ScopeId) -> Option<ScopeWatermarks> {
         let s = self.scopes.get(scope)?;
-        let origins = s.durable_watermarks().collect();
-        Some(ScopeWatermarks {
-            scope: scope.clone(),
-            origins,
-        })
+        Some(ScopeWatermarks::from_sorted(
+            scope.clone(),
+            s.durable_watermarks(),
+        ))
     }
 
     /// Catch-up progress: for every stream of every scope, what is durable here and

@@ -5,31 +5,74 @@ use crate::ids::{ReplicaId, ScopeId};
 use crate::storage::Watermark;
 use crate::token::Token;
 use pangea_proto::v1 as pb;
-use std::collections::BTreeMap;
 
 /// How far a replica has durably applied each origin's stream in one scope.
-/// `origins` lists every origin of the scope (replicas that store rows), those
+/// The origins are every origin of the scope (replicas that store rows), those
 /// never heard from at zero, so the low watermark is honest.
+///
+/// Held as one vector in origin order rather than a map: a replica builds one per
+/// read it answers and a client keeps the last one per replica, so building and
+/// dropping it is one allocation, and a lookup is a binary search.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScopeWatermarks {
     pub scope: ScopeId,
-    pub origins: BTreeMap<ReplicaId, Watermark>,
+    /// Sorted by origin, each origin once.
+    origins: Vec<(ReplicaId, Watermark)>,
 }
 
 impl ScopeWatermarks {
     pub fn new(scope: ScopeId) -> Self {
         ScopeWatermarks {
             scope,
-            origins: BTreeMap::new(),
+            origins: Vec::new(),
         }
+    }
+
+    /// From `(origin, watermark)` pairs in strictly increasing origin order.
+    pub fn from_sorted(
+        scope: ScopeId,
+        origins: impl IntoIterator<Item = (ReplicaId, Watermark)>,
+    ) -> Self {
+        let origins: Vec<_> = origins.into_iter().collect();
+        debug_assert!(
+            origins.windows(2).all(|w| w[0].0 < w[1].0),
+            "origins out of order"
+        );
+        ScopeWatermarks { scope, origins }
+    }
+
+    /// Sets `origin`'s watermark (the last setting counts).
+    pub fn insert(&mut self, origin: ReplicaId, wm: Watermark) {
+        match self.origins.binary_search_by(|(o, _)| o.cmp(&origin)) {
+            Ok(i) => self.origins[i].1 = wm,
+            Err(i) => self.origins.insert(i, (origin, wm)),
+        }
+    }
+
+    /// Every origin and its watermark, in origin order.
+    pub fn iter(&self) -> impl Iterator<Item = (&ReplicaId, &Watermark)> {
+        self.origins.iter().map(|(o, w)| (o, w))
+    }
+
+    /// The origins' ids, to replace each by an equal id (order is kept).
+    pub fn ids_mut(&mut self) -> impl Iterator<Item = &mut ReplicaId> {
+        self.origins.iter_mut().map(|(o, _)| o)
+    }
+
+    pub fn len(&self) -> usize {
+        self.origins.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.origins.is_empty()
     }
 
     /// Minimum timestamp over origins: every write at or below it, from every origin,
     /// has been applied (I3, I7). Zero when the scope has no origin yet.
     pub fn low_watermark(&self) -> Timestamp {
         self.origins
-            .values()
-            .map(|w| w.timestamp)
+            .iter()
+            .map(|(_, w)| w.timestamp)
             .min()
             .unwrap_or(Timestamp::ZERO)
     }
@@ -39,13 +82,19 @@ impl ScopeWatermarks {
     pub fn covers(&self, token: &Token) -> bool {
         token.scope == self.scope
             && self
-                .origins
-                .get(&token.origin)
+                .find(&token.origin)
                 .is_some_and(|w| w.sequence >= token.sequence)
     }
 
+    fn find(&self, origin: &ReplicaId) -> Option<&Watermark> {
+        self.origins
+            .binary_search_by(|(o, _)| o.cmp(origin))
+            .ok()
+            .map(|i| &self.origins[i].1)
+    }
+
     pub fn get(&self, origin: &ReplicaId) -> Watermark {
-        self.origins.get(origin).copied().unwrap_or_default()
+        self.find(origin).copied().unwrap_or_default()
     }
 
     pub fn to_proto(&self) -> pb::ScopeWatermarks {
@@ -68,23 +117,65 @@ impl ScopeWatermarks {
     /// can only make the view less complete, never unsafe: missing origins count as
     /// zero).
     pub fn from_proto(p: &pb::ScopeWatermarks) -> ScopeWatermarks {
-        let origins = p
-            .origins
-            .iter()
-            .filter(|w| pangea_topology::schema::validate_name("replica", &w.origin).is_ok())
-            .map(|w| {
-                (
-                    ReplicaId::from(w.origin.as_str()),
-                    Watermark {
-                        sequence: w.sequence,
-                        timestamp: Timestamp::from_u64(w.timestamp),
-                    },
-                )
-            })
-            .collect();
-        ScopeWatermarks {
-            scope: p.scope.as_str().into(),
-            origins,
+        let mut wm = ScopeWatermarks::new(p.scope.as_str().into());
+        for w in &p.origins {
+            if pangea_topology::schema::validate_name("replica", &w.origin).is_ok() {
+                let watermark = Watermark {
+                    sequence: w.sequence,
+                    timestamp: Timestamp::from_u64(w.timestamp),
+                };
+                wm.insert(ReplicaId::from(w.origin.as_str()), watermark);
+            }
         }
+        wm
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wm(sequence: u64) -> Watermark {
+        Watermark {
+            sequence,
+            timestamp: Timestamp::from_u64(sequence * 10),
+        }
+    }
+
+    /// Peers may send origins in any order and more than once: the parsed
+    /// watermarks are in origin order, the last of each origin counting, and
+    /// lookups find them.
+    #[test]
+    fn from_proto_sorts_origins_and_keeps_the_last_of_each() {
+        let o = |origin: &str, sequence: u64| pb::OriginWatermark {
+            origin: origin.into(),
+            sequence,
+            timestamp: sequence * 10,
+        };
+        let p = pb::ScopeWatermarks {
+            scope: "global".into(),
+            origins: vec![
+                o("c", 3),
+                o("a", 1),
+                o("b", 2),
+                o("a", 7),
+                o("bad name!", 9),
+            ],
+            low_watermark: 0,
+        };
+        let got = ScopeWatermarks::from_proto(&p);
+        let listed: Vec<(&str, u64)> = got.iter().map(|(o, w)| (o.as_str(), w.sequence)).collect();
+        assert_eq!(listed, [("a", 7), ("b", 2), ("c", 3)]);
+        assert_eq!(got.get(&"a".into()), wm(7));
+        assert_eq!(got.get(&"z".into()), Watermark::default());
+        assert_eq!(got.low_watermark(), Timestamp::from_u64(20));
+        let token = |sequence| Token {
+            scope: ScopeId::global(),
+            origin: "b".into(),
+            sequence,
+            timestamp: Timestamp::ZERO,
+        };
+        assert!(got.covers(&token(2)) && !got.covers(&token(3)));
+        assert_eq!(ScopeWatermarks::from_proto(&got.to_proto()), got);
     }
 }

@@ -434,7 +434,7 @@ fn read_plans_follow_mode_profile_and_placement() {
         timestamp: Timestamp::new(T0, 0),
     };
     let mut known = ScopeWatermarks::new(ScopeId::global());
-    known.origins.insert(
+    known.insert(
         "use1-a".into(),
         pangea_core::Watermark {
             sequence: 9,
@@ -460,14 +460,14 @@ fn read_plans_follow_mode_profile_and_placement() {
 #[test]
 fn decisions_compare_sequences_and_staleness() {
     let mut wm = ScopeWatermarks::new(ScopeId::global());
-    wm.origins.insert(
+    wm.insert(
         "a".into(),
         pangea_core::Watermark {
             sequence: 4,
             timestamp: Timestamp::new(T0 - 300, 0),
         },
     );
-    wm.origins.insert(
+    wm.insert(
         "b".into(),
         pangea_core::Watermark {
             sequence: 9,

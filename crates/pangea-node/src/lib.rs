@@ -207,7 +207,7 @@ impl Shared {
             for (scope, wm) in all.iter() {
                 self.metrics
                     .set_watermark_age(scope.as_str(), secs(wm.low_watermark()));
-                for (origin, w) in &wm.origins {
+                for (origin, w) in wm.iter() {
                     self.metrics.set_replication_lag(
                         scope.as_str(),
                         origin.as_str(),
@@ -279,7 +279,6 @@ impl admin::AdminState for Shared {
             .values()
             .map(|wm| {
                 let origins: serde_json::Map<String, serde_json::Value> = wm
-                    .origins
                     .iter()
                     .map(|(o, w)| {
                         (

@@ -356,12 +356,8 @@ async fn drive(shared: &Shared, job: &mut pb::MigrationJob) -> Result<(), CoreEr
                     .read()
                     .ok()
                     .and_then(|w| {
-                        w.get(&to).map(|wm| {
-                            wm.origins
-                                .iter()
-                                .map(|(o, w)| (o.clone(), w.sequence))
-                                .collect()
-                        })
+                        w.get(&to)
+                            .map(|wm| wm.iter().map(|(o, w)| (o.clone(), w.sequence)).collect())
                     })
                     .unwrap_or_default();
                 for (origin, sequence) in applied_here {

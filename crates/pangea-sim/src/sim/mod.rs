@@ -1542,7 +1542,7 @@ rtt_ms = 30.0
         );
         // So do the watermarks of a probe reply.
         let mut wm = ScopeWatermarks::new(ScopeId::global());
-        wm.origins.insert(origin.clone(), Watermark::default());
+        wm.insert(origin.clone(), Watermark::default());
         let mut ev = Ev::ProbeReply {
             client: 0,
             r: 0,
@@ -1554,7 +1554,7 @@ rtt_ms = 30.0
             unreachable!()
         };
         assert_eq!(wms[0].1, wm);
-        let (id, _) = wms[0].1.origins.first_key_value().unwrap();
+        let (id, _) = wms[0].1.iter().next().unwrap();
         assert_eq!(id.as_str().as_ptr(), own);
         // And a watermark read served across: its key, scope and token.
         let token = Token {

@@ -680,13 +680,9 @@ impl Simulation {
 
     fn own_watermarks(&self, wm: &mut ScopeWatermarks) {
         self.own_scope(&mut wm.scope);
-        wm.origins = std::mem::take(&mut wm.origins)
-            .into_iter()
-            .map(|(mut o, w)| {
-                self.own_replica(&mut o);
-                (o, w)
-            })
-            .collect();
+        for o in wm.ids_mut() {
+            self.own_replica(o);
+        }
     }
 
     fn own_scope(&self, id: &mut ScopeId) {
