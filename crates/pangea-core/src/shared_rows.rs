@@ -14,12 +14,15 @@
 //! Exact: a hit returns what computing would have returned. A record holds the row,
 //! entry and deployment its key names by address, so no address is reused while it
 //! exists. Bounded: the oldest records go first. Replicas that received two writes
-//! to one row in different orders hold different `Arc`s (with equal contents) and
-//! share nothing more for that row until they hold one `Arc` again.
+//! to one row in different orders hold different `Arc`s with equal contents, and
+//! their next changes miss each other's records; each row computed is therefore
+//! compared with the last one computed for the same row key and, if equal, replaced
+//! by it, so that such replicas share again from then on.
 
 use crate::row::RowState;
 use crate::storage::{Compaction, RowApply};
 use crate::{ReplicaId, RowMutation, Timestamp};
+use bytes::Bytes;
 use pangea_topology::Deployment;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -53,6 +56,8 @@ enum Key {
 #[derive(Debug)]
 struct Record {
     next: Arc<RowState>,
+    /// The row's (table, key), to forget `Records::latest` with the record.
+    row_key: RowKey,
     /// Held so that the key's addresses stay theirs.
     _held: Held,
 }
@@ -64,11 +69,17 @@ struct Held {
     _deployment: Arc<Deployment>,
 }
 
+type RowKey = (Arc<str>, Bytes);
+
 #[derive(Debug, Default)]
 struct Records {
     by_key: HashMap<Key, Record>,
     /// Insertion order, for dropping the oldest.
     order: VecDeque<Key>,
+    /// The last row computed for each (table, row key). A row computed again and
+    /// equal to it is replaced by it: replicas whose rows parted (two writes
+    /// applied in different orders) hold one row again once their contents agree.
+    latest: HashMap<RowKey, Arc<RowState>>,
     hits: u64,
     misses: u64,
 }
@@ -87,11 +98,30 @@ impl Records {
         next
     }
 
+    /// `row`, computed for (`table`, `key`), as one `Arc`: the last row computed
+    /// for that key if equal, else a new one, which becomes the last.
+    fn canonical(&mut self, table: &Arc<str>, key: &Bytes, row: RowState) -> Arc<RowState> {
+        let row_key = (table.clone(), key.clone());
+        if let Some(last) = self.latest.get(&row_key)
+            && **last == row
+        {
+            return last.clone();
+        }
+        let row = Arc::new(row);
+        self.latest.insert(row_key, row.clone());
+        row
+    }
+
     fn record(&mut self, key: Key, record: Record) {
         if self.order.len() >= RECORDS_MAX
             && let Some(oldest) = self.order.pop_front()
+            && let Some(old) = self.by_key.remove(&oldest)
+            && self
+                .latest
+                .get(&old.row_key)
+                .is_some_and(|last| Arc::ptr_eq(last, &old.next))
         {
-            self.by_key.remove(&oldest);
+            self.latest.remove(&old.row_key);
         }
         self.order.push_back(key);
         self.by_key.insert(key, record);
@@ -130,19 +160,19 @@ impl SharedRows {
         }
         let mut next = row.map(|r| RowState::clone(r)).unwrap_or_default();
         a.change(&mut next);
-        let next = Arc::new(next);
+        let (table, row_key) = (e.mutation.table(), e.mutation.row_key());
+        let next = records.canonical(table, row_key, next);
         let held = Held {
             _row: row.cloned(),
             _entry: Some((e.mutation.clone(), e.origin.clone())),
             _deployment: deployment.clone(),
         };
-        records.record(
-            key,
-            Record {
-                next: next.clone(),
-                _held: held,
-            },
-        );
+        let record = Record {
+            next: next.clone(),
+            row_key: (table.clone(), row_key.clone()),
+            _held: held,
+        };
+        records.record(key, record);
         next
     }
 
@@ -151,7 +181,7 @@ impl SharedRows {
     pub(crate) fn compact(
         &self,
         row: Arc<RowState>,
-        table: &str,
+        (table, row_key): (&Arc<str>, &Bytes),
         c: &Compaction<'_>,
     ) -> Arc<RowState> {
         if !c.needs(table, &row) {
@@ -173,19 +203,18 @@ impl SharedRows {
         }
         let mut next = RowState::clone(&row);
         c.run(table, &mut next);
-        let next = Arc::new(next);
+        let next = records.canonical(table, row_key, next);
         let held = Held {
             _row: Some(row),
             _entry: None,
             _deployment: c.deployment.clone(),
         };
-        records.record(
-            key,
-            Record {
-                next: next.clone(),
-                _held: held,
-            },
-        );
+        let record = Record {
+            next: next.clone(),
+            row_key: (table.clone(), row_key.clone()),
+            _held: held,
+        };
+        records.record(key, record);
         next
     }
 }

@@ -706,7 +706,7 @@ impl Storage for MemStorage {
             }
             row => {
                 let changed = shared.apply(row.as_deref(), a);
-                shared.compact(changed, table, &a.compaction)
+                shared.compact(changed, (table, key), &a.compaction)
             }
         };
         self.replace_row(table, key, next);
@@ -736,7 +736,7 @@ impl Storage for MemStorage {
                 continue;
             }
             let next = match &self.shared {
-                Some(shared) => shared.compact(row.clone(), table, c),
+                Some(shared) => shared.compact(row.clone(), (table, &key), c),
                 None => {
                     let mut next = RowState::clone(row);
                     c.run(table, &mut next);

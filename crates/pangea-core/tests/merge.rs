@@ -387,6 +387,83 @@ fn shared_rows_key_on_the_version_and_the_purge_cut() {
     }
 }
 
+/// Two replicas that applied two writes in different orders hold equal rows in
+/// different `Arc`s; the next row either computes is found equal to the other's and
+/// shared, so the write after that is computed once for both.
+#[test]
+fn shared_rows_join_again_once_equal() {
+    let mut d = Deployment::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology/local-3-regions.toml"),
+        None,
+    )
+    .unwrap();
+    d.placement.schema = schema();
+    let d = Arc::new(d);
+    let origin: pangea_core::ReplicaId = "a".into();
+    let set = |ms: u64, column: &'static [u8]| LogEntry {
+        scope: ScopeId::global(),
+        origin: origin.clone(),
+        sequence: ms,
+        timestamp: ts(ms),
+        mutation: RowMutation::new(
+            "t",
+            "k",
+            vec![Mutation::SetCell {
+                family: "g".into(),
+                column: Bytes::from_static(column),
+                value: Bytes::from_static(b"v"),
+            }],
+            &Limits::default(),
+        )
+        .unwrap(),
+    };
+    let (e1, e2, e3, e4) = (set(1, b"c1"), set(2, b"c2"), set(3, b"c3"), set(4, b"c1"));
+    let shared = SharedRows::new();
+    let (mut a, mut b) = (MemStorage::new(), MemStorage::new());
+    a.share_rows(shared.clone());
+    b.share_rows(shared.clone());
+    let apply = |s: &mut MemStorage, e: &LogEntry| {
+        let compaction = Compaction {
+            deployment: &d,
+            horizon: ts(0),
+            now_ms: 40,
+        };
+        s.apply_to_row(
+            &RowApply {
+                entry: e,
+                compaction,
+            },
+            WriteBatch::default(),
+        )
+        .unwrap();
+    };
+    for e in [&e1, &e2] {
+        apply(&mut a, e);
+    }
+    for e in [&e2, &e1] {
+        apply(&mut b, e);
+    }
+    assert_eq!(shared.stats(), (0, 4), "four different (row, entry) pairs");
+    apply(&mut a, &e3);
+    apply(&mut b, &e3);
+    assert_eq!(
+        shared.stats(),
+        (0, 6),
+        "b's row is not a's, so e3 is computed twice"
+    );
+    apply(&mut a, &e4);
+    apply(&mut b, &e4);
+    assert_eq!(
+        shared.stats(),
+        (1, 7),
+        "but then b holds a's row, and finds e4"
+    );
+    assert_eq!(
+        format!("{:?}", a.rows().collect::<Vec<_>>()),
+        format!("{:?}", b.rows().collect::<Vec<_>>())
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2048))]
 
