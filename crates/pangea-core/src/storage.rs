@@ -18,7 +18,7 @@ use bytes::Bytes;
 use pangea_proto::v1 as pb;
 use pangea_topology::Deployment;
 use pangea_topology::schema::TableSchema;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -281,7 +281,155 @@ pub trait Storage {
 }
 
 /// One (scope, origin) stream's log, by sequence.
-type StreamLog = BTreeMap<u64, LogEntry>;
+///
+/// A replica appends a stream in order and truncates it from the front, so the
+/// entries are held in a ring while they stay contiguous (an append is a push);
+/// anything else (a gap, a removal in the middle) turns the log into a map, which
+/// takes any sequence.
+#[derive(Debug, Clone)]
+enum StreamLog {
+    /// `entries[i]` has sequence `first + i`.
+    Ring {
+        first: u64,
+        entries: VecDeque<LogEntry>,
+    },
+    Map(BTreeMap<u64, LogEntry>),
+}
+
+impl Default for StreamLog {
+    fn default() -> Self {
+        StreamLog::Ring {
+            first: 0,
+            entries: VecDeque::new(),
+        }
+    }
+}
+
+impl StreamLog {
+    fn is_empty(&self) -> bool {
+        match self {
+            StreamLog::Ring { entries, .. } => entries.is_empty(),
+            StreamLog::Map(m) => m.is_empty(),
+        }
+    }
+
+    /// The log as a map, from now on.
+    fn map(&mut self) -> &mut BTreeMap<u64, LogEntry> {
+        if let StreamLog::Ring { first, entries } = self {
+            let m = std::mem::take(entries)
+                .into_iter()
+                .enumerate()
+                .map(|(i, e)| (*first + i as u64, e))
+                .collect();
+            *self = StreamLog::Map(m);
+        }
+        match self {
+            StreamLog::Map(m) => m,
+            StreamLog::Ring { .. } => unreachable!("turned into a map above"),
+        }
+    }
+
+    /// Stores `e` at `sequence`; returns what was there.
+    fn insert(&mut self, sequence: u64, e: LogEntry) -> Option<LogEntry> {
+        if let StreamLog::Ring { first, entries } = self {
+            let end = *first + entries.len() as u64;
+            if entries.is_empty() {
+                *first = sequence;
+                entries.push_back(e);
+                return None;
+            } else if sequence == end {
+                entries.push_back(e);
+                return None;
+            } else if sequence + 1 == *first {
+                *first = sequence;
+                entries.push_front(e);
+                return None;
+            } else if (*first..end).contains(&sequence) {
+                return Some(std::mem::replace(
+                    &mut entries[(sequence - *first) as usize],
+                    e,
+                ));
+            }
+        }
+        self.map().insert(sequence, e)
+    }
+
+    fn remove(&mut self, sequence: u64) -> Option<LogEntry> {
+        if let StreamLog::Ring { first, entries } = self {
+            let end = *first + entries.len() as u64;
+            if !(*first..end).contains(&sequence) {
+                return None;
+            } else if sequence + 1 == end {
+                return entries.pop_back();
+            } else if sequence == *first {
+                *first += 1;
+                return entries.pop_front();
+            }
+        }
+        self.map().remove(&sequence)
+    }
+
+    /// Removes and returns the entries below `below`.
+    fn split_below(&mut self, below: u64) -> StreamLog {
+        match self {
+            StreamLog::Ring { first, entries } => {
+                let n = below.saturating_sub(*first).min(entries.len() as u64) as usize;
+                let older = StreamLog::Ring {
+                    first: *first,
+                    entries: entries.drain(..n).collect(),
+                };
+                *first += n as u64;
+                older
+            }
+            StreamLog::Map(m) => {
+                let kept = m.split_off(&below);
+                StreamLog::Map(std::mem::replace(m, kept))
+            }
+        }
+    }
+
+    /// Puts back entries `split_below` removed (all older than any held here).
+    fn prepend(&mut self, mut older: StreamLog) {
+        if let (
+            StreamLog::Ring { first, entries },
+            StreamLog::Ring {
+                first: older_first,
+                entries: older_entries,
+            },
+        ) = (&mut *self, &mut older)
+            && (entries.is_empty() || *older_first + older_entries.len() as u64 == *first)
+        {
+            older_entries.append(entries);
+            *first = *older_first;
+            *entries = std::mem::take(older_entries);
+            return;
+        }
+        let mut m = std::mem::take(older.map());
+        m.append(self.map());
+        *self = StreamLog::Map(m);
+    }
+
+    /// Entries from sequence `from` on, in order.
+    fn from(&self, from: u64) -> Box<dyn Iterator<Item = &LogEntry> + '_> {
+        match self {
+            StreamLog::Ring { first, entries } => {
+                let skip = from.saturating_sub(*first).min(entries.len() as u64) as usize;
+                Box::new(entries.range(skip..))
+            }
+            StreamLog::Map(m) => Box::new(m.range(from..).map(|(_, e)| e)),
+        }
+    }
+
+    /// First and last sequence held.
+    fn bounds(&self) -> Option<(u64, u64)> {
+        match self {
+            StreamLog::Ring { first, entries } => {
+                (!entries.is_empty()).then(|| (*first, *first + entries.len() as u64 - 1))
+            }
+            StreamLog::Map(m) => Some((*m.first_key_value()?.0, *m.last_key_value()?.0)),
+        }
+    }
+}
 
 /// A value per (scope, origin) stream, nested so that lookups borrow the ids.
 type ByStream<T> = BTreeMap<ScopeId, BTreeMap<ReplicaId, T>>;
@@ -390,8 +538,7 @@ impl MemState {
         }
         for (scope, origin, below) in batch.truncate_log {
             if let Some(log) = self.log.get_mut(&scope).and_then(|l| l.get_mut(&origin)) {
-                let kept = log.split_off(&below);
-                let entries = std::mem::replace(log, kept);
+                let entries = log.split_below(below);
                 if let Some(undo) = undo.as_deref_mut()
                     && !entries.is_empty()
                 {
@@ -436,12 +583,12 @@ impl MemState {
                     .or_default();
                 match old {
                     Some(e) => log.insert(sequence, e),
-                    None => log.remove(&sequence),
+                    None => log.remove(sequence),
                 };
             }
             Undo::Truncated {
                 stream: (scope, origin),
-                mut entries,
+                entries,
             } => {
                 let log = self
                     .log
@@ -449,8 +596,7 @@ impl MemState {
                     .or_default()
                     .entry(origin)
                     .or_default();
-                entries.append(log);
-                *log = entries;
+                log.prepend(entries);
             }
             Undo::Watermark {
                 stream: (scope, origin),
@@ -762,12 +908,7 @@ impl Storage for MemStorage {
     ) -> Result<Vec<LogEntry>, StorageError> {
         Ok(self
             .stream_log(scope, origin)
-            .map(|log| {
-                log.range(from..)
-                    .take(max_entries)
-                    .map(|(_, e)| e.clone())
-                    .collect()
-            })
+            .map(|log| log.from(from).take(max_entries).cloned().collect())
             .unwrap_or_default())
     }
 
@@ -776,11 +917,7 @@ impl Storage for MemStorage {
         scope: &ScopeId,
         origin: &ReplicaId,
     ) -> Result<Option<(u64, u64)>, StorageError> {
-        Ok(self.stream_log(scope, origin).and_then(|log| {
-            let first = log.first_key_value()?.0;
-            let last = log.last_key_value()?.0;
-            Some((*first, *last))
-        }))
+        Ok(self.stream_log(scope, origin).and_then(StreamLog::bounds))
     }
 
     fn watermarks(&self) -> Result<Vec<(ScopeId, ReplicaId, Watermark)>, StorageError> {
@@ -805,6 +942,66 @@ mod tests {
     use super::*;
     use crate::mutation::Mutation;
     use crate::row::Version;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum LogOp {
+        Insert(u64),
+        Remove(u64),
+        /// Truncate below, then (if `true`) put the truncated entries back, as a
+        /// crash does.
+        Truncate(u64, bool),
+    }
+
+    proptest! {
+        /// The ring a stream's log is kept in behaves as a map by sequence: appends,
+        /// overwrites, gaps, removals, truncation and its revert, reads and bounds.
+        #[test]
+        fn stream_log_is_a_map_by_sequence(
+            ops in prop::collection::vec(prop_oneof![
+                6 => (0u64..40).prop_map(LogOp::Insert),
+                2 => (0u64..40).prop_map(LogOp::Remove),
+                2 => (0u64..40, any::<bool>()).prop_map(|(b, back)| LogOp::Truncate(b, back)),
+            ], 0..60),
+            start in 0u64..40,
+        ) {
+            let mut log = StreamLog::default();
+            let mut model: BTreeMap<u64, LogEntry> = BTreeMap::new();
+            // Mostly appends in order (as a replica writes), with the ops mixed in.
+            let mut next = start;
+            for op in ops {
+                match op {
+                    LogOp::Insert(n) => {
+                        let seq = if n % 3 == 0 { n } else { next };
+                        next = seq + 1;
+                        let e = entry(seq.max(1));
+                        prop_assert_eq!(log.insert(seq, e.clone()), model.insert(seq, e));
+                    }
+                    LogOp::Remove(n) => prop_assert_eq!(log.remove(n), model.remove(&n)),
+                    LogOp::Truncate(below, back) => {
+                        let older = log.split_below(below);
+                        let kept = model.split_off(&below);
+                        let older_model = std::mem::replace(&mut model, kept);
+                        prop_assert_eq!(older.from(0).cloned().collect::<Vec<_>>(), older_model.values().cloned().collect::<Vec<_>>());
+                        if back {
+                            log.prepend(older);
+                            let mut m = older_model;
+                            m.append(&mut model);
+                            model = m;
+                        }
+                    }
+                }
+                prop_assert_eq!(log.is_empty(), model.is_empty());
+                prop_assert_eq!(log.bounds(), model.first_key_value().map(|(f, _)| *f).zip(model.last_key_value().map(|(l, _)| *l)));
+                for from in [0, start, next.saturating_sub(2)] {
+                    prop_assert_eq!(
+                        log.from(from).cloned().collect::<Vec<_>>(),
+                        model.range(from..).map(|(_, e)| e.clone()).collect::<Vec<_>>()
+                    );
+                }
+            }
+        }
+    }
 
     fn entry(sequence: u64) -> LogEntry {
         LogEntry {
