@@ -28,6 +28,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Records kept: the applies of a few seconds of writes in a large simulation.
+/// A bound on the count, not the bytes: each record keeps its rows (and their
+/// values) alive, so with values near the 1 MB limit written fast the records can
+/// hold superseded rows worth some seconds of writes.
 const RECORDS_MAX: usize = 16_384;
 
 /// A handle on the shared records; clones share them. See the module documentation.
