@@ -115,7 +115,18 @@ impl Records {
         row
     }
 
-    fn record(&mut self, key: Key, record: Record) {
+    fn record(
+        &mut self,
+        key: Key,
+        next: &Arc<RowState>,
+        (table, row_key): (&Arc<str>, &Bytes),
+        held: Held,
+    ) {
+        let record = Record {
+            next: next.clone(),
+            row_key: (table.clone(), row_key.clone()),
+            _held: held,
+        };
         if self.order.len() >= RECORDS_MAX
             && let Some(oldest) = self.order.pop_front()
             && let Some(old) = self.by_key.remove(&oldest)
@@ -170,12 +181,7 @@ impl SharedRows {
             _entry: Some((e.mutation.clone(), e.origin.clone())),
             _deployment: deployment.clone(),
         };
-        let record = Record {
-            next: next.clone(),
-            row_key: (table.clone(), row_key.clone()),
-            _held: held,
-        };
-        records.record(key, record);
+        records.record(key, &next, (table, row_key), held);
         next
     }
 
@@ -212,12 +218,7 @@ impl SharedRows {
             _entry: None,
             _deployment: c.deployment.clone(),
         };
-        let record = Record {
-            next: next.clone(),
-            row_key: (table.clone(), row_key.clone()),
-            _held: held,
-        };
-        records.record(key, record);
+        records.record(key, &next, (table, row_key), held);
         next
     }
 }

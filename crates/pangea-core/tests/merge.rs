@@ -47,6 +47,17 @@ fn schema() -> Schema {
     )
 }
 
+/// A deployment whose schema is `schema()`, for stores that take one.
+fn deployment() -> Arc<Deployment> {
+    let mut d = Deployment::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology/local-3-regions.toml"),
+        None,
+    )
+    .unwrap();
+    d.placement.schema = schema();
+    Arc::new(d)
+}
+
 fn table(schema: &Schema) -> &TableSchema {
     schema.table("t").unwrap()
 }
@@ -277,13 +288,7 @@ proptest! {
 /// same ones share theirs.
 #[test]
 fn shared_rows_key_on_the_version_and_the_purge_cut() {
-    let mut d = Deployment::load(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology/local-3-regions.toml"),
-        None,
-    )
-    .unwrap();
-    d.placement.schema = schema();
-    let d = Arc::new(d);
+    let d = deployment();
     let limits = Limits::default();
     let set = RowMutation::new(
         "t",
@@ -392,13 +397,7 @@ fn shared_rows_key_on_the_version_and_the_purge_cut() {
 /// shared, so the write after that is computed once for both.
 #[test]
 fn shared_rows_join_again_once_equal() {
-    let mut d = Deployment::load(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology/local-3-regions.toml"),
-        None,
-    )
-    .unwrap();
-    d.placement.schema = schema();
-    let d = Arc::new(d);
+    let d = deployment();
     let origin: pangea_core::ReplicaId = "a".into();
     let set = |ms: u64, column: &'static [u8]| LogEntry {
         scope: ScopeId::global(),
@@ -519,13 +518,7 @@ proptest! {
         horizons in prop::collection::vec(0u64..60, 3),
         sweep_every in 2usize..6,
     ) {
-        let mut d = Deployment::load(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology/local-3-regions.toml"),
-            None,
-        )
-        .unwrap();
-        d.placement.schema = schema();
-        let d = Arc::new(d);
+        let d = deployment();
         let shared = SharedRows::new();
         let n = history.len();
         // Two replicas apply in the same order (the second finds every change the
