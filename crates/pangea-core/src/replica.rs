@@ -421,7 +421,7 @@ struct Peers {
     /// peer was lent out mutably since ([`Peers::get_mut`] clears it). A turn that
     /// queued nothing (a read served, most timers) then skips the walk, which
     /// touches every peer: walking them after every turn was an eighth of the
-    /// simulator's cache misses. (Marking each peer that may be ready, to walk
+    /// simulator's L1 cache misses. (Marking each peer that may be ready, to walk
     /// only those, measured no faster.)
     idle: bool,
 }
@@ -548,8 +548,8 @@ pub struct Replica<S: Storage> {
     unflushed: Vec<LogEntry>,
     /// Streams whose `applied` watermark moved since the last flush (each once, see
     /// [`Stream::listed`]): the only ones `flush` visits. A replica holds tens of
-    /// streams and flushes after every input, and visiting them all was a quarter
-    /// of the simulator's cache misses.
+    /// streams and flushes after every input; visiting them all was an eighth of
+    /// the simulator's L1 cache misses.
     moved: Vec<(ScopeId, ReplicaId)>,
     next_heartbeat_us: u64,
     heartbeats_sent: u64,
