@@ -3,6 +3,7 @@
 //! runs without breaking an invariant.
 
 use anyhow::Result;
+use pangea_sim::SimDuration;
 use pangea_sim::drill::{Drill, drill_files};
 use pangea_sim::scenario::FaultKind;
 use pangea_sim::sim::Simulation;
@@ -48,6 +49,21 @@ fn every_shipped_drill_validates() -> Result<()> {
         );
         assert_eq!(d.scenario.deployment.topology.replicas.len(), 27);
     }
+    Ok(())
+}
+
+/// `sim/reference.toml`, the run of the speed target (`tests/speed.rs` and `pangea
+/// sim run` both run it): it loads, and it is what its comment says.
+#[test]
+fn the_reference_run_file_is_the_speed_target() -> Result<()> {
+    let d = Drill::load(&root().join("sim/reference.toml")).map_err(|p| anyhow::anyhow!("{p}"))?;
+    let sc = &d.scenario;
+    assert_eq!(sc.deployment.topology.replicas.len(), 27);
+    assert!(sc.faults.is_empty());
+    assert_eq!(sc.duration, SimDuration::from_secs(600));
+    let rate: f64 = sc.workload.regions.iter().map(|r| r.rate).sum();
+    assert!((rate - 5_000.0).abs() < 1e-6, "{rate} operations/s");
+    assert_eq!(sc.replica.heartbeat_interval_ms, 50);
     Ok(())
 }
 

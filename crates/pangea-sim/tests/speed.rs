@@ -1,6 +1,7 @@
 //! The speed target: the reference deployment (27 replicas), 10 minutes of virtual
-//! time at 5,000 client operations per second. Ignored by default (it takes
-//! minutes); run it optimized and read the printed figures:
+//! time at 5,000 client operations per second, as `sim/reference.toml` says (so
+//! `pangea sim run sim/reference.toml` runs the same: the same trace). Ignored by
+//! default (it takes minutes); run it optimized and read the printed figures:
 //!
 //! `cargo test --release -p pangea-sim --test speed -- --ignored --nocapture`
 //!
@@ -18,12 +19,11 @@
 
 use anyhow::Result;
 use pangea_sim::SimDuration;
+use pangea_sim::drill::Drill;
 use pangea_sim::runner::peak_rss_mib;
-use pangea_sim::scenario::{Scenario, Workload};
+use pangea_sim::scenario::Workload;
 use pangea_sim::sim::{Simulation, default_threads, run_scenario};
-use pangea_topology::Deployment;
 use std::path::Path;
-use std::sync::Arc;
 
 // The allocator of the `pangea` binary, whose `sim run` this measures.
 #[global_allocator]
@@ -40,22 +40,27 @@ fn env(name: &str, default: u64) -> u64 {
 #[ignore = "minutes of wall time; run with --release"]
 fn reference_ten_minutes_at_5000_ops() -> Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let d = Arc::new(Deployment::load(
-        &root.join("topology/four-continents.toml"),
-        Some(&root.join("topology/placement.toml")),
-    )?);
-    let secs = env("PANGEA_SPEED_SECS", 600);
-    let rate = env("PANGEA_SPEED_RATE", 5_000) as f64;
-    let mut sc = Scenario::new("speed", d.clone(), 1, SimDuration::from_secs(secs));
-    sc.workload = Workload::ad_serving(&d, rate);
+    let mut sc = Drill::load(&root.join("sim/reference.toml"))
+        .map_err(|p| anyhow::anyhow!("{p}"))?
+        .scenario;
+    if let Ok(secs) = std::env::var("PANGEA_SPEED_SECS") {
+        sc.duration = SimDuration::from_secs(secs.parse()?);
+    }
+    if let Ok(rate) = std::env::var("PANGEA_SPEED_RATE") {
+        sc.workload = Workload::ad_serving(&sc.deployment, rate.parse()?);
+    }
     if let Ok(w) = std::env::var("PANGEA_SPEED_WRITE") {
         // The write fraction (the rest reads, no deletes), to split the cost.
         sc.workload.write = w.parse()?;
         sc.workload.read = 1.0 - sc.workload.write;
         sc.workload.delete = 0.0;
     }
-    sc.replica.heartbeat_interval_ms = env("PANGEA_SPEED_HB_MS", 50);
-    sc.replica.heartbeat_forward_delay_ms = env("PANGEA_SPEED_HB_FWD_MS", 5);
+    if let Ok(ms) = std::env::var("PANGEA_SPEED_HB_MS") {
+        sc.replica.heartbeat_interval_ms = ms.parse()?;
+    }
+    if let Ok(ms) = std::env::var("PANGEA_SPEED_HB_FWD_MS") {
+        sc.replica.heartbeat_forward_delay_ms = ms.parse()?;
+    }
     // Split into two shards on this machine's cores, as `pangea sim run` does;
     // `PANGEA_SPEED_SHARDS=1` runs it whole, `PANGEA_SPEED_THREADS` sets the threads.
     let threads = env("PANGEA_SPEED_THREADS", default_threads() as u64) as usize;
