@@ -274,6 +274,43 @@ struct GapInFlight {
     attempt: u32,
 }
 
+/// What one member reported as applied in a scope: a watermark per origin, in
+/// origin order. A sorted vector, not a map: a report is read and raised whole, by a
+/// walk, with every heartbeat that gossips one.
+#[derive(Debug, Clone, Default)]
+struct Report(Vec<(ReplicaId, Watermark)>);
+
+impl Report {
+    /// From watermarks in strictly increasing origin order (our own, as
+    /// `ScopeState::durable_watermarks` yields them).
+    fn from_sorted(watermarks: Vec<(ReplicaId, Watermark)>) -> Report {
+        debug_assert!(watermarks.windows(2).all(|w| w[0].0 < w[1].0));
+        Report(watermarks)
+    }
+
+    fn get(&self, origin: &ReplicaId) -> Option<&Watermark> {
+        let i = self.0.binary_search_by(|(o, _)| o.cmp(origin)).ok()?;
+        Some(&self.0[i].1)
+    }
+
+    /// Takes each of `news`'s watermarks where it is later than the one held
+    /// (sequence, then timestamp); an origin not held yet is added. `news` comes
+    /// from a peer, so it may be in any order, with repeats: each is taken in turn.
+    fn raise(&mut self, news: &[(ReplicaId, Watermark)]) {
+        for (origin, w) in news {
+            match self.0.binary_search_by(|(o, _)| o.cmp(origin)) {
+                Ok(i) => {
+                    let cur = &mut self.0[i].1;
+                    *cur = (*cur).max(*w);
+                }
+                Err(i) => self
+                    .0
+                    .insert(i, (origin.clone(), (*w).max(Watermark::default()))),
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct ScopeState {
     members: BTreeSet<ReplicaId>,
@@ -282,7 +319,7 @@ struct ScopeState {
     tree: Tree,
     streams: BTreeMap<ReplicaId, Stream>,
     /// Gossip: what each member reported as applied, per origin.
-    applied_by: BTreeMap<ReplicaId, BTreeMap<ReplicaId, Watermark>>,
+    applied_by: BTreeMap<ReplicaId, Report>,
     purge_horizon: Timestamp,
     /// Heartbeats to forward, newest per origin, in origin order: (heartbeat, the
     /// neighbour it came from). A vector drained in place, so its room is reused.
@@ -1778,7 +1815,7 @@ impl<S: Storage> Replica<S> {
                 continue;
             };
             if !hb.applied.is_empty() {
-                let mine = hb.applied.iter().cloned().collect();
+                let mine = Report::from_sorted(hb.applied.clone());
                 if let Some(s) = self.scopes.get_mut(&scope) {
                     s.applied_by.insert(self.id.clone(), mine);
                 }
@@ -1866,15 +1903,10 @@ impl<S: Storage> Replica<S> {
             let (scope, origin) = (hb.scope.clone(), hb.origin.clone());
             let s = self.scopes.get_mut(&scope).expect("checked above");
             if !hb.applied.is_empty() {
-                let entry = s.applied_by.entry(origin.clone()).or_default();
-                for (o, w) in &hb.applied {
-                    let cur = entry.entry(o.clone()).or_default();
-                    if w.sequence > cur.sequence
-                        || (w.sequence == cur.sequence && w.timestamp > cur.timestamp)
-                    {
-                        *cur = *w;
-                    }
-                }
+                s.applied_by
+                    .entry(origin.clone())
+                    .or_default()
+                    .raise(&hb.applied);
             }
             let st = s.streams.entry(origin.clone()).or_default();
             // Only news travels on, so copies arriving over other paths stop here.
@@ -1948,20 +1980,25 @@ impl<S: Storage> Replica<S> {
         for scope in scopes {
             let s = self.scopes.get_mut(&scope).expect("listed above");
             // Our own durable state counts as our report.
-            let mine: BTreeMap<ReplicaId, Watermark> = s.durable_watermarks().collect();
+            let mine = Report::from_sorted(s.durable_watermarks().collect());
             s.applied_by.insert(self.id.clone(), mine);
             // The horizon needs a report from every member (I5): until then, nothing.
             let complete = s.members.iter().all(|m| s.applied_by.contains_key(m));
             if !complete || s.origins.is_empty() {
                 continue;
             }
-            let mut horizon_seq: BTreeMap<&ReplicaId, u64> = BTreeMap::new();
+            // Per origin (in origin order), the least any member reported; an origin
+            // missing from a report counts as nothing applied. Both are in origin
+            // order, so each report is one walk.
+            let mut horizon_seq = vec![u64::MAX; s.origins.len()];
             let mut horizon_ts = Timestamp::MAX;
             for m in &s.members {
-                let report = &s.applied_by[m];
-                for o in &s.origins {
-                    let w = report.get(o).copied().unwrap_or_default();
-                    let h = horizon_seq.entry(o).or_insert(u64::MAX);
+                let mut report = s.applied_by[m].0.iter().peekable();
+                for (o, h) in s.origins.iter().zip(&mut horizon_seq) {
+                    while report.next_if(|(r, _)| r < o).is_some() {}
+                    let w = report
+                        .next_if(|(r, _)| r == o)
+                        .map_or_else(Watermark::default, |(_, w)| *w);
                     *h = (*h).min(w.sequence);
                     horizon_ts = horizon_ts.min(w.timestamp);
                 }
@@ -1970,7 +2007,7 @@ impl<S: Storage> Replica<S> {
                 s.purge_horizon = horizon_ts;
             }
             let mut batch = WriteBatch::default();
-            for (o, h) in horizon_seq {
+            for (o, h) in s.origins.iter().zip(horizon_seq) {
                 let applied = s.streams.get(o).map_or(0, |st| st.durable.sequence);
                 let keep_from =
                     (h + 1).max(applied.saturating_sub(self.config.log_entries_retained_max));
@@ -2262,5 +2299,47 @@ impl<S: Storage> Replica<S> {
             frame,
             bytes,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A report raised by gossip in any order, with repeats, holds what a map
+        /// raised entry by entry would (the report it replaced).
+        #[test]
+        fn report_raises_as_a_map_would(
+            batches in prop::collection::vec(
+                prop::collection::vec((0u8..12, 0u64..5, 0u64..5), 0..10), 1..6),
+        ) {
+            let id = |o: u8| ReplicaId::new(format!("r{o}"));
+            let mut report = Report::default();
+            let mut map: BTreeMap<ReplicaId, Watermark> = BTreeMap::new();
+            for batch in batches {
+                let news: Vec<(ReplicaId, Watermark)> = batch
+                    .iter()
+                    .map(|&(o, sequence, ts)| {
+                        (id(o), Watermark { sequence, timestamp: Timestamp::from_u64(ts) })
+                    })
+                    .collect();
+                report.raise(&news);
+                for (o, w) in &news {
+                    let cur = map.entry(o.clone()).or_default();
+                    if w.sequence > cur.sequence
+                        || (w.sequence == cur.sequence && w.timestamp > cur.timestamp)
+                    {
+                        *cur = *w;
+                    }
+                }
+                let as_map: Vec<_> = map.iter().map(|(o, w)| (o.clone(), *w)).collect();
+                prop_assert_eq!(&report.0, &as_map);
+                for o in 0..12 {
+                    prop_assert_eq!(report.get(&id(o)), map.get(&id(o)));
+                }
+            }
+        }
     }
 }
