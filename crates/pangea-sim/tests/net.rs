@@ -798,6 +798,7 @@ fn handed_over_messages_arrive_as_they_would_have() -> Result<()> {
         idx(&whole, "e1-b")?,
         idx(&whole, "w1-a")?,
     );
+    sender.hand_to(|to| to == w1a);
     let mut now = SimTime::ZERO;
     for i in 0..60u32 {
         now += SimDuration::from_us(300);
@@ -807,7 +808,7 @@ fn handed_over_messages_arrive_as_they_would_have() -> Result<()> {
         // The receiver's own traffic, to the other side.
         let _ = receiver.send_idx(now, w1a, e1a, 1_000 + i, 200);
     }
-    let handed = sender.hand_out(|to| to == w1a);
+    let handed = sender.hand_out();
     assert_eq!(handed.len(), 60);
     assert_eq!(sender.in_flight(), 0);
     assert!(handed.iter().all(|h| h.to() == w1a));

@@ -515,8 +515,11 @@ impl Simulation {
                 xxh3_64(&[sc.seed.to_le_bytes(), u64::from(ctx.me).to_le_bytes()].concat())
             }
         });
-        let net: Network<Wire> =
+        let mut net: Network<Wire> =
             Network::new(&d.topology, sc.net.clone(), rng.next_u64()).context("network")?;
+        if let Some(ctx) = &shard {
+            net.hand_to(|to| ctx.replica[to.index()] != ctx.me);
+        }
         let mut names = Interner::new(net.replicas().map(|(_, id)| id.as_str()));
         let n = names.len();
         // Every scope of every deployment the run will hand out, in a fixed order.

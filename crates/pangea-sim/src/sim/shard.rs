@@ -520,6 +520,7 @@ fn lookahead_of(s: &Simulation) -> SimDuration {
 /// The barrier: each shard hands the others what it sent them.
 fn exchange(shards: &mut [Simulation]) {
     let k = shards.len();
+    assert_eq!(k, 2, "a split run has two shards");
     for from in 0..k {
         let (outbox, sent_back) = {
             let ctx = shards[from].shard.as_mut().expect("a shard");
@@ -534,25 +535,24 @@ fn exchange(shards: &mut [Simulation]) {
             .expect("a shard")
             .replica
             .clone();
-        let frames: Vec<HandOff<Wire>> = shards[from]
-            .net
-            .hand_out(|to| replica_shard[to.index()] != from as u8);
+        let mut frames: Vec<HandOff<Wire>> = shards[from].net.hand_out();
         debug_assert!(
             frames.iter().all(|h| h.deliver_at() >= shards[from].now),
             "a frame to another shard is due inside the window: the lookahead is wrong"
         );
-        let mut by_shard: Vec<Vec<HandOff<Wire>>> = (0..k).map(|_| Vec::new()).collect();
-        for h in frames {
-            by_shard[replica_shard[h.to().index()] as usize].push(h);
+        // Two shards: every frame handed out goes to the other one.
+        let to = 1 - from;
+        debug_assert!(
+            frames
+                .iter()
+                .all(|h| replica_shard[h.to().index()] as usize == to)
+        );
+        let mut copies = Copies::default();
+        for h in &mut frames {
+            shards[to].take_over(&mut h.msg_mut().frame, &mut copies);
         }
-        for (to, mut frames) in by_shard.into_iter().enumerate() {
-            let mut copies = Copies::default();
-            for h in &mut frames {
-                shards[to].take_over(&mut h.msg_mut().frame, &mut copies);
-            }
-            if !frames.is_empty() {
-                shards[to].net.hand_in(frames);
-            }
+        if !frames.is_empty() {
+            shards[to].net.hand_in(frames);
         }
         for (to, at, mut ev) in outbox {
             let s = &mut shards[to as usize];
