@@ -347,9 +347,9 @@ pub struct Network<M> {
     /// another shard; empty otherwise.
     elsewhere: Vec<bool>,
     /// Connections to another shard that took a message while empty since the
-    /// last [`Network::hand_out`]: the only ones it looks at (scanning every
-    /// connection at every barrier was 4 % of a split run's wall time). Bound: one
-    /// entry per connection, and one more per fault that empties it.
+    /// last [`Network::hand_out`]: the only ones it looks at, rather than every
+    /// connection at every barrier. Bound: one entry per connection, and one more
+    /// per fault that empties it.
     outward: Vec<u32>,
     /// Messages dropped in flight since the last [`Network::take_dropped`]. Bound:
     /// at most the messages in flight when a fault strikes; drivers drain it after
