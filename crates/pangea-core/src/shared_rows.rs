@@ -26,6 +26,7 @@ use bytes::Bytes;
 use pangea_topology::Deployment;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
+use xxhash_rust::xxh3::Xxh3DefaultBuilder;
 
 /// Records kept: the applies of a few seconds of writes in a large simulation.
 /// A bound on the count, not the bytes: each record keeps its rows (and their
@@ -74,15 +75,19 @@ struct Held {
 
 type RowKey = (Arc<str>, Bytes);
 
+/// The maps hash with xxh3, not SipHash (a hash-flooding defence): only the
+/// simulator's in-memory stores share rows, never a serving node's, and its own
+/// workload makes the keys. They are only looked up, never iterated, so no order
+/// reaches an output.
 #[derive(Debug, Default)]
 struct Records {
-    by_key: HashMap<Key, Record>,
+    by_key: HashMap<Key, Record, Xxh3DefaultBuilder>,
     /// Insertion order, for dropping the oldest.
     order: VecDeque<Key>,
     /// The last row computed for each (table, row key). A row computed again and
     /// equal to it is replaced by it: replicas whose rows parted (two writes
     /// applied in different orders) hold one row again once their contents agree.
-    latest: HashMap<RowKey, Arc<RowState>>,
+    latest: HashMap<RowKey, Arc<RowState>, Xxh3DefaultBuilder>,
     hits: u64,
     misses: u64,
 }

@@ -841,12 +841,26 @@ impl Storage for MemStorage {
             return self.update_row(m.table(), m.row_key(), &mut |row| a.run(row), batch);
         };
         let (table, key) = (m.table(), m.row_key());
-        let rows = self.current.rows.entry(table.clone()).or_default();
+        let rows = match self.current.rows.get_mut(&**table) {
+            Some(rows) => rows,
+            None => self.current.rows.entry(table.clone()).or_default(),
+        };
         let next = match rows.get_mut(&key[..]) {
             Some(row) if self.no_crash_model && Arc::strong_count(row) == 1 => {
                 a.run(Arc::make_mut(row)); // held here alone: no copy
                 if row.is_empty() {
                     rows.remove(&key[..]);
+                }
+                return self.write(batch);
+            }
+            Some(row) if self.no_crash_model => {
+                // Replaced where it is: no second search, no key copy.
+                let changed = shared.apply(Some(&*row), a);
+                let next = shared.compact(changed, (table, key), &a.compaction);
+                if next.is_empty() {
+                    rows.remove(&key[..]);
+                } else {
+                    *row = next;
                 }
                 return self.write(batch);
             }
