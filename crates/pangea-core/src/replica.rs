@@ -303,9 +303,7 @@ impl Report {
                     let cur = &mut self.0[i].1;
                     *cur = (*cur).max(*w);
                 }
-                Err(i) => self
-                    .0
-                    .insert(i, (origin.clone(), (*w).max(Watermark::default()))),
+                Err(i) => self.0.insert(i, (origin.clone(), *w)),
             }
         }
     }

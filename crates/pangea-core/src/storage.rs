@@ -845,7 +845,7 @@ impl Storage for MemStorage {
             Some(rows) => rows,
             None => self.current.rows.entry(table.clone()).or_default(),
         };
-        let next = match rows.get_mut(&key[..]) {
+        let row = match rows.get_mut(&key[..]) {
             Some(row) if self.no_crash_model && Arc::strong_count(row) == 1 => {
                 a.run(Arc::make_mut(row)); // held here alone: no copy
                 if row.is_empty() {
@@ -853,23 +853,21 @@ impl Storage for MemStorage {
                 }
                 return self.write(batch);
             }
+            row => row,
+        };
+        let changed = shared.apply(row.as_deref(), a);
+        let next = shared.compact(changed, (table, key), &a.compaction);
+        match row {
+            // Replaced where it is: no second search, no key copy.
             Some(row) if self.no_crash_model => {
-                // Replaced where it is: no second search, no key copy.
-                let changed = shared.apply(Some(&*row), a);
-                let next = shared.compact(changed, (table, key), &a.compaction);
                 if next.is_empty() {
                     rows.remove(&key[..]);
                 } else {
                     *row = next;
                 }
-                return self.write(batch);
             }
-            row => {
-                let changed = shared.apply(row.as_deref(), a);
-                shared.compact(changed, (table, key), &a.compaction)
-            }
-        };
-        self.replace_row(table, key, next);
+            _ => self.replace_row(table, key, next),
+        }
         self.write(batch)
     }
 

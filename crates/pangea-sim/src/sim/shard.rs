@@ -529,24 +529,22 @@ fn exchange(shards: &mut [Simulation]) {
                 std::mem::take(&mut ctx.sent_back),
             )
         };
-        let replica_shard = shards[from]
-            .shard
-            .as_ref()
-            .expect("a shard")
-            .replica
-            .clone();
         let mut frames: Vec<HandOff<Wire>> = shards[from].net.hand_out();
         debug_assert!(
             frames.iter().all(|h| h.deliver_at() >= shards[from].now),
             "a frame to another shard is due inside the window: the lookahead is wrong"
         );
-        // Two shards: every frame handed out goes to the other one.
+        // Two shards: what one hands out (frames, events, bytes its frames' senders
+        // may release) all goes to the other.
         let to = 1 - from;
-        debug_assert!(
+        debug_assert!({
+            let shard_of = &shards[from].shard.as_ref().expect("a shard").replica;
             frames
                 .iter()
-                .all(|h| replica_shard[h.to().index()] as usize == to)
-        );
+                .all(|h| shard_of[h.to().index()] as usize == to)
+                && outbox.iter().all(|(k, ..)| *k as usize == to)
+                && sent_back.iter().all(|(s, ..)| shard_of[*s] as usize == to)
+        });
         let mut copies = Copies::default();
         for h in &mut frames {
             shards[to].take_over(&mut h.msg_mut().frame, &mut copies);
@@ -554,13 +552,12 @@ fn exchange(shards: &mut [Simulation]) {
         if !frames.is_empty() {
             shards[to].net.hand_in(frames);
         }
-        for (to, at, mut ev) in outbox {
-            let s = &mut shards[to as usize];
+        let s = &mut shards[to];
+        for (_, at, mut ev) in outbox {
             s.take_over_event(&mut ev);
             s.queue.push(at, ev);
         }
         for (sender, receiver, bytes, life) in sent_back {
-            let s = &mut shards[replica_shard[sender] as usize];
             let [node, to] = s
                 .nodes
                 .get_disjoint_mut([sender, receiver])
