@@ -220,11 +220,12 @@ pub struct RowState {
     hint: CompactHint,
 }
 
-/// What [`RowState::needs_compact`] reads first: a summary of the row kept in the
-/// row itself, so that a sweep decides on most rows without following their
-/// families, columns and versions through memory (three cache misses a row, the
-/// sweep's whole cost). A function of the row's contents only, so equal rows have
-/// equal hints (and `RowState`'s derived equality stays right).
+/// What [`RowState::needs_compact`] and [`RowState::latest_value_bytes`] read
+/// first: a summary of the row kept in the row itself, so that a sweep decides on
+/// most rows, and a read sizes its answer, without following the row's families,
+/// columns and versions through memory (three cache misses a row, the sweep's
+/// whole cost). A function of the row's contents only, so equal rows have equal
+/// hints (and `RowState`'s derived equality stays right).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct CompactHint {
     /// The oldest timestamp of any tombstone: row, family or range.
@@ -233,6 +234,9 @@ struct CompactHint {
     oldest_version_ms: Option<u64>,
     /// Some family or column is empty (compaction drops it).
     has_empty: bool,
+    /// What [`RowState::latest_value_bytes`] returns while no version has expired:
+    /// each column's name and newest value.
+    newest_bytes: usize,
 }
 
 impl CompactHint {
@@ -249,6 +253,7 @@ impl CompactHint {
         }
         let mut has_empty = false;
         let mut oldest_ms: Option<u64> = None;
+        let mut newest_bytes = 0;
         for fam in families.values() {
             has_empty |= fam.is_empty();
             if let Some(t) = &fam.tombstone {
@@ -264,9 +269,18 @@ impl CompactHint {
                     oldest_ms = Some(oldest_ms.map_or(ms, |o| o.min(ms)));
                 }
             }
+            newest_bytes += fam
+                .columns
+                .iter()
+                .filter_map(|(column, col)| {
+                    let value = col.versions.iter().find_map(|(_, value)| value.as_ref());
+                    value.map(|value| column.len() + value.len())
+                })
+                .sum::<usize>();
         }
         h.has_empty = has_empty;
         h.oldest_version_ms = oldest_ms;
+        h.newest_bytes = newest_bytes;
         h
     }
 }
@@ -516,6 +530,18 @@ impl RowState {
         changed | (self.families.len() != families)
     }
 
+    /// True when no version of the row can have expired by `now_ms`, read from the
+    /// hint alone: no column's oldest version is older than the hint's oldest, and
+    /// no family keeps versions shorter than the table's shortest TTL (an unknown
+    /// family keeps them for ever). False means one may have.
+    fn none_expired(&self, table: Option<&TableSchema>, now_ms: u64) -> bool {
+        let shortest_ttl = table.and_then(|t| t.families.values().filter_map(|f| f.ttl_ms).min());
+        match (self.hint.oldest_version_ms, shortest_ttl) {
+            (Some(oldest), Some(ttl)) => oldest.saturating_add(ttl) > now_ms,
+            _ => true,
+        }
+    }
+
     /// Whether [`RowState::compact`] with these arguments would change the row,
     /// without changing it: a sweep over many rows copies only those that need it.
     /// Exact, not conservative (property-tested against `compact`).
@@ -535,13 +561,8 @@ impl RowState {
         if h.has_empty || h.oldest_tombstone.is_some_and(|t| t <= horizon) {
             return true;
         }
-        // No column's oldest version is older than `oldest`, and no family keeps
-        // versions shorter than the table's shortest TTL (an unknown family keeps
-        // them for ever): if that has not passed, nothing has expired.
-        let shortest_ttl = table.and_then(|t| t.families.values().filter_map(|f| f.ttl_ms).min());
-        match (h.oldest_version_ms, shortest_ttl) {
-            (Some(oldest), Some(ttl)) if oldest.saturating_add(ttl) <= now_ms => {}
-            _ => return false,
+        if self.none_expired(table, now_ms) {
+            return false;
         }
         // Any purged tombstone is a change; with none purged, nothing else is
         // dropped as older than one, so only expiry and empty parts remain.
@@ -580,12 +601,7 @@ impl RowState {
         horizon: Timestamp,
         now_ms: u64,
     ) -> Option<Option<Timestamp>> {
-        // As in `needs_compact`: no version is older than the hint's oldest, and
-        // none expires sooner than the table's shortest TTL.
-        let shortest_ttl = table.and_then(|t| t.families.values().filter_map(|f| f.ttl_ms).min());
-        if let (Some(oldest), Some(ttl)) = (self.hint.oldest_version_ms, shortest_ttl)
-            && oldest.saturating_add(ttl) <= now_ms
-        {
+        if !self.none_expired(table, now_ms) {
             return None;
         }
         if self.hint.oldest_tombstone.is_none_or(|t| t > horizon) {
@@ -832,8 +848,17 @@ impl RowState {
 
     /// Bytes of columns and values a read of the newest version of every cell
     /// returns at `now_ms` (what [`RowState::encode_latest`] carries, without the
-    /// encoding's framing), counted without building the answer.
+    /// encoding's framing), counted without building the answer: read from the
+    /// hint while no version can have expired.
     pub fn latest_value_bytes(&self, table: Option<&TableSchema>, now_ms: u64) -> usize {
+        if self.none_expired(table, now_ms) {
+            debug_assert_eq!(
+                self.hint,
+                CompactHint::of(&self.tombstone, &self.families),
+                "stale hint"
+            );
+            return self.hint.newest_bytes;
+        }
         self.families
             .iter()
             .map(|(name, fam)| {
