@@ -14,6 +14,7 @@ use crate::token::Token;
 use crate::watermark::ScopeWatermarks;
 use pangea_topology::{AppProfile, Deployment, Priority, Replica, Role, Routing};
 use std::fmt;
+use std::sync::Arc;
 
 /// How fresh a read must be.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -221,7 +222,7 @@ struct Route {
 pub struct RouteTable {
     client_region: RegionId,
     profile: String,
-    scopes: std::collections::BTreeMap<ScopeId, Vec<Route>>,
+    scopes: std::collections::BTreeMap<ScopeId, Arc<[Route]>>,
 }
 
 impl RouteTable {
@@ -231,14 +232,14 @@ impl RouteTable {
             profile: profile.name.clone(),
             scopes: d
                 .scopes()
-                .map(|s| (s.clone(), routes(d, profile, client_region, s)))
+                .map(|s| (s.clone(), routes_of(d, profile, client_region, s).into()))
                 .collect(),
         }
     }
 }
 
 /// [`eligible_replicas`] as routes.
-fn routes(
+fn routes_of(
     d: &Deployment,
     profile: &AppProfile,
     client_region: &RegionId,
@@ -351,8 +352,8 @@ pub fn plan_read_at(
     now_ms: u64,
 ) -> Result<ReadPlan, RouteError> {
     let scope = location.scope_of(d, req.table, req.key);
-    let routes = routes(d, req.profile, req.client_region, &scope);
-    plan_routes(d, &routes, scope, location, req, view, now_ms)
+    let routes = routes_of(d, req.profile, req.client_region, &scope).into();
+    order_routes(d, routes, scope, location, req, view, now_ms).map(ReadOrder::into_plan)
 }
 
 /// [`plan_read_at`] with the deployment's routes worked out beforehand: `routes`
@@ -365,28 +366,125 @@ pub fn plan_read_routed(
     view: &dyn PeerView,
     now_ms: u64,
 ) -> Result<ReadPlan, RouteError> {
+    order_read_routed(d, routes, location, req, view, now_ms).map(ReadOrder::into_plan)
+}
+
+/// [`plan_read_routed`] without building the candidates: a [`ReadOrder`] builds
+/// each primary candidate as it is taken, so a read answered by its first
+/// replica builds one instead of one per eligible replica.
+pub fn order_read_routed(
+    d: &Deployment,
+    routes: &RouteTable,
+    location: &Location,
+    req: &ReadRequest<'_>,
+    view: &dyn PeerView,
+    now_ms: u64,
+) -> Result<ReadOrder, RouteError> {
     debug_assert!(
         routes.client_region == *req.client_region && routes.profile == req.profile.name,
         "a route table of another region or profile"
     );
     let scope = location.scope_of(d, req.table, req.key);
-    match routes.scopes.get(&scope) {
-        Some(r) => plan_routes(d, r, scope, location, req, view, now_ms),
+    let eligible = match routes.scopes.get(&scope) {
+        Some(r) => r.clone(),
         // A scope the deployment does not list (no such policy): worked out now.
-        None => plan_read_at(d, location, req, view, now_ms),
+        None => routes_of(d, req.profile, req.client_region, &scope).into(),
+    };
+    order_routes(d, eligible, scope, location, req, view, now_ms)
+}
+
+/// A [`ReadPlan`] whose primary candidates are built as they are taken.
+#[derive(Debug, Clone)]
+pub struct ReadOrder {
+    /// The row's scope (placement policy).
+    pub scope: ScopeId,
+    /// [`ReadPlan::primary`], in order.
+    pub primary: Candidates,
+    /// [`ReadPlan::fallback`].
+    pub fallback: Vec<Candidate>,
+}
+
+impl ReadOrder {
+    /// The plan with every candidate built.
+    pub fn into_plan(self) -> ReadPlan {
+        ReadPlan {
+            scope: self.scope,
+            primary: self.primary.collect(),
+            fallback: self.fallback,
+        }
     }
 }
 
-/// The plan, given the scope's eligible replicas in id order.
-fn plan_routes(
+/// Candidates in order, each built (its replica id cloned) only when taken.
+#[derive(Debug, Clone)]
+pub struct Candidates {
+    routes: Arc<[Route]>,
+    /// Not yet taken, in reverse order (the next is last).
+    picks: Vec<Pick>,
+}
+
+/// One candidate before it is built: a position in the routes.
+#[derive(Debug, Clone, Copy)]
+struct Pick {
+    route: usize,
+    reason: Reason,
+    rtt_ms: f64,
+}
+
+impl Candidates {
+    /// No candidate at all.
+    pub fn empty() -> Candidates {
+        Candidates {
+            routes: Arc::new([]),
+            picks: Vec::new(),
+        }
+    }
+
+    /// Candidates not yet taken.
+    pub fn len(&self) -> usize {
+        self.picks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.picks.is_empty()
+    }
+
+    /// Keeps only the next `n`.
+    pub fn truncate(&mut self, n: usize) {
+        let drop = self.picks.len().saturating_sub(n);
+        self.picks.drain(..drop);
+    }
+}
+
+impl Iterator for Candidates {
+    type Item = Candidate;
+
+    fn next(&mut self) -> Option<Candidate> {
+        let p = self.picks.pop()?;
+        Some(Candidate {
+            replica: self.routes[p.route].id.clone(),
+            reason: p.reason,
+            rtt_ms: p.rtt_ms,
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.picks.len(), Some(self.picks.len()))
+    }
+}
+
+impl ExactSizeIterator for Candidates {}
+
+/// The order, given the scope's eligible replicas in id order.
+fn order_routes(
     d: &Deployment,
-    eligible: &[Route],
+    eligible: Arc<[Route]>,
     scope: ScopeId,
     location: &Location,
     req: &ReadRequest<'_>,
     view: &dyn PeerView,
     now_ms: u64,
-) -> Result<ReadPlan, RouteError> {
+) -> Result<ReadOrder, RouteError> {
     let ReadRequest {
         client_region,
         profile,
@@ -435,14 +533,20 @@ fn plan_routes(
             Reason::Nearest
         }
     };
-    let mut primary: Vec<Candidate> = ordered
+    let mut primary: Vec<Pick> = ordered
         .iter()
-        .map(|&(_, _, rtt, i)| Candidate {
-            replica: eligible[i].id.clone(),
-            reason: base_reason(&eligible[i]),
-            rtt_ms: rtt,
+        .map(|&(_, _, rtt_ms, route)| Pick {
+            route,
+            reason: base_reason(&eligible[route]),
+            rtt_ms,
         })
         .collect();
+    let id = |p: &Pick| &eligible[p.route].id;
+    let build = |p: &Pick, reason: Reason| Candidate {
+        replica: id(p).clone(),
+        reason,
+        rtt_ms: p.rtt_ms,
+    };
     let mut fallback = Vec::new();
     match consistency {
         Consistency::Eventual => {}
@@ -457,7 +561,7 @@ fn plan_routes(
             } else {
                 primary
                     .first()
-                    .and_then(|c| d.topology.region_of(c.replica.as_str()).cloned())
+                    .and_then(|p| d.topology.region_of(id(p).as_str()).cloned())
             };
             if let Some(region) = region {
                 let candidates: Vec<(&ReplicaId, f64)> = eligible
@@ -467,26 +571,21 @@ fn plan_routes(
                     .collect();
                 if let Some(winner) = pangea_topology::affinity::rendezvous(&candidates, key)
                     && !view.is_down(winner)
-                    && let Some(i) = primary.iter().position(|c| &c.replica == winner)
+                    && let Some(i) = primary.iter().position(|p| id(p) == winner)
                 {
-                    let mut c = primary.remove(i);
-                    c.reason = Reason::Affinity;
-                    primary.insert(0, c);
+                    let mut p = primary.remove(i);
+                    p.reason = Reason::Affinity;
+                    primary.insert(0, p);
                 }
             }
         }
         Consistency::Watermark(token) => {
-            for c in &primary {
-                if c.replica == token.origin {
-                    fallback.push(Candidate {
-                        reason: Reason::OriginFallback,
-                        ..c.clone()
-                    });
-                } else if view.covers(&c.replica, token) && !view.is_down(&c.replica) {
-                    fallback.push(Candidate {
-                        reason: Reason::Covered,
-                        ..c.clone()
-                    });
+            for p in &primary {
+                let replica = id(p);
+                if *replica == token.origin {
+                    fallback.push(build(p, Reason::OriginFallback));
+                } else if view.covers(replica, token) && !view.is_down(replica) {
+                    fallback.push(build(p, Reason::Covered));
                 }
             }
             // The origin first among the fallbacks: it always covers its own writes.
@@ -500,15 +599,22 @@ fn plan_routes(
             // Stable: keeps the health/home/RTT order within each group. Keys are
             // computed once: a live view may change between two looks, and a sort
             // must not see a key change under it.
-            primary.sort_by_cached_key(|c| !fresh(&c.replica) || view.is_down(&c.replica));
-            for c in primary.iter_mut().filter(|c| fresh(&c.replica)) {
-                c.reason = Reason::Fresh;
+            primary.sort_by_cached_key(|p| !fresh(id(p)) || view.is_down(id(p)));
+            for p in primary.iter_mut() {
+                if fresh(&eligible[p.route].id) {
+                    p.reason = Reason::Fresh;
+                }
             }
         }
     }
-    Ok(ReadPlan {
+    // Taken from the back.
+    primary.reverse();
+    Ok(ReadOrder {
         scope,
-        primary,
+        primary: Candidates {
+            routes: eligible,
+            picks: primary,
+        },
         fallback,
     })
 }

@@ -4,7 +4,8 @@
 //! trip, then replica id).
 
 use pangea_core::read::{
-    Consistency, PeerView, ReadRequest, Reason, RouteTable, plan_read_at, plan_read_routed,
+    Consistency, PeerView, ReadRequest, Reason, RouteTable, order_read_routed, plan_read_at,
+    plan_read_routed,
 };
 use pangea_core::{ReplicaId, ScopeId, Timestamp, Token, location::Location};
 use pangea_topology::{Deployment, RegionId};
@@ -138,6 +139,18 @@ proptest! {
         let routed = plan_read_routed(d, &routes, &location, &req, &view, T0);
         let direct = plan_read_at(d, &location, &req, &view, T0);
         prop_assert_eq!(&routed, &direct);
+        // The order builds the plan's candidates one at a time, and keeps a prefix.
+        if let (Ok(order), Ok(plan)) = (
+            order_read_routed(d, &routes, &location, &req, &view, T0),
+            &routed,
+        ) {
+            let n = plan.primary.len().min(3);
+            let mut head = order.primary.clone();
+            head.truncate(3);
+            prop_assert_eq!(head.len(), n);
+            prop_assert_eq!(head.collect::<Vec<_>>(), plan.primary[..n].to_vec());
+            prop_assert_eq!(order.into_plan(), plan.clone());
+        }
         // Eventual plans keep the documented order; among equals, by replica id.
         if let (Consistency::Eventual, Ok(plan)) = (&consistency, routed) {
             for w in plan.primary.windows(2) {

@@ -61,8 +61,8 @@ use metrics::{
 use pangea_core::digest::ContentDigest;
 use pangea_core::frame::Frame;
 use pangea_core::read::{
-    Candidate, Consistency, Decision, ReadRequest, Reason, RouteTable, decide, estimated_rtt_ms,
-    plan_read_routed,
+    Candidate, Candidates, Consistency, Decision, ReadRequest, Reason, RouteTable, decide,
+    estimated_rtt_ms, order_read_routed,
 };
 use pangea_core::replica::{Event, Now, Replica};
 use pangea_core::storage::{LogEntry, Storage};
@@ -267,7 +267,8 @@ struct Op {
     mutation: Option<RowMutation>,
     started: SimTime,
     deadline_at: SimTime,
-    primary: VecDeque<Candidate>,
+    /// Built one at a time as they are taken (`pangea_core::read::Candidates`).
+    primary: Candidates,
     fallback: Vec<Candidate>,
     attempts: Vec<Attempt>,
     outstanding: u32,

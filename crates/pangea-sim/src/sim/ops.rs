@@ -5,7 +5,7 @@
 
 use super::*;
 use pangea_core::location::Location;
-use pangea_core::read::{ReadPlan, RouteError};
+use pangea_core::read::{ReadOrder, RouteError};
 
 impl Simulation {
     /// One-way delay of client traffic between a client region and replica `r`
@@ -128,7 +128,7 @@ impl Simulation {
             mutation,
             started: self.now,
             deadline_at: self.now + deadline,
-            primary: VecDeque::new(),
+            primary: Candidates::empty(),
             fallback: Vec::new(),
             attempts: Vec::new(),
             outstanding: 0,
@@ -170,9 +170,9 @@ impl Simulation {
                 return;
             }
         };
-        op.primary = plan.primary.into();
+        op.primary = plan.primary;
         op.fallback = plan.fallback;
-        let Some(first) = op.primary.pop_front() else {
+        let Some(first) = op.primary.next() else {
             self.finish_read(op, Err(ErrKind::Unavailable), None);
             return;
         };
@@ -218,8 +218,9 @@ impl Simulation {
             self.trace([20, client as u64, 0, 0]);
             return;
         };
-        op.primary = plan.primary.into_iter().take(3).collect();
-        let Some(first) = op.primary.pop_front() else {
+        op.primary = plan.primary;
+        op.primary.truncate(3);
+        let Some(first) = op.primary.next() else {
             self.metrics.writes.errors += 1;
             return;
         };
@@ -230,9 +231,10 @@ impl Simulation {
         self.launch(r, first, false);
     }
 
-    /// Plans a request of `client` as `pangea-client` does (`plan_read_routed` on
-    /// the newest deployment and the region's route table); writes plan as eventual
-    /// reads (nearest allowed replica first).
+    /// Plans a request of `client` as `pangea-client` does (`order_read_routed`, the
+    /// order `plan_read_routed` builds its plan from, on the newest deployment and
+    /// the region's route table); writes plan as eventual reads (nearest allowed
+    /// replica first).
     fn plan(
         &self,
         client: usize,
@@ -240,7 +242,7 @@ impl Simulation {
         table: &Arc<str>,
         key: &Bytes,
         consistency: &Consistency,
-    ) -> Result<ReadPlan, RouteError> {
+    ) -> Result<ReadOrder, RouteError> {
         let c = &self.clients[client];
         let view = View {
             client: c,
@@ -256,7 +258,7 @@ impl Simulation {
             key,
             consistency,
         };
-        plan_read_routed(
+        order_read_routed(
             &self.views[self.client_view],
             &self.routes[self.client_view][c.region],
             &Location::default(),
@@ -604,7 +606,7 @@ impl Simulation {
                 let next = if watermark && op.raced_fallback {
                     None
                 } else {
-                    op.primary.pop_front()
+                    op.primary.next()
                 };
                 op.last_err = Some(e);
                 if let Some(c) = next {
@@ -626,7 +628,7 @@ impl Simulation {
             return;
         }
         if op.outstanding == 0 && !(watermark && op.raced_fallback) {
-            match op.primary.pop_front() {
+            match op.primary.next() {
                 Some(c) => self.launch(op_ref, c, false),
                 None => self.fail_read(op_ref),
             }
@@ -656,7 +658,7 @@ impl Simulation {
                 if e.retryable() && op.write_candidates_left > 0 && self.now < op.deadline_at =>
             {
                 op.last_err = Some(e);
-                if let Some(c) = op.primary.pop_front() {
+                if let Some(c) = op.primary.next() {
                     op.write_candidates_left -= 1;
                     self.metrics.counters.failovers += 1;
                     self.launch(op_ref, c, false);
@@ -690,7 +692,7 @@ impl Simulation {
             let i = op.fallback.iter().position(|c| c.reason == Reason::Covered);
             i.map(|i| op.fallback.remove(i))
         } else {
-            op.primary.pop_front()
+            op.primary.next()
         };
         let client = op.client;
         if let Some(c) = next
