@@ -50,12 +50,38 @@ pub struct Heartbeat {
     pub timestamp: Timestamp,
     /// The origin's own applied watermarks in the scope (for the purge horizon);
     /// empty in most heartbeats.
-    pub applied: Vec<(ReplicaId, Watermark)>,
+    pub applied: Applied,
     /// The origin's view of the purge horizon.
     pub purge: Timestamp,
     /// The sender is the origin and holds the receiver as a tree neighbour: the
     /// receiver adopts it as an inbound neighbour.
     pub tree_edge: bool,
+}
+
+/// A heartbeat's applied watermarks, in origin order. Shared: a heartbeat relayed
+/// to many peers copies none of them; empty (most heartbeats), it allocates
+/// nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Applied(Option<Arc<[(ReplicaId, Watermark)]>>);
+
+impl std::ops::Deref for Applied {
+    type Target = [(ReplicaId, Watermark)];
+
+    fn deref(&self) -> &Self::Target {
+        self.0.as_deref().unwrap_or_default()
+    }
+}
+
+impl From<Vec<(ReplicaId, Watermark)>> for Applied {
+    fn from(v: Vec<(ReplicaId, Watermark)>) -> Self {
+        Applied((!v.is_empty()).then(|| v.into()))
+    }
+}
+
+impl FromIterator<(ReplicaId, Watermark)> for Applied {
+    fn from_iter<I: IntoIterator<Item = (ReplicaId, Watermark)>>(iter: I) -> Self {
+        iter.into_iter().collect::<Vec<_>>().into()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -259,7 +285,7 @@ impl Frame {
                             origin: name("replica", &h.origin)?,
                             sequence: h.sequence,
                             timestamp: Timestamp::from_u64(h.timestamp),
-                            applied: watermarks_from(h.applied, fl.applied_max)?,
+                            applied: watermarks_from(h.applied, fl.applied_max)?.into(),
                             purge: Timestamp::from_u64(h.purge_timestamp),
                             tree_edge: h.tree_edge,
                         })

@@ -27,7 +27,9 @@
 //! who forwards to whom; sequences, duplicate drop and gap repair make any tree, or
 //! none, converge (principle 2, I8).
 
-use crate::frame::{Frame, FrameClass, FrameLimits, GapFill, GapRequest, Heartbeat, SnapshotChunk};
+use crate::frame::{
+    Applied, Frame, FrameClass, FrameLimits, GapFill, GapRequest, Heartbeat, SnapshotChunk,
+};
 use crate::hlc::{ClockError, HybridClock, Timestamp};
 use crate::ids::{ReplicaId, ScopeId};
 use crate::limits::Limits;
@@ -1785,7 +1787,7 @@ impl<S: Storage> Replica<S> {
         let applied = if gossip {
             s.durable_watermarks().collect()
         } else {
-            Vec::new()
+            Applied::default()
         };
         Some(Heartbeat {
             scope: scope.clone(),
@@ -1813,7 +1815,7 @@ impl<S: Storage> Replica<S> {
                 continue;
             };
             if !hb.applied.is_empty() {
-                let mine = Report::from_sorted(hb.applied.clone());
+                let mine = Report::from_sorted(hb.applied.to_vec());
                 if let Some(s) = self.scopes.get_mut(&scope) {
                     s.applied_by.insert(self.id.clone(), mine);
                 }

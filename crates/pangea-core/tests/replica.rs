@@ -243,7 +243,7 @@ fn hostile_frames_are_refused_counted_and_change_nothing() {
         origin: from.clone(),
         sequence: 0,
         timestamp: Timestamp::new(T0, 0),
-        applied: vec![],
+        applied: Default::default(),
         purge: Timestamp::ZERO,
         tree_edge: true,
     };
@@ -520,7 +520,7 @@ fn a_replica_whose_clock_disagrees_with_most_peers_refuses_writes() {
         origin: origin.into(),
         sequence: 0,
         timestamp: Timestamp::new(wall_ms, 0),
-        applied: vec![],
+        applied: Default::default(),
         purge: Timestamp::ZERO,
         tree_edge: true,
     };
@@ -645,7 +645,7 @@ fn only_a_senders_own_tree_edge_heartbeat_makes_it_an_inbound_neighbour() {
         origin: origin.clone(),
         sequence: 0,
         timestamp: Timestamp::new(T0 + ms, 0),
-        applied: vec![],
+        applied: Default::default(),
         purge: Timestamp::ZERO,
         tree_edge,
     };

@@ -1505,7 +1505,7 @@ rtt_ms = 30.0
             origin: origin.clone(),
             sequence: 3,
             timestamp: Timestamp::from_u64(5),
-            applied: vec![(origin.clone(), Watermark::default())],
+            applied: vec![(origin.clone(), Watermark::default())].into(),
             purge: Timestamp::ZERO,
             tree_edge: true,
         };

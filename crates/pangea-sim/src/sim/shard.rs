@@ -614,7 +614,17 @@ impl Simulation {
                 for hb in hbs {
                     self.own_scope(&mut hb.scope);
                     self.own_replica(&mut hb.origin);
-                    hb.applied.iter_mut().for_each(|(o, _)| self.own_replica(o));
+                    if !hb.applied.is_empty() {
+                        hb.applied = hb
+                            .applied
+                            .iter()
+                            .map(|(o, w)| {
+                                let mut o = o.clone();
+                                self.own_replica(&mut o);
+                                (o, *w)
+                            })
+                            .collect();
+                    }
                 }
             }
             Frame::GapRequest(g) => {
