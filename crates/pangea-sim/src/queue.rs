@@ -48,6 +48,10 @@ impl<T> Ord for Entry<T> {
     }
 }
 
+/// A place in an [`EventQueue`]'s tie order ([`EventQueue::reserve`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place(u64);
+
 /// A min-heap of `(time, item)`; equal times pop in insertion order.
 #[derive(Debug)]
 pub struct EventQueue<T> {
@@ -82,6 +86,24 @@ impl<T> EventQueue<T> {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.heap.push(Entry { at, seq, item });
+    }
+
+    /// Takes a place in the tie order now for an event that may be queued later
+    /// ([`EventQueue::push_at_place`]): among equal times it pops as if pushed now.
+    /// A place not used leaves no trace.
+    pub fn reserve(&mut self) -> Place {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        Place(seq)
+    }
+
+    /// Queues `item` at `at` in the tie order of `place` (each place once).
+    pub fn push_at_place(&mut self, at: SimTime, place: Place, item: T) {
+        self.heap.push(Entry {
+            at,
+            seq: place.0,
+            item,
+        });
     }
 
     /// The earliest event if it is due (its time ≤ `now`).
@@ -131,6 +153,18 @@ impl<T> EventQueue<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reserved_place_pops_as_if_pushed_when_reserved() {
+        let mut q = EventQueue::new();
+        q.push(SimTime::from_us(10), "a");
+        let place = q.reserve();
+        q.push(SimTime::from_us(10), "c");
+        q.push(SimTime::from_us(5), "first");
+        q.push_at_place(SimTime::from_us(10), place, "b");
+        let order: Vec<_> = std::iter::from_fn(|| q.pop().map(|(_, x)| x)).collect();
+        assert_eq!(order, ["first", "a", "b", "c"]);
+    }
 
     #[test]
     fn pops_in_time_order_and_equal_times_in_insertion_order() {

@@ -277,6 +277,9 @@ struct Op {
     last_err: Option<ErrKind>,
     /// Writes try at most 3 candidates (`Client::mutate`).
     write_candidates_left: u32,
+    /// The deadline's place in the queue, while it waits for the hedge to queue it
+    /// (`start_read`).
+    deadline_place: Option<crate::queue::Place>,
 }
 
 /// Operations in flight, by slot; a slot's generation changes when it is reused.

@@ -136,6 +136,7 @@ impl Simulation {
             hedge_fired: false,
             last_err: None,
             write_candidates_left: 3,
+            deadline_place: None,
         }
     }
 
@@ -181,12 +182,17 @@ impl Simulation {
             self.now + delay
         });
         let deadline_at = op.deadline_at;
+        let hedge_at = hedge_at.filter(|t| *t < deadline_at);
+        // With a hedge, the deadline is queued when the hedge is due, if the read
+        // still waits, in the place it takes now among equal times: most reads end
+        // before their hedge and then leave one stale event in the queue, not two.
+        if hedge_at.is_some() {
+            op.deadline_place = Some(self.queue.reserve());
+        }
         let r = self.ops.insert(op);
-        self.queue.push(deadline_at, Ev::Deadline { op: r });
-        if let Some(t) = hedge_at
-            && t < deadline_at
-        {
-            self.queue.push(t, Ev::Hedge { op: r });
+        match hedge_at {
+            Some(t) => self.queue.push(t, Ev::Hedge { op: r }),
+            None => self.queue.push(deadline_at, Ev::Deadline { op: r }),
         }
         self.launch(r, first, false);
     }
@@ -681,6 +687,10 @@ impl Simulation {
         let Some(op) = self.ops.get_mut(op_ref) else {
             return;
         };
+        if let Some(place) = op.deadline_place.take() {
+            let deadline = Ev::Deadline { op: op_ref };
+            self.queue.push_at_place(op.deadline_at, place, deadline);
+        }
         if op.hedge_fired {
             return;
         }
