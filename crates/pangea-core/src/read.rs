@@ -533,9 +533,10 @@ fn order_routes(
             Reason::Nearest
         }
     };
+    // In place: a pick is the size of an entry of `ordered`.
     let mut primary: Vec<Pick> = ordered
-        .iter()
-        .map(|&(_, _, rtt_ms, route)| Pick {
+        .into_iter()
+        .map(|(_, _, rtt_ms, route)| Pick {
             route,
             reason: base_reason(&eligible[route]),
             rtt_ms,

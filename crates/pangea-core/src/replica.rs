@@ -364,15 +364,12 @@ fn stream_of<'a>(
 }
 
 impl ScopeState {
-    /// Where this replica forwards: its tree neighbours and its inbound neighbours.
-    fn forward_set(&self, me: &ReplicaId) -> Vec<ReplicaId> {
-        let mut out: Vec<ReplicaId> = self.tree.neighbours(me).to_vec();
-        for n in self.inbound.keys() {
-            if !out.contains(n) {
-                out.push(n.clone());
-            }
-        }
-        out
+    /// Where this replica forwards: its tree neighbours, then its inbound neighbours
+    /// that are not among them.
+    fn forward_set<'a>(&'a self, me: &ReplicaId) -> impl Iterator<Item = &'a ReplicaId> + 'a {
+        let tree = self.tree.neighbours(me);
+        tree.iter()
+            .chain(self.inbound.keys().filter(move |n| !tree.contains(n)))
     }
 
     /// Each origin's durable watermark (zero for one never heard from), in origin
@@ -1327,17 +1324,12 @@ impl<S: Storage> Replica<S> {
             return;
         };
         let bytes = e.wire_bytes();
-        let neighbours: Vec<ReplicaId> = s
-            .forward_set(&self.id)
-            .into_iter()
-            .filter(|n| Some(n) != except)
-            .collect();
-        for n in neighbours {
+        for n in s.forward_set(&self.id).filter(|n| Some(*n) != except) {
             // Residency (principle 5): never toward a replica outside the scope.
-            if !s.members.contains(&n) {
+            if !s.members.contains(n) {
                 continue;
             }
-            let Some(p) = self.peers.get_mut(&n) else {
+            let Some(p) = self.peers.get_mut(n) else {
                 continue;
             };
             if p.queued_bytes + bytes > self.config.queued_bytes_max {
@@ -1393,7 +1385,7 @@ impl<S: Storage> Replica<S> {
         // neighbours, the origin, then any live member that stores the scope.
         let mut candidates: Vec<ReplicaId> = Vec::new();
         candidates.extend(st.hint.iter().cloned());
-        candidates.extend(s.forward_set(&self.id));
+        candidates.extend(s.forward_set(&self.id).cloned());
         candidates.push(origin.clone());
         candidates.extend(s.members.iter().cloned());
         let mut seen = BTreeSet::new();
@@ -1956,7 +1948,7 @@ impl<S: Storage> Replica<S> {
     fn forward_heartbeat_news(&mut self) {
         // Each peer gets its heartbeats in scope order, then origin order.
         for s in self.scopes.values_mut() {
-            let neighbours = s.forward_set(&self.id);
+            let neighbours: Vec<ReplicaId> = s.forward_set(&self.id).cloned().collect();
             for (hb, came_from) in s.heartbeat_news.drain(..) {
                 for n in neighbours
                     .iter()
