@@ -1556,7 +1556,7 @@ rtt_ms = 30.0
             sent_at: SimTime::ZERO,
             wms: Some(vec![(0, wm.clone())]),
         };
-        sim.take_over_event(&mut ev);
+        sim.take_over_event(&mut ev, &mut copies);
         let Ev::ProbeReply { wms: Some(wms), .. } = &ev else {
             unreachable!()
         };
@@ -1586,7 +1586,7 @@ rtt_ms = 30.0
                 consistency: Consistency::Watermark(token.clone()),
             })),
         };
-        sim.take_over_event(&mut ev);
+        sim.take_over_event(&mut ev, &mut copies);
         let Ev::Request {
             remote: Some(r), ..
         } = &ev
