@@ -179,7 +179,7 @@ impl Simulation {
             let to_id = self.nodes[to].id.clone();
             let sender = &mut self.nodes[from];
             if sender.foreign {
-                // Its shard releases the bytes at the next barrier (whatever life
+                // Its shard releases the bytes with the next crossing (whatever life
                 // sent them, as below: this shard does not know its lives).
                 if let Some(ctx) = self.shard.as_mut() {
                     ctx.sent_back.push((from, to, dropped.bytes, None));

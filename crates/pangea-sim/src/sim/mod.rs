@@ -830,7 +830,7 @@ impl Simulation {
                     .push(SimTime::ZERO, Ev::Probe { client: c as u32 });
             }
         }
-        // Split, the coordinator runs the timeline at barriers (`shard.rs`).
+        // Split, the coordinator runs the timeline at global instants (`shard.rs`).
         for (i, f) in self.sc.faults.iter().enumerate() {
             if f.at < self.sc.duration && self.shard.is_none() {
                 self.queue
@@ -849,14 +849,14 @@ impl Simulation {
         self.shard.as_ref().is_none_or(|c| c.region[region] == c.me)
     }
 
-    /// Queues `ev` at `at` here, or hands it to shard `to` at the next barrier (it
-    /// is due at or after the barrier: `at` is at least one cross-shard latency
+    /// Queues `ev` at `at` here, or hands it to shard `to` with the window's
+    /// crossing (it is due in a later window: `at` is at least one cross-shard latency
     /// away).
     fn push_to(&mut self, to: Option<u8>, at: SimTime, ev: Ev) {
         match (to, self.shard.as_mut()) {
             (Some(k), Some(ctx)) if k != ctx.me => {
                 debug_assert!(
-                    at >= ctx.window_end,
+                    at >= ctx.due_min,
                     "an event for another shard is due inside the window: the lookahead is wrong"
                 );
                 ctx.outbox.push((k, at, ev));
@@ -879,9 +879,6 @@ impl Simulation {
 
     /// Handles every event due before `end` (a shard's window: `end` excluded).
     fn run_before(&mut self, end: SimTime) {
-        if let Some(ctx) = self.shard.as_mut() {
-            ctx.window_end = end;
-        }
         while self.next_time().is_some_and(|t| t < end) {
             self.run_until(self.next_time().expect("checked"));
         }
@@ -1074,7 +1071,7 @@ impl Simulation {
         let to_id = self.nodes[to].id.clone();
         let sender = &mut self.nodes[from];
         if sender.foreign {
-            // Its shard releases the bytes at the next barrier.
+            // Its shard releases the bytes when it takes in this window's crossing.
             if let Some(ctx) = self.shard.as_mut() {
                 ctx.sent_back.push((from, to, bytes, Some(msg.life)));
             }

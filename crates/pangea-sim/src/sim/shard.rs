@@ -4,51 +4,56 @@
 //! regions; the regions are split so that the shards share as little as possible
 //! and lie far apart (two groups of continents). Nothing one shard does can reach the
 //! other sooner than the shortest latency between them, the lookahead `L`: a frame
-//! between replicas, a client's request to a replica or its answer. So both shards
-//! run the window `[t, t + L)` on their own, then meet at a barrier and hand over
-//! what they sent each other (conservative parallel discrete-event simulation with a
-//! fixed lookahead). Over 10 virtual minutes of the reference deployment (`L` about
-//! 35 ms, us-east to eu-west) that is about 17,000 barriers.
+//! between replicas, a client's request to a replica or its answer (conservative
+//! parallel discrete-event simulation with a fixed lookahead).
 //!
-//! What crosses at a barrier:
+//! Time runs in windows of `L / 2` ([`SLACK`] windows per lookahead). At the end of
+//! each window a shard sends the other a *crossing*: what it sent it during the
+//! window. What is sent in window `j` is due no sooner than window `j + 2`, so a
+//! shard runs window `j` as soon as it has taken in the other's crossing of window
+//! `j - 2`: the shards never meet, and one that is slower in a window catches up in
+//! the next instead of holding the other at a barrier. Over 10 virtual minutes of
+//! the reference deployment (`L` about 35 ms, us-east to eu-west) that is about
+//! 34,000 windows and crossings each way.
+//!
+//! What a crossing carries:
 //! * frames in flight to the other shard's replicas ([`Network::hand_out`]): the
 //!   sender's network decided their delivery time (its links, its pipes, its random
 //!   draws);
-//! * client requests, answers and probes, as events due after the barrier (a read
+//! * client requests, answers and probes, as events due in a later window (a read
 //!   carries its key, scope and consistency: the operation lives in the client's
 //!   shard);
 //! * in-flight bytes a sender may release (`Replica::handle_sent`): delivered
-//!   frames are credited to a sender of the other shard at the barrier, at most `L`
-//!   late, as an acknowledgement would be;
-//! * the checkers' record of each origin's writes (C1, replication lag), from the
-//!   origin's shard to the other.
+//!   frames are credited to a sender of the other shard when the crossing is taken
+//!   in, at most `1.5 L` late, as an acknowledgement would be;
+//! * what the checkers' record of each of the sender's origins gained (C1,
+//!   replication lag), sent with the window's frames, so never later than a write.
 //!
 //! The shards share no memory they write in the hot path: each runs on its own
 //! detached copy of the scenario (`Scenario::detached`), and frames and events
 //! cross with their row mutations and keys copied and their ids swapped for the
-//! receiving shard's own. (Snapshot chunks and merged rows of a placement backfill
-//! cross as they are: rare.) Two threads cloning the same `Arc` write one cache
-//! line, and every read of the name behind it on the other core then misses:
-//! shared ids made the two threads 10-80 % slower than apart.
+//! receiving shard's own, by the receiver on its own thread. (Snapshot chunks and
+//! merged rows of a placement backfill cross as they are: rare.) Two threads cloning
+//! the same `Arc` write one cache line, and every read of the name behind it on the
+//! other core then misses: shared ids made the two threads 10-80 % slower than
+//! apart. So the values of the sender's that the receiver replaces are parked and
+//! go back with the receiver's next crossing, for their owner to drop ([`Parked`]).
 //!
-//! The barrier itself only moves things: each shard's crossing goes to the other,
-//! which makes it its own at the start of its next window, on its own thread, so the
-//! threads split that work instead of one doing it while the other waits (5 % less
-//! wall time on the reference run). The values of the other shard it replaces are
-//! parked and go back at the next barrier, for their owner to drop ([`Parked`]).
-//! One thread takes in and runs the shards in turn, in the same order per shard.
-//!
-//! Faults, the end of the workload, the catch-up and drain checks run at barriers:
-//! every shard runs every fault on its own replicas, clients and network (both
-//! networks learn of every partition and every replica down; a rollout draws its
-//! order from a stream both shards share), and convergence is measured over both.
+//! Faults, the end of the workload, the catch-up and drain checks are global
+//! instants: both shards run to one, take in everything in flight, and the
+//! coordinator runs it there. Every shard runs every fault on its own replicas,
+//! clients and network (both networks learn of every partition and every replica
+//! down; a rollout draws its order from a stream both shards share), and convergence
+//! is measured over both. The windows between two global instants are a *segment*.
 //! The reports are merged. A run depends on its seed and its split (a function of
-//! the topology and workload), never on the threads: one thread runs the shards in
-//! turn and gives the same `trace_hash` as two.
+//! the topology and workload), never on the threads: one thread runs the shards'
+//! windows in turn, each shard taking in, running and sending in the same order as
+//! on two, and gives the same `trace_hash`.
 
 use super::*;
 use crate::net::{HandOff, ReplicaIdx};
 use pangea_core::frame::Applied;
+use std::collections::VecDeque;
 use std::sync::mpsc;
 
 /// What a shard needs to know about the split, and what it sends the others.
@@ -64,27 +69,29 @@ pub(super) struct ShardCtx {
     /// Frames delivered (or dropped) here from a replica of another shard: (from,
     /// to, bytes, the sender's life when it sent them if known).
     pub(super) sent_back: Vec<(usize, usize, usize, Option<u32>)>,
-    /// The end of the window being run: nothing sent to another shard may be due
-    /// before it (checked in debug builds).
-    pub(super) window_end: SimTime,
-    /// What the other shard sent this one in its last window: taken in at the start
-    /// of this shard's next window, on this shard's thread.
-    incoming: Crossing,
+    /// Nothing this shard sends the other during the window being run may be due
+    /// before this: where the window that takes it in starts (checked in debug
+    /// builds).
+    pub(super) due_min: SimTime,
     /// The other shard's values this shard replaced by its own while taking in:
-    /// the other drops them.
+    /// they go back with the next crossing, for the other to drop.
     parked: Parked,
-    /// This shard's own values the other parked: dropped here, on this shard's
-    /// thread.
-    returned: Parked,
+    /// How much of each of its origins' checker records (`Checks::streams`,
+    /// `Checks::proposed_us`) this shard has sent the other.
+    tails_sent: Vec<(usize, usize)>,
 }
 
-/// What one shard sent the other during a window (frames, events, released
-/// bytes; see the module's list), taken out at the barrier.
+/// What one shard sent the other during a window (see the module's list), taken
+/// out at the window's end.
 #[derive(Debug, Default)]
 struct Crossing {
     frames: Vec<HandOff<Wire>>,
     events: Vec<(u8, SimTime, Ev)>,
     sent_back: Vec<(usize, usize, usize, Option<u32>)>,
+    /// What the checkers' records of the sender's origins gained.
+    tails: Vec<Tail>,
+    /// The receiver's own values the sender parked: the receiver drops them.
+    returned: Parked,
 }
 
 impl Crossing {
@@ -93,10 +100,17 @@ impl Crossing {
         let frames = self.frames.iter().map(HandOff::deliver_at);
         frames.chain(self.events.iter().map(|e| e.1)).min()
     }
+}
 
-    fn is_empty(&self) -> bool {
-        self.frames.is_empty() && self.events.is_empty() && self.sent_back.is_empty()
-    }
+/// The end of one origin's checker records (`Checks::streams`, `Checks::proposed_us`)
+/// that its shard has not sent yet, and where each begins.
+#[derive(Debug)]
+struct Tail {
+    stream: usize,
+    fingerprints_from: usize,
+    fingerprints: Vec<Fingerprint>,
+    proposed_from: usize,
+    proposed: Vec<u64>,
 }
 
 /// Values of one shard that the other replaced by its own copies while taking in a
@@ -112,17 +126,6 @@ pub(super) struct Parked {
     applied: Vec<Applied>,
 }
 
-impl Parked {
-    /// Drops what is parked, keeping the room.
-    fn clear(&mut self) {
-        self.replicas.clear();
-        self.scopes.clear();
-        self.mutations.clear();
-        self.keys.clear();
-        self.applied.clear();
-    }
-}
-
 /// How a run is split: the shard of each region and the lookahead.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Split {
@@ -132,7 +135,7 @@ pub struct Split {
     pub lookahead: SimDuration,
 }
 
-/// Windows shorter than this are not worth a barrier: the run stays whole.
+/// Lookaheads shorter than this are not worth the crossings: the run stays whole.
 const LOOKAHEAD_MIN: SimDuration = SimDuration::from_ms(5);
 
 /// The best split of `sc` into two shards: the most even load (replicas, and
@@ -199,7 +202,7 @@ pub fn plan_split(sc: &Scenario) -> Option<Split> {
         })
         .filter(|&(_, rtt, _)| SimDuration::from_ms_f64(rtt / 2.0) >= LOOKAHEAD_MIN)
         .collect();
-    // Long windows matter as much as even shards (each barrier costs a thread hand-off):
+    // Long windows matter as much as even shards (each window costs two crossings):
     // among the splits that keep at least 40 % of the load in each shard, those within
     // 3/4 of the longest lookahead; of those, the most even, then the longest.
     let longest = splits
@@ -234,14 +237,15 @@ pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(2))
 }
 
-/// Global events of a split run: the coordinator handles them at barriers.
+/// Global events of a split run: the coordinator handles them with both shards
+/// stopped at their instant.
 #[derive(Debug, Clone, Copy)]
 enum Global {
     FaultStart(usize),
     FaultEnd(usize),
     EndWorkload,
     /// Of the catch-up that many heals ago started (one chain of checks at a time:
-    /// each check is a barrier, and a chain per heal, as a whole run keeps, would
+    /// each check ends a segment, and a chain per heal, as a whole run keeps, would
     /// cut the windows short after many faults).
     CatchUpCheck(u64),
     DrainCheck,
@@ -267,10 +271,9 @@ pub fn run_split(sc: Scenario, split: &Split, threads: usize) -> Result<RunRepor
             region: split.region_shard.clone(),
             outbox: Vec::new(),
             sent_back: Vec::new(),
-            window_end: SimTime::ZERO,
-            incoming: Crossing::default(),
+            due_min: SimTime::ZERO,
             parked: Parked::default(),
-            returned: Parked::default(),
+            tails_sent: Vec::new(),
         };
         let own = sc.detached();
         shards.push(Simulation::build(own, Some(Box::new(ctx)))?);
@@ -293,31 +296,55 @@ pub fn run_split(sc: Scenario, split: &Split, threads: usize) -> Result<RunRepor
     let mut end = Ending::new(&sc, threads);
     if threads > 1 {
         // One worker runs the second shard for the whole run; the shard travels to
-        // it and back once per window (a thread per window cost 75 µs a barrier).
+        // it and back once per segment, the crossings once per window each way.
         std::thread::scope(|scope| {
-            let (to_worker, work) = mpsc::channel::<(Simulation, SimTime)>();
+            let (to_worker, work) = mpsc::channel::<(Simulation, Segment)>();
             let (to_main, done) = mpsc::channel::<Simulation>();
+            let (a_to_b, from_a) = mpsc::channel::<Crossing>();
+            let (b_to_a, from_b) = mpsc::channel::<Crossing>();
             scope.spawn(move || {
-                while let Some((mut s, until)) = recv_spinning(&work) {
-                    s.run_window(until);
+                while let Some((mut s, seg)) = recv_spinning(&work) {
+                    s.run_segment(
+                        seg,
+                        &mut || recv_spinning(&from_a).expect("the main thread runs"),
+                        &mut |c| b_to_a.send(c).expect("the main thread runs"),
+                    );
                     if to_main.send(s).is_err() {
                         return;
                     }
                 }
             });
-            drive(&mut shards, lookahead, &mut end, &mut |shards, until| {
+            drive(&mut shards, lookahead, &mut end, &mut |shards, seg| {
                 let b = shards.pop().expect("two shards");
-                to_worker.send((b, until)).expect("the worker runs");
-                shards[0].run_window(until);
+                to_worker.send((b, seg)).expect("the worker runs");
+                shards[0].run_segment(
+                    seg,
+                    &mut || recv_spinning(&from_b).expect("the worker runs"),
+                    &mut |c| a_to_b.send(c).expect("the worker runs"),
+                );
                 shards.push(recv_spinning(&done).expect("the worker answers"));
             });
             drop(to_worker);
         });
     } else {
-        drive(&mut shards, lookahead, &mut end, &mut |shards, until| {
-            for s in shards.iter_mut() {
-                s.run_window(until);
+        // The shards in turn, window by window: each shard takes in, runs and sends
+        // in the same order as on two threads.
+        drive(&mut shards, lookahead, &mut end, &mut |shards, seg| {
+            let [a, b] = shards
+                .get_disjoint_mut([0, 1])
+                .expect("two different shards");
+            let (mut to_b, mut to_a) = (VecDeque::new(), VecDeque::new());
+            let sent = "sent a window before";
+            for j in 0..seg.windows() {
+                a.window(seg, j, &mut || to_a.pop_front().expect(sent), &mut |c| {
+                    to_b.push_back(c)
+                });
+                b.window(seg, j, &mut || to_b.pop_front().expect(sent), &mut |c| {
+                    to_a.push_back(c)
+                });
             }
+            a.end_segment(seg, &mut || to_a.pop_front().expect(sent));
+            b.end_segment(seg, &mut || to_b.pop_front().expect(sent));
         });
     }
     let Ending {
@@ -411,14 +438,14 @@ impl Ending {
     }
 }
 
-/// Runs windows until the drain ends: `run` takes every shard to a window's end
-/// (each first takes in what the other sent it, on its own thread), then the
-/// barrier hands over what crossed and handles the global events due.
+/// Runs the run as segments between global instants: `run` takes every shard
+/// through a segment's windows, then the coordinator handles the global events due
+/// at its end, with both shards stopped and everything in flight where it goes.
 fn drive(
     shards: &mut Vec<Simulation>,
     lookahead: SimDuration,
     e: &mut Ending,
-    run: &mut dyn FnMut(&mut Vec<Simulation>, SimTime),
+    run: &mut dyn FnMut(&mut Vec<Simulation>, Segment),
 ) {
     let hard_end = e.hard_end;
     let global = &mut e.global;
@@ -429,28 +456,19 @@ fn drive(
     let catch_ups = &mut e.catch_ups;
     let mut stop = false;
     loop {
-        let next_global = global.peek_time().unwrap_or(hard_end).min(hard_end);
+        let end = global.peek_time().unwrap_or(hard_end).min(hard_end);
         let start = shards
             .iter()
-            .filter_map(Simulation::window_start)
+            .filter_map(Simulation::next_time)
             .min()
-            .unwrap_or(next_global)
-            .min(next_global);
-        let end = (start + lookahead).min(next_global);
+            .unwrap_or(end)
+            .min(end);
         if end > start {
-            run(shards, end);
-        } else {
-            shards.iter_mut().for_each(Simulation::take_in);
+            run(shards, Segment::new(start, end, lookahead));
         }
         for s in shards.iter_mut() {
             s.now = s.now.max(end);
         }
-        barrier(shards);
-        if global.peek_time() != Some(end) && end < hard_end {
-            continue;
-        }
-        // The global events see every frame in flight where it is going.
-        shards.iter_mut().for_each(Simulation::take_in);
         let mut handled = false;
         while !stop && global.peek_time() == Some(end) {
             handled = true;
@@ -534,9 +552,8 @@ fn drive(
         if handled {
             // What the global events sent (a restarted replica's frames, answers to
             // requests a pause held) is due from `end + L` on: over to its shard
-            // before the next window, which may start later than `end`.
-            barrier(shards);
-            shards.iter_mut().for_each(Simulation::take_in);
+            // before the next segment, which may start later than `end`.
+            exchange(shards);
         }
         if stop {
             break;
@@ -592,37 +609,57 @@ fn lookahead_of(s: &Simulation) -> SimDuration {
     SimDuration::from_us(min_us)
 }
 
-/// The barrier: each shard's crossing goes to the other, which takes it in at the
-/// start of its next window (so the two threads split that work), and each gets back
-/// the values of its own that the other parked.
-fn barrier(shards: &mut [Simulation]) {
-    let k = shards.len();
-    assert_eq!(k, 2, "a split run has two shards");
-    let [a, b] = shards
-        .get_disjoint_mut([0, 1])
-        .expect("two different shards");
-    let (to_b, to_a) = (a.take_out(), b.take_out());
-    let (ca, cb) = (a.ctx_mut(), b.ctx_mut());
-    debug_assert!(ca.incoming.is_empty() && cb.incoming.is_empty());
-    (ca.incoming, cb.incoming) = (to_a, to_b);
-    std::mem::swap(&mut ca.parked, &mut cb.returned);
-    std::mem::swap(&mut cb.parked, &mut ca.returned);
-    // The checkers' record of each origin's writes goes from the origin's shard to
-    // the others (a write reaches another shard only after a barrier).
-    let n = shards[0].names.len();
-    for st in 0..shards[0].checks.streams.len() {
-        let owner = shards[0].shard.as_ref().expect("a shard").replica[st % n] as usize;
-        for to in 0..k {
-            if to == owner {
-                continue;
-            }
-            let [src, dst] = shards
-                .get_disjoint_mut([owner, to])
-                .expect("two different shards");
-            sync_tail(&src.checks.streams[st], &mut dst.checks.streams[st]);
-            sync_tail(&src.checks.proposed_us[st], &mut dst.checks.proposed_us[st]);
+/// Windows between two global instants: each shard runs window `j` once the other
+/// has run window `j - SLACK`, and may run ahead of it by up to `SLACK - 1` windows.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    start: SimTime,
+    end: SimTime,
+    window: SimDuration,
+    lookahead: SimDuration,
+}
+
+/// Windows per lookahead. What a shard sends in a window is due at the other
+/// shard a lookahead later at the soonest: `SLACK` windows on. So a window needs
+/// only the other's crossings from `SLACK` windows before, and a shard slower in one
+/// window catches up in the next ones instead of holding the other at a barrier
+/// (lockstep windows of a whole lookahead made each thread wait 6-12 % of the run).
+const SLACK: usize = 2;
+
+impl Segment {
+    fn new(start: SimTime, end: SimTime, lookahead: SimDuration) -> Segment {
+        let window = SimDuration::from_us((lookahead.as_us() / SLACK as u64).max(1));
+        Segment {
+            start,
+            end,
+            window,
+            lookahead,
         }
     }
+
+    fn windows(&self) -> usize {
+        let len = (self.end - self.start).as_us();
+        len.div_ceil(self.window.as_us()) as usize
+    }
+
+    fn window_start(&self, j: usize) -> SimTime {
+        self.start + SimDuration::from_us(self.window.as_us() * j as u64)
+    }
+
+    fn window_end(&self, j: usize) -> SimTime {
+        self.window_start(j + 1).min(self.end)
+    }
+}
+
+/// At a global instant, with both shards stopped: each takes in what the other
+/// sent since the last window.
+fn exchange(shards: &mut [Simulation]) {
+    let [a, b] = shards
+        .get_disjoint_mut([0, 1])
+        .expect("a split run has two shards");
+    let (to_b, to_a) = (a.take_out(), b.take_out());
+    b.take_in(to_b);
+    a.take_in(to_a);
 }
 
 impl Simulation {
@@ -632,50 +669,80 @@ impl Simulation {
 
     /// Takes out what this shard sent the other during the window just run: the
     /// frames in flight to its replicas, the events for its clients and replicas,
-    /// and the bytes its senders may release.
+    /// the bytes its senders may release, what its origins' checker records gained,
+    /// and the other's values it parked.
     fn take_out(&mut self) -> Crossing {
         let frames = self.net.hand_out();
+        let n = self.names.len();
+        let Simulation { shard, checks, .. } = self;
+        let ctx = shard.as_mut().expect("a shard");
         debug_assert!(
-            frames.iter().all(|h| h.deliver_at() >= self.now),
-            "a frame to another shard is due inside the window: the lookahead is wrong"
+            frames.iter().all(|h| h.deliver_at() >= ctx.due_min)
+                && ctx.outbox.iter().all(|e| e.1 >= ctx.due_min),
+            "something sent to another shard is due before the window that takes it in: \
+             the lookahead is wrong"
         );
-        let ctx = self.ctx_mut();
         debug_assert!({
             let other = 1 - ctx.me;
             frames.iter().all(|h| ctx.replica[h.to().index()] == other)
                 && ctx.outbox.iter().all(|(k, ..)| *k == other)
                 && ctx.sent_back.iter().all(|(s, ..)| ctx.replica[*s] == other)
         });
+        // The checkers' record of each origin's writes goes from the origin's shard
+        // to the other with the window's frames: a write reaches the other shard no
+        // sooner.
+        ctx.tails_sent.resize(checks.streams.len(), (0, 0));
+        let mut tails = Vec::new();
+        for (st, sent) in ctx.tails_sent.iter_mut().enumerate() {
+            let (f, p) = (&checks.streams[st], &checks.proposed_us[st]);
+            if ctx.replica[st % n] == ctx.me && (f.len() > sent.0 || p.len() > sent.1) {
+                tails.push(Tail {
+                    stream: st,
+                    fingerprints_from: sent.0,
+                    fingerprints: f.get(sent.0..).unwrap_or_default().to_vec(),
+                    proposed_from: sent.1,
+                    proposed: p.get(sent.1..).unwrap_or_default().to_vec(),
+                });
+                *sent = (sent.0.max(f.len()), sent.1.max(p.len()));
+            }
+        }
         Crossing {
             frames,
             events: std::mem::take(&mut ctx.outbox),
             sent_back: std::mem::take(&mut ctx.sent_back),
-        }
-    }
-
-    /// When this shard's next window may start: its next event, or the first of
-    /// what the other sent it.
-    fn window_start(&self) -> Option<SimTime> {
-        let incoming = self.shard.as_ref().and_then(|c| c.incoming.first_due());
-        match (self.next_time(), incoming) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+            tails,
+            returned: std::mem::take(&mut ctx.parked),
         }
     }
 
     /// Takes in what the other shard sent this one, making it this shard's own
     /// ([`Simulation::take_over`]), and drops the values of its own the other
-    /// parked. On this shard's thread, before its window.
-    fn take_in(&mut self) {
-        let ctx = self.ctx_mut();
-        ctx.returned.clear();
+    /// parked. On this shard's thread.
+    fn take_in(&mut self, c: Crossing) {
         let Crossing {
             mut frames,
             events,
             sent_back,
-        } = std::mem::take(&mut ctx.incoming);
+            tails,
+            returned,
+        } = c;
+        drop(returned);
+        for t in tails {
+            extend_tail(
+                &mut self.checks.streams[t.stream],
+                t.fingerprints_from,
+                t.fingerprints,
+                Fingerprint::default(),
+            );
+            extend_tail(
+                &mut self.checks.proposed_us[t.stream],
+                t.proposed_from,
+                t.proposed,
+                u64::MAX,
+            );
+        }
         let mut copies = Copies {
-            parked: std::mem::take(&mut ctx.parked),
+            parked: std::mem::take(&mut self.ctx_mut().parked),
             ..Copies::default()
         };
         for h in &mut frames {
@@ -702,10 +769,46 @@ impl Simulation {
         self.ctx_mut().parked = copies.parked;
     }
 
-    /// A shard's window: what the other sent first, then every event before `until`.
-    fn run_window(&mut self, until: SimTime) {
-        self.take_in();
-        self.run_before(until);
+    /// Window `j` of `seg`: takes in what the other shard sent `SLACK` windows
+    /// before (`inbox`), runs every event before the window's end, and sends the
+    /// other what it gets (`send`).
+    fn window(
+        &mut self,
+        seg: Segment,
+        j: usize,
+        inbox: &mut dyn FnMut() -> Crossing,
+        send: &mut dyn FnMut(Crossing),
+    ) {
+        let start = seg.window_start(j);
+        if j >= SLACK {
+            let c = inbox();
+            debug_assert!(c.first_due().is_none_or(|t| t >= start));
+            self.take_in(c);
+        }
+        self.ctx_mut().due_min = start + seg.lookahead;
+        self.run_before(seg.window_end(j));
+        send(self.take_out());
+    }
+
+    /// The end of a segment: takes in what the other sent in its last windows.
+    fn end_segment(&mut self, seg: Segment, inbox: &mut dyn FnMut() -> Crossing) {
+        let n = seg.windows();
+        for _ in n.saturating_sub(SLACK)..n {
+            self.take_in(inbox());
+        }
+    }
+
+    /// Every window of `seg`, then its end.
+    fn run_segment(
+        &mut self,
+        seg: Segment,
+        inbox: &mut dyn FnMut() -> Crossing,
+        send: &mut dyn FnMut(Crossing),
+    ) {
+        for j in 0..seg.windows() {
+            self.window(seg, j, inbox, send);
+        }
+        self.end_segment(seg, inbox);
     }
 
     /// Lets this shard find the other's ids by address, as it finds its own
@@ -719,7 +822,7 @@ impl Simulation {
 
     /// Makes a frame from the other shard this shard's own: its ids are swapped for
     /// this shard's and its row mutations copied (`RowMutation::detached`; once per
-    /// barrier however many replicas the entry goes to, see [`Copies`]), so that the
+    /// crossing however many replicas the entry goes to, see [`Copies`]), so that the
     /// threads never write each other's memory. A snapshot chunk's rows stay
     /// shared: they cross only when a replica rebuilds.
     pub(super) fn take_over(&self, frame: &mut Frame, copies: &mut Copies) {
@@ -860,10 +963,14 @@ impl Copies {
     }
 }
 
-/// Copies what `src` has beyond `dst`'s length.
-fn sync_tail<T: Clone>(src: &[T], dst: &mut Vec<T>) {
-    if src.len() > dst.len() {
-        dst.extend_from_slice(&src[dst.len()..]);
+/// Extends `dst` with what `tail` (the part of another shard's record from `from`
+/// on) has beyond `dst`'s length; `dst` may have grown on its own meanwhile.
+fn extend_tail<T: Clone>(dst: &mut Vec<T>, from: usize, tail: Vec<T>, hole: T) {
+    if dst.len() < from {
+        dst.resize(from, hole); // not expected: every earlier tail came first
+    }
+    if let Some(new) = tail.get(dst.len() - from..) {
+        dst.extend_from_slice(new);
     }
 }
 
