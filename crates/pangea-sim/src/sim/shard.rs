@@ -1079,3 +1079,46 @@ impl Simulation {
         self.net_absorbed = Some(o.net.stats());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_segment_tiles_its_span_with_windows_of_half_the_lookahead() {
+        let ms = SimDuration::from_ms;
+        let start = SimTime::ZERO + ms(100);
+        let seg = Segment::new(start, start + ms(100), ms(35));
+        assert_eq!(seg.window, SimDuration::from_us(17_500));
+        // 100 ms in windows of 17.5 ms: five whole and a last one cut at the end.
+        assert_eq!(seg.windows(), 6);
+        assert_eq!(seg.window_start(0), start);
+        assert_eq!(seg.window_end(0), start + SimDuration::from_us(17_500));
+        assert_eq!(
+            seg.window_start(5),
+            start + ms(87) + SimDuration::from_us(500)
+        );
+        assert_eq!(seg.window_end(5), start + ms(100));
+        // What a window sends is due a lookahead after its start at the soonest,
+        // which is where window `j + SLACK` starts, or later.
+        for j in 0..seg.windows() {
+            assert!(seg.window_start(j) + seg.lookahead >= seg.window_start(j + SLACK));
+        }
+        // A span shorter than a window is one window.
+        assert_eq!(Segment::new(start, start + ms(1), ms(35)).windows(), 1);
+    }
+
+    #[test]
+    fn a_tail_extends_only_past_what_the_receiver_has() {
+        let mut dst = vec![1, 2, 3];
+        // The sender's record from index 2 on: [3, 4, 5]; the receiver has 3 already.
+        extend_tail(&mut dst, 2, vec![3, 4, 5], 0);
+        assert_eq!(dst, [1, 2, 3, 4, 5]);
+        // The receiver grew on its own past the tail: nothing to add.
+        extend_tail(&mut dst, 3, vec![4], 0);
+        assert_eq!(dst, [1, 2, 3, 4, 5]);
+        // A tail past the end (not expected) leaves a hole, never a shifted record.
+        extend_tail(&mut dst, 7, vec![8], 0);
+        assert_eq!(dst, [1, 2, 3, 4, 5, 0, 0, 8]);
+    }
+}
