@@ -25,7 +25,7 @@
 //!   shard);
 //! * in-flight bytes a sender may release (`Replica::handle_sent`): delivered
 //!   frames are credited to a sender of the other shard when the crossing is taken
-//!   in, at most `1.5 L` late, as an acknowledgement would be;
+//!   in, two windows on: at most `L` late, as an acknowledgement would be;
 //! * what the checkers' record of each of the sender's origins gained (C1,
 //!   replication lag), sent with the window's frames, so never later than a write.
 //!
