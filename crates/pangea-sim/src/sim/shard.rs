@@ -695,15 +695,16 @@ impl Simulation {
         let mut tails = Vec::new();
         for (st, sent) in ctx.tails_sent.iter_mut().enumerate() {
             let (f, p) = (&checks.streams[st], &checks.proposed_us[st]);
-            if ctx.replica[st % n] == ctx.me && (f.len() > sent.0 || p.len() > sent.1) {
+            if ctx.replica[st % n] == ctx.me && (f.len(), p.len()) != *sent {
                 tails.push(Tail {
                     stream: st,
                     fingerprints_from: sent.0,
-                    fingerprints: f.get(sent.0..).unwrap_or_default().to_vec(),
+                    fingerprints: f[sent.0..].to_vec(),
                     proposed_from: sent.1,
-                    proposed: p.get(sent.1..).unwrap_or_default().to_vec(),
+                    proposed: p[sent.1..].to_vec(),
                 });
-                *sent = (sent.0.max(f.len()), sent.1.max(p.len()));
+                // The records only grow: what was sent is a prefix.
+                *sent = (f.len(), p.len());
             }
         }
         Crossing {
