@@ -475,6 +475,32 @@ impl Iterator for Candidates {
 
 impl ExactSizeIterator for Candidates {}
 
+/// A route's place in a read's order as one integer, ordered as the tuple
+/// (`down`, `away`, `rtt_ms` by [`f64::total_cmp`], `route`) is: `false` before
+/// `true`, then the round trip, then the position among the routes.
+fn order_key(down: bool, away: bool, rtt_ms: f64, route: usize) -> u128 {
+    // `total_cmp`'s order on the bits: negatives flipped whole, positives above them.
+    let bits = rtt_ms.to_bits();
+    let rtt = if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | 1 << 63
+    };
+    debug_assert!(route <= u32::MAX as usize);
+    (u128::from(down) << 97) | (u128::from(away) << 96) | (u128::from(rtt) << 32) | route as u128
+}
+
+/// The round trip and the route of an [`order_key`].
+fn order_key_parts(key: u128) -> (f64, usize) {
+    let rtt = (key >> 32) as u64;
+    let bits = if rtt >> 63 == 1 {
+        rtt & !(1 << 63)
+    } else {
+        !rtt
+    };
+    (f64::from_bits(bits), (key as u32) as usize)
+}
+
 /// The order, given the scope's eligible replicas in id order.
 fn order_routes(
     d: &Deployment,
@@ -508,11 +534,13 @@ fn order_routes(
     let home = home_owned.as_ref();
     // Healthy before failing; then the home region (when it applies); then by
     // round trip; then by id (the routes' order), so equal inputs give equal plans.
-    let mut ordered: Vec<(bool, bool, f64, usize)> = eligible
+    // Each route's place in that order is one integer, so the sort compares
+    // integers rather than four fields.
+    let mut ordered: Vec<u128> = eligible
         .iter()
         .enumerate()
         .map(|(i, r)| {
-            (
+            order_key(
                 view.is_down_ranked(r.rank, &r.id),
                 home.is_some_and(|h| !in_region(r, h)),
                 view.rtt_ms_ranked(r.rank, &r.id).unwrap_or(r.est_rtt_ms),
@@ -520,12 +548,7 @@ fn order_routes(
             )
         })
         .collect();
-    ordered.sort_unstable_by(|a, b| {
-        (a.0, a.1)
-            .cmp(&(b.0, b.1))
-            .then(a.2.total_cmp(&b.2))
-            .then(a.3.cmp(&b.3))
-    });
+    ordered.sort_unstable();
     let base_reason = |r: &Route| {
         if home.is_some_and(|h| in_region(r, h)) {
             Reason::Home
@@ -533,13 +556,15 @@ fn order_routes(
             Reason::Nearest
         }
     };
-    // In place: a pick is the size of an entry of `ordered`.
     let mut primary: Vec<Pick> = ordered
         .into_iter()
-        .map(|(_, _, rtt_ms, route)| Pick {
-            route,
-            reason: base_reason(&eligible[route]),
-            rtt_ms,
+        .map(|key| {
+            let (rtt_ms, route) = order_key_parts(key);
+            Pick {
+                route,
+                reason: base_reason(&eligible[route]),
+                rtt_ms,
+            }
         })
         .collect();
     let id = |p: &Pick| &eligible[p.route].id;
@@ -618,4 +643,41 @@ fn order_routes(
         },
         fallback,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn any_rtt() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            0.0..500.0f64,
+            any::<f64>(),
+            Just(0.0),
+            Just(-0.0),
+            Just(f64::INFINITY),
+            Just(f64::NAN),
+        ]
+    }
+
+    proptest! {
+        /// An order key sorts as its tuple does, and gives back its round trip and
+        /// route bit for bit.
+        #[test]
+        fn order_keys_sort_as_their_tuples(
+            a in (any::<bool>(), any::<bool>(), any_rtt(), 0usize..64),
+            b in (any::<bool>(), any::<bool>(), any_rtt(), 0usize..64),
+        ) {
+            let (ka, kb) = (order_key(a.0, a.1, a.2, a.3), order_key(b.0, b.1, b.2, b.3));
+            let tuples = (a.0, a.1)
+                .cmp(&(b.0, b.1))
+                .then(a.2.total_cmp(&b.2))
+                .then(a.3.cmp(&b.3));
+            prop_assert_eq!(ka.cmp(&kb), tuples);
+            let (rtt, route) = order_key_parts(ka);
+            prop_assert_eq!(rtt.to_bits(), a.2.to_bits());
+            prop_assert_eq!(route, a.3);
+        }
+    }
 }
