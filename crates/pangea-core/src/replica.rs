@@ -333,6 +333,9 @@ struct ScopeState {
     members: BTreeSet<ReplicaId>,
     /// Members that store rows and write: the origins.
     origins: BTreeSet<ReplicaId>,
+    /// The same origins in one shared slice, which every watermark snapshot of
+    /// the scope (one per read answered) holds instead of a copy of each id.
+    origin_ids: Arc<[ReplicaId]>,
     tree: Tree,
     streams: BTreeMap<ReplicaId, Stream>,
     /// Gossip: what each member reported as applied, per origin.
@@ -393,13 +396,20 @@ impl ScopeState {
     /// order. Origins and streams are both in id order: they are walked together
     /// rather than each origin looked up.
     fn durable_watermarks(&self) -> impl Iterator<Item = (ReplicaId, Watermark)> + '_ {
+        self.origins
+            .iter()
+            .zip(self.durable_marks())
+            .map(|(o, wm)| (o.clone(), wm))
+    }
+
+    /// [`ScopeState::durable_watermarks`] without the ids: in `origin_ids` order.
+    fn durable_marks(&self) -> impl Iterator<Item = Watermark> + '_ {
         let mut streams = self.streams.iter().peekable();
         self.origins.iter().map(move |o| {
             while streams.next_if(|(id, _)| *id < o).is_some() {}
-            let wm = streams
+            streams
                 .next_if(|(id, _)| *id == o)
-                .map_or_else(Watermark::default, |(_, st)| st.durable);
-            (o.clone(), wm)
+                .map_or_else(Watermark::default, |(_, st)| st.durable)
         })
     }
 
@@ -730,9 +740,10 @@ impl<S: Storage> Replica<S> {
     /// Durable watermarks for `scope`: what reads may rely on (I6).
     pub fn watermarks(&self, scope: &ScopeId) -> Option<ScopeWatermarks> {
         let s = self.scopes.get(scope)?;
-        Some(ScopeWatermarks::from_sorted(
+        Some(ScopeWatermarks::from_shared(
             scope.clone(),
-            s.durable_watermarks(),
+            s.origin_ids.clone(),
+            s.durable_marks().collect(),
         ))
     }
 
@@ -881,13 +892,17 @@ impl<S: Storage> Replica<S> {
                     }
                     s.tree = tree;
                     s.members = members;
-                    s.origins = origins;
+                    if s.origins != origins {
+                        s.origin_ids = origins.iter().cloned().collect();
+                        s.origins = origins;
+                    }
                 }
                 None => {
                     self.scopes.insert(
                         scope.clone(),
                         ScopeState {
                             members,
+                            origin_ids: origins.iter().cloned().collect(),
                             origins,
                             tree,
                             streams: BTreeMap::new(),

@@ -5,26 +5,32 @@ use crate::ids::{ReplicaId, ScopeId};
 use crate::storage::Watermark;
 use crate::token::Token;
 use pangea_proto::v1 as pb;
+use std::sync::Arc;
 
 /// How far a replica has durably applied each origin's stream in one scope.
 /// The origins are every origin of the scope (replicas that store rows), those
 /// never heard from at zero, so the low watermark is honest.
 ///
-/// Held as one vector in origin order rather than a map: a replica builds one per
-/// read it answers and a client keeps the last one per replica, so building and
-/// dropping it is one allocation, and a lookup is a binary search.
+/// Held as vectors in origin order rather than a map: a replica builds one per read
+/// it answers and a client keeps the last one per replica, and a lookup is a binary
+/// search. The origins' ids are shared (`Arc`) with the replica that built it: a
+/// scope's origins change only with the deployment, so a snapshot copies the
+/// watermarks alone, not an id per origin.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScopeWatermarks {
     pub scope: ScopeId,
-    /// Sorted by origin, each origin once.
-    origins: Vec<(ReplicaId, Watermark)>,
+    /// Sorted, each origin once.
+    origins: Arc<[ReplicaId]>,
+    /// `marks[i]` is the watermark of `origins[i]`.
+    marks: Vec<Watermark>,
 }
 
 impl ScopeWatermarks {
     pub fn new(scope: ScopeId) -> Self {
         ScopeWatermarks {
             scope,
-            origins: Vec::new(),
+            origins: Arc::from([]),
+            marks: Vec::new(),
         }
     }
 
@@ -33,46 +39,67 @@ impl ScopeWatermarks {
         scope: ScopeId,
         origins: impl IntoIterator<Item = (ReplicaId, Watermark)>,
     ) -> Self {
-        let origins: Vec<_> = origins.into_iter().collect();
+        let (ids, marks): (Vec<ReplicaId>, Vec<Watermark>) = origins.into_iter().unzip();
+        ScopeWatermarks::from_shared(scope, ids.into(), marks)
+    }
+
+    /// From the origins (strictly increasing) and their watermarks, in that order.
+    pub fn from_shared(scope: ScopeId, origins: Arc<[ReplicaId]>, marks: Vec<Watermark>) -> Self {
+        assert_eq!(origins.len(), marks.len(), "one watermark per origin");
         debug_assert!(
-            origins.windows(2).all(|w| w[0].0 < w[1].0),
+            origins.windows(2).all(|w| w[0] < w[1]),
             "origins out of order"
         );
-        ScopeWatermarks { scope, origins }
+        ScopeWatermarks {
+            scope,
+            origins,
+            marks,
+        }
     }
 
     /// Sets `origin`'s watermark (the last setting counts).
     pub fn insert(&mut self, origin: ReplicaId, wm: Watermark) {
-        match self.origins.binary_search_by(|(o, _)| o.cmp(&origin)) {
-            Ok(i) => self.origins[i].1 = wm,
-            Err(i) => self.origins.insert(i, (origin, wm)),
+        match self.origins.binary_search(&origin) {
+            Ok(i) => self.marks[i] = wm,
+            Err(i) => {
+                let mut ids = self.origins.to_vec();
+                ids.insert(i, origin);
+                self.origins = ids.into();
+                self.marks.insert(i, wm);
+            }
         }
     }
 
     /// Every origin and its watermark, in origin order.
     pub fn iter(&self) -> impl Iterator<Item = (&ReplicaId, &Watermark)> {
-        self.origins.iter().map(|(o, w)| (o, w))
+        self.origins.iter().zip(&self.marks)
     }
 
-    /// The origins' ids, to replace each by an equal id (order is kept).
+    /// The origins' ids, to replace each by an equal id (order is kept). Shared ids
+    /// are copied first.
     pub fn ids_mut(&mut self) -> impl Iterator<Item = &mut ReplicaId> {
-        self.origins.iter_mut().map(|(o, _)| o)
+        if Arc::get_mut(&mut self.origins).is_none() {
+            self.origins = self.origins.iter().cloned().collect();
+        }
+        Arc::get_mut(&mut self.origins)
+            .expect("copied above if shared")
+            .iter_mut()
     }
 
     pub fn len(&self) -> usize {
-        self.origins.len()
+        self.marks.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.origins.is_empty()
+        self.marks.is_empty()
     }
 
     /// Minimum timestamp over origins: every write at or below it, from every origin,
     /// has been applied (I3, I7). Zero when the scope has no origin yet.
     pub fn low_watermark(&self) -> Timestamp {
-        self.origins
+        self.marks
             .iter()
-            .map(|(_, w)| w.timestamp)
+            .map(|w| w.timestamp)
             .min()
             .unwrap_or(Timestamp::ZERO)
     }
@@ -88,9 +115,9 @@ impl ScopeWatermarks {
 
     fn find(&self, origin: &ReplicaId) -> Option<&Watermark> {
         self.origins
-            .binary_search_by(|(o, _)| o.cmp(origin))
+            .binary_search(origin)
             .ok()
-            .map(|i| &self.origins[i].1)
+            .map(|i| &self.marks[i])
     }
 
     pub fn get(&self, origin: &ReplicaId) -> Watermark {
@@ -101,7 +128,6 @@ impl ScopeWatermarks {
         pb::ScopeWatermarks {
             scope: self.scope.to_string(),
             origins: self
-                .origins
                 .iter()
                 .map(|(o, w)| pb::OriginWatermark {
                     origin: o.to_string(),
@@ -115,19 +141,30 @@ impl ScopeWatermarks {
 
     /// Parses watermarks a replica sent; entries with invalid names are skipped (they
     /// can only make the view less complete, never unsafe: missing origins count as
-    /// zero).
+    /// zero). An origin listed twice takes its last watermark.
     pub fn from_proto(p: &pb::ScopeWatermarks) -> ScopeWatermarks {
-        let mut wm = ScopeWatermarks::new(p.scope.as_str().into());
-        for w in &p.origins {
-            if pangea_topology::schema::validate_name("replica", &w.origin).is_ok() {
+        let mut pairs: Vec<(ReplicaId, Watermark)> = p
+            .origins
+            .iter()
+            .filter(|w| pangea_topology::schema::validate_name("replica", &w.origin).is_ok())
+            .map(|w| {
                 let watermark = Watermark {
                     sequence: w.sequence,
                     timestamp: Timestamp::from_u64(w.timestamp),
                 };
-                wm.insert(ReplicaId::from(w.origin.as_str()), watermark);
+                (ReplicaId::from(w.origin.as_str()), watermark)
+            })
+            .collect();
+        // Stable, so of an origin's repeats the last sent is last; keep that one.
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut kept: Vec<(ReplicaId, Watermark)> = Vec::with_capacity(pairs.len());
+        for (o, w) in pairs {
+            match kept.last_mut() {
+                Some(last) if last.0 == o => last.1 = w,
+                _ => kept.push((o, w)),
             }
         }
-        wm
+        ScopeWatermarks::from_sorted(p.scope.as_str().into(), kept)
     }
 }
 
