@@ -336,6 +336,10 @@ struct ScopeState {
     /// The same origins in one shared slice, which every watermark snapshot of
     /// the scope (one per read answered) holds instead of a copy of each id.
     origin_ids: Arc<[ReplicaId]>,
+    /// The durable watermark of each of `origin_ids`, kept as streams' durable
+    /// watermarks move ([`ScopeState::set_durable`]): a snapshot copies it rather
+    /// than walking the streams.
+    durable_marks: Vec<Watermark>,
     tree: Tree,
     streams: BTreeMap<ReplicaId, Stream>,
     /// Gossip: what each member reported as applied, per origin.
@@ -396,14 +400,37 @@ impl ScopeState {
     /// order. Origins and streams are both in id order: they are walked together
     /// rather than each origin looked up.
     fn durable_watermarks(&self) -> impl Iterator<Item = (ReplicaId, Watermark)> + '_ {
-        self.origins
+        debug_assert!(
+            self.durable_marks
+                .iter()
+                .copied()
+                .eq(self.walk_durable_marks())
+        );
+        self.origin_ids
             .iter()
-            .zip(self.durable_marks())
-            .map(|(o, wm)| (o.clone(), wm))
+            .zip(&self.durable_marks)
+            .map(|(o, wm)| (o.clone(), *wm))
     }
 
-    /// [`ScopeState::durable_watermarks`] without the ids: in `origin_ids` order.
-    fn durable_marks(&self) -> impl Iterator<Item = Watermark> + '_ {
+    /// Sets `origin`'s durable watermark (its stream exists).
+    fn set_durable(&mut self, origin: &ReplicaId, wm: Watermark) {
+        if let Some(st) = self.streams.get_mut(origin) {
+            st.durable = wm;
+        }
+        if let Ok(i) = self.origin_ids.binary_search(origin) {
+            self.durable_marks[i] = wm;
+        }
+    }
+
+    /// Recomputes `origin_ids` and `durable_marks` from `origins` and the streams.
+    fn refresh_origins(&mut self) {
+        self.origin_ids = self.origins.iter().cloned().collect();
+        self.durable_marks = self.walk_durable_marks().collect();
+    }
+
+    /// [`ScopeState::durable_watermarks`] without the ids, walking the streams: in
+    /// `origin_ids` order.
+    fn walk_durable_marks(&self) -> impl Iterator<Item = Watermark> + '_ {
         let mut streams = self.streams.iter().peekable();
         self.origins.iter().map(move |o| {
             while streams.next_if(|(id, _)| *id < o).is_some() {}
@@ -689,10 +716,10 @@ impl<S: Storage> Replica<S> {
                 r.clock.restore(wm.timestamp);
             }
             if let Some(s) = r.scopes.get_mut(&scope) {
-                let st = s.streams.entry(origin).or_default();
+                let st = s.streams.entry(origin.clone()).or_default();
                 st.applied = wm;
-                st.durable = wm;
                 st.known_last = wm.sequence;
+                s.set_durable(&origin, wm);
             }
         }
         Ok(r)
@@ -740,10 +767,11 @@ impl<S: Storage> Replica<S> {
     /// Durable watermarks for `scope`: what reads may rely on (I6).
     pub fn watermarks(&self, scope: &ScopeId) -> Option<ScopeWatermarks> {
         let s = self.scopes.get(scope)?;
+        debug_assert!(s.durable_marks.iter().copied().eq(s.walk_durable_marks()));
         Some(ScopeWatermarks::from_shared(
             scope.clone(),
             s.origin_ids.clone(),
-            s.durable_marks().collect(),
+            s.durable_marks.clone(),
         ))
     }
 
@@ -893,8 +921,8 @@ impl<S: Storage> Replica<S> {
                     s.tree = tree;
                     s.members = members;
                     if s.origins != origins {
-                        s.origin_ids = origins.iter().cloned().collect();
                         s.origins = origins;
+                        s.refresh_origins();
                     }
                 }
                 None => {
@@ -903,6 +931,7 @@ impl<S: Storage> Replica<S> {
                         ScopeState {
                             members,
                             origin_ids: origins.iter().cloned().collect(),
+                            durable_marks: vec![Watermark::default(); origins.len()],
                             origins,
                             tree,
                             streams: BTreeMap::new(),
@@ -1102,14 +1131,18 @@ impl<S: Storage> Replica<S> {
         }
         self.storage.sync()?;
         for (scope, origin) in self.moved.drain(..) {
-            if let Some(st) = stream_of(&mut self.scopes, &scope, &origin) {
+            let Some(s) = self.scopes.get_mut(&scope) else {
+                continue;
+            };
+            if let Some(st) = s.streams.get_mut(&origin) {
                 st.listed = false;
                 if st.durable != st.applied {
-                    st.durable = st.applied;
+                    let wm = st.applied;
+                    s.set_durable(&origin, wm);
                     self.events.push_back(Event::WatermarkAdvanced {
                         scope,
                         origin,
-                        watermark: st.durable,
+                        watermark: wm,
                     });
                 }
             }
