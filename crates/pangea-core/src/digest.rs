@@ -29,7 +29,13 @@ impl ContentDigest {
     /// Adds one row; rows with nothing visible at `now_ms` do not count, so a replica
     /// that purged a deleted row and one that still holds its tombstone agree.
     pub fn add(&mut self, schema: &Schema, table: &str, key: &Bytes, row: &RowState, now_ms: u64) {
-        if let Some(d) = row.visible_digest(key, schema.table(table), now_ms) {
+        self.add_visible(table, row.visible_digest(key, schema.table(table), now_ms));
+    }
+
+    /// [`ContentDigest::add`] with the row's [`RowState::visible_digest`] already
+    /// worked out (`None`: nothing visible), for a caller that met the same row before.
+    pub fn add_visible(&mut self, table: &str, visible: Option<u128>) {
+        if let Some(d) = visible {
             self.hasher.update(&(table.len() as u64).to_le_bytes());
             self.hasher.update(table.as_bytes());
             self.hasher.update(&d.to_le_bytes());

@@ -483,6 +483,11 @@ impl Simulation {
         let schema = &d.placement.schema;
         let now_ms = self.now_wall_ms();
         let ns = self.scopes.len();
+        // Replicas of one run share the rows they agree on (`MemStorage::share_rows`):
+        // a row met before, at the same address under the same table and key, has the same
+        // scope and digest, so each is worked out once, not once per replica.
+        type Seen<'a> = HashMap<usize, (&'a str, &'a Bytes, Option<usize>, Option<u128>)>;
+        let mut seen: Seen<'_> = HashMap::new();
         for (r, node) in self.nodes.iter().enumerate() {
             if !node.stores_rows || node.foreign {
                 continue;
@@ -492,8 +497,18 @@ impl Simulation {
             };
             let mut mine = vec![ContentDigest::new(); ns];
             for (table, key, row) in rep.storage().rows() {
-                if let Some(s) = self.scopes.get(d.scope_of(table, key).as_str()) {
-                    mine[s].add(schema, table, key, row, now_ms);
+                let at = std::ptr::from_ref(row) as usize;
+                let (scope, digest) = match seen.get(&at) {
+                    Some(&(t, k, scope, digest)) if t == &**table && k == key => (scope, digest),
+                    _ => {
+                        let scope = self.scopes.get(d.scope_of(table, key).as_str());
+                        let digest = row.visible_digest(key, schema.table(table), now_ms);
+                        seen.insert(at, (table, key, scope, digest));
+                        (scope, digest)
+                    }
+                };
+                if let Some(s) = scope {
+                    mine[s].add_visible(table, digest);
                 }
             }
             for s in 0..ns {
