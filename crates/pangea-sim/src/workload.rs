@@ -12,6 +12,8 @@ use crate::time::SimDuration;
 use bytes::Bytes;
 use rand::distr::Distribution;
 use rand_distr::{Exp, LogNormal, Zipf};
+use std::collections::HashMap;
+use xxhash_rust::xxh3::Xxh3DefaultBuilder;
 
 /// A read's consistency mode, as reports name them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -82,7 +84,16 @@ pub struct Generator {
     columns: u32,
     local_fraction: f64,
     pool: Bytes,
+    /// Keys drawn before, by (prefix, rank): formatting a key was a fair part of
+    /// drawing an operation, and skewed draws repeat keys. At most
+    /// [`KEY_CACHE_MAX`] keys; drawing does not depend on it.
+    key_cache: HashMap<(usize, u64), Bytes, Xxh3DefaultBuilder>,
+    /// The prefixes seen, their positions the first half of `key_cache`'s keys.
+    key_prefixes: Vec<String>,
 }
+
+/// Most keys [`Generator`] keeps formatted.
+const KEY_CACHE_MAX: usize = 1 << 16;
 
 fn cdf<const N: usize>(parts: [f64; N]) -> Vec<f64> {
     let total: f64 = parts.iter().sum();
@@ -138,6 +149,8 @@ impl Generator {
             columns: w.columns.max(1),
             local_fraction: w.local_fraction,
             pool: Bytes::from(pool),
+            key_cache: HashMap::default(),
+            key_prefixes: Vec::new(),
         })
     }
 
@@ -185,7 +198,8 @@ impl Generator {
         } else {
             global_prefix
         };
-        let key = Bytes::from(format!("{prefix}{:08}", self.key_rank()));
+        let rank = self.key_rank();
+        let key = self.key(prefix, rank);
         let kind = if u < self.op_cdf[0] {
             let m = self.rng.next_f64();
             let mode = if m < self.mode_cdf[0] {
@@ -209,6 +223,25 @@ impl Generator {
             OpKind::Delete
         };
         DrawnOp { kind, key }
+    }
+
+    /// The key of `rank` under `prefix`: `{prefix}{rank:08}`.
+    fn key(&mut self, prefix: &str, rank: u64) -> Bytes {
+        let p = match self.key_prefixes.iter().position(|p| p == prefix) {
+            Some(p) => p,
+            None => {
+                self.key_prefixes.push(prefix.to_owned());
+                self.key_prefixes.len() - 1
+            }
+        };
+        if let Some(k) = self.key_cache.get(&(p, rank)) {
+            return k.clone();
+        }
+        let key = Bytes::from(format!("{prefix}{rank:08}"));
+        if self.key_cache.len() < KEY_CACHE_MAX {
+            self.key_cache.insert((p, rank), key.clone());
+        }
+        key
     }
 
     /// A uniform index below `n` from the workload's stream (client choice).
