@@ -1138,7 +1138,10 @@ impl<S: Storage> Replica<S> {
                 st.listed = false;
                 if st.durable != st.applied {
                     let wm = st.applied;
-                    s.set_durable(&origin, wm);
+                    st.durable = wm;
+                    if let Ok(i) = s.origin_ids.binary_search(&origin) {
+                        s.durable_marks[i] = wm;
+                    }
                     self.events.push_back(Event::WatermarkAdvanced {
                         scope,
                         origin,
