@@ -687,10 +687,16 @@ impl MemStorage {
 
     /// Every row in (table, key) order, for digests and checkers.
     pub fn rows(&self) -> impl Iterator<Item = (&Arc<str>, &Bytes, &RowState)> {
+        self.row_arcs().map(|(t, k, r)| (t, k, &**r))
+    }
+
+    /// [`MemStorage::rows`] as held: a row shared with other stores
+    /// ([`MemStorage::share_rows`]) is one `Arc` among them.
+    pub fn row_arcs(&self) -> impl Iterator<Item = (&Arc<str>, &Bytes, &Arc<RowState>)> {
         self.current
             .rows
             .iter()
-            .flat_map(|(t, rows)| rows.iter().map(move |(k, r)| (t, k, &**r)))
+            .flat_map(|(t, rows)| rows.iter().map(move |(k, r)| (t, k, r)))
     }
 
     /// A row, borrowed: [`Storage::get_row`] without the copy, for drivers that

@@ -484,8 +484,9 @@ impl Simulation {
         let now_ms = self.now_wall_ms();
         let ns = self.scopes.len();
         // Replicas of one run share the rows they agree on (`MemStorage::share_rows`):
-        // a row met before, at the same address under the same table and key, has the same
-        // scope and digest, so each is worked out once, not once per replica.
+        // a shared row met before, at the same address under the same table and key,
+        // has the same scope and digest, so each is worked out once, not once per
+        // replica. Rows held by one store alone are not remembered.
         type Seen<'a> = HashMap<usize, (&'a str, &'a Bytes, Option<usize>, Option<u128>)>;
         let mut seen: Seen<'_> = HashMap::new();
         for (r, node) in self.nodes.iter().enumerate() {
@@ -496,8 +497,15 @@ impl Simulation {
                 return Err(format!("{} is down", node.id));
             };
             let mut mine = vec![ContentDigest::new(); ns];
-            for (table, key, row) in rep.storage().rows() {
-                let at = std::ptr::from_ref(row) as usize;
+            for (table, key, row) in rep.storage().row_arcs() {
+                if Arc::strong_count(row) == 1 {
+                    // Held here alone: met once.
+                    if let Some(s) = self.scopes.get(d.scope_of(table, key).as_str()) {
+                        mine[s].add(schema, table, key, row, now_ms);
+                    }
+                    continue;
+                }
+                let at = Arc::as_ptr(row) as usize;
                 let (scope, digest) = match seen.get(&at) {
                     Some(&(t, k, scope, digest)) if t == &**table && k == key => (scope, digest),
                     _ => {
