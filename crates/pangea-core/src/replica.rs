@@ -1354,12 +1354,17 @@ impl<S: Storage> Replica<S> {
     }
 
     fn stream_mut(&mut self, scope: &ScopeId, origin: &ReplicaId) -> &mut Stream {
-        self.scopes
+        let streams = &mut self
+            .scopes
             .get_mut(scope)
             .expect("callers checked the scope exists")
-            .streams
-            .entry(origin.clone())
-            .or_default()
+            .streams;
+        // The id is copied only for a stream not seen before (`entry` takes an owned
+        // key, so it would copy it every time).
+        if !streams.contains_key(origin) {
+            streams.insert(origin.clone(), Stream::default());
+        }
+        streams.get_mut(origin).expect("inserted above")
     }
 
     /// Applies buffered entries that have become next in line.
@@ -1377,18 +1382,18 @@ impl<S: Storage> Replica<S> {
                 st.pending.pop_first();
             }
             let Some((e, from)) = st.pending.remove(&next) else {
+                // Nothing more in line: caught up, or still missing something.
+                if st.known_last <= st.applied.sequence {
+                    st.gap = None;
+                    st.behind_since_us = None;
+                    return Ok(());
+                }
                 break;
             };
             self.apply_entry(now, &e)?;
             self.forward(now, &e, Some(&from));
         }
-        let st = self.stream_mut(scope, origin);
-        if st.known_last <= st.applied.sequence {
-            st.gap = None;
-            st.behind_since_us = None;
-        } else {
-            self.maybe_request_gap(now, scope, origin);
-        }
+        self.maybe_request_gap(now, scope, origin);
         Ok(())
     }
 
