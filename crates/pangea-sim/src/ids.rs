@@ -40,13 +40,16 @@ impl SharedName for RegionId {
     }
 }
 
-/// Hashes an address: one multiplication (Fibonacci hashing).
+/// Hashes an address: one multiplication (Fibonacci hashing), whose high bits are
+/// folded onto the low ones. `hashbrown` picks the bucket from the low bits, and
+/// those of a product depend only on the low bits of the address, which alignment
+/// keeps zero: unfolded, pinned names crowd into a few buckets.
 #[derive(Debug, Default)]
 pub(crate) struct AddrHasher(u64);
 
 impl Hasher for AddrHasher {
     fn finish(&self) -> u64 {
-        self.0
+        self.0 ^ (self.0 >> 32)
     }
 
     fn write(&mut self, bytes: &[u8]) {
