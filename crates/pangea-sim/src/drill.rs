@@ -690,6 +690,14 @@ fn workload(cx: &mut Ctx<'_>, r: &RawWorkload) -> Workload {
             &p!["workload", "table"],
             format!("table {:?} is not in the placement", w.table),
         ),
+        Some(_) if w.table.starts_with('_') => cx.err(
+            &p!["workload", "table"],
+            format!(
+                "{:?} is a system table (global, whatever the placement's rules): \
+                 a workload writes a table of the placement's own",
+                w.table
+            ),
+        ),
         Some(t) if t.family(&w.family).is_none() => cx.err(
             &p!["workload", "family"],
             format!("family {:?} is not in table {:?}", w.family, w.table),

@@ -40,6 +40,7 @@ fn every_shipped_drill_validates() -> Result<()> {
             "missing drill {required}"
         );
     }
+    let mut scopes = std::collections::BTreeSet::new();
     for f in files {
         let d = Drill::load(&f).map_err(|p| anyhow::anyhow!("{p}"))?;
         assert!(
@@ -48,6 +49,23 @@ fn every_shipped_drill_validates() -> Result<()> {
             f.display()
         );
         assert_eq!(d.scenario.deployment.topology.replicas.len(), 27);
+        // The workload's rows are the placement's own, so its key prefixes reach
+        // the policies the placement's rules give them.
+        let w = &d.scenario.workload;
+        assert_eq!(w.table, "ad_profiles", "{}", f.display());
+        for p in w.prefixes.values().chain([&w.global_prefix]) {
+            let key = format!("{p}00000001");
+            scopes.insert(
+                d.scenario
+                    .deployment
+                    .scope_of(&w.table, key.as_bytes())
+                    .to_string(),
+            );
+        }
+    }
+    // Residency is rehearsed, not only global rows.
+    for scope in ["global", "eu-resident", "apac"] {
+        assert!(scopes.contains(scope), "no drill writes {scope} rows");
     }
     Ok(())
 }
@@ -114,6 +132,18 @@ fn problems_name_file_line_and_key() {
     assert!(err.contains("unknown.toml:"), "{err}");
     assert!(err.contains("expect"), "{err}");
     assert!(err.contains("unknown field `p99`"), "{err}");
+
+    // A system table is global whatever the rules say: a workload on it would
+    // rehearse no residency at all.
+    let system = HEAD.replace(
+        "keys = 500",
+        "keys = 500\ntable = \"_jobs\"\nfamily = \"j\"",
+    );
+    let err = drill("system.toml", &system).unwrap_err().to_string();
+    assert!(
+        err.contains("workload.table: \"_jobs\" is a system table"),
+        "{err}"
+    );
 
     let waived = format!("{HEAD}\n[expect]\nzero_violations = false\n");
     let err = drill("waived.toml", &waived).unwrap_err().to_string();
