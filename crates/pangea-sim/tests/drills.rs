@@ -82,6 +82,10 @@ fn the_reference_run_file_is_the_speed_target() -> Result<()> {
     let rate: f64 = sc.workload.regions.iter().map(|r| r.rate).sum();
     assert!((rate - 5_000.0).abs() < 1e-6, "{rate} operations/s");
     assert_eq!(sc.replica.heartbeat_interval_ms, 50);
+    assert_eq!(
+        (sc.workload.table.as_str(), sc.workload.family.as_str()),
+        ("ad_profiles", "profile")
+    );
     Ok(())
 }
 
