@@ -1232,11 +1232,6 @@ impl<S: Storage> Replica<S> {
             sequence: e.sequence,
             timestamp: e.timestamp.max(applied.unwrap_or_default().timestamp),
         };
-        let mut batch = WriteBatch::default();
-        batch.log.push(e.clone());
-        batch
-            .watermarks
-            .push((e.scope.clone(), e.origin.clone(), wm));
         let is_location = &**e.mutation.table() == LOCATION_TABLE;
         let mut location_row = None;
         if holds_row {
@@ -1248,13 +1243,13 @@ impl<S: Storage> Replica<S> {
                     now_ms: now.wall_ms,
                 },
             };
-            self.storage.apply_to_row(&a, batch)?;
+            self.storage.apply_entry_to_row(&a, wm)?;
             if is_location {
                 let (table, key) = (e.mutation.table(), e.mutation.row_key());
                 location_row = self.storage.get_row(table, key)?;
             }
         } else {
-            self.storage.write(batch)?;
+            self.storage.append_entry(e, wm)?;
         }
         let st = self
             .scopes

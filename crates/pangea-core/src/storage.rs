@@ -99,6 +99,15 @@ pub struct WriteBatch {
 }
 
 impl WriteBatch {
+    /// A log entry and its stream's new watermark.
+    pub fn of_entry(entry: &LogEntry, wm: Watermark) -> WriteBatch {
+        WriteBatch {
+            log: vec![entry.clone()],
+            watermarks: vec![(entry.scope.clone(), entry.origin.clone(), wm)],
+            ..WriteBatch::default()
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
             && self.log.is_empty()
@@ -229,6 +238,18 @@ pub trait Storage {
     fn apply_to_row(&mut self, a: &RowApply<'_>, batch: WriteBatch) -> Result<(), StorageError> {
         let m = &a.entry.mutation;
         self.update_row(m.table(), m.row_key(), &mut |row| a.run(row), batch)
+    }
+
+    /// Appends a log entry and moves its stream's watermark to `wm`, atomically:
+    /// [`Storage::write`] of that batch, which is the default.
+    fn append_entry(&mut self, entry: &LogEntry, wm: Watermark) -> Result<(), StorageError> {
+        self.write(WriteBatch::of_entry(entry, wm))
+    }
+
+    /// [`Storage::apply_to_row`] with the batch of [`Storage::append_entry`]: how a
+    /// replica applies an entry whose row it holds.
+    fn apply_entry_to_row(&mut self, a: &RowApply<'_>, wm: Watermark) -> Result<(), StorageError> {
+        self.apply_to_row(a, WriteBatch::of_entry(a.entry, wm))
     }
 
     /// Compacts the rows of `table` at `keys` (those [`Compaction::needs`] named);
@@ -504,37 +525,10 @@ impl MemState {
             }
         }
         for e in batch.log {
-            let sequence = e.sequence;
-            let log = origins_mut(&mut self.log, &e.scope)
-                .entry(e.origin.clone())
-                .or_default();
-            match undo.as_deref_mut() {
-                Some(undo) => {
-                    let stream = (e.scope.clone(), e.origin.clone());
-                    let old = log.insert(sequence, e);
-                    undo.push(Undo::Log {
-                        stream,
-                        sequence,
-                        old,
-                    });
-                }
-                None => {
-                    log.insert(sequence, e);
-                }
-            }
+            self.put_log(e, undo.as_deref_mut());
         }
         for (scope, origin, wm) in batch.watermarks {
-            let by_origin = origins_mut(&mut self.watermarks, &scope);
-            let old = match by_origin.get_mut(&origin) {
-                Some(w) => Some(std::mem::replace(w, wm)),
-                None => by_origin.insert(origin.clone(), wm),
-            };
-            if let Some(undo) = undo.as_deref_mut() {
-                undo.push(Undo::Watermark {
-                    stream: (scope, origin),
-                    old,
-                });
-            }
+            self.put_watermark(&scope, &origin, wm, undo.as_deref_mut());
         }
         for (scope, origin, below) in batch.truncate_log {
             if let Some(log) = self.log.get_mut(&scope).and_then(|l| l.get_mut(&origin)) {
@@ -557,6 +551,49 @@ impl MemState {
             if let Some(undo) = undo.as_deref_mut() {
                 undo.push(Undo::Meta { key, old });
             }
+        }
+    }
+
+    fn put_log(&mut self, e: LogEntry, undo: Option<&mut Vec<Undo>>) {
+        let sequence = e.sequence;
+        let by_origin = origins_mut(&mut self.log, &e.scope);
+        let log = match by_origin.get_mut(&e.origin) {
+            Some(log) => log,
+            None => by_origin.entry(e.origin.clone()).or_default(),
+        };
+        match undo {
+            Some(undo) => {
+                let stream = (e.scope.clone(), e.origin.clone());
+                let old = log.insert(sequence, e);
+                undo.push(Undo::Log {
+                    stream,
+                    sequence,
+                    old,
+                });
+            }
+            None => {
+                log.insert(sequence, e);
+            }
+        }
+    }
+
+    fn put_watermark(
+        &mut self,
+        scope: &ScopeId,
+        origin: &ReplicaId,
+        wm: Watermark,
+        undo: Option<&mut Vec<Undo>>,
+    ) {
+        let by_origin = origins_mut(&mut self.watermarks, scope);
+        let old = match by_origin.get_mut(origin) {
+            Some(w) => Some(std::mem::replace(w, wm)),
+            None => by_origin.insert(origin.clone(), wm),
+        };
+        if let Some(undo) = undo {
+            undo.push(Undo::Watermark {
+                stream: (scope.clone(), origin.clone()),
+                old,
+            });
         }
     }
 
@@ -727,6 +764,82 @@ impl MemStorage {
         }
     }
 
+    /// The row part of [`Storage::update_row`]: in place, one descent, and a copy of
+    /// the old row only for the crash model.
+    fn update_row_only(
+        &mut self,
+        table: &Arc<str>,
+        key: &Bytes,
+        update: &mut dyn FnMut(&mut RowState),
+    ) {
+        let rows = self.current.rows.entry(table.clone()).or_default();
+        let old = match rows.get_mut(&key[..]) {
+            Some(row) => {
+                let old = (!self.no_crash_model).then(|| row.clone());
+                // Copied first only if shared (with the crash record or other stores).
+                update(Arc::make_mut(row));
+                if row.is_empty() {
+                    rows.remove(&key[..]);
+                }
+                old
+            }
+            None => {
+                let mut row = RowState::default();
+                update(&mut row);
+                if !row.is_empty() {
+                    rows.insert(key.clone(), Arc::new(row));
+                }
+                None
+            }
+        };
+        if !self.no_crash_model {
+            self.unsynced.push(Undo::Row {
+                table: table.clone(),
+                key: key.clone(),
+                old,
+            });
+        }
+    }
+
+    /// The row part of [`Storage::apply_to_row`]. With shared rows: a row no other
+    /// store (or crash record) holds is changed in place; a shared one is replaced by
+    /// the shared result.
+    fn apply_row(&mut self, a: &RowApply<'_>) {
+        let m = &a.entry.mutation;
+        let Some(shared) = &self.shared else {
+            self.update_row_only(m.table(), m.row_key(), &mut |row| a.run(row));
+            return;
+        };
+        let (table, key) = (m.table(), m.row_key());
+        let rows = match self.current.rows.get_mut(&**table) {
+            Some(rows) => rows,
+            None => self.current.rows.entry(table.clone()).or_default(),
+        };
+        let row = match rows.get_mut(&key[..]) {
+            Some(row) if self.no_crash_model && Arc::strong_count(row) == 1 => {
+                a.run(Arc::make_mut(row)); // held here alone: no copy
+                if row.is_empty() {
+                    rows.remove(&key[..]);
+                }
+                return;
+            }
+            row => row,
+        };
+        let changed = shared.apply(row.as_deref(), a);
+        let next = shared.compact(changed, (table, key), &a.compaction);
+        match row {
+            // Replaced where it is: no second search, no key copy.
+            Some(row) if self.no_crash_model => {
+                if next.is_empty() {
+                    rows.remove(&key[..]);
+                } else {
+                    *row = next;
+                }
+            }
+            _ => self.replace_row(table, key, next),
+        }
+    }
+
     fn stream_log(&self, scope: &ScopeId, origin: &ReplicaId) -> Option<&StreamLog> {
         self.current.log.get(scope)?.get(origin)
     }
@@ -809,72 +922,29 @@ impl Storage for MemStorage {
         update: &mut dyn FnMut(&mut RowState),
         batch: WriteBatch,
     ) -> Result<(), StorageError> {
-        let rows = self.current.rows.entry(table.clone()).or_default();
-        let old = match rows.get_mut(&key[..]) {
-            Some(row) => {
-                let old = (!self.no_crash_model).then(|| row.clone());
-                // Copied first only if shared (with the crash record or other stores).
-                update(Arc::make_mut(row));
-                if row.is_empty() {
-                    rows.remove(&key[..]);
-                }
-                old
-            }
-            None => {
-                let mut row = RowState::default();
-                update(&mut row);
-                if !row.is_empty() {
-                    rows.insert(key.clone(), Arc::new(row));
-                }
-                None
-            }
-        };
-        if !self.no_crash_model {
-            self.unsynced.push(Undo::Row {
-                table: table.clone(),
-                key: key.clone(),
-                old,
-            });
-        }
+        self.update_row_only(table, key, update);
         self.write(batch)
     }
 
     /// With shared rows: a row no other store (or crash record) holds is changed in
     /// place; a shared one is replaced by the shared result.
     fn apply_to_row(&mut self, a: &RowApply<'_>, batch: WriteBatch) -> Result<(), StorageError> {
-        let m = &a.entry.mutation;
-        let Some(shared) = &self.shared else {
-            return self.update_row(m.table(), m.row_key(), &mut |row| a.run(row), batch);
-        };
-        let (table, key) = (m.table(), m.row_key());
-        let rows = match self.current.rows.get_mut(&**table) {
-            Some(rows) => rows,
-            None => self.current.rows.entry(table.clone()).or_default(),
-        };
-        let row = match rows.get_mut(&key[..]) {
-            Some(row) if self.no_crash_model && Arc::strong_count(row) == 1 => {
-                a.run(Arc::make_mut(row)); // held here alone: no copy
-                if row.is_empty() {
-                    rows.remove(&key[..]);
-                }
-                return self.write(batch);
-            }
-            row => row,
-        };
-        let changed = shared.apply(row.as_deref(), a);
-        let next = shared.compact(changed, (table, key), &a.compaction);
-        match row {
-            // Replaced where it is: no second search, no key copy.
-            Some(row) if self.no_crash_model => {
-                if next.is_empty() {
-                    rows.remove(&key[..]);
-                } else {
-                    *row = next;
-                }
-            }
-            _ => self.replace_row(table, key, next),
-        }
+        self.apply_row(a);
         self.write(batch)
+    }
+
+    /// No batch: the entry and the watermark go straight in.
+    fn append_entry(&mut self, entry: &LogEntry, wm: Watermark) -> Result<(), StorageError> {
+        let mut undo = (!self.no_crash_model).then_some(&mut self.unsynced);
+        self.current.put_log(entry.clone(), undo.as_deref_mut());
+        self.current
+            .put_watermark(&entry.scope, &entry.origin, wm, undo);
+        Ok(())
+    }
+
+    fn apply_entry_to_row(&mut self, a: &RowApply<'_>, wm: Watermark) -> Result<(), StorageError> {
+        self.apply_row(a);
+        self.append_entry(a.entry, wm)
     }
 
     fn compact_rows(
@@ -1173,6 +1243,41 @@ mod tests {
             if crash_model {
                 fast.crash();
                 assert_eq!(Some(observe(&fast)), synced);
+            }
+        }
+    }
+
+    /// `MemStorage::append_entry` writes straight in what `write` of the batch
+    /// would, and a crash takes back the same.
+    #[test]
+    fn append_entry_is_the_batch_write() {
+        let wm = |n: u64| Watermark {
+            sequence: n,
+            timestamp: Timestamp::from_u64(n * 10),
+        };
+        for crash_model in [true, false] {
+            let mut direct = MemStorage::new();
+            direct.set_crash_model(crash_model);
+            let mut batched = MemStorage::new();
+            batched.set_crash_model(crash_model);
+            let mut synced = None;
+            for seq in [1, 2, 3, 2, 4] {
+                direct.append_entry(&entry(seq), wm(seq)).unwrap();
+                batched
+                    .write(WriteBatch::of_entry(&entry(seq), wm(seq)))
+                    .unwrap();
+                assert_eq!(observe(&direct), observe(&batched), "after {seq}");
+                if seq == 2 && synced.is_none() {
+                    direct.sync().unwrap();
+                    batched.sync().unwrap();
+                    synced = Some(observe(&direct));
+                }
+            }
+            if crash_model {
+                direct.crash();
+                batched.crash();
+                assert_eq!(observe(&direct), observe(&batched));
+                assert_eq!(Some(observe(&direct)), synced);
             }
         }
     }
