@@ -2084,19 +2084,26 @@ impl<S: Storage> Replica<S> {
     }
 
     fn forward_heartbeat_news(&mut self) {
-        // Each peer gets its heartbeats in scope order, then origin order.
+        // Each peer gets its heartbeats in scope order, then origin order: one
+        // lookup per neighbour and scope, the scope's news walked per neighbour.
         for s in self.scopes.values_mut() {
-            let neighbours: Vec<ReplicaId> = s.forward_set(&self.id).cloned().collect();
-            for (hb, came_from) in s.heartbeat_news.drain(..) {
-                for n in neighbours
+            if s.heartbeat_news.is_empty() {
+                continue;
+            }
+            for n in s.forward_set(&self.id) {
+                let mut news = s
+                    .heartbeat_news
                     .iter()
-                    .filter(|n| **n != came_from && **n != hb.origin)
-                {
-                    if let Some(p) = self.peers.get_mut(n) {
-                        p.heartbeats.push(hb.clone());
-                    }
+                    .filter(|(hb, came_from)| n != came_from && *n != hb.origin)
+                    .peekable();
+                if news.peek().is_none() {
+                    continue;
+                }
+                if let Some(p) = self.peers.get_mut(n) {
+                    p.heartbeats.extend(news.map(|(hb, _)| hb.clone()));
                 }
             }
+            s.heartbeat_news.clear();
         }
     }
 
