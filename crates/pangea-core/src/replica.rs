@@ -621,6 +621,17 @@ impl Peers {
     }
 }
 
+/// Notes that `peer` was heard from now; whether it was suspected until now.
+fn note_heard(peers: &mut Peers, now: Now, peer: &ReplicaId) -> bool {
+    match peers.liveness_mut(peer) {
+        Some((last_heard_us, suspected)) => {
+            *last_heard_us = now.mono_us;
+            std::mem::replace(suspected, false)
+        }
+        None => false,
+    }
+}
+
 /// How recent a peer's heartbeat must be to count toward the clock fence.
 pub const CLOCK_FENCE_WINDOW_US: u64 = 10_000_000;
 
@@ -1018,18 +1029,15 @@ impl<S: Storage> Replica<S> {
     }
 
     fn heard_from(&mut self, now: Now, peer: &ReplicaId) {
-        let mut recovered = false;
-        if let Some((last_heard_us, suspected)) = self.peers.liveness_mut(peer) {
-            *last_heard_us = now.mono_us;
-            if *suspected {
-                *suspected = false;
-                recovered = true;
-            }
+        if note_heard(&mut self.peers, now, peer) {
+            self.recovered(now, peer);
         }
-        if recovered {
-            self.events.push_back(Event::PeerRecovered(peer.clone()));
-            self.rebuild_scopes(now);
-        }
+    }
+
+    /// A suspected peer was heard from again.
+    fn recovered(&mut self, now: Now, peer: &ReplicaId) {
+        self.events.push_back(Event::PeerRecovered(peer.clone()));
+        self.rebuild_scopes(now);
     }
 
     // ----- local writes -----
@@ -1977,12 +1985,23 @@ impl<S: Storage> Replica<S> {
         hbs: Vec<Heartbeat>,
     ) -> Result<(), Error> {
         let inbound_until_us = now.mono_us + self.inbound_ttl_us();
+        // Whether `from` is a member of the last scope looked at: a frame's
+        // heartbeats come in scope order.
+        let mut from_member: Option<(ScopeId, bool)> = None;
         for hb in hbs {
-            let Some(s) = self.scopes.get_mut(&hb.scope) else {
+            let Some(mut s) = self.scopes.get_mut(&hb.scope) else {
                 self.reject(from, Reject::UnknownScope);
                 continue;
             };
-            if !s.members.contains(&hb.origin) || !s.members.contains(from) {
+            let from_ok = match &from_member {
+                Some((scope, ok)) if *scope == hb.scope => *ok,
+                _ => {
+                    let ok = s.members.contains(from);
+                    from_member = Some((hb.scope.clone(), ok));
+                    ok
+                }
+            };
+            if !from_ok || !s.members.contains(&hb.origin) {
                 self.reject(from, Reject::NotInScope);
                 continue;
             }
@@ -2007,8 +2026,12 @@ impl<S: Storage> Replica<S> {
                 self.reject(from, Reject::TimestampAhead);
                 continue;
             }
-            self.heard_from(now, &hb.origin);
-            let s = self.scopes.get_mut(&hb.scope).expect("checked above");
+            if note_heard(&mut self.peers, now, &hb.origin) {
+                // Scopes are rebuilt: look ours up again, and membership.
+                self.recovered(now, &hb.origin);
+                from_member = None;
+                s = self.scopes.get_mut(&hb.scope).expect("checked above");
+            }
             if !hb.applied.is_empty() {
                 match s.applied_by.get_mut(&hb.origin) {
                     Some(r) => r.raise(&hb.applied),
