@@ -404,11 +404,26 @@ pub fn order_read_routed(
     view: &dyn PeerView,
     now_ms: u64,
 ) -> Result<ReadOrder, RouteError> {
+    let scope = location.scope_of(d, req.table, req.key);
+    order_read_routed_in(d, routes, scope, location, req, view, now_ms)
+}
+
+/// [`order_read_routed`] for a row whose scope the caller worked out already: it
+/// must be `location.scope_of(d, req.table, req.key)` (debug builds check).
+pub fn order_read_routed_in(
+    d: &Deployment,
+    routes: &RouteTable,
+    scope: ScopeId,
+    location: &Location,
+    req: &ReadRequest<'_>,
+    view: &dyn PeerView,
+    now_ms: u64,
+) -> Result<ReadOrder, RouteError> {
     debug_assert!(
         routes.client_region == *req.client_region && routes.profile == req.profile.name,
         "a route table of another region or profile"
     );
-    let scope = location.scope_of(d, req.table, req.key);
+    debug_assert_eq!(scope, location.scope_of(d, req.table, req.key));
     let eligible = match routes.scopes.get(&scope) {
         Some(r) => r.clone(),
         // A scope the deployment does not list (no such policy): worked out now.
@@ -583,7 +598,11 @@ fn order_routes(
     // replicas go first, the policy's other regions after. A row the caller's
     // region holds is read there — the 20 ms budget does not survive an ocean.
     let local = eligible.iter().any(|r| in_region(r, client_region));
-    let home_owned = location.home_of(d, table, key).filter(|_| !local);
+    let home_owned = if local {
+        None
+    } else {
+        location.home_of(d, table, key)
+    };
     let home = home_owned.as_ref();
     // Healthy before failing; then the home region (when it applies); then by
     // round trip; then by id (the routes' order), so equal inputs give equal plans.

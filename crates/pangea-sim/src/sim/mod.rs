@@ -62,7 +62,7 @@ use pangea_core::digest::ContentDigest;
 use pangea_core::frame::Frame;
 use pangea_core::read::{
     Candidate, Candidates, Consistency, Decision, ReadRequest, Reason, RouteTable, decide,
-    estimated_rtt_ms, order_read_routed,
+    estimated_rtt_ms,
 };
 use pangea_core::replica::{Event, Now, Replica};
 use pangea_core::storage::{LogEntry, Storage};

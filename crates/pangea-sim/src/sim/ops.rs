@@ -5,7 +5,7 @@
 
 use super::*;
 use pangea_core::location::Location;
-use pangea_core::read::{ReadOrder, RouteError};
+use pangea_core::read::{ReadOrder, RouteError, order_read_routed_in};
 
 impl Simulation {
     /// One-way delay of client traffic between a client region and replica `r`
@@ -164,7 +164,14 @@ impl Simulation {
         let region = self.clients[client].region;
         self.metrics.regions[region].count += 1;
         self.metrics.region_modes[region][mode.index()].count += 1;
-        let plan = match self.plan(client, op.scope, &table, &op.key, &op.consistency) {
+        let plan = match self.plan(
+            client,
+            op.scope,
+            &op.scope_id,
+            &table,
+            &op.key,
+            &op.consistency,
+        ) {
             Ok(p) => p,
             Err(_) => {
                 self.finish_read(op, Err(ErrKind::Policy), None);
@@ -219,7 +226,14 @@ impl Simulation {
             deadline,
         );
         // Writes go to the nearest allowed replica: the order of an eventual plan.
-        let Ok(plan) = self.plan(client, op.scope, &table, &op.key, &Consistency::Eventual) else {
+        let Ok(plan) = self.plan(
+            client,
+            op.scope,
+            &op.scope_id,
+            &table,
+            &op.key,
+            &Consistency::Eventual,
+        ) else {
             self.metrics.writes.errors += 1;
             self.trace([20, client as u64, 0, 0]);
             return;
@@ -239,12 +253,14 @@ impl Simulation {
 
     /// Plans a request of `client` as `pangea-client` does (`order_read_routed`, the
     /// order `plan_read_routed` builds its plan from, on the newest deployment and
-    /// the region's route table); writes plan as eventual reads (nearest allowed
-    /// replica first).
+    /// the region's route table; the operation's scope, worked out when it started,
+    /// is passed in rather than worked out again); writes plan as eventual reads
+    /// (nearest allowed replica first).
     fn plan(
         &self,
         client: usize,
         scope: usize,
+        scope_id: &ScopeId,
         table: &Arc<str>,
         key: &Bytes,
         consistency: &Consistency,
@@ -264,9 +280,10 @@ impl Simulation {
             key,
             consistency,
         };
-        order_read_routed(
+        order_read_routed_in(
             &self.views[self.client_view],
             &self.routes[self.client_view][c.region],
+            scope_id.clone(),
             &Location::default(),
             &req,
             &view,
