@@ -518,10 +518,23 @@ struct Peers {
     /// walk over every peer after every turn was an eighth of the simulator's L1
     /// cache misses, and the walk after each frame sent 2 % of its instructions.
     marked: Vec<u64>,
+    /// The address of each peer's id, by position, while there are few peers:
+    /// ids handed around are mostly clones of the ones held here, and scanning
+    /// these words finds them without touching the peers (a binary search reads a
+    /// peer's cache line per step).
+    addrs: Vec<usize>,
 }
+
+/// Up to this many peers, [`Peers::position`] first scans [`Peers::addrs`].
+const PEER_ADDRS_MAX: usize = 64;
 
 impl Peers {
     fn position(&self, id: &ReplicaId) -> Result<usize, usize> {
+        let addr = id.as_str().as_ptr() as usize;
+        if let Some(i) = self.addrs.iter().position(|a| *a == addr) {
+            debug_assert!(self.list[i].0 == *id);
+            return Ok(i);
+        }
         self.list.binary_search_by(|(p, _)| {
             // Ids handed around are mostly clones of one `Arc`: equal addresses are
             // equal ids, without comparing the strings.
@@ -547,6 +560,19 @@ impl Peers {
 
     fn unmark(&mut self, i: usize) {
         self.marked[i / 64] &= !(1 << (i % 64));
+    }
+
+    /// After a change of the list: positions moved.
+    fn reindex(&mut self) {
+        self.mark_all();
+        self.addrs.clear();
+        if self.list.len() <= PEER_ADDRS_MAX {
+            self.addrs.extend(
+                self.list
+                    .iter()
+                    .map(|(id, _)| id.as_str().as_ptr() as usize),
+            );
+        }
     }
 
     /// Marks every peer (positions move when the list changes).
@@ -603,13 +629,13 @@ impl Peers {
     fn insert_if_absent(&mut self, id: &ReplicaId, peer: impl FnOnce() -> Peer) {
         if let Err(i) = self.position(id) {
             self.list.insert(i, (id.clone(), peer()));
-            self.mark_all();
+            self.reindex();
         }
     }
 
     fn retain(&mut self, mut keep: impl FnMut(&ReplicaId) -> bool) {
         self.list.retain(|(id, _)| keep(id));
-        self.mark_all();
+        self.reindex();
     }
 
     fn len(&self) -> usize {
@@ -2520,6 +2546,13 @@ mod tests {
             for i in 0..n {
                 peers.insert_if_absent(&ReplicaId::new(format!("r{i:03}")), Peer::default);
             }
+            // Found by address (a clone of the id held) and by name (another `Arc`).
+            for i in 0..n {
+                let held = peers.list[i].0.clone();
+                prop_assert_eq!(peers.position(&held), Ok(i));
+                prop_assert_eq!(peers.position(&ReplicaId::new(format!("r{i:03}"))), Ok(i));
+            }
+            prop_assert!(peers.position(&ReplicaId::new("zz")).is_err());
             // Every position is marked after the list changed; clear them, then
             // mark and unmark as drawn.
             for i in 0..n {
