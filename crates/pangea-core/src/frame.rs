@@ -58,23 +58,44 @@ pub struct Heartbeat {
     pub tree_edge: bool,
 }
 
-/// A heartbeat's applied watermarks, in origin order. Shared: a heartbeat relayed
-/// to many peers copies none of them; empty (most heartbeats), it allocates
-/// nothing.
+/// A heartbeat's applied watermarks, in origin order, with their encoded length
+/// (measured once: every copy of a relayed heartbeat is measured for the wire).
+/// Shared: a heartbeat relayed to many peers copies none of them; empty (most
+/// heartbeats), it allocates nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Applied(Option<Arc<[(ReplicaId, Watermark)]>>);
+pub struct Applied(Option<(Watermarks, usize)>);
+
+/// Watermarks by origin, shared.
+type Watermarks = Arc<[(ReplicaId, Watermark)]>;
+
+impl Applied {
+    /// The encoded length of the watermarks (the repeated field, tags included).
+    pub fn encoded_len(&self) -> usize {
+        self.0.as_ref().map_or(0, |(_, len)| *len)
+    }
+}
 
 impl std::ops::Deref for Applied {
     type Target = [(ReplicaId, Watermark)];
 
     fn deref(&self) -> &Self::Target {
-        self.0.as_deref().unwrap_or_default()
+        self.0.as_ref().map_or(&[], |(w, _)| w)
     }
 }
 
 impl From<Vec<(ReplicaId, Watermark)>> for Applied {
     fn from(v: Vec<(ReplicaId, Watermark)>) -> Self {
-        Applied((!v.is_empty()).then(|| v.into()))
+        let len = v
+            .iter()
+            .map(|(o, w)| {
+                pb_len::message(
+                    pb_len::string(o.as_str())
+                        + pb_len::uint64(w.sequence)
+                        + pb_len::uint64(w.timestamp.as_u64()),
+                )
+            })
+            .sum();
+        Applied((!v.is_empty()).then(|| (v.into(), len)))
     }
 }
 
@@ -194,23 +215,12 @@ pub fn heartbeats_encoded_len(hbs: &[Heartbeat]) -> usize {
     let batch: usize = hbs
         .iter()
         .map(|h| {
-            let applied: usize = h
-                .applied
-                .iter()
-                .map(|(o, w)| {
-                    pb_len::message(
-                        pb_len::string(o.as_str())
-                            + pb_len::uint64(w.sequence)
-                            + pb_len::uint64(w.timestamp.as_u64()),
-                    )
-                })
-                .sum();
             pb_len::message(
                 pb_len::string(h.scope.as_str())
                     + pb_len::string(h.origin.as_str())
                     + pb_len::uint64(h.sequence)
                     + pb_len::uint64(h.timestamp.as_u64())
-                    + applied
+                    + h.applied.encoded_len()
                     + pb_len::uint64(h.purge.as_u64())
                     + pb_len::uint64(u64::from(h.tree_edge)),
             )
