@@ -518,20 +518,28 @@ struct Peers {
     /// walk over every peer after every turn was an eighth of the simulator's L1
     /// cache misses, and the walk after each frame sent 2 % of its instructions.
     marked: Vec<u64>,
-    /// The address of each peer's id, by position, while there are few peers:
-    /// ids handed around are mostly clones of the ones held here, and scanning
-    /// these words finds them without touching the peers (a binary search reads a
-    /// peer's cache line per step).
-    addrs: Vec<usize>,
+    /// The peers' ids by the address of their bytes, hashed into a small table
+    /// (address, position; 0 is empty; of two ids in one slot the first stays):
+    /// ids handed around are mostly clones of the ones held here, and one probe
+    /// finds them without touching the peers (a binary search reads a peer's cache
+    /// line per step). Anything else takes the binary search.
+    by_addr: Vec<(usize, usize)>,
 }
 
-/// Up to this many peers, [`Peers::position`] first scans [`Peers::addrs`].
-const PEER_ADDRS_MAX: usize = 64;
+/// [`Peers::by_addr`] has `1 << PEER_SLOTS_BITS` slots.
+const PEER_SLOTS_BITS: u32 = 7;
+
+/// The slot of an address in [`Peers::by_addr`] (Fibonacci hashing).
+fn peer_slot(addr: usize) -> usize {
+    ((addr as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - PEER_SLOTS_BITS)) as usize
+}
 
 impl Peers {
     fn position(&self, id: &ReplicaId) -> Result<usize, usize> {
         let addr = id.as_str().as_ptr() as usize;
-        if let Some(i) = self.addrs.iter().position(|a| *a == addr) {
+        if let Some(&(a, i)) = self.by_addr.get(peer_slot(addr))
+            && a == addr
+        {
             debug_assert!(self.list[i].0 == *id);
             return Ok(i);
         }
@@ -565,13 +573,13 @@ impl Peers {
     /// After a change of the list: positions moved.
     fn reindex(&mut self) {
         self.mark_all();
-        self.addrs.clear();
-        if self.list.len() <= PEER_ADDRS_MAX {
-            self.addrs.extend(
-                self.list
-                    .iter()
-                    .map(|(id, _)| id.as_str().as_ptr() as usize),
-            );
+        self.by_addr = vec![(0, 0); 1 << PEER_SLOTS_BITS];
+        for (i, (id, _)) in self.list.iter().enumerate() {
+            let addr = id.as_str().as_ptr() as usize;
+            let slot = &mut self.by_addr[peer_slot(addr)];
+            if slot.0 == 0 {
+                *slot = (addr, i);
+            }
         }
     }
 
