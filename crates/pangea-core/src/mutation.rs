@@ -227,8 +227,13 @@ impl RowMutation {
             mutations: mutations.into(),
         };
         // One validation path for local and remote input: round-trip through the
-        // checks of `from_proto`.
-        RowMutation::from_proto(m.to_proto(), limits)
+        // checks of `from_proto`. The caller's table name is kept (the same bytes):
+        // a name shared with the placement compares by address there.
+        let checked = RowMutation::from_proto(m.to_proto(), limits)?;
+        Ok(RowMutation {
+            table: m.table,
+            ..checked
+        })
     }
 
     /// Parses a row mutation from the wire, checking every limit and name.

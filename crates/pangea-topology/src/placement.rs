@@ -84,6 +84,12 @@ pub fn parse_duration_ms(s: &str) -> Option<u64> {
     n.checked_mul(ms)
 }
 
+/// Whether `name` is the table `table`: the same bytes (by address when `table`
+/// is a clone of the placement's name, as the callers on hot paths hand in).
+fn same_table(name: &str, table: &str) -> bool {
+    std::ptr::eq(name, table) || name == table
+}
+
 fn longest<'a, T>(
     items: impl Iterator<Item = &'a T>,
     prefix_of: impl Fn(&T) -> &str,
@@ -434,23 +440,27 @@ impl Placement {
     /// The policy (= replication scope) of a row.
     pub fn policy_of(&self, table: &str, key: &[u8]) -> &ScopeId {
         let rule = longest(
-            self.rules.iter().filter(|r| &*r.table == table),
+            self.rules.iter().filter(|r| same_table(&r.table, table)),
             |r| &r.prefix,
             key,
         );
         match rule {
             Some(r) => &r.policy,
+            // The few tables in a row, each compared by address first.
             None => self
                 .table_defaults
-                .get(table)
-                .unwrap_or_else(|| &self.policies[GLOBAL_POLICY].name),
+                .iter()
+                .find(|(t, _)| same_table(t, table))
+                .map_or_else(|| &self.policies[GLOBAL_POLICY].name, |(_, s)| s),
         }
     }
 
     /// The region a row's reads should go to, if a home rule names one.
     pub fn home_of(&self, table: &str, key: &[u8]) -> Option<&RegionId> {
         longest(
-            self.home_rules.iter().filter(|r| &*r.table == table),
+            self.home_rules
+                .iter()
+                .filter(|r| same_table(&r.table, table)),
             |r| &r.prefix,
             key,
         )

@@ -459,6 +459,9 @@ pub struct Simulation {
     client_view: usize,
     /// `[view][region]`: the routes clients of the region plan reads with.
     routes: Vec<Vec<RouteTable>>,
+    /// The workload's table, as the deployment names it (the same `Arc`, so the
+    /// placement's lookups compare it by address).
+    workload_table: Arc<str>,
     /// `[view][rank]`: the replica index of each of the view's replicas, in id order
     /// (`PeerView::rtt_ms_ranked`).
     rank_replica: Vec<Vec<Option<usize>>>,
@@ -756,6 +759,12 @@ impl Simulation {
             views,
             client_view: 0,
             routes,
+            workload_table: d
+                .placement
+                .schema
+                .tables
+                .get_key_value(sc.workload.table.as_str())
+                .map_or_else(|| sc.workload.table.as_str().into(), |(t, _)| t.clone()),
             rank_replica,
             profile,
             client_one_way_us,

@@ -69,7 +69,7 @@ impl Simulation {
             .generator
             .draw(&self.region_prefix[region], &self.sc.workload.global_prefix);
         let w = &self.sc.workload;
-        let table: Arc<str> = w.table.as_str().into();
+        let table = self.workload_table.clone();
         match drawn.kind {
             OpKind::Read(mode) => {
                 let (key, consistency) = match mode {
