@@ -734,6 +734,9 @@ pub struct Replica<S: Storage> {
     /// streams and flushes after every input; visiting them all was an eighth of
     /// the simulator's L1 cache misses.
     moved: Vec<(ScopeId, ReplicaId)>,
+    /// Scratch of `flush`: the moved streams whose durable watermark it advanced
+    /// (position in `moved`, before, after).
+    advanced: Vec<(usize, Watermark, Watermark)>,
     next_heartbeat_us: u64,
     heartbeats_sent: u64,
     forward_heartbeats_at_us: Option<u64>,
@@ -782,6 +785,7 @@ impl<S: Storage> Replica<S> {
             events: VecDeque::new(),
             unflushed: Vec::new(),
             moved: Vec::new(),
+            advanced: Vec::new(),
             next_heartbeat_us: now.mono_us,
             heartbeats_sent: 0,
             forward_heartbeats_at_us: None,
@@ -1200,42 +1204,60 @@ impl<S: Storage> Replica<S> {
         // Heartbeat-advanced watermark timestamps go to storage first (I6: an
         // advertised watermark never goes backwards, across restarts too).
         // In scope order, then origin order, as a walk over every stream would go.
+        // One walk: each moved stream's dirty watermark joins the batch, and what it
+        // has applied is taken as durable at once (noted in `advanced`); the events
+        // follow the sync. If the write or the sync fails, `unflush` puts the
+        // streams back.
         self.moved.sort_unstable();
         let mut batch = WriteBatch::default();
-        for (scope, origin) in &self.moved {
-            if let Some(st) = stream_of(&mut self.scopes, scope, origin)
-                && st.dirty
-            {
+        let mut advanced = std::mem::take(&mut self.advanced);
+        for (i, (scope, origin)) in self.moved.iter().enumerate() {
+            let Some(s) = self.scopes.get_mut(scope) else {
+                continue;
+            };
+            let Some(st) = s.streams.get_mut(origin) else {
+                continue;
+            };
+            if st.dirty {
                 batch
                     .watermarks
                     .push((scope.clone(), origin.clone(), st.applied));
                 st.dirty = false;
             }
-        }
-        if !batch.is_empty() {
-            self.storage.write(batch)?;
-        }
-        self.storage.sync()?;
-        for (scope, origin) in self.moved.drain(..) {
-            let Some(s) = self.scopes.get_mut(&scope) else {
-                continue;
-            };
-            if let Some(st) = s.streams.get_mut(&origin) {
-                st.listed = false;
-                if st.durable != st.applied {
-                    let wm = st.applied;
-                    st.durable = wm;
-                    if let Ok(i) = s.origin_ids.binary_search(&origin) {
-                        s.durable_marks[i] = wm;
-                    }
-                    self.events.push_back(Event::WatermarkAdvanced {
-                        scope,
-                        origin,
-                        watermark: wm,
-                    });
+            st.listed = false;
+            if st.durable != st.applied {
+                let wm = st.applied;
+                advanced.push((i, st.durable, wm));
+                st.durable = wm;
+                if let Ok(i) = s.origin_ids.binary_search(origin) {
+                    s.durable_marks[i] = wm;
                 }
             }
         }
+        let written = if batch.is_empty() {
+            Ok(())
+        } else {
+            self.storage.write(batch)
+        }
+        .and_then(|()| self.storage.sync());
+        if let Err(e) = written {
+            self.unflush(&advanced);
+            advanced.clear();
+            self.advanced = advanced;
+            return Err(e.into());
+        }
+        let mut next = advanced.iter().peekable();
+        for (i, (scope, origin)) in self.moved.drain(..).enumerate() {
+            if let Some((_, _, wm)) = next.next_if(|(j, _, _)| *j == i) {
+                self.events.push_back(Event::WatermarkAdvanced {
+                    scope,
+                    origin,
+                    watermark: *wm,
+                });
+            }
+        }
+        advanced.clear();
+        self.advanced = advanced;
         #[cfg(debug_assertions)]
         for s in self.scopes.values() {
             for (origin, st) in &s.streams {
@@ -1256,6 +1278,29 @@ impl<S: Storage> Replica<S> {
             self.forward(now, &entry, None);
         }
         Ok(())
+    }
+
+    /// Undoes a flush whose write or sync failed: the moved streams stay listed
+    /// for the next flush, and their durable watermarks go back (`advanced`: the
+    /// position in `moved`, the durable watermark before, the one taken).
+    fn unflush(&mut self, advanced: &[(usize, Watermark, Watermark)]) {
+        for (scope, origin) in &self.moved {
+            if let Some(st) = stream_of(&mut self.scopes, scope, origin) {
+                st.listed = true;
+            }
+        }
+        for (i, before, _) in advanced {
+            let (scope, origin) = &self.moved[*i];
+            let Some(s) = self.scopes.get_mut(scope) else {
+                continue;
+            };
+            if let Some(st) = s.streams.get_mut(origin) {
+                st.durable = *before;
+            }
+            if let Ok(i) = s.origin_ids.binary_search(origin) {
+                s.durable_marks[i] = *before;
+            }
+        }
     }
 
     // ----- applying entries -----

@@ -706,3 +706,132 @@ fn probes_of_suspected_members_do_not_ask_for_a_feed() {
     assert_eq!(probed.len(), d.topology.replicas.len() - 1, "{probed:?}");
     assert!(probed.values().all(|flag| !flag), "{probed:?}");
 }
+
+/// A `MemStorage` whose sync fails while `failing` is set (a disk that refuses an
+/// fsync): everything else goes to the store.
+struct FlakySync {
+    inner: MemStorage,
+    failing: bool,
+}
+
+impl Storage for FlakySync {
+    fn get_row(
+        &self,
+        table: &str,
+        key: &[u8],
+    ) -> Result<Option<pangea_core::RowState>, pangea_core::StorageError> {
+        self.inner.get_row(table, key)
+    }
+
+    fn scan_rows(
+        &self,
+        table: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Bytes, pangea_core::RowState)>, pangea_core::StorageError> {
+        self.inner.scan_rows(table, prefix, after, limit)
+    }
+
+    fn tables(&self) -> Result<Vec<Arc<str>>, pangea_core::StorageError> {
+        self.inner.tables()
+    }
+
+    fn write(
+        &mut self,
+        batch: pangea_core::storage::WriteBatch,
+    ) -> Result<(), pangea_core::StorageError> {
+        self.inner.write(batch)
+    }
+
+    fn sync(&mut self) -> Result<(), pangea_core::StorageError> {
+        if self.failing {
+            return Err(pangea_core::StorageError::Io("fsync refused".into()));
+        }
+        self.inner.sync()
+    }
+
+    fn read_log(
+        &self,
+        scope: &ScopeId,
+        origin: &ReplicaId,
+        from: u64,
+        max_entries: usize,
+    ) -> Result<Vec<LogEntry>, pangea_core::StorageError> {
+        self.inner.read_log(scope, origin, from, max_entries)
+    }
+
+    fn log_bounds(
+        &self,
+        scope: &ScopeId,
+        origin: &ReplicaId,
+    ) -> Result<Option<(u64, u64)>, pangea_core::StorageError> {
+        self.inner.log_bounds(scope, origin)
+    }
+
+    fn watermarks(
+        &self,
+    ) -> Result<Vec<(ScopeId, ReplicaId, pangea_core::Watermark)>, pangea_core::StorageError> {
+        self.inner.watermarks()
+    }
+
+    fn meta(&self, key: &str) -> Result<Option<Bytes>, pangea_core::StorageError> {
+        self.inner.meta(key)
+    }
+}
+
+/// A flush whose sync fails acknowledges nothing and advertises nothing new; the
+/// next flush that syncs does both.
+#[test]
+fn a_failed_flush_advances_nothing_and_the_next_one_does() {
+    let d = deployment();
+    let mut r = Replica::new(
+        "euw1-a".into(),
+        d,
+        Config::default(),
+        FlakySync {
+            inner: MemStorage::new(),
+            failing: false,
+        },
+        7,
+        at(0),
+    )
+    .unwrap();
+    r.flush(at(0)).unwrap();
+    let drained = |r: &mut Replica<FlakySync>| std::iter::from_fn(|| r.poll_event()).count();
+    drained(&mut r);
+    let global = ScopeId::global();
+    let before = r.watermarks(&global).unwrap();
+    let token = r.propose(at(1), set("us/1", "hello")).unwrap();
+    r.storage_mut().failing = true;
+    assert!(r.flush(at(1)).is_err());
+    let after_failure: Vec<Event> = std::iter::from_fn(|| r.poll_event()).collect();
+    assert!(
+        !after_failure
+            .iter()
+            .any(|e| matches!(e, Event::Committed(_) | Event::WatermarkAdvanced { .. })),
+        "{after_failure:?}"
+    );
+    assert_eq!(
+        r.watermarks(&global).unwrap(),
+        before,
+        "nothing new is durable"
+    );
+    assert!(!r.watermarks(&global).unwrap().covers(&token));
+    r.storage_mut().failing = false;
+    r.flush(at(2)).unwrap();
+    let after: Vec<Event> = std::iter::from_fn(|| r.poll_event()).collect();
+    assert!(
+        after.contains(&Event::Committed(token.clone())),
+        "{after:?}"
+    );
+    assert!(
+        after.iter().any(|e| matches!(
+            e,
+            Event::WatermarkAdvanced { origin, watermark, .. }
+                if *origin == token.origin && watermark.sequence == token.sequence
+        )),
+        "{after:?}"
+    );
+    assert!(r.watermarks(&global).unwrap().covers(&token));
+}
