@@ -455,6 +455,40 @@ impl StreamLog {
 /// A value per (scope, origin) stream, nested so that lookups borrow the ids.
 type ByStream<T> = BTreeMap<ScopeId, BTreeMap<ReplicaId, T>>;
 
+fn put_log_in(stream: &mut StoredStream, e: LogEntry, undo: Option<&mut Vec<Undo>>) {
+    let sequence = e.sequence;
+    match undo {
+        Some(undo) => {
+            let key = (e.scope.clone(), e.origin.clone());
+            let old = stream.log.insert(sequence, e);
+            undo.push(Undo::Log {
+                stream: key,
+                sequence,
+                old,
+            });
+        }
+        None => {
+            stream.log.insert(sequence, e);
+        }
+    }
+}
+
+fn put_watermark_in(
+    stream: &mut StoredStream,
+    scope: &ScopeId,
+    origin: &ReplicaId,
+    wm: Watermark,
+    undo: Option<&mut Vec<Undo>>,
+) {
+    let old = stream.watermark.replace(wm);
+    if let Some(undo) = undo {
+        undo.push(Undo::Watermark {
+            stream: (scope.clone(), origin.clone()),
+            old,
+        });
+    }
+}
+
 /// The streams of `scope`, inserted if absent (the id is copied only then).
 fn origins_mut<'a, T>(m: &'a mut ByStream<T>, scope: &ScopeId) -> &'a mut BTreeMap<ReplicaId, T> {
     if !m.contains_key(scope) {
@@ -469,10 +503,18 @@ struct MemState {
     /// Each row in an `Arc`: shared with other stores under [`MemStorage::share_rows`],
     /// and recorded for a crash without a copy.
     rows: BTreeMap<Arc<str>, BTreeMap<Bytes, Arc<RowState>>>,
-    /// The log by scope, origin, then sequence: looked up by borrowed ids.
-    log: ByStream<StreamLog>,
-    watermarks: ByStream<Watermark>,
+    /// Each stream's log and stored watermark, by scope then origin: looked up by
+    /// borrowed ids, once for both halves of an applied entry.
+    streams: ByStream<StoredStream>,
     meta: BTreeMap<String, Bytes>,
+}
+
+/// One stream in a [`MemState`]: its log by sequence, and its watermark if one was
+/// written.
+#[derive(Debug, Clone, Default)]
+struct StoredStream {
+    log: StreamLog,
+    watermark: Option<Watermark>,
 }
 
 /// What one change replaced, so that a crash can put it back.
@@ -531,8 +573,12 @@ impl MemState {
             self.put_watermark(&scope, &origin, wm, undo.as_deref_mut());
         }
         for (scope, origin, below) in batch.truncate_log {
-            if let Some(log) = self.log.get_mut(&scope).and_then(|l| l.get_mut(&origin)) {
-                let entries = log.split_below(below);
+            if let Some(stream) = self
+                .streams
+                .get_mut(&scope)
+                .and_then(|l| l.get_mut(&origin))
+            {
+                let entries = stream.log.split_below(below);
                 if let Some(undo) = undo.as_deref_mut()
                     && !entries.is_empty()
                 {
@@ -554,27 +600,28 @@ impl MemState {
         }
     }
 
+    /// Runs `f` on the stream of (`scope`, `origin`), inserted if absent (the ids
+    /// are copied only then).
+    fn with_stream<R>(
+        &mut self,
+        scope: &ScopeId,
+        origin: &ReplicaId,
+        f: impl FnOnce(&mut StoredStream) -> R,
+    ) -> R {
+        let by_origin = origins_mut(&mut self.streams, scope);
+        match by_origin.get_mut(origin) {
+            Some(stream) => f(stream),
+            None => f(by_origin.entry(origin.clone()).or_default()),
+        }
+    }
+
     fn put_log(&mut self, e: LogEntry, undo: Option<&mut Vec<Undo>>) {
-        let sequence = e.sequence;
-        let by_origin = origins_mut(&mut self.log, &e.scope);
-        let log = match by_origin.get_mut(&e.origin) {
-            Some(log) => log,
+        let by_origin = origins_mut(&mut self.streams, &e.scope);
+        let st = match by_origin.get_mut(&e.origin) {
+            Some(st) => st,
             None => by_origin.entry(e.origin.clone()).or_default(),
         };
-        match undo {
-            Some(undo) => {
-                let stream = (e.scope.clone(), e.origin.clone());
-                let old = log.insert(sequence, e);
-                undo.push(Undo::Log {
-                    stream,
-                    sequence,
-                    old,
-                });
-            }
-            None => {
-                log.insert(sequence, e);
-            }
-        }
+        put_log_in(st, e, undo);
     }
 
     fn put_watermark(
@@ -584,16 +631,25 @@ impl MemState {
         wm: Watermark,
         undo: Option<&mut Vec<Undo>>,
     ) {
-        let by_origin = origins_mut(&mut self.watermarks, scope);
-        let old = match by_origin.get_mut(origin) {
-            Some(w) => Some(std::mem::replace(w, wm)),
-            None => by_origin.insert(origin.clone(), wm),
+        self.with_stream(scope, origin, |st| {
+            put_watermark_in(st, scope, origin, wm, undo);
+        });
+    }
+
+    /// [`MemState::put_log`] then [`MemState::put_watermark`] of the entry's
+    /// stream, which is looked up once.
+    fn put_entry(&mut self, e: LogEntry, wm: Watermark, mut undo: Option<&mut Vec<Undo>>) {
+        // The watermark's record names the stream: copied only for the crash model.
+        let stream = undo.is_some().then(|| (e.scope.clone(), e.origin.clone()));
+        let by_origin = origins_mut(&mut self.streams, &e.scope);
+        let st = match by_origin.get_mut(&e.origin) {
+            Some(st) => st,
+            None => by_origin.entry(e.origin.clone()).or_default(),
         };
-        if let Some(undo) = undo {
-            undo.push(Undo::Watermark {
-                stream: (scope.clone(), origin.clone()),
-                old,
-            });
+        put_log_in(st, e, undo.as_deref_mut());
+        let old = st.watermark.replace(wm);
+        if let (Some(undo), Some(stream)) = (undo, stream) {
+            undo.push(Undo::Watermark { stream, old });
         }
     }
 
@@ -612,38 +668,22 @@ impl MemState {
                 sequence,
                 old,
             } => {
-                let log = self
-                    .log
-                    .entry(scope)
-                    .or_default()
-                    .entry(origin)
-                    .or_default();
-                match old {
-                    Some(e) => log.insert(sequence, e),
-                    None => log.remove(sequence),
-                };
+                self.with_stream(&scope, &origin, |st| match old {
+                    Some(e) => st.log.insert(sequence, e),
+                    None => st.log.remove(sequence),
+                });
             }
             Undo::Truncated {
                 stream: (scope, origin),
                 entries,
             } => {
-                let log = self
-                    .log
-                    .entry(scope)
-                    .or_default()
-                    .entry(origin)
-                    .or_default();
-                log.prepend(entries);
+                self.with_stream(&scope, &origin, |st| st.log.prepend(entries));
             }
             Undo::Watermark {
                 stream: (scope, origin),
                 old,
             } => {
-                let by_origin = self.watermarks.entry(scope).or_default();
-                match old {
-                    Some(w) => by_origin.insert(origin, w),
-                    None => by_origin.remove(&origin),
-                };
+                self.with_stream(&scope, &origin, |st| st.watermark = old);
             }
             Undo::Meta { key, old } => {
                 match old {
@@ -841,7 +881,7 @@ impl MemStorage {
     }
 
     fn stream_log(&self, scope: &ScopeId, origin: &ReplicaId) -> Option<&StreamLog> {
-        self.current.log.get(scope)?.get(origin)
+        self.current.streams.get(scope)?.get(origin).map(|s| &s.log)
     }
 }
 
@@ -935,10 +975,8 @@ impl Storage for MemStorage {
 
     /// No batch: the entry and the watermark go straight in.
     fn append_entry(&mut self, entry: &LogEntry, wm: Watermark) -> Result<(), StorageError> {
-        let mut undo = (!self.no_crash_model).then_some(&mut self.unsynced);
-        self.current.put_log(entry.clone(), undo.as_deref_mut());
-        self.current
-            .put_watermark(&entry.scope, &entry.origin, wm, undo);
+        let undo = (!self.no_crash_model).then_some(&mut self.unsynced);
+        self.current.put_entry(entry.clone(), wm, undo);
         Ok(())
     }
 
@@ -1011,12 +1049,12 @@ impl Storage for MemStorage {
     fn watermarks(&self) -> Result<Vec<(ScopeId, ReplicaId, Watermark)>, StorageError> {
         Ok(self
             .current
-            .watermarks
+            .streams
             .iter()
             .flat_map(|(s, by_origin)| {
                 by_origin
                     .iter()
-                    .map(move |(o, w)| (s.clone(), o.clone(), *w))
+                    .filter_map(move |(o, st)| Some((s.clone(), o.clone(), st.watermark?)))
             })
             .collect())
     }
