@@ -378,6 +378,15 @@ fn list_moved(
     }
 }
 
+/// Sets `origin`'s entry of a scope's durable watermarks by origin
+/// (`ScopeState::origin_ids` and `durable_marks`), if it is one of the scope's
+/// origins.
+fn set_mark(ids: &[ReplicaId], marks: &mut [Watermark], origin: &ReplicaId, wm: Watermark) {
+    if let Ok(i) = ids.binary_search(origin) {
+        marks[i] = wm;
+    }
+}
+
 /// The stream of `origin` in `scope`, if both exist.
 fn stream_of<'a>(
     scopes: &'a mut BTreeMap<ScopeId, ScopeState>,
@@ -417,9 +426,7 @@ impl ScopeState {
         if let Some(st) = self.streams.get_mut(origin) {
             st.durable = wm;
         }
-        if let Ok(i) = self.origin_ids.binary_search(origin) {
-            self.durable_marks[i] = wm;
-        }
+        set_mark(&self.origin_ids, &mut self.durable_marks, origin, wm);
     }
 
     /// Recomputes `origin_ids` and `durable_marks` from `origins` and the streams.
@@ -1229,9 +1236,7 @@ impl<S: Storage> Replica<S> {
                 let wm = st.applied;
                 advanced.push((i, st.durable, wm));
                 st.durable = wm;
-                if let Ok(i) = s.origin_ids.binary_search(origin) {
-                    s.durable_marks[i] = wm;
-                }
+                set_mark(&s.origin_ids, &mut s.durable_marks, origin, wm);
             }
         }
         let written = if batch.is_empty() {
@@ -1291,14 +1296,8 @@ impl<S: Storage> Replica<S> {
         }
         for (i, before, _) in advanced {
             let (scope, origin) = &self.moved[*i];
-            let Some(s) = self.scopes.get_mut(scope) else {
-                continue;
-            };
-            if let Some(st) = s.streams.get_mut(origin) {
-                st.durable = *before;
-            }
-            if let Ok(i) = s.origin_ids.binary_search(origin) {
-                s.durable_marks[i] = *before;
+            if let Some(s) = self.scopes.get_mut(scope) {
+                s.set_durable(origin, *before);
             }
         }
     }
