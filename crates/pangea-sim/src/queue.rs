@@ -27,6 +27,13 @@ struct Entry<T> {
     item: T,
 }
 
+impl<T> Entry<T> {
+    /// `(at, seq)` as one integer, time in the high half: ordered as the pair.
+    fn key(&self) -> u128 {
+        (u128::from(self.at.as_us()) << 64) | u128::from(self.seq)
+    }
+}
+
 impl<T> PartialEq for Entry<T> {
     fn eq(&self, other: &Self) -> bool {
         self.at == other.at && self.seq == other.seq
@@ -44,7 +51,7 @@ impl<T> PartialOrd for Entry<T> {
 impl<T> Ord for Entry<T> {
     fn cmp(&self, other: &Self) -> Ordering {
         // Reversed: the smallest (at, seq) is the heap's maximum.
-        (other.at, other.seq).cmp(&(self.at, self.seq))
+        other.key().cmp(&self.key())
     }
 }
 
