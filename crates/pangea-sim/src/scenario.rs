@@ -233,9 +233,10 @@ pub struct Slo {
 impl Workload {
     /// A read-heavy ad-serving mix on `deployment`: the first table of the
     /// placement's own (not a system table such as `_jobs`, which sorts first and
-    /// is global whatever the rules say) and its first family, Zipf(0.99) keys, 1 KiB values, 94 % reads, 5 % writes, 1 %
-    /// deletes, mostly eventual reads, `rate` operations per second spread over the
-    /// regions in proportion to their serving replicas, two frontends per region.
+    /// is global whatever the rules say) and its first family, Zipf(0.99) keys,
+    /// 1 KiB values, 94 % reads, 5 % writes, 1 % deletes, mostly eventual reads,
+    /// `rate` operations per second spread over the regions in proportion to their
+    /// serving replicas, two frontends per region.
     pub fn ad_serving(deployment: &Deployment, rate: f64) -> Workload {
         let schema = &deployment.placement.schema;
         let (table, family) = schema
