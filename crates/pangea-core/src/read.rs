@@ -432,6 +432,173 @@ pub fn order_read_routed_in(
     order_routes(d, eligible, scope, location, req, view, now_ms)
 }
 
+/// A frontend's read orders kept between reads: for each scope's routes and
+/// home region it has read with, every route's order key ([`route_key`]) and the
+/// keys sorted. A read then re-keys only the replicas its view changed for
+/// (about one: the last answer's round trip) instead of keying and sorting every
+/// eligible replica. [`order_read_cached`] gives the order [`order_read_routed_in`]
+/// gives, on one condition: the caller calls [`OrderCache::invalidate`] for a
+/// replica whenever anything its view says of it changes (its round trip,
+/// whether it is down, including a down mark running out). Debug builds check
+/// every cached order against a fresh one.
+#[derive(Debug, Default)]
+pub struct OrderCache {
+    entries: Vec<CachedOrder>,
+}
+
+#[derive(Debug)]
+struct CachedOrder {
+    /// The routes the keys are for (compared by address: a new route table is a
+    /// new entry).
+    routes: Arc<[Route]>,
+    home: Option<RegionId>,
+    /// Each route's key, by route position.
+    keys: Vec<u128>,
+    /// The same keys, sorted.
+    sorted: Vec<u128>,
+    /// The route position of each rank ([`Route::rank`]), `u32::MAX` for none.
+    position: Vec<u32>,
+    /// Route positions to key again, as a bit set.
+    stale: Vec<u64>,
+}
+
+/// Entries an [`OrderCache`] keeps before it starts over (route tables replaced
+/// by placement changes leave theirs behind).
+const ORDER_CACHE_ENTRIES_MAX: usize = 64;
+
+impl OrderCache {
+    pub fn new() -> OrderCache {
+        OrderCache::default()
+    }
+
+    /// What the view says of the replica at `rank` (its position in the
+    /// deployment's replicas in id order) changed.
+    pub fn invalidate(&mut self, rank: usize) {
+        for e in &mut self.entries {
+            if let Some(&i) = e.position.get(rank)
+                && i != u32::MAX
+            {
+                e.stale[i as usize / 64] |= 1 << (i % 64);
+            }
+        }
+    }
+
+    /// The sorted keys of `routes` with `home` first, brought up to date.
+    fn sorted(
+        &mut self,
+        routes: &Arc<[Route]>,
+        home: Option<&RegionId>,
+        view: &dyn PeerView,
+    ) -> &[u128] {
+        let found = self
+            .entries
+            .iter()
+            .position(|e| Arc::ptr_eq(&e.routes, routes) && e.home.as_ref() == home);
+        let i = match found {
+            Some(i) => i,
+            None => {
+                if self.entries.len() >= ORDER_CACHE_ENTRIES_MAX {
+                    self.entries.clear();
+                }
+                self.entries
+                    .push(CachedOrder::new(routes.clone(), home.cloned(), view));
+                self.entries.len() - 1
+            }
+        };
+        let e = &mut self.entries[i];
+        e.refresh(view);
+        &e.sorted
+    }
+}
+
+impl CachedOrder {
+    fn new(routes: Arc<[Route]>, home: Option<RegionId>, view: &dyn PeerView) -> CachedOrder {
+        let keys = route_keys(&routes, home.as_ref(), view);
+        let mut sorted = keys.clone();
+        sort_nearly_sorted(&mut sorted);
+        let ranks = routes.iter().map(|r| r.rank).filter(|&r| r != usize::MAX);
+        let mut position = vec![u32::MAX; ranks.max().map_or(0, |m| m + 1)];
+        for (i, r) in routes.iter().enumerate() {
+            if let Some(p) = position.get_mut(r.rank) {
+                *p = i as u32;
+            }
+        }
+        CachedOrder {
+            stale: vec![0; routes.len().div_ceil(64)],
+            routes,
+            home,
+            keys,
+            sorted,
+            position,
+        }
+    }
+
+    /// Keys the stale routes again and moves each to its new place.
+    fn refresh(&mut self, view: &dyn PeerView) {
+        for w in 0..self.stale.len() {
+            while self.stale[w] != 0 {
+                let i = w * 64 + self.stale[w].trailing_zeros() as usize;
+                self.stale[w] &= self.stale[w] - 1;
+                let key = route_key(i, &self.routes[i], self.home.as_ref(), view);
+                let old = std::mem::replace(&mut self.keys[i], key);
+                if key != old {
+                    // Keys are unique (the route's position is in them).
+                    if let Ok(at) = self.sorted.binary_search(&old) {
+                        self.sorted.remove(at);
+                    }
+                    let at = self.sorted.binary_search(&key).unwrap_or_else(|at| at);
+                    self.sorted.insert(at, key);
+                }
+            }
+        }
+    }
+}
+
+/// [`order_read_routed_in`] with the routes' keys kept in `cache` between reads
+/// (see [`OrderCache`]): the same order.
+#[allow(clippy::too_many_arguments)]
+pub fn order_read_cached(
+    d: &Deployment,
+    routes: &RouteTable,
+    cache: &mut OrderCache,
+    scope: ScopeId,
+    location: &Location,
+    req: &ReadRequest<'_>,
+    view: &dyn PeerView,
+    now_ms: u64,
+) -> Result<ReadOrder, RouteError> {
+    let Some(eligible) = routes.scopes.get(&scope) else {
+        return order_read_routed_in(d, routes, scope, location, req, view, now_ms);
+    };
+    debug_assert!(
+        routes.client_region == *req.client_region && routes.profile == req.profile.name,
+        "a route table of another region or profile"
+    );
+    debug_assert_eq!(scope, location.scope_of(d, req.table, req.key));
+    check_routes(eligible, &scope, req)?;
+    let home = read_home(d, eligible, location, req);
+    let sorted = cache.sorted(eligible, home.as_ref(), view);
+    #[cfg(debug_assertions)]
+    {
+        let mut fresh = route_keys(eligible, home.as_ref(), view);
+        sort_nearly_sorted(&mut fresh);
+        assert_eq!(
+            sorted, fresh,
+            "an order cache missed an invalidation: cached keys differ from the view's"
+        );
+    }
+    order_sorted(
+        d,
+        eligible.clone(),
+        home.as_ref(),
+        sorted,
+        scope,
+        req,
+        view,
+        now_ms,
+    )
+}
+
 /// A [`ReadPlan`] whose primary candidates are built as they are taken.
 #[derive(Debug, Clone)]
 pub struct ReadOrder {
@@ -460,6 +627,11 @@ pub struct Candidates {
     routes: Arc<[Route]>,
     /// Not yet taken, in reverse order (the next is last).
     picks: Vec<Pick>,
+    /// Taken after `picks`: order keys, in reverse order, of candidates whose
+    /// reason is [`Reason::Home`] in `home`'s replicas and [`Reason::Nearest`]
+    /// elsewhere (an eventual read's order, made into picks only when taken).
+    keys: Vec<u128>,
+    home: Option<RegionId>,
 }
 
 /// One candidate before it is built: a position in the routes.
@@ -476,22 +648,25 @@ impl Candidates {
         Candidates {
             routes: Arc::new([]),
             picks: Vec::new(),
+            keys: Vec::new(),
+            home: None,
         }
     }
 
     /// Candidates not yet taken.
     pub fn len(&self) -> usize {
-        self.picks.len()
+        self.picks.len() + self.keys.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.picks.is_empty()
+        self.picks.is_empty() && self.keys.is_empty()
     }
 
     /// Keeps only the next `n`.
     pub fn truncate(&mut self, n: usize) {
-        let drop = self.picks.len().saturating_sub(n);
-        self.picks.drain(..drop);
+        let keys = n.saturating_sub(self.picks.len());
+        self.keys.drain(..self.keys.len().saturating_sub(keys));
+        self.picks.drain(..self.picks.len().saturating_sub(n));
     }
 }
 
@@ -499,7 +674,17 @@ impl Iterator for Candidates {
     type Item = Candidate;
 
     fn next(&mut self) -> Option<Candidate> {
-        let p = self.picks.pop()?;
+        let p = match self.picks.pop() {
+            Some(p) => p,
+            None => {
+                let (rtt_ms, route) = order_key_parts(self.keys.pop()?);
+                Pick {
+                    route,
+                    reason: base_reason(&self.routes[route], self.home.as_ref()),
+                    rtt_ms,
+                }
+            }
+        };
         Some(Candidate {
             replica: self.routes[p.route].id.clone(),
             reason: p.reason,
@@ -508,7 +693,7 @@ impl Iterator for Candidates {
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.picks.len(), Some(self.picks.len()))
+        (self.len(), Some(self.len()))
     }
 }
 
@@ -579,70 +764,126 @@ fn order_routes(
     view: &dyn PeerView,
     now_ms: u64,
 ) -> Result<ReadOrder, RouteError> {
-    let ReadRequest {
-        client_region,
-        profile,
-        table,
-        key,
-        consistency,
-    } = *req;
+    check_routes(&eligible, &scope, req)?;
+    let home = read_home(d, &eligible, location, req);
+    let mut ordered = route_keys(&eligible, home.as_ref(), view);
+    sort_nearly_sorted(&mut ordered);
+    order_sorted(
+        d,
+        eligible,
+        home.as_ref(),
+        &ordered,
+        scope,
+        req,
+        view,
+        now_ms,
+    )
+}
+
+/// Whether a read may be ordered over `eligible` at all.
+fn check_routes(
+    eligible: &[Route],
+    scope: &ScopeId,
+    req: &ReadRequest<'_>,
+) -> Result<(), RouteError> {
     if eligible.is_empty() {
         return Err(RouteError::NoEligibleReplica {
-            scope,
-            profile: profile.name.clone(),
+            scope: scope.clone(),
+            profile: req.profile.name.clone(),
         });
     }
-    let in_region = |r: &Route, region: &RegionId| &r.region == region;
-    // A row's home region directs reads only when the caller's own region cannot
-    // serve the row (its policy keeps the row elsewhere): then the home region's
-    // replicas go first, the policy's other regions after. A row the caller's
-    // region holds is read there — the 20 ms budget does not survive an ocean.
-    let local = eligible.iter().any(|r| in_region(r, client_region));
-    let home_owned = if local {
-        None
-    } else {
-        location.home_of(d, table, key)
-    };
-    let home = home_owned.as_ref();
-    // Healthy before failing; then the home region (when it applies); then by
-    // round trip; then by id (the routes' order), so equal inputs give equal plans.
-    // Each route's place in that order is one integer, so the sort compares
-    // integers rather than four fields.
     if eligible.len() > ORDER_KEY_POSITIONS {
         return Err(RouteError::TooManyReplicas {
-            scope,
+            scope: scope.clone(),
             replicas: eligible.len(),
             limit: ORDER_KEY_POSITIONS,
         });
     }
-    let mut ordered: Vec<u128> = eligible
+    Ok(())
+}
+
+/// The region whose replicas go first for this read, if any.
+///
+/// A row's home region directs reads only when the caller's own region cannot
+/// serve the row (its policy keeps the row elsewhere): then the home region's
+/// replicas go first, the policy's other regions after. A row the caller's
+/// region holds is read there — the 20 ms budget does not survive an ocean.
+fn read_home(
+    d: &Deployment,
+    eligible: &[Route],
+    location: &Location,
+    req: &ReadRequest<'_>,
+) -> Option<RegionId> {
+    if eligible.iter().any(|r| r.region == *req.client_region) {
+        None
+    } else {
+        location.home_of(d, req.table, req.key)
+    }
+}
+
+/// The order key of the `i`-th route: healthy before failing; then the home
+/// region (when it applies); then by round trip; then by id (the routes' order),
+/// so equal inputs give equal plans. Each route's place in that order is one
+/// integer, so sorting compares integers rather than four fields.
+fn route_key(i: usize, r: &Route, home: Option<&RegionId>, view: &dyn PeerView) -> u128 {
+    order_key(
+        view.is_down_ranked(r.rank, &r.id),
+        home.is_some_and(|h| r.region != *h),
+        view.rtt_ms_ranked(r.rank, &r.id).unwrap_or(r.est_rtt_ms),
+        r.by_id,
+        i,
+    )
+}
+
+/// Every route's [`route_key`], by route position.
+fn route_keys(eligible: &[Route], home: Option<&RegionId>, view: &dyn PeerView) -> Vec<u128> {
+    eligible
         .iter()
         .enumerate()
-        .map(|(i, r)| {
-            order_key(
-                view.is_down_ranked(r.rank, &r.id),
-                home.is_some_and(|h| !in_region(r, h)),
-                view.rtt_ms_ranked(r.rank, &r.id).unwrap_or(r.est_rtt_ms),
-                r.by_id,
-                i,
-            )
-        })
-        .collect();
-    sort_nearly_sorted(&mut ordered);
-    let base_reason = |r: &Route| {
-        if home.is_some_and(|h| in_region(r, h)) {
-            Reason::Home
-        } else {
-            Reason::Nearest
-        }
-    };
+        .map(|(i, r)| route_key(i, r, home, view))
+        .collect()
+}
+
+/// The order from the routes' sorted keys: the consistency mode's changes to it
+/// (the rendezvous replica first, the fallbacks, the fresh replicas first).
+#[allow(clippy::too_many_arguments)]
+fn order_sorted(
+    d: &Deployment,
+    eligible: Arc<[Route]>,
+    home: Option<&RegionId>,
+    ordered: &[u128],
+    scope: ScopeId,
+    req: &ReadRequest<'_>,
+    view: &dyn PeerView,
+    now_ms: u64,
+) -> Result<ReadOrder, RouteError> {
+    let ReadRequest {
+        client_region,
+        key,
+        consistency,
+        ..
+    } = *req;
+    let in_region = |r: &Route, region: &RegionId| &r.region == region;
+    if let Consistency::Eventual = consistency {
+        // The order as it is: picks made as they are taken.
+        return Ok(ReadOrder {
+            scope,
+            primary: Candidates {
+                routes: eligible,
+                picks: Vec::new(),
+                keys: ordered.iter().rev().copied().collect(),
+                home: home.cloned(),
+            },
+            fallback: Vec::new(),
+        });
+    }
     let mut primary: Vec<Pick> = ordered
-        .into_iter()
-        .map(|key| {
+        .iter()
+        .map(|&key| {
             let (rtt_ms, route) = order_key_parts(key);
             Pick {
                 route,
-                reason: base_reason(&eligible[route]),
+                reason: base_reason(&eligible[route], home),
                 rtt_ms,
             }
         })
@@ -655,7 +896,7 @@ fn order_routes(
     };
     let mut fallback = Vec::new();
     match consistency {
-        Consistency::Eventual => {}
+        Consistency::Eventual => {} // ordered above, without picks
         Consistency::RowAffinity => {
             // The rendezvous replica of the caller's region (else the home region,
             // else the nearest region with an eligible replica) goes first.
@@ -720,9 +961,20 @@ fn order_routes(
         primary: Candidates {
             routes: eligible,
             picks: primary,
+            keys: Vec::new(),
+            home: None,
         },
         fallback,
     })
+}
+
+/// Why a route is in a read's order before any consistency mode's changes.
+fn base_reason(r: &Route, home: Option<&RegionId>) -> Reason {
+    if home.is_some_and(|h| r.region == *h) {
+        Reason::Home
+    } else {
+        Reason::Nearest
+    }
 }
 
 #[cfg(test)]

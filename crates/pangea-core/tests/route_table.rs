@@ -1,11 +1,12 @@
 //! Planning with a [`RouteTable`] worked out beforehand gives the same plans as
 //! planning from the deployment on every call, whether the view answers by name or
 //! by position; and plans keep their documented order (health, home region, round
-//! trip, then replica id).
+//! trip, then replica id). Orders kept in an [`OrderCache`] between reads are the
+//! same as orders made afresh, as long as every change to the view is reported.
 
 use pangea_core::read::{
-    Consistency, PeerView, ReadRequest, Reason, RouteTable, order_read_routed, plan_read_at,
-    plan_read_routed,
+    Consistency, OrderCache, PeerView, ReadRequest, Reason, RouteTable, order_read_cached,
+    order_read_routed, plan_read_at, plan_read_routed,
 };
 use pangea_core::{ReplicaId, ScopeId, Timestamp, Token, location::Location};
 use pangea_topology::{Deployment, RegionId};
@@ -171,4 +172,134 @@ proptest! {
             }
         }
     }
+}
+
+/// One step of a frontend's life: its view of one replica changes (reported to
+/// the cache), or it plans a read.
+#[derive(Debug, Clone)]
+enum Step {
+    Rtt(usize, Option<f64>),
+    Down(usize, bool),
+    Read(Consistency, &'static str, u32),
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    let n = DEPLOYMENT.topology.replicas.len();
+    let rtt = prop::option::of(prop::sample::select(vec![1.0, 5.0, 80.0, 140.0]));
+    let step = prop_oneof![
+        1 => (0..n, rtt).prop_map(|(r, ms)| Step::Rtt(r, ms)),
+        1 => (0..n, prop::bool::weighted(0.3)).prop_map(|(r, d)| Step::Down(r, d)),
+        3 => (
+            consistency(),
+            prop::sample::select(vec!["eu/", "us/", "apac/", "x/"]),
+            0u32..50
+        )
+            .prop_map(|(c, p, u)| Step::Read(c, p, u)),
+    ];
+    prop::collection::vec(step, 1..60)
+}
+
+fn read<'a>(
+    region: &'a RegionId,
+    profile: &'a pangea_topology::AppProfile,
+    key: &'a str,
+    consistency: &'a Consistency,
+) -> ReadRequest<'a> {
+    ReadRequest {
+        client_region: region,
+        profile,
+        table: "ad_profiles",
+        key: key.as_bytes(),
+        consistency,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Through any sequence of reported changes, a cached order is the order
+    /// planned afresh, candidate for candidate (and prefix for prefix).
+    #[test]
+    fn cached_orders_equal_fresh_ones(
+        mut view in view(),
+        steps in steps(),
+        region in prop::sample::select(DEPLOYMENT.topology.regions.keys().cloned().collect::<Vec<RegionId>>()),
+    ) {
+        let d = &*DEPLOYMENT;
+        let profile = &d.topology.app_profiles["frontend"];
+        let routes = RouteTable::new(d, profile, &region);
+        let location = Location::default();
+        let mut cache = OrderCache::new();
+        for step in steps {
+            match step {
+                Step::Rtt(r, ms) => {
+                    view.rtt[r] = ms;
+                    cache.invalidate(r);
+                }
+                Step::Down(r, down) => {
+                    view.down[r] = down;
+                    cache.invalidate(r);
+                }
+                Step::Read(consistency, prefix, user) => {
+                    let key = format!("{prefix}{user}");
+                    let req = read(&region, profile, &key, &consistency);
+                    let scope = location.scope_of(d, req.table, req.key);
+                    let fresh = plan_read_routed(d, &routes, &location, &req, &view, T0);
+                    let cached =
+                        order_read_cached(d, &routes, &mut cache, scope, &location, &req, &view, T0);
+                    match (cached, fresh) {
+                        (Ok(order), Ok(plan)) => {
+                            let mut head = order.primary.clone();
+                            head.truncate(2);
+                            let n = plan.primary.len().min(2);
+                            prop_assert_eq!(head.collect::<Vec<_>>(), plan.primary[..n].to_vec());
+                            prop_assert_eq!(order.into_plan(), plan);
+                        }
+                        (cached, fresh) => prop_assert_eq!(cached.err(), fresh.err()),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The cache's debug check is what keeps a caller honest: a change the cache is
+/// not told of fails the next read that sees it.
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "missed an invalidation")]
+fn an_unreported_change_fails_the_debug_check() {
+    let d = &*DEPLOYMENT;
+    let profile = &d.topology.app_profiles["frontend"];
+    let region = RegionId::new("us-east-1");
+    let routes = RouteTable::new(d, profile, &region);
+    let location = Location::default();
+    let n = d.topology.replicas.len();
+    let mut view = View {
+        rank: d
+            .topology
+            .replicas
+            .keys()
+            .cloned()
+            .enumerate()
+            .map(|(i, id)| (id, i))
+            .collect(),
+        rtt: vec![None; n],
+        down: vec![false; n],
+        covers: vec![false; n],
+        low_ms: vec![None; n],
+        by_rank: true,
+    };
+    let mut cache = OrderCache::new();
+    let consistency = Consistency::Eventual;
+    let req = read(&region, profile, "us/1", &consistency);
+    let order = |cache: &mut OrderCache, view: &View| {
+        let scope = location.scope_of(d, req.table, req.key);
+        order_read_cached(d, &routes, cache, scope, &location, &req, view, T0)
+    };
+    let first = order(&mut cache, &view).unwrap().primary.next().unwrap();
+    // The nearest replica is now far away, and nobody says so.
+    let rank = view.rank[&first.replica];
+    view.rtt[rank] = Some(10_000.0);
+    let _ = order(&mut cache, &view);
 }

@@ -11,8 +11,9 @@ use crate::ids::Interner;
 use crate::time::{SimDuration, SimTime};
 use bytes::Bytes;
 use pangea_core::frontend::{self, HedgePolicy};
-use pangea_core::read::PeerView;
+use pangea_core::read::{OrderCache, PeerView};
 use pangea_core::{ReplicaId, ScopeId, ScopeWatermarks, Timestamp, Token};
+use std::sync::Arc;
 
 fn sim(d: std::time::Duration) -> SimDuration {
     SimDuration::from_us(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
@@ -72,9 +73,16 @@ pub(crate) struct Client {
     pub(crate) region: usize,
     pub(crate) region_id: pangea_core::ids::RegionId,
     /// Round-trip EWMA per replica (ms), by replica index.
-    pub(crate) rtt_ms: Vec<Option<f64>>,
+    rtt_ms: Vec<Option<f64>>,
     /// Marked down until, by replica index.
-    pub(crate) down_until: Vec<SimTime>,
+    down_until: Vec<SimTime>,
+    /// Down marks not known to have run out yet: (until, replica).
+    down_marks: Vec<(SimTime, usize)>,
+    /// The library's read orders kept between reads, told of every change to
+    /// `rtt_ms` and `down_until` (by rank: `rank_of`).
+    pub(crate) orders: OrderCache,
+    /// The rank (`PeerView::rtt_ms_ranked`) of each replica index.
+    rank_of: Arc<[usize]>,
     /// Last-known watermarks, `[scope][replica]`, with their low watermark computed
     /// once when learnt (planning a bounded read asks it of every candidate).
     known: Vec<Vec<Option<(ScopeWatermarks, Timestamp)>>>,
@@ -91,15 +99,19 @@ impl Client {
     pub(crate) fn new(
         region: usize,
         region_id: pangea_core::ids::RegionId,
-        replicas: usize,
+        rank_of: Arc<[usize]>,
         scopes: usize,
         now: SimTime,
     ) -> Self {
+        let replicas = rank_of.len();
         Client {
             region,
             region_id,
             rtt_ms: vec![None; replicas],
             down_until: vec![SimTime::ZERO; replicas],
+            down_marks: Vec::new(),
+            orders: OrderCache::new(),
+            rank_of,
             known: vec![vec![None; replicas]; scopes],
             hedger: Hedger::new(now),
             last_write: None,
@@ -111,15 +123,44 @@ impl Client {
     /// `Inner::note_rtt`.
     pub(crate) fn note_rtt(&mut self, r: usize, elapsed: SimDuration) {
         self.rtt_ms[r] = Some(frontend::rtt_ewma(self.rtt_ms[r], elapsed.as_ms_f64()));
+        self.orders.invalidate(self.rank_of[r]);
     }
 
     pub(crate) fn mark_down(&mut self, r: usize, now: SimTime) {
-        self.down_until[r] = now + DOWN_FOR;
+        self.set_down_until(r, now + DOWN_FOR);
     }
 
     /// A background probe of `r` failed or timed out.
     pub(crate) fn mark_unreachable(&mut self, r: usize, now: SimTime) {
-        self.down_until[r] = now + PROBE_DOWN_FOR;
+        self.set_down_until(r, now + PROBE_DOWN_FOR);
+    }
+
+    /// A background probe of `r` answered: it is up.
+    pub(crate) fn mark_up(&mut self, r: usize) {
+        self.set_down_until(r, SimTime::ZERO);
+    }
+
+    fn set_down_until(&mut self, r: usize, until: SimTime) {
+        self.down_until[r] = until;
+        self.orders.invalidate(self.rank_of[r]);
+        if until > SimTime::ZERO {
+            self.down_marks.push((until, r));
+        }
+    }
+
+    /// Tells the read orders of the down marks that ran out by `now` (a replica
+    /// is down while `now < down_until`). Before every plan.
+    pub(crate) fn expire_down_marks(&mut self, now: SimTime) {
+        let mut i = 0;
+        while i < self.down_marks.len() {
+            let (until, r) = self.down_marks[i];
+            if until <= now {
+                self.orders.invalidate(self.rank_of[r]);
+                self.down_marks.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
     }
 
     pub(crate) fn learn(&mut self, r: usize, scope: usize, wm: ScopeWatermarks) {

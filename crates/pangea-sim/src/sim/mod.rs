@@ -653,6 +653,15 @@ impl Simulation {
                     .collect()
             })
             .collect();
+        // Every view shares the topology (placement changes change the placement
+        // only), so a replica's rank is the same in each.
+        let mut rank_of = vec![usize::MAX; n];
+        for (rank, id) in d.topology.replicas.keys().enumerate() {
+            if let Some(r) = names.get(id.as_str()) {
+                rank_of[r] = rank;
+            }
+        }
+        let rank_of: Arc<[usize]> = rank_of.into();
         let mut clients = Vec::new();
         let mut region_clients = vec![Vec::new(); regions.len()];
         let mut region_rate = vec![0.0; regions.len()];
@@ -666,7 +675,7 @@ impl Simulation {
                 clients.push(Client::new(
                     ri,
                     regions[ri].clone(),
-                    n,
+                    rank_of.clone(),
                     scopes.len(),
                     SimTime::ZERO,
                 ));
@@ -681,7 +690,7 @@ impl Simulation {
                     .collect()
             })
             .collect();
-        let rank_replica = views
+        let rank_replica: Vec<Vec<Option<usize>>> = views
             .iter()
             .map(|v| {
                 v.topology
@@ -691,6 +700,10 @@ impl Simulation {
                     .collect()
             })
             .collect();
+        debug_assert!(
+            rank_replica.iter().all(|v| *v == rank_replica[0]),
+            "views with other topologies: the clients' ranks (`rank_of`) assume one"
+        );
         let region_prefix = regions
             .iter()
             .map(|r| {

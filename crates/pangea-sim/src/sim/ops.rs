@@ -5,7 +5,7 @@
 
 use super::*;
 use pangea_core::location::Location;
-use pangea_core::read::{ReadOrder, RouteError, order_read_routed_in};
+use pangea_core::read::{ReadOrder, RouteError, order_read_cached};
 
 impl Simulation {
     /// One-way delay of client traffic between a client region and replica `r`
@@ -257,7 +257,7 @@ impl Simulation {
     /// is passed in rather than worked out again); writes plan as eventual reads
     /// (nearest allowed replica first).
     fn plan(
-        &self,
+        &mut self,
         client: usize,
         scope: usize,
         scope_id: &ScopeId,
@@ -265,6 +265,10 @@ impl Simulation {
         key: &Bytes,
         consistency: &Consistency,
     ) -> Result<ReadOrder, RouteError> {
+        let now_wall_ms = self.now_wall_ms();
+        let c = &mut self.clients[client];
+        c.expire_down_marks(self.now);
+        let mut orders = std::mem::take(&mut c.orders);
         let c = &self.clients[client];
         let view = View {
             client: c,
@@ -280,15 +284,18 @@ impl Simulation {
             key,
             consistency,
         };
-        order_read_routed_in(
+        let order = order_read_cached(
             &self.views[self.client_view],
             &self.routes[self.client_view][c.region],
+            &mut orders,
             scope_id.clone(),
             &Location::default(),
             &req,
             &view,
-            self.now_wall_ms(),
-        )
+            now_wall_ms,
+        );
+        self.clients[client].orders = orders;
+        order
     }
 
     /// The clients' wall clock (true time; frontends are not skewed).
@@ -910,7 +917,7 @@ impl Simulation {
                 for (s, w) in wms {
                     c.learn(r, s, w);
                 }
-                c.down_until[r] = SimTime::ZERO;
+                c.mark_up(r);
             }
             None => c.mark_unreachable(r, now),
         }
