@@ -908,11 +908,21 @@ impl<S: Storage> Replica<S> {
     /// Whether this replica may store a row: its scope allows us, or a migration is
     /// moving it to a scope that does.
     fn may_hold(&self, table: &str, key: &[u8]) -> bool {
-        self.scopes.contains_key(&self.scope_of(table, key))
-            || self
-                .location
-                .migrating_to(table, key)
-                .is_some_and(|b| self.scopes.contains_key(b))
+        // `scope_of` and `Location::migrating_to` with one lookup and no clone.
+        let entry = self.location.lookup(table, key);
+        let ours = if table.starts_with('_') {
+            self.scopes
+                .contains_key(pangea_topology::placement::GLOBAL_POLICY)
+        } else {
+            let scope = match entry {
+                Some(e) => &e.policy,
+                None => self.deployment.scope_of(table, key),
+            };
+            self.scopes.contains_key(scope)
+        };
+        ours || entry
+            .and_then(|e| e.migrating_to.as_ref())
+            .is_some_and(|b| self.scopes.contains_key(b))
     }
 
     /// Whether every member of `scope` has reported applying `origin`'s stream up to

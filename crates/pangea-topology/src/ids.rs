@@ -132,7 +132,7 @@ name_type!(
 impl ScopeId {
     /// The scope of rows without a restricting placement policy.
     pub fn global() -> Self {
-        Self::new("global")
+        Self::new(crate::placement::GLOBAL_POLICY)
     }
 }
 

@@ -112,12 +112,29 @@ impl Default for LogBins {
     }
 }
 
+/// `LOWER[b]`: the least number of µs in bin `b`, the least `us` with
+/// `log2(us) * SUB >= b` (bin 0 also takes 0 and 1).
+static LOWER: std::sync::LazyLock<[u64; LOG_BINS]> = std::sync::LazyLock::new(|| {
+    let mut lower = [0; LOG_BINS];
+    for (b, l) in lower.iter_mut().enumerate().skip(1) {
+        *l = ((b as f64) / SUB).exp2().ceil() as u64;
+    }
+    lower
+});
+
 impl LogBins {
+    /// `floor(log2(us) * SUB)`, from the bins' bounds: the power of two's first
+    /// bin, then at most `SUB - 1` steps (a `log2` per recorded lag cost more).
     fn bin(us: u64) -> usize {
         if us <= 1 {
             return 0;
         }
-        (((us as f64).log2() * SUB) as usize).min(LOG_BINS - 1)
+        let lower = &*LOWER;
+        let mut b = (us.ilog2() as usize * SUB as usize).min(LOG_BINS - 1);
+        while b + 1 < LOG_BINS && us >= lower[b + 1] {
+            b += 1;
+        }
+        b
     }
 
     /// The upper edge of a bin, in µs.
@@ -352,6 +369,27 @@ impl RunReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bounds give the bins `log2` gives.
+    #[test]
+    fn log_bins_are_log2_bins() {
+        let by_log2 = |us: u64| {
+            if us <= 1 {
+                0
+            } else {
+                (((us as f64).log2() * SUB) as usize).min(LOG_BINS - 1)
+            }
+        };
+        let mut rng = crate::rng::SimRng::new(7);
+        let edges = (1..LOG_BINS).flat_map(|b| {
+            let l = LOWER[b];
+            [l - 1, l, l + 1]
+        });
+        let random = (0..100_000).map(|_| rng.next_u64() >> rng.next_below(64));
+        for us in (0..100_000).chain(edges).chain(random).chain([u64::MAX]) {
+            assert_eq!(LogBins::bin(us), by_log2(us), "{us} µs");
+        }
+    }
 
     #[test]
     fn log_bins_quantiles_are_within_a_bin() {
