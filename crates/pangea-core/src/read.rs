@@ -212,6 +212,23 @@ pub trait PeerView {
         let _ = rank;
         self.is_down(replica)
     }
+
+    /// [`PeerView::covers`], by position as in [`PeerView::rtt_ms_ranked`].
+    fn covers_ranked(&self, rank: usize, replica: &ReplicaId, token: &Token) -> bool {
+        let _ = rank;
+        self.covers(replica, token)
+    }
+
+    /// [`PeerView::low_watermark`], by position as in [`PeerView::rtt_ms_ranked`].
+    fn low_watermark_ranked(
+        &self,
+        rank: usize,
+        replica: &ReplicaId,
+        scope: &ScopeId,
+    ) -> Option<Timestamp> {
+        let _ = rank;
+        self.low_watermark(replica, scope)
+    }
 }
 
 /// One replica a client may route a scope's reads to, with what planning needs
@@ -928,10 +945,12 @@ fn order_sorted(
         }
         Consistency::Watermark(token) => {
             for p in &primary {
-                let replica = id(p);
-                if *replica == token.origin {
+                let r = &eligible[p.route];
+                if r.id == token.origin {
                     fallback.push(build(p, Reason::OriginFallback));
-                } else if view.covers(replica, token) && !view.is_down(replica) {
+                } else if view.covers_ranked(r.rank, &r.id, token)
+                    && !view.is_down_ranked(r.rank, &r.id)
+                {
                     fallback.push(build(p, Reason::Covered));
                 }
             }
@@ -939,19 +958,22 @@ fn order_sorted(
             fallback.sort_by_key(|c| c.reason != Reason::OriginFallback);
         }
         Consistency::BoundedStaleness { max_ms } => {
-            let fresh = |r: &ReplicaId| {
-                view.low_watermark(r, &scope)
-                    .is_some_and(|low| staleness_ms(low, now_ms) <= *max_ms)
-            };
-            // Stable: keeps the health/home/RTT order within each group. Keys are
-            // computed once: a live view may change between two looks, and a sort
-            // must not see a key change under it.
-            primary.sort_by_cached_key(|p| !fresh(id(p)) || view.is_down(id(p)));
+            // Each replica looked at once: a live view may change between two
+            // looks, and a sort must not see a key change under it.
             for p in primary.iter_mut() {
-                if fresh(&eligible[p.route].id) {
+                let r = &eligible[p.route];
+                if view
+                    .low_watermark_ranked(r.rank, &r.id, &scope)
+                    .is_some_and(|low| staleness_ms(low, now_ms) <= *max_ms)
+                {
                     p.reason = Reason::Fresh;
                 }
             }
+            // Stable: keeps the health/home/RTT order within each group.
+            primary.sort_by_cached_key(|p| {
+                let r = &eligible[p.route];
+                p.reason != Reason::Fresh || view.is_down_ranked(r.rank, &r.id)
+            });
         }
     }
     // Taken from the back.

@@ -66,6 +66,20 @@ impl PeerView for View {
             self.is_down(r)
         }
     }
+    fn covers_ranked(&self, rank: usize, r: &ReplicaId, t: &Token) -> bool {
+        if self.by_rank {
+            self.covers[rank]
+        } else {
+            self.covers(r, t)
+        }
+    }
+    fn low_watermark_ranked(&self, rank: usize, r: &ReplicaId, s: &ScopeId) -> Option<Timestamp> {
+        if self.by_rank {
+            self.low_ms[rank].map(|ms| Timestamp::new(ms, 0))
+        } else {
+            self.low_watermark(r, s)
+        }
+    }
 }
 
 fn view() -> impl Strategy<Value = View> {

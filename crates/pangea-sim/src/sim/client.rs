@@ -215,6 +215,20 @@ impl PeerView for View<'_> {
             None => self.is_down(replica),
         }
     }
+
+    fn covers_ranked(&self, rank: usize, replica: &ReplicaId, token: &Token) -> bool {
+        self.known_ranked(rank, replica)
+            .is_some_and(|(w, _)| w.covers(token))
+    }
+
+    fn low_watermark_ranked(
+        &self,
+        rank: usize,
+        replica: &ReplicaId,
+        _scope: &ScopeId,
+    ) -> Option<Timestamp> {
+        self.known_ranked(rank, replica).map(|(_, low)| *low)
+    }
 }
 
 impl View<'_> {
@@ -223,6 +237,18 @@ impl View<'_> {
     fn known(&self, replica: &ReplicaId) -> Option<&(ScopeWatermarks, Timestamp)> {
         let r = self.replicas.get(replica.as_str())?;
         self.client.known.get(self.scope)?.get(r)?.as_ref()
+    }
+
+    /// [`View::known`] by rank.
+    fn known_ranked(
+        &self,
+        rank: usize,
+        replica: &ReplicaId,
+    ) -> Option<&(ScopeWatermarks, Timestamp)> {
+        match self.ranked.get(rank) {
+            Some(r) => self.client.known.get(self.scope)?.get((*r)?)?.as_ref(),
+            None => self.known(replica),
+        }
     }
 }
 
