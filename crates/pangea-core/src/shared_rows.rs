@@ -25,8 +25,8 @@ use crate::{ReplicaId, RowMutation, Timestamp};
 use bytes::Bytes;
 use pangea_topology::Deployment;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
-use xxhash_rust::xxh3::Xxh3DefaultBuilder;
 
 /// Records kept: the applies of about 16 s of writes at the reference run's 250
 /// writes a second (an entry reaches every replica within a second unless a fault
@@ -77,21 +77,71 @@ struct Held {
 
 type RowKey = (Arc<str>, Bytes);
 
-/// The maps hash with xxh3, not SipHash (a hash-flooding defence): only the
-/// simulator's in-memory stores share rows, never a serving node's, and its own
-/// workload makes the keys. They are only looked up, never iterated, so no order
-/// reaches an output.
+/// The maps hash a word at a time ([`WordHasher`]), not with SipHash (a
+/// hash-flooding defence): only the simulator's in-memory stores share rows,
+/// never a serving node's, and its own workload makes the keys. They are only
+/// looked up, never iterated, so no order reaches an output.
 #[derive(Debug, Default)]
 struct Records {
-    by_key: HashMap<Key, Record, Xxh3DefaultBuilder>,
+    by_key: HashMap<Key, Record, Words>,
     /// Insertion order, for dropping the oldest.
     order: VecDeque<Key>,
     /// The last row computed for each (table, row key). A row computed again and
     /// equal to it is replaced by it: replicas whose rows parted (two writes
     /// applied in different orders) hold one row again once their contents agree.
-    latest: HashMap<RowKey, Arc<RowState>, Xxh3DefaultBuilder>,
+    latest: HashMap<RowKey, Arc<RowState>, Words>,
     hits: u64,
     misses: u64,
+}
+
+type Words = BuildHasherDefault<WordHasher>;
+
+/// Multiply-rotate hashing, eight bytes at a step (as `FxHash` does), with the
+/// high half folded onto the low one, where the table takes its bucket from: the
+/// keys are addresses, timestamps and short row keys. Streaming xxh3, which a
+/// `BuildHasher` gets, cost more than the rest of a lookup.
+#[derive(Debug, Default)]
+struct WordHasher(u64);
+
+impl WordHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().expect("eight bytes")));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(b));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
 }
 
 fn address(row: Option<&Arc<RowState>>) -> usize {
