@@ -465,6 +465,8 @@ pub struct Simulation {
     /// `[view][rank]`: the replica index of each of the view's replicas, in id order
     /// (`PeerView::rtt_ms_ranked`).
     rank_replica: Vec<Vec<Option<usize>>>,
+    /// `[view]`: the workload table's schema (a served read sizes its answer by it).
+    workload_schema: Vec<Option<pangea_topology::schema::TableSchema>>,
     profile: AppProfile,
     /// `[region][replica]`: one-way client latency before overrides (µs).
     client_one_way_us: Vec<Vec<u64>>,
@@ -493,6 +495,9 @@ pub struct Simulation {
     final_convergence: Option<SimTime>,
     stop: bool,
     events_buf: Vec<Event>,
+    /// `xxh3_64` of each frame kind's name the trace has hashed, by the name's
+    /// address (`Frame::kind` names are `'static`): hashed once per kind.
+    kind_hashes: Vec<(&'static str, u64)>,
     leak_bytes: u64,
     /// Set when the run is split into shards (`shard.rs`).
     shard: Option<Box<shard::ShardCtx>>,
@@ -700,6 +705,10 @@ impl Simulation {
                     .collect()
             })
             .collect();
+        let workload_schema = views
+            .iter()
+            .map(|v| v.placement.schema.table(&sc.workload.table).cloned())
+            .collect();
         debug_assert!(
             rank_replica.iter().all(|v| *v == rank_replica[0]),
             "views with other topologies: the clients' ranks (`rank_of`) assume one"
@@ -779,6 +788,7 @@ impl Simulation {
                 .get_key_value(sc.workload.table.as_str())
                 .map_or_else(|| sc.workload.table.as_str().into(), |(t, _)| t.clone()),
             rank_replica,
+            workload_schema,
             profile,
             client_one_way_us,
             clients,
@@ -801,6 +811,7 @@ impl Simulation {
             final_convergence: None,
             stop: false,
             events_buf: Vec::new(),
+            kind_hashes: Vec::new(),
             leak_bytes: 0,
             shard,
             net_absorbed: None,
@@ -1036,7 +1047,19 @@ impl Simulation {
             b[..8].copy_from_slice(&now.as_us().to_le_bytes());
             b[8..16].copy_from_slice(&(r as u64).to_le_bytes());
             b[16..24].copy_from_slice(&(to as u64).to_le_bytes());
-            b[24..32].copy_from_slice(&xxh3_64(kind.as_bytes()).to_le_bytes());
+            let kind_hash = match self
+                .kind_hashes
+                .iter()
+                .find(|(k, _)| std::ptr::eq(*k, kind))
+            {
+                Some(&(_, h)) => h,
+                None => {
+                    let h = xxh3_64(kind.as_bytes());
+                    self.kind_hashes.push((kind, h));
+                    h
+                }
+            };
+            b[24..32].copy_from_slice(&kind_hash.to_le_bytes());
             b[32..40].copy_from_slice(&(t.bytes as u64).to_le_bytes());
             self.trace.0.update(&b);
         }

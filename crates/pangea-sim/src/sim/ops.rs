@@ -471,7 +471,7 @@ impl Simulation {
                         let table = self.sc.workload.table.as_str();
                         // `get_row` without the copy: only the size of the answer (the
                         // newest version of every cell) is needed.
-                        let schema = self.views[node.view].placement.schema.table(table);
+                        let schema = self.workload_schema[node.view].as_ref();
                         let bytes = rep
                             .storage()
                             .row(table, key)
