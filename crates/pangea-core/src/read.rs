@@ -6,6 +6,9 @@
 //! - [`plan_read`]: given a client's region, app profile, the deployment and what the
 //!   client knows of replicas (RTTs, health, last-known watermarks), which replicas to
 //!   ask, in which order, and which to race as fallbacks.
+//! - [`OrderCache`] with [`order_read_cached`]: the same order, with each scope's
+//!   route keys kept between reads, for a caller that reports every change to its
+//!   view (the simulator's frontends).
 
 use crate::hlc::Timestamp;
 use crate::ids::{RegionId, ReplicaId, ScopeId};
@@ -450,7 +453,7 @@ pub fn order_read_routed_in(
 }
 
 /// A frontend's read orders kept between reads: for each scope's routes and
-/// home region it has read with, every route's order key ([`route_key`]) and the
+/// home region it has read with, every route's order key and the
 /// keys sorted. A read then re-keys only the replicas its view changed for
 /// (about one: the last answer's round trip) instead of keying and sorting every
 /// eligible replica. [`order_read_cached`] gives the order [`order_read_routed_in`]

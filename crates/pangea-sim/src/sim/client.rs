@@ -1,8 +1,9 @@
 //! The simulated frontends: what `pangea-client` keeps per process, in virtual time.
 //!
 //! Nothing here is a copy of the library. Every read and write is planned by
-//! `pangea_core::read::plan_read` over a [`View`] of this state, exactly as the
-//! client library plans over its `Snapshot`; the round-trip average, how long a
+//! `pangea_core::read` over a [`View`] of this state, exactly as the client library
+//! plans over its `Snapshot` (through an `OrderCache`, which gives the same order
+//! and checks so in debug builds); the round-trip average, how long a
 //! failed replica stays last in line, the refresh cadence and the hedging delay and
 //! budget are `pangea_core::frontend`, which the library runs too. What lives here
 //! is only the state those functions keep, indexed densely.
@@ -76,7 +77,8 @@ pub(crate) struct Client {
     rtt_ms: Vec<Option<f64>>,
     /// Marked down until, by replica index.
     down_until: Vec<SimTime>,
-    /// Down marks not known to have run out yet: (until, replica).
+    /// Down marks not known to have run out yet: (until, replica), at most one per
+    /// replica (its newest).
     down_marks: Vec<(SimTime, usize)>,
     /// The library's read orders kept between reads, told of every change to
     /// `rtt_ms` and `down_until` (by rank: `rank_of`).
@@ -143,6 +145,9 @@ impl Client {
     fn set_down_until(&mut self, r: usize, until: SimTime) {
         self.down_until[r] = until;
         self.orders.invalidate(self.rank_of[r]);
+        // A newer mark replaces the replica's older one: the replica stays down
+        // past the older one's end.
+        self.down_marks.retain(|&(_, x)| x != r);
         if until > SimTime::ZERO {
             self.down_marks.push((until, r));
         }
