@@ -439,11 +439,7 @@ pub fn order_read_routed_in(
     view: &dyn PeerView,
     now_ms: u64,
 ) -> Result<ReadOrder, RouteError> {
-    debug_assert!(
-        routes.client_region == *req.client_region && routes.profile == req.profile.name,
-        "a route table of another region or profile"
-    );
-    debug_assert_eq!(scope, location.scope_of(d, req.table, req.key));
+    debug_check_routed(d, routes, &scope, location, req);
     let eligible = match routes.scopes.get(&scope) {
         Some(r) => r.clone(),
         // A scope the deployment does not list (no such policy): worked out now.
@@ -590,11 +586,7 @@ pub fn order_read_cached(
     let Some(eligible) = routes.scopes.get(&scope) else {
         return order_read_routed_in(d, routes, scope, location, req, view, now_ms);
     };
-    debug_assert!(
-        routes.client_region == *req.client_region && routes.profile == req.profile.name,
-        "a route table of another region or profile"
-    );
-    debug_assert_eq!(scope, location.scope_of(d, req.table, req.key));
+    debug_check_routed(d, routes, &scope, location, req);
     check_routes(eligible, &scope, req)?;
     let home = read_home(d, eligible, location, req);
     let sorted = cache.sorted(eligible, home.as_ref(), view);
@@ -617,6 +609,22 @@ pub fn order_read_cached(
         view,
         now_ms,
     )
+}
+
+/// What a caller of the routed planners promises (checked in debug builds): a
+/// route table of the request's region and profile, and the row's own scope.
+fn debug_check_routed(
+    d: &Deployment,
+    routes: &RouteTable,
+    scope: &ScopeId,
+    location: &Location,
+    req: &ReadRequest<'_>,
+) {
+    debug_assert!(
+        routes.client_region == *req.client_region && routes.profile == req.profile.name,
+        "a route table of another region or profile"
+    );
+    debug_assert_eq!(*scope, location.scope_of(d, req.table, req.key));
 }
 
 /// A [`ReadPlan`] whose primary candidates are built as they are taken.

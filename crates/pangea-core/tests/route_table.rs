@@ -82,6 +82,18 @@ impl PeerView for View {
     }
 }
 
+/// Each replica's position in the deployment's replicas in id order.
+fn ranks() -> BTreeMap<ReplicaId, usize> {
+    DEPLOYMENT
+        .topology
+        .replicas
+        .keys()
+        .cloned()
+        .enumerate()
+        .map(|(i, id)| (id, i))
+        .collect()
+}
+
 fn view() -> impl Strategy<Value = View> {
     let n = DEPLOYMENT.topology.replicas.len();
     // Few distinct round trips, so that ties (broken by id) are common.
@@ -94,14 +106,7 @@ fn view() -> impl Strategy<Value = View> {
         any::<bool>(),
     )
         .prop_map(|(rtt, down, covers, low_ms, by_rank)| View {
-            rank: DEPLOYMENT
-                .topology
-                .replicas
-                .keys()
-                .cloned()
-                .enumerate()
-                .map(|(i, id)| (id, i))
-                .collect(),
+            rank: ranks(),
             rtt,
             down,
             covers,
@@ -290,14 +295,7 @@ fn an_unreported_change_fails_the_debug_check() {
     let location = Location::default();
     let n = d.topology.replicas.len();
     let mut view = View {
-        rank: d
-            .topology
-            .replicas
-            .keys()
-            .cloned()
-            .enumerate()
-            .map(|(i, id)| (id, i))
-            .collect(),
+        rank: ranks(),
         rtt: vec![None; n],
         down: vec![false; n],
         covers: vec![false; n],
