@@ -592,8 +592,7 @@ pub fn order_read_cached(
     let sorted = cache.sorted(eligible, home.as_ref(), view);
     #[cfg(debug_assertions)]
     {
-        let mut fresh = route_keys(eligible, home.as_ref(), view);
-        sort_nearly_sorted(&mut fresh);
+        let fresh = sorted_route_keys(eligible, home.as_ref(), view);
         assert_eq!(
             sorted, fresh,
             "an order cache missed an invalidation: cached keys differ from the view's"
@@ -794,8 +793,7 @@ fn order_routes(
 ) -> Result<ReadOrder, RouteError> {
     check_routes(&eligible, &scope, req)?;
     let home = read_home(d, &eligible, location, req);
-    let mut ordered = route_keys(&eligible, home.as_ref(), view);
-    sort_nearly_sorted(&mut ordered);
+    let ordered = sorted_route_keys(&eligible, home.as_ref(), view);
     order_sorted(
         d,
         eligible,
@@ -870,6 +868,18 @@ fn route_keys(eligible: &[Route], home: Option<&RegionId>, view: &dyn PeerView) 
         .enumerate()
         .map(|(i, r)| route_key(i, r, home, view))
         .collect()
+}
+
+/// Every route's [`route_key`], sorted: a read's order before its consistency
+/// mode's changes.
+fn sorted_route_keys(
+    eligible: &[Route],
+    home: Option<&RegionId>,
+    view: &dyn PeerView,
+) -> Vec<u128> {
+    let mut keys = route_keys(eligible, home, view);
+    sort_nearly_sorted(&mut keys);
+    keys
 }
 
 /// The order from the routes' sorted keys: the consistency mode's changes to it
