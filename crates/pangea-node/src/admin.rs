@@ -184,8 +184,9 @@ pub async fn serve(
 }
 
 fn log_join(done: Result<(), tokio::task::JoinError>) {
-    // A panic is an `AdminState` implementation's: that connection is lost, the
-    // endpoint goes on. Cancellation only happens when a drain times out.
+    // A panic is an `AdminState` implementation's: in a debug build that connection
+    // is lost and the endpoint goes on (release builds abort on a panic, fail-stop:
+    // Cargo.toml). Cancellation only happens when a drain times out.
     if let Err(error) = done
         && error.is_panic()
     {
