@@ -1000,6 +1000,7 @@ impl<S: Storage> Replica<S> {
     }
 
     /// (Re)computes scopes, members and trees from the deployment and the live view.
+    #[cold]
     fn rebuild_scopes(&mut self, now: Now) {
         let d = self.deployment.clone();
         let mine: BTreeSet<ScopeId> = d
@@ -1090,6 +1091,7 @@ impl<S: Storage> Replica<S> {
     }
 
     /// A suspected peer was heard from again.
+    #[cold]
     fn recovered(&mut self, now: Now, peer: &ReplicaId) {
         self.events.push_back(Event::PeerRecovered(peer.clone()));
         self.rebuild_scopes(now);
@@ -1298,6 +1300,7 @@ impl<S: Storage> Replica<S> {
     /// Undoes a flush whose write or sync failed: the moved streams stay listed
     /// for the next flush, and their durable watermarks go back (`advanced`: the
     /// position in `moved`, the durable watermark before, the one taken).
+    #[cold]
     fn unflush(&mut self, advanced: &[(usize, Watermark, Watermark)]) {
         for (scope, origin) in &self.moved {
             if let Some(st) = stream_of(&mut self.scopes, scope, origin) {
@@ -1653,6 +1656,7 @@ impl<S: Storage> Replica<S> {
         }
     }
 
+    #[cold]
     fn handle_gap_request(&mut self, from: &ReplicaId, g: GapRequest) -> Result<(), Error> {
         let Some(s) = self.scopes.get(&g.scope) else {
             self.reject(from, Reject::UnknownScope);
@@ -1698,6 +1702,7 @@ impl<S: Storage> Replica<S> {
         Ok(())
     }
 
+    #[cold]
     fn handle_gap_fill(&mut self, now: Now, from: &ReplicaId, g: GapFill) -> Result<(), Error> {
         if !self.scopes.contains_key(&g.scope) {
             self.reject(from, Reject::UnknownScope);
@@ -1748,6 +1753,7 @@ impl<S: Storage> Replica<S> {
 
     // ----- snapshots -----
 
+    #[cold]
     fn request_snapshot(&mut self, now: Now, scope: &ScopeId, from: &ReplicaId) {
         let Some(s) = self.scopes.get_mut(scope) else {
             return;
@@ -1774,6 +1780,7 @@ impl<S: Storage> Replica<S> {
         );
     }
 
+    #[cold]
     fn handle_snapshot_request(&mut self, from: &ReplicaId, scope: ScopeId) {
         let Some(s) = self.scopes.get(&scope) else {
             self.reject(from, Reject::UnknownScope);
@@ -1815,6 +1822,7 @@ impl<S: Storage> Replica<S> {
 
     /// The next chunk of an outgoing snapshot, reading rows as it goes. A chunk
     /// holds rows of one table.
+    #[cold]
     fn next_chunk(&mut self, o: &mut Outgoing) -> Result<SnapshotChunk, StorageError> {
         const SCAN_ROWS: usize = 256;
         let d = self.deployment.clone();
@@ -1868,6 +1876,7 @@ impl<S: Storage> Replica<S> {
         Ok(chunk)
     }
 
+    #[cold]
     fn handle_snapshot_chunk(
         &mut self,
         now: Now,
@@ -2221,6 +2230,7 @@ impl<S: Storage> Replica<S> {
     // ----- compaction -----
 
     /// Recomputes purge horizons, truncates logs below them, and sweeps some rows.
+    #[inline(never)]
     fn compact(&mut self, now: Now) -> Result<(), Error> {
         const SWEEP_ROWS_MAX: usize = 1_000;
         let d = self.deployment.clone();
