@@ -1071,6 +1071,7 @@ impl<S: Storage> Replica<S> {
         self.rebuild_scopes(now);
     }
 
+    #[cold]
     fn reject(&mut self, from: &ReplicaId, reason: Reject) {
         *self.stats.rejected.entry(reason).or_default() += 1;
         self.events.push_back(Event::Rejected {

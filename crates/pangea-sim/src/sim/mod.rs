@@ -377,6 +377,7 @@ impl Checks {
         s * self.replicas + o
     }
 
+    #[cold]
     fn violation(&mut self, what: String) {
         if self.violations.len() < VIOLATIONS_KEPT {
             self.violations.push(what);
