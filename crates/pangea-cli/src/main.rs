@@ -3,8 +3,19 @@
 
 use clap::{Parser, Subcommand};
 
+// The allocator is mimalloc, linked with its `override` feature so that it *is* the
+// process's `malloc` (every C library's too), and Rust allocates through `System`,
+// which calls `malloc` directly for the alignments Rust data needs. Through
+// `mimalloc::MiMalloc`, every allocation took mimalloc's aligned entry point, whose
+// fast path covers blocks of at most 1 KiB: larger ones (row values, frames, log
+// batches) went through its generic aligned path and were padded by their alignment
+// (docs/plans/sim-speed.md, "malloc itself": 2 % fewer instructions, about 4 % less
+// wall time on the simulator's reference run). On a platform where a static library
+// cannot replace `malloc` (Windows), `System` is the platform's allocator.
+use mimalloc as _;
+
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: std::alloc::System = std::alloc::System;
 
 mod bench_cmd;
 mod bench_redis;

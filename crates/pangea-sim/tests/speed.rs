@@ -25,9 +25,12 @@ use pangea_sim::scenario::Workload;
 use pangea_sim::sim::{Simulation, default_threads, run_scenario};
 use std::path::Path;
 
-// The allocator of the `pangea` binary, whose `sim run` this measures.
+// The allocator of the `pangea` binary, whose `sim run` this measures: mimalloc as
+// `malloc` itself, reached through `System` (crates/pangea-cli/src/main.rs).
+use mimalloc as _;
+
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: std::alloc::System = std::alloc::System;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
