@@ -34,6 +34,7 @@ mod error;
 pub mod frame;
 pub mod frontend;
 pub mod hlc;
+mod idmap;
 pub use pangea_topology::ids;
 pub mod limits;
 pub mod location;

@@ -31,6 +31,7 @@ use crate::frame::{
     Applied, Frame, FrameClass, FrameLimits, GapFill, GapRequest, Heartbeat, SnapshotChunk,
 };
 use crate::hlc::{ClockError, HybridClock, Timestamp};
+use crate::idmap::IdMap;
 use crate::ids::{ReplicaId, ScopeId};
 use crate::limits::Limits;
 use crate::location::{LOCATION_TABLE, Location};
@@ -341,7 +342,7 @@ struct ScopeState {
     /// than walking the streams.
     durable_marks: Vec<Watermark>,
     tree: Tree,
-    streams: BTreeMap<ReplicaId, Stream>,
+    streams: IdMap<Stream>,
     /// Gossip: what each member reported as applied, per origin.
     applied_by: BTreeMap<ReplicaId, Report>,
     purge_horizon: Timestamp,
@@ -816,7 +817,7 @@ impl<S: Storage> Replica<S> {
                 r.clock.restore(wm.timestamp);
             }
             if let Some(s) = r.scopes.get_mut(&scope) {
-                let st = s.streams.entry(origin.clone()).or_default();
+                let st = s.streams.get_or_default(&origin);
                 st.applied = wm;
                 st.known_last = wm.sequence;
                 s.set_durable(&origin, wm);
@@ -1045,7 +1046,7 @@ impl<S: Storage> Replica<S> {
                             durable_marks: vec![Watermark::default(); origins.len()],
                             origins,
                             tree,
-                            streams: BTreeMap::new(),
+                            streams: IdMap::default(),
                             applied_by: BTreeMap::new(),
                             purge_horizon: Timestamp::ZERO,
                             heartbeat_news: Vec::new(),
@@ -1356,8 +1357,7 @@ impl<S: Storage> Replica<S> {
             .get_mut(&e.scope)
             .expect("looked up above")
             .streams
-            .entry(e.origin.clone())
-            .or_default();
+            .get_or_default(&e.origin);
         st.applied = wm;
         st.dirty = false;
         st.known_last = st.known_last.max(e.sequence);
@@ -1493,17 +1493,11 @@ impl<S: Storage> Replica<S> {
     }
 
     fn stream_mut(&mut self, scope: &ScopeId, origin: &ReplicaId) -> &mut Stream {
-        let streams = &mut self
-            .scopes
+        self.scopes
             .get_mut(scope)
             .expect("callers checked the scope exists")
-            .streams;
-        // The id is copied only for a stream not seen before (`entry` takes an owned
-        // key, so it would copy it every time).
-        if !streams.contains_key(origin) {
-            streams.insert(origin.clone(), Stream::default());
-        }
-        streams.get_mut(origin).expect("inserted above")
+            .streams
+            .get_or_default(origin)
     }
 
     /// Applies buffered entries that have become next in line.
@@ -1929,7 +1923,7 @@ impl<S: Storage> Replica<S> {
                 if !s.origins.contains(origin) {
                     continue;
                 }
-                let st = s.streams.entry(origin.clone()).or_default();
+                let st = s.streams.get_or_default(origin);
                 if wm.sequence > st.applied.sequence
                     || (wm.sequence == st.applied.sequence && wm.timestamp > st.applied.timestamp)
                 {
@@ -1986,7 +1980,7 @@ impl<S: Storage> Replica<S> {
             if let Some(st) = self
                 .scopes
                 .get_mut(scope)
-                .map(|s| s.streams.entry(id).or_default())
+                .map(|s| s.streams.get_or_default(&id))
                 && timestamp > st.applied.timestamp
             {
                 st.applied.timestamp = timestamp;
@@ -2140,10 +2134,7 @@ impl<S: Storage> Replica<S> {
                         .raise(&hb.applied),
                 }
             }
-            let st = match s.streams.get_mut(&hb.origin) {
-                Some(st) => st,
-                None => s.streams.entry(hb.origin.clone()).or_default(),
-            };
+            let st = s.streams.get_or_default(&hb.origin);
             // Only news travels on, so copies arriving over other paths stop here.
             let news = hb.timestamp > st.heartbeat.1 || hb.sequence > st.heartbeat.0;
             if !news {

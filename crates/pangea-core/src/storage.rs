@@ -8,6 +8,7 @@
 //! sync).
 
 use crate::hlc::Timestamp;
+use crate::idmap::IdMap;
 use crate::ids::{ReplicaId, ScopeId};
 use crate::limits::Limits;
 use crate::mutation::RowMutation;
@@ -453,7 +454,7 @@ impl StreamLog {
 }
 
 /// A value per (scope, origin) stream, nested so that lookups borrow the ids.
-type ByStream<T> = BTreeMap<ScopeId, BTreeMap<ReplicaId, T>>;
+type ByStream<T> = BTreeMap<ScopeId, IdMap<T>>;
 
 fn put_log_in(stream: &mut StoredStream, e: LogEntry, undo: Option<&mut Vec<Undo>>) {
     let sequence = e.sequence;
@@ -490,9 +491,9 @@ fn put_watermark_in(
 }
 
 /// The streams of `scope`, inserted if absent (the id is copied only then).
-fn origins_mut<'a, T>(m: &'a mut ByStream<T>, scope: &ScopeId) -> &'a mut BTreeMap<ReplicaId, T> {
+fn origins_mut<'a, T>(m: &'a mut ByStream<T>, scope: &ScopeId) -> &'a mut IdMap<T> {
     if !m.contains_key(scope) {
-        m.insert(scope.clone(), BTreeMap::new());
+        m.insert(scope.clone(), IdMap::default());
     }
     m.get_mut(scope).expect("inserted above")
 }
@@ -608,19 +609,11 @@ impl MemState {
         origin: &ReplicaId,
         f: impl FnOnce(&mut StoredStream) -> R,
     ) -> R {
-        let by_origin = origins_mut(&mut self.streams, scope);
-        match by_origin.get_mut(origin) {
-            Some(stream) => f(stream),
-            None => f(by_origin.entry(origin.clone()).or_default()),
-        }
+        f(origins_mut(&mut self.streams, scope).get_or_default(origin))
     }
 
     fn put_log(&mut self, e: LogEntry, undo: Option<&mut Vec<Undo>>) {
-        let by_origin = origins_mut(&mut self.streams, &e.scope);
-        let st = match by_origin.get_mut(&e.origin) {
-            Some(st) => st,
-            None => by_origin.entry(e.origin.clone()).or_default(),
-        };
+        let st = origins_mut(&mut self.streams, &e.scope).get_or_default(&e.origin);
         put_log_in(st, e, undo);
     }
 
@@ -641,11 +634,7 @@ impl MemState {
     fn put_entry(&mut self, e: LogEntry, wm: Watermark, mut undo: Option<&mut Vec<Undo>>) {
         // The watermark's record names the stream: copied only for the crash model.
         let stream = undo.is_some().then(|| (e.scope.clone(), e.origin.clone()));
-        let by_origin = origins_mut(&mut self.streams, &e.scope);
-        let st = match by_origin.get_mut(&e.origin) {
-            Some(st) => st,
-            None => by_origin.entry(e.origin.clone()).or_default(),
-        };
+        let st = origins_mut(&mut self.streams, &e.scope).get_or_default(&e.origin);
         put_log_in(st, e, undo.as_deref_mut());
         let old = st.watermark.replace(wm);
         if let (Some(undo), Some(stream)) = (undo, stream) {
