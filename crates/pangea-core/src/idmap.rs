@@ -12,6 +12,7 @@
 //! of ids and gain one when a stream is first seen.
 
 use crate::ReplicaId;
+use std::collections::BTreeSet;
 
 /// Empty slot of [`IdMap::by_addr`].
 const EMPTY: u16 = u16::MAX;
@@ -70,6 +71,17 @@ impl<V> IdMap<V> {
         self.position(id).ok().map(|i| &mut self.entries[i].1)
     }
 
+    /// Sets `id`'s value (the id is copied only if absent).
+    pub(crate) fn insert(&mut self, id: &ReplicaId, value: V) {
+        match self.position(id) {
+            Ok(i) => self.entries[i].1 = value,
+            Err(i) => {
+                self.entries.insert(i, (id.clone(), value));
+                self.reindex();
+            }
+        }
+    }
+
     /// `id`'s value, a default one inserted if absent (the id is copied only then).
     pub(crate) fn get_or_default(&mut self, id: &ReplicaId) -> &mut V
     where
@@ -89,6 +101,11 @@ impl<V> IdMap<V> {
     /// In id order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&ReplicaId, &V)> {
         self.entries.iter().map(|(k, v)| (k, v))
+    }
+
+    /// In id order.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
+        self.entries.iter().map(|(_, v)| v)
     }
 
     /// Rebuilds the address table after the entries moved.
@@ -116,6 +133,50 @@ impl<V> IdMap<V> {
 /// so the low bits say little).
 fn slot_of(addr: usize, mask: usize) -> usize {
     ((addr as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize & mask
+}
+
+/// A set of replica ids (a scope's members, its origins): a `BTreeSet` for order
+/// and set operations, and an [`IdMap`] beside it, so that `contains`, asked for
+/// every entry and heartbeat received, finds the ids it holds by address.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Roster {
+    set: BTreeSet<ReplicaId>,
+    index: IdMap<()>,
+}
+
+impl Roster {
+    pub(crate) fn contains(&self, id: &ReplicaId) -> bool {
+        self.index.get(id).is_some()
+    }
+}
+
+impl From<BTreeSet<ReplicaId>> for Roster {
+    fn from(set: BTreeSet<ReplicaId>) -> Roster {
+        let mut index = IdMap {
+            entries: set.iter().map(|id| (id.clone(), ())).collect(),
+            by_addr: Vec::new(),
+        };
+        index.reindex();
+        Roster { set, index }
+    }
+}
+
+/// Everything but `contains` is the set's.
+impl std::ops::Deref for Roster {
+    type Target = BTreeSet<ReplicaId>;
+
+    fn deref(&self) -> &BTreeSet<ReplicaId> {
+        &self.set
+    }
+}
+
+impl<'a> IntoIterator for &'a Roster {
+    type Item = &'a ReplicaId;
+    type IntoIter = std::collections::btree_set::Iter<'a, ReplicaId>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.set.iter()
+    }
 }
 
 impl<'a, V> IntoIterator for &'a IdMap<V> {
@@ -156,7 +217,7 @@ mod tests {
                 };
                 match op {
                     0 => {
-                        *map.get_or_default(&id) = v;
+                        map.insert(&id, v);
                         oracle.insert(id, v);
                     }
                     1 => {
@@ -178,6 +239,14 @@ mod tests {
             let got: Vec<_> = map.iter().collect();
             let want: Vec<_> = oracle.iter().collect();
             prop_assert_eq!(got, want);
+            prop_assert!(map.values().eq(oracle.values()));
+            // The same ids as a roster: `contains` as the set's, by either copy.
+            let roster = Roster::from(oracle.keys().cloned().collect::<BTreeSet<_>>());
+            for (n, name) in names.iter().enumerate().step_by(7) {
+                let copy = ReplicaId::new(name.as_str());
+                prop_assert_eq!(roster.contains(name), roster.set.contains(name), "{}", n);
+                prop_assert_eq!(roster.contains(&copy), roster.set.contains(name));
+            }
         }
     }
 

@@ -31,7 +31,7 @@ use crate::frame::{
     Applied, Frame, FrameClass, FrameLimits, GapFill, GapRequest, Heartbeat, SnapshotChunk,
 };
 use crate::hlc::{ClockError, HybridClock, Timestamp};
-use crate::idmap::IdMap;
+use crate::idmap::{IdMap, Roster};
 use crate::ids::{ReplicaId, ScopeId};
 use crate::limits::Limits;
 use crate::location::{LOCATION_TABLE, Location};
@@ -331,9 +331,9 @@ impl Report {
 
 #[derive(Debug, Clone)]
 struct ScopeState {
-    members: BTreeSet<ReplicaId>,
+    members: Roster,
     /// Members that store rows and write: the origins.
-    origins: BTreeSet<ReplicaId>,
+    origins: Roster,
     /// The same origins in one shared slice, which every watermark snapshot of
     /// the scope (one per read answered) holds instead of a copy of each id.
     origin_ids: Arc<[ReplicaId]>,
@@ -727,7 +727,7 @@ pub struct Replica<S: Storage> {
     clock: HybridClock,
     /// Per origin heard from: how far its clock reads from ours. Decides the clock
     /// fence ([`Replica::clock_fence`]).
-    peer_clocks: BTreeMap<ReplicaId, PeerClock>,
+    peer_clocks: IdMap<PeerClock>,
     rng: crate::rng::Rng,
     stores_rows: bool,
     scopes: BTreeMap<ScopeId, ScopeState>,
@@ -781,7 +781,7 @@ impl<S: Storage> Replica<S> {
         let mut r = Replica {
             id,
             clock: HybridClock::new(config.max_offset_ms),
-            peer_clocks: BTreeMap::new(),
+            peer_clocks: IdMap::default(),
             deployment,
             config,
             storage,
@@ -1031,9 +1031,9 @@ impl<S: Storage> Replica<S> {
                         });
                     }
                     s.tree = tree;
-                    s.members = members;
-                    if s.origins != origins {
-                        s.origins = origins;
+                    s.members = members.into();
+                    if *s.origins != origins {
+                        s.origins = origins.into();
                         s.refresh_origins();
                     }
                 }
@@ -1041,10 +1041,10 @@ impl<S: Storage> Replica<S> {
                     self.scopes.insert(
                         scope.clone(),
                         ScopeState {
-                            members,
+                            members: members.into(),
                             origin_ids: origins.iter().cloned().collect(),
                             durable_marks: vec![Watermark::default(); origins.len()],
-                            origins,
+                            origins: origins.into(),
                             tree,
                             streams: IdMap::default(),
                             applied_by: BTreeMap::new(),
@@ -2111,7 +2111,7 @@ impl<S: Storage> Replica<S> {
                 Some(c) => c.record(offset_ms, now.mono_us),
                 None => {
                     self.peer_clocks
-                        .insert(hb.origin.clone(), PeerClock::new(offset_ms, now.mono_us));
+                        .insert(&hb.origin, PeerClock::new(offset_ms, now.mono_us));
                 }
             }
             if self.clock.observe(now.wall_ms, hb.timestamp).is_err() {
