@@ -148,6 +148,11 @@ impl Roster {
     pub(crate) fn contains(&self, id: &ReplicaId) -> bool {
         self.index.get(id).is_some()
     }
+
+    /// `id`'s position in id order, if it is here.
+    pub(crate) fn position(&self, id: &ReplicaId) -> Option<usize> {
+        self.index.position(id).ok()
+    }
 }
 
 impl From<BTreeSet<ReplicaId>> for Roster {
@@ -246,6 +251,7 @@ mod tests {
                 let copy = ReplicaId::new(name.as_str());
                 prop_assert_eq!(roster.contains(name), roster.set.contains(name), "{}", n);
                 prop_assert_eq!(roster.contains(&copy), roster.set.contains(name));
+                prop_assert_eq!(roster.position(&copy), roster.set.iter().position(|m| m == name));
             }
         }
     }

@@ -380,10 +380,10 @@ fn list_moved(
 }
 
 /// Sets `origin`'s entry of a scope's durable watermarks by origin
-/// (`ScopeState::origin_ids` and `durable_marks`), if it is one of the scope's
-/// origins.
-fn set_mark(ids: &[ReplicaId], marks: &mut [Watermark], origin: &ReplicaId, wm: Watermark) {
-    if let Ok(i) = ids.binary_search(origin) {
+/// (`ScopeState::durable_marks`, in the order of `origins` and `origin_ids`), if
+/// it is one of the scope's origins.
+fn set_mark(origins: &Roster, marks: &mut [Watermark], origin: &ReplicaId, wm: Watermark) {
+    if let Some(i) = origins.position(origin) {
         marks[i] = wm;
     }
 }
@@ -427,7 +427,7 @@ impl ScopeState {
         if let Some(st) = self.streams.get_mut(origin) {
             st.durable = wm;
         }
-        set_mark(&self.origin_ids, &mut self.durable_marks, origin, wm);
+        set_mark(&self.origins, &mut self.durable_marks, origin, wm);
     }
 
     /// Recomputes `origin_ids` and `durable_marks` from `origins` and the streams.
@@ -1250,7 +1250,7 @@ impl<S: Storage> Replica<S> {
                 let wm = st.applied;
                 advanced.push((i, st.durable, wm));
                 st.durable = wm;
-                set_mark(&s.origin_ids, &mut s.durable_marks, origin, wm);
+                set_mark(&s.origins, &mut s.durable_marks, origin, wm);
             }
         }
         let written = if batch.is_empty() {
