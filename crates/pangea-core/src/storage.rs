@@ -498,12 +498,54 @@ fn origins_mut<'a, T>(m: &'a mut ByStream<T>, scope: &ScopeId) -> &'a mut IdMap<
     m.get_mut(scope).expect("inserted above")
 }
 
+/// A row key of a [`MemState`]: the bytes, in their order, compared a word at a
+/// time where they can be. A B-tree search compares a dozen keys; through `[u8]`'s
+/// order each is a `memcmp` call, while keys of one length from 8 to 16 bytes (the
+/// usual shape, such as `g/00001234`) order as two big-endian words: the first 8
+/// bytes, then the last 8 (overlapping the first where shorter, and equal there).
+/// Lookups by `&[u8]` (through `Borrow`) see the same order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RowKey(Bytes);
+
+impl Ord for RowKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        key_order(&self.0, &other.0)
+    }
+}
+
+impl PartialOrd for RowKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for RowKey {
+    fn borrow(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// `a.cmp(b)`, in words for keys of one length from 8 to 16 bytes (see [`RowKey`]).
+fn key_order(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    let n = a.len();
+    if n == b.len() && (8..=16).contains(&n) {
+        let word = |s: &[u8], at: usize| {
+            u64::from_be_bytes(s[at..at + 8].try_into().expect("8 bytes in range"))
+        };
+        return word(a, 0)
+            .cmp(&word(b, 0))
+            .then_with(|| word(a, n - 8).cmp(&word(b, n - 8)));
+    }
+    a.cmp(b)
+}
+
 #[derive(Debug, Clone, Default)]
 struct MemState {
-    /// Rows by table, then key: lookups borrow the caller's `&str` and `&[u8]`.
+    /// Rows by table, then key: lookups borrow the caller's `&str` and `&[u8]`, or
+    /// take a [`RowKey`] (a copy of the caller's `Bytes`) on the hot paths.
     /// Each row in an `Arc`: shared with other stores under [`MemStorage::share_rows`],
     /// and recorded for a crash without a copy.
-    rows: BTreeMap<Arc<str>, BTreeMap<Bytes, Arc<RowState>>>,
+    rows: BTreeMap<Arc<str>, BTreeMap<RowKey, Arc<RowState>>>,
     /// Each stream's log and stored watermark, by scope then origin: looked up by
     /// borrowed ids, once for both halves of an applied entry.
     streams: ByStream<StoredStream>,
@@ -556,8 +598,11 @@ impl MemState {
                     .rows
                     .entry(w.table.clone())
                     .or_default()
-                    .insert(w.key.clone(), Arc::new(row)),
-                None => self.rows.get_mut(&w.table).and_then(|t| t.remove(&w.key)),
+                    .insert(RowKey(w.key.clone()), Arc::new(row)),
+                None => self
+                    .rows
+                    .get_mut(&w.table)
+                    .and_then(|t| t.remove(&w.key[..])),
             };
             if let Some(undo) = undo.as_deref_mut() {
                 undo.push(Undo::Row {
@@ -648,8 +693,8 @@ impl MemState {
             Undo::Row { table, key, old } => {
                 let t = self.rows.entry(table).or_default();
                 match old {
-                    Some(row) => t.insert(key, row),
-                    None => t.remove(&key),
+                    Some(row) => t.insert(RowKey(key), row),
+                    None => t.remove(&key[..]),
                 };
             }
             Undo::Log {
@@ -762,7 +807,7 @@ impl MemStorage {
         self.current
             .rows
             .iter()
-            .flat_map(|(t, rows)| rows.iter().map(move |(k, r)| (t, k, r)))
+            .flat_map(|(t, rows)| rows.iter().map(move |(k, r)| (t, &k.0, r)))
     }
 
     /// A row, borrowed: [`Storage::get_row`] without the copy, for drivers that
@@ -775,14 +820,24 @@ impl MemStorage {
             .map(|r| &**r)
     }
 
+    /// [`MemStorage::row`] of a key held as `Bytes`: the search compares keys a
+    /// word at a time ([`RowKey`]).
+    pub fn row_at(&self, table: &str, key: &Bytes) -> Option<&RowState> {
+        self.current
+            .rows
+            .get(table)
+            .and_then(|t| t.get(&RowKey(key.clone())))
+            .map(|r| &**r)
+    }
+
     /// Stores `row` at (`table`, `key`), or deletes it when empty, recording what it
     /// replaced for a crash.
     fn replace_row(&mut self, table: &Arc<str>, key: &Bytes, row: Arc<RowState>) {
         let rows = self.current.rows.entry(table.clone()).or_default();
         let old = if row.is_empty() {
-            rows.remove(&key[..])
+            rows.remove(&RowKey(key.clone()))
         } else {
-            rows.insert(key.clone(), row)
+            rows.insert(RowKey(key.clone()), row)
         };
         if !self.no_crash_model {
             self.unsynced.push(Undo::Row {
@@ -802,13 +857,14 @@ impl MemStorage {
         update: &mut dyn FnMut(&mut RowState),
     ) {
         let rows = self.current.rows.entry(table.clone()).or_default();
-        let old = match rows.get_mut(&key[..]) {
+        let k = RowKey(key.clone());
+        let old = match rows.get_mut(&k) {
             Some(row) => {
                 let old = (!self.no_crash_model).then(|| row.clone());
                 // Copied first only if shared (with the crash record or other stores).
                 update(Arc::make_mut(row));
                 if row.is_empty() {
-                    rows.remove(&key[..]);
+                    rows.remove(&k);
                 }
                 old
             }
@@ -816,7 +872,7 @@ impl MemStorage {
                 let mut row = RowState::default();
                 update(&mut row);
                 if !row.is_empty() {
-                    rows.insert(key.clone(), Arc::new(row));
+                    rows.insert(k, Arc::new(row));
                 }
                 None
             }
@@ -844,11 +900,12 @@ impl MemStorage {
             Some(rows) => rows,
             None => self.current.rows.entry(table.clone()).or_default(),
         };
-        let row = match rows.get_mut(&key[..]) {
+        let k = RowKey(key.clone());
+        let row = match rows.get_mut(&k) {
             Some(row) if self.no_crash_model && Arc::strong_count(row) == 1 => {
                 a.run(Arc::make_mut(row)); // held here alone: no copy
                 if row.is_empty() {
-                    rows.remove(&key[..]);
+                    rows.remove(&k);
                 }
                 return;
             }
@@ -860,7 +917,7 @@ impl MemStorage {
             // Replaced where it is: no second search, no key copy.
             Some(row) if self.no_crash_model => {
                 if next.is_empty() {
-                    rows.remove(&key[..]);
+                    rows.remove(&k);
                 } else {
                     *row = next;
                 }
@@ -895,9 +952,9 @@ impl Storage for MemStorage {
         };
         Ok(rows
             .range::<[u8], _>((start, Bound::Unbounded))
-            .take_while(|(k, _)| k.starts_with(prefix))
+            .take_while(|(k, _)| k.0.starts_with(prefix))
             .take(limit)
-            .map(|(k, r)| (k.clone(), RowState::clone(r)))
+            .map(|(k, r)| (k.0.clone(), RowState::clone(r)))
             .collect())
     }
 
@@ -918,11 +975,11 @@ impl Storage for MemStorage {
         };
         let mut last = None;
         rows.range::<[u8], _>((start, Bound::Unbounded))
-            .take_while(|(k, _)| k.starts_with(prefix))
+            .take_while(|(k, _)| k.0.starts_with(prefix))
             .take(limit)
             .for_each(|(k, r)| {
-                f(k, r);
-                last = Some(k);
+                f(&k.0, r);
+                last = Some(&k.0);
             });
         Ok(last.cloned())
     }
@@ -981,21 +1038,18 @@ impl Storage for MemStorage {
         c: &Compaction<'_>,
     ) -> Result<(), StorageError> {
         for key in keys {
-            let Some(row) = self
-                .current
-                .rows
-                .get_mut(table)
-                .and_then(|t| t.get_mut(&key[..]))
-            else {
+            let k = RowKey(key);
+            let Some(row) = self.current.rows.get_mut(table).and_then(|t| t.get_mut(&k)) else {
                 continue;
             };
             if self.no_crash_model && Arc::strong_count(row) == 1 {
                 c.run(table, Arc::make_mut(row)); // held here alone: no copy
                 if row.is_empty() {
-                    self.current.rows.get_mut(table).map(|t| t.remove(&key[..]));
+                    self.current.rows.get_mut(table).map(|t| t.remove(&k));
                 }
                 continue;
             }
+            let key = k.0;
             let next = match &self.shared {
                 Some(shared) => shared.compact(row.clone(), (table, &key), c),
                 None => {
@@ -1069,6 +1123,25 @@ mod tests {
     }
 
     proptest! {
+        /// Row keys order exactly as their bytes, in words or not: keys of one
+        /// length that differ anywhere (short ones drawn from few bytes, so that
+        /// they tie in their first words too), and keys of any lengths.
+        #[test]
+        fn row_keys_order_as_bytes(
+            len in 0usize..20,
+            a in prop::collection::vec(prop::sample::select(vec![0u8, 1, 0x7f, 0x80, 0xff]), 20),
+            b in prop::collection::vec(prop::sample::select(vec![0u8, 1, 0x7f, 0x80, 0xff]), 20),
+            c in prop::collection::vec(any::<u8>(), 0..20),
+        ) {
+            let (a, b) = (&a[..len], &b[..len]);
+            prop_assert_eq!(key_order(a, b), a.cmp(b));
+            prop_assert_eq!(key_order(a, a), std::cmp::Ordering::Equal);
+            prop_assert_eq!(key_order(a, &c), a.cmp(&c[..]));
+            let (x, y) = (RowKey(Bytes::copy_from_slice(a)), RowKey(Bytes::copy_from_slice(&c)));
+            prop_assert_eq!(x.cmp(&y), a.cmp(&c[..]));
+            prop_assert_eq!(x == y, a == &c[..]);
+        }
+
         /// The ring a stream's log is kept in behaves as a map by sequence: appends,
         /// overwrites, gaps, removals, truncation and its revert, reads and bounds.
         #[test]

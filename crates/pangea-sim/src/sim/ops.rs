@@ -474,7 +474,7 @@ impl Simulation {
                         let schema = self.workload_schema[node.view].as_ref();
                         let bytes = rep
                             .storage()
-                            .row(table, key)
+                            .row_at(table, key)
                             .map_or(0, |row| row.latest_value_bytes(schema, nw.wall_ms));
                         // C4: a watermark read is served only by a replica that applied
                         // the token's write.
