@@ -41,8 +41,12 @@ fn addr(id: &ReplicaId) -> usize {
 }
 
 impl<V> IdMap<V> {
-    /// The entry's position, by address first.
-    fn position(&self, id: &ReplicaId) -> Result<usize, usize> {
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The entry's position in id order (else where it would go), by address first.
+    pub(crate) fn position(&self, id: &ReplicaId) -> Result<usize, usize> {
         let a = addr(id);
         let mask = self.by_addr.len().wrapping_sub(1);
         if !self.by_addr.is_empty() {
@@ -103,6 +107,18 @@ impl<V> IdMap<V> {
         self.entries.iter().map(|(k, v)| (k, v))
     }
 
+    /// The entry at position `i` in id order, the value mutable.
+    pub(crate) fn at_mut(&mut self, i: usize) -> (&ReplicaId, &mut V) {
+        let (id, v) = &mut self.entries[i];
+        (id, v)
+    }
+
+    /// Keeps the entries `keep` says to.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&ReplicaId) -> bool) {
+        self.entries.retain(|(id, _)| keep(id));
+        self.reindex();
+    }
+
     /// In id order.
     pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
         self.entries.iter().map(|(_, v)| v)
@@ -135,52 +151,61 @@ fn slot_of(addr: usize, mask: usize) -> usize {
     ((addr as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize & mask
 }
 
-/// A set of replica ids (a scope's members, its origins): a `BTreeSet` for order
-/// and set operations, and an [`IdMap`] beside it, so that `contains`, asked for
-/// every entry and heartbeat received, finds the ids it holds by address.
+/// A set of replica ids (a scope's members, its origins), in id order: an
+/// [`IdMap`] without values, so that `contains`, asked for every entry and
+/// heartbeat received, finds the ids it holds by address.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Roster {
-    set: BTreeSet<ReplicaId>,
-    index: IdMap<()>,
-}
+pub(crate) struct Roster(IdMap<()>);
 
 impl Roster {
     pub(crate) fn contains(&self, id: &ReplicaId) -> bool {
-        self.index.get(id).is_some()
+        self.0.get(id).is_some()
     }
 
     /// `id`'s position in id order, if it is here.
     pub(crate) fn position(&self, id: &ReplicaId) -> Option<usize> {
-        self.index.position(id).ok()
+        self.0.position(id).ok()
+    }
+
+    /// In id order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &ReplicaId> {
+        self.0.entries.iter().map(|(id, ())| id)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.entries.is_empty()
+    }
+
+    /// Whether it holds exactly the ids of `set`.
+    pub(crate) fn is(&self, set: &BTreeSet<ReplicaId>) -> bool {
+        self.iter().eq(set)
     }
 }
 
 impl From<BTreeSet<ReplicaId>> for Roster {
     fn from(set: BTreeSet<ReplicaId>) -> Roster {
         let mut index = IdMap {
-            entries: set.iter().map(|id| (id.clone(), ())).collect(),
+            entries: set.into_iter().map(|id| (id, ())).collect(),
             by_addr: Vec::new(),
         };
         index.reindex();
-        Roster { set, index }
-    }
-}
-
-/// Everything but `contains` is the set's.
-impl std::ops::Deref for Roster {
-    type Target = BTreeSet<ReplicaId>;
-
-    fn deref(&self) -> &BTreeSet<ReplicaId> {
-        &self.set
+        Roster(index)
     }
 }
 
 impl<'a> IntoIterator for &'a Roster {
     type Item = &'a ReplicaId;
-    type IntoIter = std::collections::btree_set::Iter<'a, ReplicaId>;
+    type IntoIter = std::iter::Map<
+        std::slice::Iter<'a, (ReplicaId, ())>,
+        fn(&'a (ReplicaId, ())) -> &'a ReplicaId,
+    >;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.set.iter()
+        self.0.entries.iter().map(|(id, ())| id)
     }
 }
 
@@ -246,12 +271,15 @@ mod tests {
             prop_assert_eq!(got, want);
             prop_assert!(map.values().eq(oracle.values()));
             // The same ids as a roster: `contains` as the set's, by either copy.
-            let roster = Roster::from(oracle.keys().cloned().collect::<BTreeSet<_>>());
+            let set: BTreeSet<ReplicaId> = oracle.keys().cloned().collect();
+            let roster = Roster::from(set.clone());
+            prop_assert!(roster.is(&set));
+            prop_assert_eq!(roster.len(), set.len());
             for (n, name) in names.iter().enumerate().step_by(7) {
                 let copy = ReplicaId::new(name.as_str());
-                prop_assert_eq!(roster.contains(name), roster.set.contains(name), "{}", n);
-                prop_assert_eq!(roster.contains(&copy), roster.set.contains(name));
-                prop_assert_eq!(roster.position(&copy), roster.set.iter().position(|m| m == name));
+                prop_assert_eq!(roster.contains(name), set.contains(name), "{}", n);
+                prop_assert_eq!(roster.contains(&copy), set.contains(name));
+                prop_assert_eq!(roster.position(&copy), set.iter().position(|m| m == name));
             }
         }
     }

@@ -514,11 +514,12 @@ impl Peer {
     }
 }
 
-/// The peers, in id order, in one vector: `poll_transmit` walks them by position
-/// (no map lookups, no copy of the ids), other paths find one by binary search.
+/// The peers, in id order: `poll_transmit` walks them by position (no map lookups,
+/// no copy of the ids), other paths find one by id ([`IdMap`]: ids handed around
+/// are mostly clones of the ones held here, found by address).
 #[derive(Debug, Default)]
 struct Peers {
-    list: Vec<(ReplicaId, Peer)>,
+    list: IdMap<Peer>,
     /// The peers that may have a frame ready, one bit per position in `list`:
     /// [`Peers::get_mut`] marks its peer (and a change of the list every peer),
     /// `poll_transmit` unmarks a peer it finds nothing for. A peer with a frame
@@ -526,44 +527,15 @@ struct Peers {
     /// walk over every peer after every turn was an eighth of the simulator's L1
     /// cache misses, and the walk after each frame sent 2 % of its instructions.
     marked: Vec<u64>,
-    /// The peers' ids by the address of their bytes, hashed into a small table
-    /// (address, position; 0 is empty; of two ids in one slot the first stays):
-    /// ids handed around are mostly clones of the ones held here, and one probe
-    /// finds them without touching the peers (a binary search reads a peer's cache
-    /// line per step). Anything else takes the binary search.
-    by_addr: Vec<(usize, usize)>,
-}
-
-/// [`Peers::by_addr`] has `1 << PEER_SLOTS_BITS` slots.
-const PEER_SLOTS_BITS: u32 = 7;
-
-/// The slot of an address in [`Peers::by_addr`] (Fibonacci hashing).
-fn peer_slot(addr: usize) -> usize {
-    ((addr as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - PEER_SLOTS_BITS)) as usize
 }
 
 impl Peers {
     fn position(&self, id: &ReplicaId) -> Result<usize, usize> {
-        let addr = id.as_str().as_ptr() as usize;
-        if let Some(&(a, i)) = self.by_addr.get(peer_slot(addr))
-            && a == addr
-        {
-            debug_assert!(self.list[i].0 == *id);
-            return Ok(i);
-        }
-        self.list.binary_search_by(|(p, _)| {
-            // Ids handed around are mostly clones of one `Arc`: equal addresses are
-            // equal ids, without comparing the strings.
-            if std::ptr::eq(p.as_str(), id.as_str()) {
-                std::cmp::Ordering::Equal
-            } else {
-                p.cmp(id)
-            }
-        })
+        self.list.position(id)
     }
 
     fn get(&self, id: &ReplicaId) -> Option<&Peer> {
-        self.position(id).ok().map(|i| &self.list[i].1)
+        self.list.get(id)
     }
 
     /// The peer, to queue frames for or to release in-flight bytes: it may be
@@ -571,24 +543,11 @@ impl Peers {
     fn get_mut(&mut self, id: &ReplicaId) -> Option<&mut Peer> {
         let i = self.position(id).ok()?;
         self.marked[i / 64] |= 1 << (i % 64);
-        Some(&mut self.list[i].1)
+        Some(self.list.at_mut(i).1)
     }
 
     fn unmark(&mut self, i: usize) {
         self.marked[i / 64] &= !(1 << (i % 64));
-    }
-
-    /// After a change of the list: positions moved.
-    fn reindex(&mut self) {
-        self.mark_all();
-        self.by_addr = vec![(0, 0); 1 << PEER_SLOTS_BITS];
-        for (i, (id, _)) in self.list.iter().enumerate() {
-            let addr = id.as_str().as_ptr() as usize;
-            let slot = &mut self.by_addr[peer_slot(addr)];
-            if slot.0 == 0 {
-                *slot = (addr, i);
-            }
-        }
     }
 
     /// Marks every peer (positions move when the list changes).
@@ -632,8 +591,7 @@ impl Peers {
     /// The peer's liveness (when last heard, whether suspected), which has no
     /// bearing on what it is sent: unlike [`Peers::get_mut`], marks nothing.
     fn liveness_mut(&mut self, id: &ReplicaId) -> Option<(&mut u64, &mut bool)> {
-        let i = self.position(id).ok()?;
-        let p = &mut self.list[i].1;
+        let p = self.list.get_mut(id)?;
         Some((&mut p.last_heard_us, &mut p.suspected))
     }
 
@@ -643,15 +601,15 @@ impl Peers {
 
     /// Adds `id` (with `peer`) unless present.
     fn insert_if_absent(&mut self, id: &ReplicaId, peer: impl FnOnce() -> Peer) {
-        if let Err(i) = self.position(id) {
-            self.list.insert(i, (id.clone(), peer()));
-            self.reindex();
+        if self.list.get(id).is_none() {
+            self.list.insert(id, peer());
+            self.mark_all(); // positions moved
         }
     }
 
     fn retain(&mut self, mut keep: impl FnMut(&ReplicaId) -> bool) {
-        self.list.retain(|(id, _)| keep(id));
-        self.reindex();
+        self.list.retain(&mut keep);
+        self.mark_all(); // positions moved
     }
 
     fn len(&self) -> usize {
@@ -659,7 +617,7 @@ impl Peers {
     }
 
     fn iter(&self) -> impl Iterator<Item = (&ReplicaId, &Peer)> {
-        self.list.iter().map(|(id, p)| (id, p))
+        self.list.iter()
     }
 }
 
@@ -1032,7 +990,7 @@ impl<S: Storage> Replica<S> {
                     }
                     s.tree = tree;
                     s.members = members.into();
-                    if *s.origins != origins {
+                    if !s.origins.is(&origins) {
                         s.origins = origins.into();
                         s.refresh_origins();
                     }
@@ -2508,7 +2466,7 @@ impl<S: Storage> Replica<S> {
     fn next_for(&mut self, i: usize) -> Option<Transmit> {
         let max_inflight = self.config.inflight_bytes_max;
         let batch_max = self.config.batch_bytes_max;
-        let p = &mut self.peers.list[i].1;
+        let p = self.peers.list.at_mut(i).1;
         let frame = if !p.heartbeats.is_empty() {
             Frame::Heartbeats(std::mem::take(&mut p.heartbeats))
         } else if let Some(f) = p.frames.pop_front() {
@@ -2532,7 +2490,7 @@ impl<S: Storage> Replica<S> {
                 Ok(c) => c,
                 Err(_) => return None, // storage trouble: the requester will retry
             };
-            let p = &mut self.peers.list[i].1;
+            let p = self.peers.list.at_mut(i).1;
             if !chunk.last {
                 p.outgoing.push_front(o);
             }
@@ -2541,7 +2499,7 @@ impl<S: Storage> Replica<S> {
             return None;
         };
         let bytes = frame.wire_bytes();
-        let (id, p) = &mut self.peers.list[i];
+        let (id, p) = self.peers.list.at_mut(i);
         p.inflight_bytes += bytes;
         Some(Transmit {
             to: id.clone(),
@@ -2612,7 +2570,7 @@ mod tests {
             }
             // Found by address (a clone of the id held) and by name (another `Arc`).
             for i in 0..n {
-                let held = peers.list[i].0.clone();
+                let held = peers.list.at_mut(i).0.clone();
                 prop_assert_eq!(peers.position(&held), Ok(i));
                 prop_assert_eq!(peers.position(&ReplicaId::new(format!("r{i:03}"))), Ok(i));
             }
@@ -2628,7 +2586,7 @@ mod tests {
                     continue;
                 }
                 if mark {
-                    let id = peers.list[i].0.clone();
+                    let id = peers.list.at_mut(i).0.clone();
                     prop_assert!(peers.get_mut(&id).is_some());
                 } else {
                     peers.unmark(i);
