@@ -76,6 +76,16 @@ impl Fresh {
                     *id = self.replica(id);
                 }
             }
+            p.tables = std::mem::take(&mut p.tables)
+                .into_iter()
+                .map(|(table, access)| (self.name(&table), access))
+                .collect();
+            if let Some(policies) = &mut p.policies {
+                *policies = std::mem::take(policies)
+                    .iter()
+                    .map(|s| self.scope(s))
+                    .collect();
+            }
         }
         t.region_rtt_ms = std::mem::take(&mut t.region_rtt_ms)
             .into_iter()
@@ -187,6 +197,10 @@ mod tests {
                 add(r.as_str());
             }
         }
+        for p in d.topology.app_profiles.values() {
+            p.tables.keys().for_each(|t| add(t));
+            p.policies.iter().flatten().for_each(|s| add(s.as_str()));
+        }
         for (a, b) in d.topology.region_rtt_ms.keys() {
             add(a.as_str());
             add(b.as_str());
@@ -217,7 +231,14 @@ mod tests {
 
     #[test]
     fn a_detached_deployment_is_equal_and_shares_no_name() {
-        let d = reference();
+        let mut d = reference();
+        // A profile restricted to policies, by the placement's own ids (shared `Arc`s).
+        let policies = d.placement.policies.keys().cloned().collect();
+        d.topology
+            .app_profiles
+            .get_mut("frontend")
+            .expect("the reference has a frontend profile")
+            .policies = Some(policies);
         let copy = d.detached();
         assert_eq!(copy, d);
         assert!(!d.placement.rules.is_empty() && !d.placement.home_rules.is_empty());

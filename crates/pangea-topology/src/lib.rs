@@ -16,7 +16,8 @@
 //! - [`schema`]: tables, families and GC policies;
 //! - [`raw`]: the files as written;
 //! - [`problems`]: problems with file, line and key;
-//! - [`topology`], [`placement`]: the validated types;
+//! - [`topology`], [`placement`]: the validated types (app profiles and their
+//!   grants live in [`topology`]); `grants` checks grants against the placement;
 //! - [`tree`]: minimum spanning trees per scope, over any subset of live replicas;
 //! - [`affinity`]: weighted rendezvous hashing for row affinity;
 //! - [`plan`]: what `pangea topology plan` and `diff` report;
@@ -25,6 +26,7 @@
 pub mod affinity;
 pub mod cluster;
 mod detach;
+mod grants;
 pub mod ids;
 pub mod placement;
 pub mod plan;
@@ -38,7 +40,9 @@ pub mod tree;
 pub use ids::{RegionId, ReplicaId, ScopeId};
 pub use placement::{GLOBAL_POLICY, Placement, Policy};
 pub use problems::{Problem, ProblemKind, Problems};
-pub use topology::{AppProfile, LinkClass, Priority, Region, Replica, Role, Routing, Topology};
+pub use topology::{
+    Access, AppProfile, LinkClass, Priority, Region, Replica, Role, Routing, Topology,
+};
 pub use tree::{Edge, Tree};
 
 use figment::Figment;
@@ -142,19 +146,80 @@ impl Placement {
     }
 }
 
-impl Deployment {
-    /// Loads both files; without a placement file, only the global policy exists.
-    /// Problems of both files are reported together when the topology is valid.
-    pub fn load(topology: &Path, placement: Option<&Path>) -> Result<Deployment, Problems> {
-        let topology = Topology::load(topology)?;
-        let placement = match placement {
-            Some(p) => Placement::load(p, &topology)?,
-            None => Placement::global_only(&topology),
-        };
-        Ok(Deployment {
+/// A validated topology with what checking it against a placement needs: its
+/// profiles as written (file order, for key paths) and its text (for lines).
+struct CheckedTopology {
+    topology: Topology,
+    profiles: Vec<raw::RawAppProfile>,
+    src: Source,
+}
+
+impl CheckedTopology {
+    fn parse(path: &Path, text: &str, env: Option<&str>) -> Result<CheckedTopology, Problems> {
+        let src = Source::new(path, text);
+        let raw: raw::RawTopology = parse(&src, text, env)?;
+        let profiles = raw.app_profiles.clone();
+        let topology = Topology::from_raw(raw, &src)?;
+        Ok(CheckedTopology {
             topology,
+            profiles,
+            src,
+        })
+    }
+
+    /// The deployment, once the topology's references into `placement` resolve.
+    fn with(self, placement: Option<Placement>) -> Result<Deployment, Problems> {
+        let Some(placement) = placement else {
+            return Ok(Deployment {
+                placement: Placement::global_only(&self.topology),
+                topology: self.topology,
+            });
+        };
+        let mut problems = grants::check(&self.profiles, &self.topology, &placement, &self.src);
+        if !problems.is_empty() {
+            problems.sort_by_key(|p| p.line.unwrap_or(0));
+            return Err(Problems(problems));
+        }
+        Ok(Deployment {
+            topology: self.topology,
             placement,
         })
+    }
+}
+
+impl Deployment {
+    /// Loads both files, with `PANGEA_TOPOLOGY_*` and `PANGEA_PLACEMENT_*` overrides;
+    /// without a placement file, only the global policy exists.
+    ///
+    /// The topology is validated first, then the placement against it, then the
+    /// topology's references into the placement (app profile grants: their tables and
+    /// policies exist, a pinned profile can reach rows of its policies), reported at
+    /// the topology file's lines. Without a placement file there is nothing to check
+    /// grants against (the topology is being checked alone), so that last step is
+    /// skipped: a deployment without placement has no user tables, and serves none.
+    pub fn load(topology: &Path, placement: Option<&Path>) -> Result<Deployment, Problems> {
+        let text = read(topology)?;
+        let checked = CheckedTopology::parse(topology, &text, Some(TOPOLOGY_ENV_PREFIX))?;
+        let placement = match placement {
+            Some(p) => Some(Placement::load(p, &checked.topology)?),
+            None => None,
+        };
+        checked.with(placement)
+    }
+
+    /// [`Deployment::load`] from texts, without environment overrides; the paths name
+    /// the files in problems.
+    pub fn parse(
+        topology_path: &Path,
+        topology_text: &str,
+        placement: Option<(&Path, &str)>,
+    ) -> Result<Deployment, Problems> {
+        let checked = CheckedTopology::parse(topology_path, topology_text, None)?;
+        let placement = match placement {
+            Some((path, text)) => Some(Placement::parse(path, text, &checked.topology)?),
+            None => None,
+        };
+        checked.with(placement)
     }
 
     /// Every scope: `global` first, then policies by name.

@@ -4,7 +4,7 @@
 
 use crate::Deployment;
 use crate::ids::{RegionId, ReplicaId, ScopeId};
-use crate::topology::LinkClass;
+use crate::topology::{AppProfile, LinkClass};
 use crate::tree::{Edge, Tree};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -262,12 +262,41 @@ impl Deployment {
                 });
             }
         }
+        let names: BTreeSet<&String> = self
+            .topology
+            .app_profiles
+            .keys()
+            .chain(new.topology.app_profiles.keys())
+            .collect();
+        let app_profile_changes = names
+            .into_iter()
+            .filter_map(|name| {
+                let before = self.topology.app_profiles.get(name);
+                let after = new.topology.app_profiles.get(name);
+                let change = match (before, after) {
+                    (None, _) => "added",
+                    (_, None) => "removed",
+                    (Some(b), Some(a)) if b == a => return None,
+                    (Some(b), Some(a)) if b.tables != a.tables || b.policies != a.policies => {
+                        "permissions changed"
+                    }
+                    _ => "routing changed",
+                };
+                Some(AppProfileChange {
+                    name: name.clone(),
+                    change,
+                    old: before.cloned(),
+                    new: after.cloned(),
+                })
+            })
+            .collect();
         Diff {
             replicas_added: new_reps.difference(&old_reps).cloned().collect(),
             replicas_removed: old_reps.difference(&new_reps).cloned().collect(),
             tree_changes,
             policy_changes,
             placement_changes,
+            app_profile_changes,
         }
     }
 }
@@ -298,6 +327,18 @@ pub struct PlacementChange {
     pub new_home: Option<RegionId>,
 }
 
+/// An app profile added, removed, or changed: its permissions (tables, policies)
+/// or, otherwise, how it picks replicas (routing, priority).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AppProfileChange {
+    pub name: String,
+    /// `added`, `removed`, `permissions changed` or `routing changed` (when both
+    /// change, `permissions changed`: the one that decides what a client may do).
+    pub change: &'static str,
+    pub old: Option<AppProfile>,
+    pub new: Option<AppProfile>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Diff {
     pub replicas_added: Vec<ReplicaId>,
@@ -305,6 +346,7 @@ pub struct Diff {
     pub tree_changes: Vec<TreeChange>,
     pub policy_changes: Vec<PolicyChange>,
     pub placement_changes: Vec<PlacementChange>,
+    pub app_profile_changes: Vec<AppProfileChange>,
 }
 
 impl Diff {
@@ -314,5 +356,6 @@ impl Diff {
             && self.tree_changes.is_empty()
             && self.policy_changes.is_empty()
             && self.placement_changes.is_empty()
+            && self.app_profile_changes.is_empty()
     }
 }

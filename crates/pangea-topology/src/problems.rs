@@ -34,6 +34,9 @@ pub enum ProblemKind {
     PolicyDisconnected,
     /// A pinned app profile naming a relay (relays store no rows).
     PinnedRelay,
+    /// An app profile that could never touch a row: `policies = []`, or pinned to
+    /// replicas outside every region of the policies it lists.
+    ProfileReachesNothing,
 }
 
 /// One problem: where it is and what is wrong.

@@ -3,6 +3,7 @@
 //! from these by `TryFrom`-style constructors that report every problem at once.
 
 use serde::Deserialize;
+use std::collections::BTreeMap;
 
 /// `topology.toml`.
 #[derive(Debug, Clone, Deserialize)]
@@ -70,6 +71,11 @@ pub struct RawAppProfile {
     pub replicas: Vec<String>,
     #[serde(default = "default_priority")]
     pub priority: String,
+    /// Table name → `"read"` or `"read-write"`. Absent: no grant at all, which is
+    /// refused (a profile that may touch nothing is a mistake).
+    pub tables: Option<BTreeMap<String, String>>,
+    /// Placement policies whose rows the profile may touch; absent: every policy.
+    pub policies: Option<Vec<String>>,
 }
 
 fn default_priority() -> String {

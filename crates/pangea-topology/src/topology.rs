@@ -1,13 +1,15 @@
 //! The validated topology: continents, regions, replicas, links and app profiles, plus
 //! the replica-to-replica round-trip matrix derived from them.
 
-use crate::ids::{RegionId, ReplicaId};
+use crate::ids::{RegionId, ReplicaId, ScopeId};
 use crate::problems::{KeyPath, Problem, ProblemKind, Problems, Source};
-use crate::raw::RawTopology;
+use crate::raw::{RawAppProfile, RawTopology};
 use crate::schema::validate_name;
 use petgraph::graph::UnGraph;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
 
 /// What a replica does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -99,14 +101,76 @@ pub enum Priority {
     Batch,
 }
 
+/// What an app profile may do with a table it is granted (principle 8: a client is
+/// bound to an app profile with table and read/write permissions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Access {
+    /// Reads: get, get-many, scan.
+    Read,
+    /// Reads and writes (mutations).
+    ReadWrite,
+}
+
+impl Access {
+    /// As written in the topology file: `"read"` or `"read-write"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::ReadWrite => "read-write",
+        }
+    }
+
+    /// Whether this grant covers an operation that needs `needed`: `ReadWrite`
+    /// covers both, `Read` only reads.
+    pub fn allows(self, needed: Access) -> bool {
+        // The variants are ordered by what they allow.
+        self >= needed
+    }
+
+    fn parse(s: &str) -> Option<Access> {
+        match s {
+            "read" => Some(Access::Read),
+            "read-write" => Some(Access::ReadWrite),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A class of clients: how it picks replicas, and what it may touch. Permissions are
+/// default deny: only the tables in `tables`, and only rows of the placement
+/// policies in `policies` (every policy when `None`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AppProfile {
     pub name: String,
     pub routing: Routing,
     pub priority: Priority,
+    /// Table → access. Keys are `Arc<str>` like the placement's table names (and
+    /// [`crate::Deployment::detached`] gives each copy its own); never a system table
+    /// (`_*`), never empty in a validated topology.
+    pub tables: BTreeMap<Arc<str>, Access>,
+    /// The placement policies (scopes) whose rows the profile may touch; `None`:
+    /// every policy. Never `Some` of an empty set in a validated topology.
+    pub policies: Option<BTreeSet<ScopeId>>,
 }
 
 impl AppProfile {
+    /// The access this profile grants on `table` (`None`: none).
+    pub fn access(&self, table: &str) -> Option<Access> {
+        self.tables.get(table).copied()
+    }
+
+    /// Whether rows of placement policy `scope` are open to this profile.
+    pub fn may_touch_policy(&self, scope: &ScopeId) -> bool {
+        self.policies.as_ref().is_none_or(|p| p.contains(scope))
+    }
+
     /// Whether callers of this profile may use `replica`: its priority class matches
     /// the replica's role (serving or batch), and a pinned profile lists it.
     pub fn may_use(&self, replica: &Replica) -> bool {
@@ -432,6 +496,8 @@ impl Topology {
                     Priority::Serving
                 }
             };
+            let tables = profile_tables(a, &ak, &mut p);
+            let policies = profile_policies(a, &ak, &mut p);
             if app_profiles
                 .insert(
                     a.name.clone(),
@@ -439,6 +505,8 @@ impl Topology {
                         name: a.name.clone(),
                         routing,
                         priority,
+                        tables,
+                        policies,
                     },
                 )
                 .is_some()
@@ -559,6 +627,91 @@ impl Topology {
     pub fn all_regions(&self) -> BTreeSet<RegionId> {
         self.regions.keys().cloned().collect()
     }
+}
+
+/// The grants of an app profile (`tables`), as far as the topology alone can check
+/// them: names and access values. Whether the tables exist is the placement's to
+/// say ([`crate::Deployment::load`]).
+fn profile_tables(
+    a: &RawAppProfile,
+    ak: &KeyPath,
+    p: &mut impl FnMut(ProblemKind, &KeyPath, String),
+) -> BTreeMap<Arc<str>, Access> {
+    let hint = format!(
+        "app profile {:?} grants no table: add tables = {{ <table> = \"read\" }}",
+        a.name
+    );
+    let Some(raw) = &a.tables else {
+        p(ProblemKind::MissingField, ak, hint);
+        return BTreeMap::new();
+    };
+    if raw.is_empty() {
+        p(ProblemKind::InvalidValue, &ak.key("tables"), hint);
+    }
+    let mut tables = BTreeMap::new();
+    for (table, access) in raw {
+        let tk = ak.key("tables").key(table);
+        let mut ok = true;
+        if let Err(e) = validate_name("table", table) {
+            p(ProblemKind::InvalidName, &tk, e.to_string());
+            ok = false;
+        } else if table.starts_with('_') {
+            p(
+                ProblemKind::InvalidName,
+                &tk,
+                format!(
+                    "{table:?}: system tables cannot be granted to app profiles; they are reached through operator commands"
+                ),
+            );
+            ok = false;
+        }
+        let Some(access) = Access::parse(access) else {
+            p(
+                ProblemKind::InvalidValue,
+                &tk,
+                format!("access {access:?} is not one of read, read-write"),
+            );
+            continue;
+        };
+        if ok {
+            tables.insert(Arc::from(table.as_str()), access);
+        }
+    }
+    tables
+}
+
+/// The policies an app profile is restricted to, checked as names (their existence
+/// is the placement's to say).
+fn profile_policies(
+    a: &RawAppProfile,
+    ak: &KeyPath,
+    p: &mut impl FnMut(ProblemKind, &KeyPath, String),
+) -> Option<BTreeSet<ScopeId>> {
+    let raw = a.policies.as_ref()?;
+    if raw.is_empty() {
+        p(
+            ProblemKind::ProfileReachesNothing,
+            &ak.key("policies"),
+            format!(
+                "app profile {:?} lists no policy, so no row is open to it: name policies, or remove `policies` to open every policy",
+                a.name
+            ),
+        );
+    }
+    let mut policies = BTreeSet::new();
+    for (i, name) in raw.iter().enumerate() {
+        let pk = ak.key("policies").index(i);
+        if let Err(e) = validate_name("policy", name) {
+            p(ProblemKind::InvalidName, &pk, e.to_string());
+        } else if !policies.insert(ScopeId::new(name.as_str())) {
+            p(
+                ProblemKind::Duplicate,
+                &pk,
+                format!("policy {name:?} listed twice"),
+            );
+        }
+    }
+    Some(policies)
 }
 
 /// Connected groups of regions over links (a region with replicas but no link is its

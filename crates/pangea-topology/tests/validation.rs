@@ -1,7 +1,9 @@
 //! Every kind of problem in a topology or placement file is reported with its file,
 //! line and key — all of them at once.
 
-use pangea_topology::{Deployment, Placement, ProblemKind, Problems, Topology};
+use pangea_topology::{
+    Access, Deployment, Placement, ProblemKind, Problems, Routing, ScopeId, Topology,
+};
 use std::path::Path;
 
 /// A valid topology: 2 continents, 3 regions, 6 replicas.
@@ -60,12 +62,14 @@ rtt_ms = 27.0
 [[app_profiles]]
 name = "frontend"
 routing = "nearest"
+tables = { ad_profiles = "read-write" }
 
 [[app_profiles]]
 name = "batch"
 routing = "pinned"
 replicas = ["use1-b"]
 priority = "batch"
+tables = { ad_profiles = "read" }
 "#;
 
 fn topo(text: &str) -> Result<Topology, Problems> {
@@ -364,10 +368,353 @@ fn reference_files_are_valid() {
             .any(|r| r.role == pangea_topology::Role::Relay)
     );
     assert!(d.placement.policy(&"eu-resident".into()).is_some());
+    // Every profile is granted tables the placement defines (Deployment::load checks).
+    for p in t.app_profiles.values() {
+        assert!(!p.tables.is_empty(), "{}", p.name);
+        assert_eq!(
+            p.access("ad_profiles"),
+            Some(Access::ReadWrite),
+            "{}",
+            p.name
+        );
+    }
+    let single = Deployment::load(
+        &root.join("single-replica.toml"),
+        Some(&root.join("single-replica.placement.toml")),
+    )
+    .unwrap();
+    assert_eq!(single.topology.replicas.len(), 1);
     let local = Deployment::load(
         &root.join("local-3-regions.toml"),
         Some(&root.join("local-3-regions.placement.toml")),
     )
     .unwrap();
     assert!((6..=9).contains(&local.topology.replicas.len()) && local.topology.regions.len() == 3);
+}
+
+// ---- App profiles and their permissions ------------------------------------------
+
+fn deployment(topology: &str, placement: Option<&str>) -> Result<Deployment, Problems> {
+    Deployment::parse(
+        Path::new("topo.toml"),
+        topology,
+        placement.map(|p| (Path::new("place.toml"), p)),
+    )
+}
+
+/// BASE with the `frontend` profile's grant line replaced by `lines`.
+fn frontend_grants(lines: &str) -> String {
+    BASE.replacen("tables = { ad_profiles = \"read-write\" }", lines, 1)
+}
+
+#[test]
+fn app_profiles_grant_tables_and_policies() -> Result<(), Problems> {
+    let text = frontend_grants(
+        "tables = { ad_profiles = \"read-write\", campaigns = \"read\" }\npolicies = [\"global\", \"eu-resident\"]",
+    );
+    let t = topo(&text)?;
+    let frontend = &t.app_profiles["frontend"];
+    assert_eq!(frontend.access("ad_profiles"), Some(Access::ReadWrite));
+    assert_eq!(frontend.access("campaigns"), Some(Access::Read));
+    // Default deny: anything not listed, system tables included.
+    assert_eq!(frontend.access("users"), None);
+    assert_eq!(frontend.access("_location"), None);
+    assert!(frontend.may_touch_policy(&ScopeId::global()));
+    assert!(frontend.may_touch_policy(&ScopeId::new("eu-resident")));
+    assert!(!frontend.may_touch_policy(&ScopeId::new("apac")));
+
+    // Without `policies`, every policy is open.
+    let batch = &t.app_profiles["batch"];
+    assert_eq!(batch.policies, None);
+    assert!(batch.may_touch_policy(&ScopeId::new("apac")));
+    assert_eq!(batch.access("ad_profiles"), Some(Access::Read));
+    assert_eq!(batch.routing, Routing::Pinned(vec!["use1-b".into()]));
+    Ok(())
+}
+
+#[test]
+fn access_levels() {
+    assert!(Access::ReadWrite.allows(Access::Read));
+    assert!(Access::ReadWrite.allows(Access::ReadWrite));
+    assert!(Access::Read.allows(Access::Read));
+    assert!(!Access::Read.allows(Access::ReadWrite));
+    assert_eq!(Access::Read.as_str(), "read");
+    assert_eq!(Access::ReadWrite.as_str(), "read-write");
+    assert_eq!(
+        serde_json::to_string(&[Access::Read, Access::ReadWrite]).unwrap(),
+        r#"["read","read-write"]"#
+    );
+}
+
+#[test]
+fn grants_may_be_written_as_a_sub_table() -> Result<(), Problems> {
+    let text = BASE.replacen(
+        "routing = \"nearest\"\ntables = { ad_profiles = \"read-write\" }",
+        "routing = \"nearest\"\n\n[app_profiles.tables]\nad_profiles = \"read-write\"\nsegments = \"rw\"",
+        1,
+    );
+    let p = problems(&text);
+    assert_eq!(p.kinds(), vec![ProblemKind::InvalidValue], "{p}");
+    assert_eq!(p.0[0].key, "app_profiles[0].tables.segments");
+    assert_eq!(p.0[0].line, Some(line_of(&text, "segments = \"rw\"", 0)));
+
+    let t = topo(&text.replace("segments = \"rw\"", "segments = \"read\""))?;
+    assert_eq!(
+        t.app_profiles["frontend"].access("segments"),
+        Some(Access::Read)
+    );
+    Ok(())
+}
+
+#[test]
+fn access_must_be_read_or_read_write() {
+    let text = frontend_grants("tables = { ad_profiles = \"write\" }");
+    let p = problems(&text);
+    assert_eq!(p.kinds(), vec![ProblemKind::InvalidValue], "{p}");
+    assert_eq!(p.0[0].key, "app_profiles[0].tables.ad_profiles");
+    assert_eq!(p.0[0].line, Some(line_of(&text, "\"write\"", 0)));
+    assert!(
+        p.0[0]
+            .message
+            .contains("\"write\" is not one of read, read-write")
+    );
+    assert_eq!(p.0[0].file, Path::new("topo.toml"));
+}
+
+#[test]
+fn system_tables_and_bad_table_names_cannot_be_granted() {
+    // Inline tables are one line in TOML 1.0: a sub-table puts each grant on its own.
+    let text = BASE.replacen(
+        "routing = \"nearest\"\ntables = { ad_profiles = \"read-write\" }",
+        "routing = \"nearest\"\n\n[app_profiles.tables]\nad_profiles = \"read\"\n_location = \"read\"\n\"bad name\" = \"read\"",
+        1,
+    );
+    let p = problems(&text);
+    assert_eq!(
+        p.kinds(),
+        vec![ProblemKind::InvalidName, ProblemKind::InvalidName],
+        "{p}"
+    );
+    let system =
+        p.0.iter()
+            .find(|x| x.key == "app_profiles[0].tables._location")
+            .expect("the system table");
+    assert_eq!(system.line, Some(line_of(&text, "_location", 0)));
+    assert!(
+        system
+            .message
+            .contains("system tables cannot be granted to app profiles; they are reached through operator commands"),
+        "{}",
+        system.message
+    );
+    let bad =
+        p.0.iter()
+            .find(|x| x.key == "app_profiles[0].tables.bad name")
+            .expect("the bad name");
+    assert_eq!(bad.line, Some(line_of(&text, "\"bad name\"", 0)));
+    assert!(bad.message.contains("contains ' '"), "{}", bad.message);
+}
+
+#[test]
+fn a_profile_must_grant_some_table() {
+    // No `tables` at all…
+    let text = frontend_grants("");
+    let p = problems(&text);
+    assert_eq!(p.kinds(), vec![ProblemKind::MissingField], "{p}");
+    assert_eq!(p.0[0].key, "app_profiles[0]");
+    assert_eq!(p.0[0].line, Some(line_of(&text, "[[app_profiles]]", 0)));
+    assert!(
+        p.0[0].message.contains(
+            "app profile \"frontend\" grants no table: add tables = { <table> = \"read\" }"
+        ),
+        "{p}"
+    );
+    // …or an empty one.
+    let text = frontend_grants("tables = {}");
+    let p = problems(&text);
+    assert_eq!(p.kinds(), vec![ProblemKind::InvalidValue], "{p}");
+    assert_eq!(p.0[0].key, "app_profiles[0].tables");
+    assert_eq!(p.0[0].line, Some(line_of(&text, "tables = {}", 0)));
+    assert!(p.0[0].message.contains("grants no table"), "{p}");
+}
+
+#[test]
+fn policy_names_are_checked_and_an_empty_list_is_refused() {
+    let text = frontend_grants(
+        "tables = { ad_profiles = \"read\" }\npolicies = [\"eu resident\", \"global\", \"global\"]",
+    );
+    let p = problems(&text);
+    assert_eq!(
+        p.kinds(),
+        vec![ProblemKind::InvalidName, ProblemKind::Duplicate],
+        "{p}"
+    );
+    assert_eq!(p.0[0].key, "app_profiles[0].policies[0]");
+    assert_eq!(p.0[1].key, "app_profiles[0].policies[2]");
+    let line = line_of(&text, "policies = [", 0);
+    assert!(p.0.iter().all(|x| x.line == Some(line)), "{p}");
+
+    let text = frontend_grants("tables = { ad_profiles = \"read\" }\npolicies = []");
+    let p = problems(&text);
+    assert_eq!(p.kinds(), vec![ProblemKind::ProfileReachesNothing], "{p}");
+    assert_eq!(p.0[0].key, "app_profiles[0].policies");
+    assert_eq!(p.0[0].line, Some(line_of(&text, "policies = []", 0)));
+    assert!(p.0[0].message.contains("lists no policy"), "{p}");
+}
+
+#[test]
+fn unknown_keys_in_a_profile_are_refused() {
+    let text = frontend_grants("tabels = { ad_profiles = \"read\" }");
+    let p = problems(&text);
+    assert_eq!(p.kinds(), vec![ProblemKind::UnknownField], "{p}");
+    assert_eq!(p.0[0].key, "app_profiles[0].tabels");
+    assert_eq!(p.0[0].line, Some(line_of(&text, "tabels", 0)));
+    assert!(p.0[0].message.contains("tables"), "{p}");
+}
+
+#[test]
+fn grants_are_checked_against_the_placement() -> Result<(), Problems> {
+    let d = deployment(BASE, Some(PLACEMENT))?;
+    assert_eq!(
+        d.topology.app_profiles["frontend"].access("ad_profiles"),
+        Some(Access::ReadWrite)
+    );
+
+    // A table and a policy the placement does not define, reported at the topology
+    // file's lines.
+    let text = frontend_grants(
+        "tables = { ad_profiles = \"read\", campaigns = \"read\" }\npolicies = [\"global\", \"apac\"]",
+    );
+    let p = deployment(&text, Some(PLACEMENT)).unwrap_err();
+    assert_eq!(
+        p.kinds(),
+        vec![ProblemKind::UnknownReference, ProblemKind::UnknownReference],
+        "{p}"
+    );
+    assert!(p.0.iter().all(|x| x.file == Path::new("topo.toml")), "{p}");
+    assert_eq!(p.0[0].key, "app_profiles[0].tables.campaigns");
+    assert_eq!(p.0[0].line, Some(line_of(&text, "campaigns", 0)));
+    assert!(
+        p.0[0].message.contains("unknown table \"campaigns\"")
+            && p.0[0].message.contains("defines: ad_profiles"),
+        "{p}"
+    );
+    assert_eq!(p.0[1].key, "app_profiles[0].policies[1]");
+    assert_eq!(p.0[1].line, Some(line_of(&text, "\"apac\"", 0)));
+    assert!(p.0[1].message.contains("unknown policy \"apac\""), "{p}");
+
+    // Known names pass.
+    let text = frontend_grants(
+        "tables = { ad_profiles = \"read\" }\npolicies = [\"global\", \"eu-resident\"]",
+    );
+    let d = deployment(&text, Some(PLACEMENT))?;
+    assert!(!d.topology.app_profiles["frontend"].may_touch_policy(&ScopeId::new("apac")));
+    Ok(())
+}
+
+#[test]
+fn a_pinned_profile_must_reach_rows_of_its_policies() -> Result<(), Problems> {
+    // `batch` is pinned to use1-b in us-east-1; eu-resident is Europe only.
+    let text = BASE.replace(
+        "tables = { ad_profiles = \"read\" }",
+        "tables = { ad_profiles = \"read\" }\npolicies = [\"eu-resident\"]",
+    );
+    // The topology alone cannot tell.
+    topo(&text)?;
+    let p = deployment(&text, Some(PLACEMENT)).unwrap_err();
+    assert_eq!(p.kinds(), vec![ProblemKind::ProfileReachesNothing], "{p}");
+    assert_eq!(p.0[0].key, "app_profiles[1].policies");
+    assert_eq!(
+        p.0[0].line,
+        Some(line_of(&text, "policies = [\"eu-resident\"]", 0))
+    );
+    assert!(
+        p.0[0].message.contains("\"batch\"")
+            && p.0[0].message.contains("use1-b")
+            && p.0[0].message.contains("could never read a row"),
+        "{p}"
+    );
+
+    // One pinned replica inside one of the policies is enough.
+    let text = text
+        .replace(
+            "replicas = [\"use1-b\"]",
+            "replicas = [\"use1-b\", \"euc1-a\"]",
+        )
+        .replace("priority = \"batch\"", "priority = \"serving\"");
+    deployment(&text, Some(PLACEMENT))?;
+    let text = BASE.replace(
+        "tables = { ad_profiles = \"read\" }",
+        "tables = { ad_profiles = \"read\" }\npolicies = [\"eu-resident\", \"global\"]",
+    );
+    deployment(&text, Some(PLACEMENT))?;
+    Ok(())
+}
+
+#[test]
+fn without_a_placement_file_grants_are_checked_in_the_topology_alone() -> Result<(), Problems> {
+    // Checking a topology alone (`pangea topology check TOPOLOGY`): what needs the
+    // placement is not checked…
+    let text = frontend_grants(
+        "tables = { ad_profiles = \"read\", campaigns = \"read\" }\npolicies = [\"apac\"]",
+    );
+    let d = deployment(&text, None)?;
+    assert_eq!(d.placement.schema.table("ad_profiles"), None);
+    // …and what does not, is.
+    let p = deployment(&frontend_grants("tables = { _jobs = \"read\" }"), None).unwrap_err();
+    assert_eq!(p.kinds(), vec![ProblemKind::InvalidName], "{p}");
+    Ok(())
+}
+
+#[test]
+fn every_profile_problem_is_reported_at_once_in_file_order() {
+    let text = BASE
+        .replace(
+            "tables = { ad_profiles = \"read-write\" }",
+            "tables = { ad_profiles = \"write\", _jobs = \"read\" }\npolicies = []",
+        )
+        .replace("tables = { ad_profiles = \"read\" }", "");
+    let p = problems(&text);
+    assert_eq!(
+        p.kinds(),
+        vec![
+            ProblemKind::InvalidName,
+            ProblemKind::InvalidValue,
+            ProblemKind::ProfileReachesNothing,
+            ProblemKind::MissingField,
+        ],
+        "{p}"
+    );
+    let lines: Vec<_> = p.0.iter().map(|p| p.line.unwrap()).collect();
+    assert!(lines.windows(2).all(|w| w[0] <= w[1]), "{lines:?}");
+}
+
+#[test]
+fn a_diff_notices_permission_changes() -> Result<(), Problems> {
+    let old = deployment(BASE, Some(PLACEMENT))?;
+    assert!(old.diff(&old).is_empty());
+    let text = frontend_grants("tables = { ad_profiles = \"read\" }");
+    let new = deployment(&text, Some(PLACEMENT))?;
+    let diff = old.diff(&new);
+    assert!(!diff.is_empty());
+    assert_eq!(diff.app_profile_changes.len(), 1, "{diff:?}");
+    let change = &diff.app_profile_changes[0];
+    assert_eq!(
+        (change.name.as_str(), change.change),
+        ("frontend", "permissions changed")
+    );
+    assert_eq!(
+        change.old.as_ref().and_then(|p| p.access("ad_profiles")),
+        Some(Access::ReadWrite)
+    );
+    assert_eq!(
+        change.new.as_ref().and_then(|p| p.access("ad_profiles")),
+        Some(Access::Read)
+    );
+    let json = serde_json::to_value(&diff).unwrap();
+    assert_eq!(
+        json["app_profile_changes"][0]["new"]["tables"]["ad_profiles"],
+        "read"
+    );
+    Ok(())
 }

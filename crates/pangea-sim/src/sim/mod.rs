@@ -638,6 +638,16 @@ impl Simulation {
                     name: "frontend".into(),
                     routing: pangea_topology::Routing::Nearest,
                     priority: pangea_topology::Priority::Serving,
+                    // Every table of the placement (system tables are never granted).
+                    tables: d
+                        .placement
+                        .schema
+                        .tables
+                        .keys()
+                        .filter(|t| !t.starts_with('_'))
+                        .map(|t| (t.clone(), pangea_topology::Access::ReadWrite))
+                        .collect(),
+                    policies: None,
                 })
             })
             .with_context(|| {
