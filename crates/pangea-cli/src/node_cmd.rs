@@ -132,25 +132,13 @@ pub(crate) enum CertsCommand {
         #[arg(long)]
         dir: PathBuf,
     },
-    /// Issue a replica or client certificate signed by the cluster CA.
-    Issue {
-        #[arg(long)]
-        dir: PathBuf,
-        /// A replica id (its region comes from --region or --topology).
-        #[arg(long, conflicts_with = "client")]
-        replica: Option<String>,
-        #[arg(long, requires = "replica")]
-        region: Option<String>,
-        /// Read the replica's region from this topology file.
-        #[arg(long)]
-        topology: Option<PathBuf>,
-        /// A client name (frontends, tools).
-        #[arg(long)]
-        client: Option<String>,
-        /// The app profile the client acts for.
-        #[arg(long, requires = "client")]
-        app_profile: Option<String>,
-    },
+    /// Issue a replica, client, operator or loader certificate signed by the
+    /// cluster CA.
+    ///
+    /// Exactly one of --replica, --client, --operator, --loader. Files:
+    /// DIR/replicas/ID.pem, clients/NAME.pem, operators/NAME.pem, loaders/NAME.pem
+    /// (and .key).
+    Issue(IssueArgs),
     /// Re-issue a leaf certificate (same identity, new key, current issuing CA).
     ///
     /// Running replicas and clients pick it up on SIGHUP or within their poll
@@ -158,17 +146,18 @@ pub(crate) enum CertsCommand {
     Reissue {
         #[arg(long)]
         dir: PathBuf,
-        /// The replica id or client name.
+        /// The leaf's name: a replica id, or a client, operator or loader name.
         #[arg(required_unless_present = "all", conflicts_with = "all")]
         name: Option<String>,
-        /// Every replica and client certificate in DIR (step 2 of a CA rotation).
+        /// Every replica, client, operator and loader certificate in DIR (step 2 of
+        /// a CA rotation).
         #[arg(long)]
         all: bool,
         /// Also revoke the certificate being replaced (a compromised key): both
         /// files change together, so processes load them on the same reload.
         #[arg(long, conflicts_with = "all")]
         revoke_old: bool,
-        /// When a replica and a client share NAME, which one.
+        /// When leaves of several kinds share NAME, which one.
         #[arg(long, value_enum)]
         kind: Option<LeafKindArg>,
     },
@@ -180,9 +169,9 @@ pub(crate) enum CertsCommand {
     Revoke {
         #[arg(long)]
         dir: PathBuf,
-        /// The replica id or client name.
+        /// The leaf's name: a replica id, or a client, operator or loader name.
         name: String,
-        /// When a replica and a client share NAME, which one.
+        /// When leaves of several kinds share NAME, which one.
         #[arg(long, value_enum)]
         kind: Option<LeafKindArg>,
     },
@@ -208,11 +197,53 @@ pub(crate) enum CertsCommand {
     },
 }
 
+/// Flags of `certs issue`: the directory and exactly one identity.
+#[derive(Debug, Args)]
+#[command(group(
+    clap::ArgGroup::new("identity")
+        .required(true)
+        .args(["replica", "client", "operator", "loader"])
+))]
+#[command(group(clap::ArgGroup::new("has_app_profile").args(["client", "loader"])))]
+pub(crate) struct IssueArgs {
+    #[arg(long)]
+    dir: PathBuf,
+    /// A replica id (its region comes from --region or --topology):
+    /// pangea://replica/ID?region=R.
+    #[arg(long)]
+    replica: Option<String>,
+    /// The replica's region.
+    // `requires` alone is met by any member of the "identity" group (clap), so the
+    // other kinds are excluded explicitly.
+    #[arg(long, requires = "replica", conflicts_with_all = ["client", "operator", "loader"])]
+    region: Option<String>,
+    /// Read the replica's region from this topology file.
+    #[arg(long, requires = "replica", conflicts_with_all = ["client", "operator", "loader"])]
+    topology: Option<PathBuf>,
+    /// A client name (ad-serving frontends): pangea://client/NAME?app_profile=P,
+    /// P from --app-profile (default `frontend`).
+    #[arg(long)]
+    client: Option<String>,
+    /// An operator name (a person or an administration tool; no app profile):
+    /// pangea://operator/NAME.
+    #[arg(long)]
+    operator: Option<String>,
+    /// A loader name (a batch pipeline; needs --app-profile):
+    /// pangea://loader/NAME?app_profile=P.
+    #[arg(long, requires = "app_profile")]
+    loader: Option<String>,
+    /// The app profile the client or loader acts for.
+    #[arg(long, requires = "has_app_profile")]
+    app_profile: Option<String>,
+}
+
 /// `--kind` of `certs reissue` and `certs revoke`.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub(crate) enum LeafKindArg {
     Replica,
     Client,
+    Operator,
+    Loader,
 }
 
 impl From<LeafKindArg> for pangea_net::rotation::LeafKind {
@@ -220,6 +251,8 @@ impl From<LeafKindArg> for pangea_net::rotation::LeafKind {
         match k {
             LeafKindArg::Replica => Self::Replica,
             LeafKindArg::Client => Self::Client,
+            LeafKindArg::Operator => Self::Operator,
+            LeafKindArg::Loader => Self::Loader,
         }
     }
 }
@@ -241,44 +274,7 @@ pub(crate) fn certs(cmd: CertsCommand) -> Result<()> {
             pangea_net::certs::init_ca(&dir)?;
             println!("created cluster CA in {}", dir.display());
         }
-        CertsCommand::Issue {
-            dir,
-            replica: Some(id),
-            region,
-            topology,
-            ..
-        } => {
-            let region = match (region, topology) {
-                (Some(r), _) => r,
-                (None, Some(t)) => {
-                    let t =
-                        pangea_topology::Topology::load(&t).map_err(|p| anyhow::anyhow!("{p}"))?;
-                    t.region_of(&id)
-                        .map(|r| r.to_string())
-                        .ok_or_else(|| anyhow::anyhow!("replica {id:?} is not in the topology"))?
-                }
-                (None, None) => anyhow::bail!("--replica needs --region or --topology"),
-            };
-            pangea_net::certs::issue_replica(&dir, &id, &region)?;
-            println!(
-                "issued replica certificate {id} ({region}) in {}",
-                dir.display()
-            );
-        }
-        CertsCommand::Issue {
-            dir,
-            client: Some(name),
-            app_profile,
-            ..
-        } => {
-            let profile = app_profile.unwrap_or_else(|| "frontend".into());
-            pangea_net::certs::issue_client(&dir, &name, &profile)?;
-            println!(
-                "issued client certificate {name} (app profile {profile}) in {}",
-                dir.display()
-            );
-        }
-        CertsCommand::Issue { .. } => anyhow::bail!("say --replica ID or --client NAME"),
+        CertsCommand::Issue(args) => issue(args)?,
         CertsCommand::Reissue {
             dir,
             name,
@@ -431,6 +427,66 @@ pub(crate) fn certs(cmd: CertsCommand) -> Result<()> {
     Ok(())
 }
 
+/// `certs issue`: one leaf of the kind given.
+fn issue(args: IssueArgs) -> Result<()> {
+    let IssueArgs {
+        dir,
+        replica,
+        region,
+        topology,
+        client,
+        operator,
+        loader,
+        app_profile,
+    } = args;
+    // clap's "identity" group makes exactly one of the four present.
+    match (replica, client, operator, loader) {
+        (Some(id), None, None, None) => {
+            let region = match (region, topology) {
+                (Some(r), _) => r,
+                (None, Some(t)) => {
+                    let t =
+                        pangea_topology::Topology::load(&t).map_err(|p| anyhow::anyhow!("{p}"))?;
+                    t.region_of(&id)
+                        .map(|r| r.to_string())
+                        .ok_or_else(|| anyhow::anyhow!("replica {id:?} is not in the topology"))?
+                }
+                (None, None) => anyhow::bail!("--replica needs --region or --topology"),
+            };
+            pangea_net::certs::issue_replica(&dir, &id, &region)?;
+            println!(
+                "issued replica certificate {id} ({region}) in {}",
+                dir.display()
+            );
+        }
+        (None, Some(name), None, None) => {
+            let profile = app_profile.unwrap_or_else(|| "frontend".into());
+            pangea_net::certs::issue_client(&dir, &name, &profile)?;
+            println!(
+                "issued client certificate {name} (app profile {profile}) in {}",
+                dir.display()
+            );
+        }
+        (None, None, Some(name), None) => {
+            pangea_net::certs::issue_operator(&dir, &name)?;
+            println!("issued operator certificate {name} in {}", dir.display());
+        }
+        (None, None, None, Some(name)) => {
+            let profile =
+                app_profile.ok_or_else(|| anyhow::anyhow!("--loader needs --app-profile"))?;
+            pangea_net::certs::issue_loader(&dir, &name, &profile)?;
+            println!(
+                "issued loader certificate {name} (app profile {profile}) in {}",
+                dir.display()
+            );
+        }
+        _ => anyhow::bail!(
+            "say exactly one of --replica ID, --client NAME, --operator NAME, --loader NAME"
+        ),
+    }
+    Ok(())
+}
+
 /// `YYYY-MM-DD` (UTC) of a Unix time, by the days-to-civil algorithm of Howard
 /// Hinnant (no calendar crate needed for a listing).
 fn utc_date(unix: i64) -> String {
@@ -448,6 +504,132 @@ fn utc_date(unix: i64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::CertsCommand;
+    use clap::Parser as _;
+
+    /// `pangea certs ...` alone, to check its flags.
+    #[derive(Debug, clap::Parser)]
+    struct Certs {
+        #[command(subcommand)]
+        command: CertsCommand,
+    }
+
+    fn parse(args: &[&str]) -> Result<CertsCommand, clap::Error> {
+        let argv = ["certs"].iter().chain(args).copied();
+        Certs::try_parse_from(argv).map(|c| c.command)
+    }
+
+    #[test]
+    fn issue_takes_exactly_one_identity() {
+        for ok in [
+            &["issue", "--dir", "d", "--replica", "r1", "--region", "eu"][..],
+            &["issue", "--dir", "d", "--client", "fe"],
+            &[
+                "issue",
+                "--dir",
+                "d",
+                "--client",
+                "fe",
+                "--app-profile",
+                "p",
+            ],
+            &["issue", "--dir", "d", "--operator", "alice"],
+            &[
+                "issue",
+                "--dir",
+                "d",
+                "--loader",
+                "etl",
+                "--app-profile",
+                "p",
+            ],
+        ] {
+            assert!(parse(ok).is_ok(), "{ok:?}: {:?}", parse(ok).err());
+        }
+        for (bad, kind) in [
+            (
+                &["issue", "--dir", "d"][..],
+                clap::error::ErrorKind::MissingRequiredArgument,
+            ),
+            (
+                &["issue", "--dir", "d", "--operator", "a", "--client", "b"],
+                clap::error::ErrorKind::ArgumentConflict,
+            ),
+            (
+                &[
+                    "issue",
+                    "--dir",
+                    "d",
+                    "--replica",
+                    "r",
+                    "--loader",
+                    "l",
+                    "--app-profile",
+                    "p",
+                ],
+                clap::error::ErrorKind::ArgumentConflict,
+            ),
+            (
+                &["issue", "--dir", "d", "--loader", "etl"],
+                clap::error::ErrorKind::MissingRequiredArgument,
+            ),
+            (
+                &[
+                    "issue",
+                    "--dir",
+                    "d",
+                    "--operator",
+                    "a",
+                    "--app-profile",
+                    "p",
+                ],
+                clap::error::ErrorKind::MissingRequiredArgument,
+            ),
+            (
+                &["issue", "--dir", "d", "--operator", "a", "--region", "eu"],
+                clap::error::ErrorKind::ArgumentConflict,
+            ),
+            (
+                &[
+                    "issue",
+                    "--dir",
+                    "d",
+                    "--client",
+                    "c",
+                    "--topology",
+                    "t.toml",
+                ],
+                clap::error::ErrorKind::ArgumentConflict,
+            ),
+            (
+                &[
+                    "issue",
+                    "--dir",
+                    "d",
+                    "--replica",
+                    "r",
+                    "--app-profile",
+                    "p",
+                ],
+                clap::error::ErrorKind::MissingRequiredArgument,
+            ),
+        ] {
+            match parse(bad) {
+                Err(e) => assert_eq!(e.kind(), kind, "{bad:?}: {e}"),
+                Ok(c) => panic!("{bad:?} parsed as {c:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn reissue_and_revoke_take_every_kind() {
+        for kind in ["replica", "client", "operator", "loader"] {
+            assert!(parse(&["revoke", "--dir", "d", "x", "--kind", kind]).is_ok());
+            assert!(parse(&["reissue", "--dir", "d", "x", "--kind", kind]).is_ok());
+        }
+        assert!(parse(&["revoke", "--dir", "d", "x", "--kind", "admin"]).is_err());
+    }
+
     #[test]
     fn utc_dates() {
         assert_eq!(super::utc_date(0), "1970-01-01");

@@ -30,6 +30,7 @@ pub use error::Error;
 pub use options::{HedgePolicy, ReadOptions, ScanOptions, WriteOptions};
 pub use pangea_core::read::{Consistency, Reason};
 pub use pangea_core::{Mutation, ReadFilter, RowMutation, ScopeWatermarks, TimeRange, Token};
+pub use pangea_net::Credential;
 pub use pangea_proto::v1::{AdProfile, FrequencyCap, Row, Segment};
 
 use bytes::Bytes;
@@ -69,9 +70,13 @@ pub struct ClientConfig {
     pub region: RegionId,
     /// The app profile it acts for (must match its certificate).
     pub app_profile: String,
-    /// The cluster certificates directory and this client's certificate name.
+    /// The cluster certificates directory.
     pub certs: PathBuf,
-    pub client_name: String,
+    /// The certificate this process presents, from `certs` (`clients/`,
+    /// `operators/` or `loaders/<name>.pem`). It must hold that identity: a
+    /// certificate of another kind or name is refused at connect and at every
+    /// reload.
+    pub credential: Credential,
     /// Delay this client's traffic by the topology's round trip to each replica
     /// (local clusters with emulated WAN: replicas do not delay their answers to
     /// clients, so the client's side carries the whole round trip).
@@ -93,7 +98,8 @@ pub const CONNECTIONS_PER_REPLICA: usize = 2;
 
 impl ClientConfig {
     /// From a cluster file: addresses, topology, placement and certificates. Uses
-    /// the `client-<app_profile>` certificate `pangea cluster up` issues.
+    /// the `client-<app_profile>` certificate `pangea cluster up` issues (another
+    /// one with [`Self::with_credential`]).
     pub fn from_cluster(
         cluster: &ClusterFile,
         region: &str,
@@ -120,12 +126,20 @@ impl ClientConfig {
             region: region.into(),
             app_profile: app_profile.to_owned(),
             certs: cluster.certs.clone(),
-            client_name: format!("client-{app_profile}"),
+            credential: Credential::Client(format!("client-{app_profile}")),
             emulate_wan: cluster.emulate_wan,
             read: ReadOptions::default(),
             wan: None,
             connections_per_replica: CONNECTIONS_PER_REPLICA,
         })
+    }
+
+    /// Presents `credential` instead (an operator tool, a batch loader, another
+    /// client name); its files are read from [`Self::certs`].
+    #[must_use]
+    pub fn with_credential(mut self, credential: Credential) -> Self {
+        self.credential = credential;
+        self
     }
 }
 

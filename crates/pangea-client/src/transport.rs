@@ -76,7 +76,17 @@ pub(crate) struct Transport {
 
 impl Transport {
     pub(crate) fn new(config: &ClientConfig) -> Result<Transport, Error> {
-        let live = LiveTls::load(TlsFiles::client(&config.certs, &config.client_name)?)?;
+        // The certificate must hold the configured credential's identity (checked
+        // again on every reload): a wrong one is a configuration error, not an
+        // outage to retry.
+        let files = TlsFiles::for_credential(&config.certs, &config.credential)?;
+        let live = LiveTls::load(files).map_err(|e| match e {
+            pangea_net::Error::WrongIdentity { .. }
+            | pangea_net::Error::ReplicaCertificateAsCredential { .. } => {
+                Error::InvalidInput(format!("client credential {}: {e}", config.credential))
+            }
+            other => other.into(),
+        })?;
         let client = live.client_config()?;
         spawn_poller(&live, RELOAD_INTERVAL_DEFAULT, |_| {})?;
         let wan = (config.emulate_wan || config.wan.is_some()).then(|| {
@@ -253,5 +263,91 @@ async fn exchange(
         Ok(Some(r)) => Ok((r, (send, recv))),
         Ok(None) => Err("closed the stream without an answer".to_owned()),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pangea_net::{Credential, certs};
+    use pangea_topology::cluster::ClusterFile;
+    use std::path::Path;
+
+    /// A client configuration for the one-replica topology of the repository, with
+    /// certificates in `dir`.
+    fn config(dir: &Path) -> anyhow::Result<ClientConfig> {
+        let topology =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology/single-replica.toml");
+        let file = dir.join("cluster.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "name = \"single-replica\"\ntopology = {:?}\ncerts = {:?}\n",
+                topology.display().to_string(),
+                dir.display().to_string()
+            ),
+        )?;
+        let cluster = ClusterFile::load(&file).map_err(anyhow::Error::msg)?;
+        Ok(ClientConfig::from_cluster(&cluster, "local-1", "frontend")?)
+    }
+
+    #[tokio::test]
+    async fn the_credential_must_hold_its_own_identity() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let d = dir.path();
+        certs::init_ca(d)?;
+        certs::issue_replica(d, "solo", "local-1")?;
+        certs::issue_client(d, "client-frontend", "frontend")?;
+        certs::issue_operator(d, "alice")?;
+        let config = config(d)?;
+        assert_eq!(
+            config.credential,
+            Credential::Client("client-frontend".into())
+        );
+
+        // The default client credential and an operator's load as themselves.
+        let t = Transport::new(&config)?;
+        assert_eq!(t._tls.identity().name(), "client-frontend");
+        let operator = config
+            .clone()
+            .with_credential(Credential::Operator("alice".into()));
+        let t = Transport::new(&operator)?;
+        assert_eq!(
+            t._tls.identity(),
+            PeerIdentity::Operator {
+                name: "alice".into()
+            }
+        );
+
+        // Another identity's certificate is a configuration error, not an outage.
+        let copy = |from: &Path, to: &Path| -> std::io::Result<()> {
+            std::fs::copy(from, to)?;
+            std::fs::copy(from.with_extension("key"), to.with_extension("key"))?;
+            Ok(())
+        };
+        copy(
+            &certs::client_cert_path(d, "client-frontend"),
+            &certs::operator_cert_path(d, "alice"),
+        )?;
+        match Transport::new(&operator) {
+            Err(Error::InvalidInput(m)) => {
+                assert!(
+                    m.contains("holds the identity of client client-frontend"),
+                    "{m}"
+                );
+            }
+            Err(e) => anyhow::bail!("expected InvalidInput, got {e:?}"),
+            Ok(_) => anyhow::bail!("an operator credential loaded a client certificate"),
+        }
+        copy(
+            &certs::replica_cert_path(d, "solo"),
+            &certs::client_cert_path(d, "client-frontend"),
+        )?;
+        match Transport::new(&config) {
+            Err(Error::InvalidInput(m)) => assert!(m.contains("is a replica certificate"), "{m}"),
+            Err(e) => anyhow::bail!("expected InvalidInput, got {e:?}"),
+            Ok(_) => anyhow::bail!("a client credential loaded a replica certificate"),
+        }
+        Ok(())
     }
 }

@@ -15,17 +15,24 @@
 //!                                           revoked anything ([`crate::rotation::revoke`])
 //! dir/replicas/<replica_id>.pem  .key       one per replica (issue_replica)
 //! dir/clients/<name>.pem  .key              one per frontend (issue_client)
+//! dir/operators/<name>.pem  .key            one per operator (issue_operator)
+//! dir/loaders/<name>.pem  .key              one per batch pipeline (issue_loader)
 //! ```
 //!
 //! Identity lives in the subject alternative names (SAN), as a URI that
-//! [`crate::identity`] parses back:
+//! [`crate::identity`] parses back (the forms are listed there):
 //!
 //! - replica: `pangea://replica/<replica_id>?region=<region>`, plus DNS `localhost`,
 //!   IPs `127.0.0.1` and `::1`, and DNS `<replica_id>` when the id is a valid DNS name (see
 //!   [`replica_dns_name`]); extended key usage server *and* client auth, because
 //!   replicas both accept and dial connections;
 //! - client: `pangea://client/<name>?app_profile=<profile>`; client auth only, so a
-//!   stolen frontend certificate cannot impersonate a replica to another client.
+//!   stolen frontend certificate cannot impersonate a replica to another client;
+//! - operator: `pangea://operator/<name>`; client auth only;
+//! - loader: `pangea://loader/<name>?app_profile=<profile>`; client auth only.
+//!
+//! The names of one kind share a directory, so a name is unique per kind; a client
+//! and an operator may share a name (they are different files and identities).
 //!
 //! Keys are ECDSA P-256 (fast handshakes, small certificates). Key files are written
 //! with mode 0600 on Unix. Leaves may be re-issued (the files are replaced, key and
@@ -45,6 +52,7 @@ use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, DnsName, PrivateKeyDer};
 
 use crate::error::{Error, Result};
+use crate::identity::{Credential, PeerIdentity};
 
 /// How long a leaf certificate is valid from issue: one year. Long enough that a
 /// cluster does not break over a holiday, short enough that a leaked key expires.
@@ -58,13 +66,15 @@ pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// whose clock is slightly behind the issuer's accepts a fresh certificate.
 pub const CLOCK_SKEW_ALLOWANCE: Duration = Duration::from_secs(3600);
 
-/// Longest accepted replica id, region, client name or app profile.
+/// Longest accepted replica id, region, client, operator or loader name, or app
+/// profile.
 pub const NAME_BYTES_MAX: usize = 128;
 
 /// The URI scheme of Pangea identities in certificates.
 pub const IDENTITY_SCHEME: &str = "pangea://";
 
-/// Checks a replica id, region, client name or app profile: 1..=128 bytes of ASCII
+/// Checks a replica id, region, client, operator or loader name, or app profile:
+/// 1..=128 bytes of ASCII
 /// letters, digits, `_`, `-` and `.`. These characters need no escaping in a URI
 /// or a file name, so the identity URI and the file layout stay unambiguous.
 /// `what` names the kind of name in the error.
@@ -165,6 +175,16 @@ pub fn client_cert_path(dir: &Path, name: &str) -> PathBuf {
     dir.join("clients").join(format!("{name}.pem"))
 }
 
+/// `dir/operators/<name>.pem` (the key is the same path with `.key`).
+pub fn operator_cert_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join("operators").join(format!("{name}.pem"))
+}
+
+/// `dir/loaders/<name>.pem` (the key is the same path with `.key`).
+pub fn loader_cert_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join("loaders").join(format!("{name}.pem"))
+}
+
 /// Creates the cluster CA: writes `dir/ca.pem` and `dir/ca.key` (creating `dir`).
 /// Refuses with [`Error::CaExists`] if either file exists.
 pub fn init_ca(dir: &Path) -> Result<()> {
@@ -209,9 +229,10 @@ pub fn issue_replica(dir: &Path, replica_id: &str, region: &str) -> Result<()> {
     validate_name("replica id", replica_id)?;
     validate_name("region", region)?;
     let mut sans = vec![
-        uri_san(&format!(
-            "{IDENTITY_SCHEME}replica/{replica_id}?region={region}"
-        ))?,
+        identity_san(&PeerIdentity::Replica {
+            id: replica_id.to_owned(),
+            region: region.to_owned(),
+        })?,
         SanType::DnsName("localhost".try_into()?),
         SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()),
         SanType::IpAddress(std::net::Ipv6Addr::LOCALHOST.into()),
@@ -236,11 +257,42 @@ pub fn issue_client(dir: &Path, name: &str, app_profile: &str) -> Result<()> {
     validate_name("app profile", app_profile)?;
     let mut params = CertificateParams::default();
     params.distinguished_name = name_with_cn(&format!("pangea client {name}"));
-    params.subject_alt_names = vec![uri_san(&format!(
-        "{IDENTITY_SCHEME}client/{name}?app_profile={app_profile}"
-    ))?];
+    params.subject_alt_names = vec![identity_san(&PeerIdentity::Client {
+        name: name.to_owned(),
+        app_profile: app_profile.to_owned(),
+    })?];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     issue_leaf(dir, params, &client_cert_path(dir, name))
+}
+
+/// Issues (or re-issues) the certificate of operator `name` (a person or an
+/// administration tool; bound to no app profile): writes `dir/operators/<name>.pem`
+/// and `.key`. Client auth only.
+pub fn issue_operator(dir: &Path, name: &str) -> Result<()> {
+    validate_name("operator name", name)?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = name_with_cn(&format!("pangea operator {name}"));
+    params.subject_alt_names = vec![identity_san(&PeerIdentity::Operator {
+        name: name.to_owned(),
+    })?];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    issue_leaf(dir, params, &operator_cert_path(dir, name))
+}
+
+/// Issues (or re-issues) the certificate of loader `name` (a batch pipeline)
+/// loading for `app_profile`: writes `dir/loaders/<name>.pem` and `.key`. Client
+/// auth only.
+pub fn issue_loader(dir: &Path, name: &str, app_profile: &str) -> Result<()> {
+    validate_name("loader name", name)?;
+    validate_name("app profile", app_profile)?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = name_with_cn(&format!("pangea loader {name}"));
+    params.subject_alt_names = vec![identity_san(&PeerIdentity::Loader {
+        name: name.to_owned(),
+        app_profile: app_profile.to_owned(),
+    })?];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    issue_leaf(dir, params, &loader_cert_path(dir, name))
 }
 
 /// The CA certificate of `dir`, to trust as the only root. Refuses a bundle of
@@ -278,6 +330,25 @@ pub fn load_replica(dir: &Path, replica_id: &str) -> Result<CertBundle> {
 pub fn load_client(dir: &Path, name: &str) -> Result<CertBundle> {
     validate_name("client name", name)?;
     load_bundle(&client_cert_path(dir, name))
+}
+
+/// The certificate and key of operator `name` from `dir`.
+pub fn load_operator(dir: &Path, name: &str) -> Result<CertBundle> {
+    validate_name("operator name", name)?;
+    load_bundle(&operator_cert_path(dir, name))
+}
+
+/// The certificate and key of loader `name` from `dir`.
+pub fn load_loader(dir: &Path, name: &str) -> Result<CertBundle> {
+    validate_name("loader name", name)?;
+    load_bundle(&loader_cert_path(dir, name))
+}
+
+/// The certificate and key of `credential` from `dir` (no identity check: for
+/// one that is checked, and reloaded, use [`crate::reload::LiveTls`]).
+pub fn load_credential(dir: &Path, credential: &Credential) -> Result<CertBundle> {
+    credential.validate()?;
+    load_bundle(&credential.cert_path(dir))
 }
 
 fn load_bundle(cert_path: &Path) -> Result<CertBundle> {
@@ -404,8 +475,10 @@ pub(crate) fn name_with_cn(cn: &str) -> DistinguishedName {
     name
 }
 
-fn uri_san(uri: &str) -> Result<SanType> {
-    Ok(SanType::URI(uri.try_into()?))
+/// The SAN carrying `identity`'s URI (the one writer of identity URIs is
+/// [`PeerIdentity::to_uri`], so issuing and parsing cannot drift apart).
+fn identity_san(identity: &PeerIdentity) -> Result<SanType> {
+    Ok(SanType::URI(identity.to_uri().as_str().try_into()?))
 }
 
 /// Sets `not_before` to now minus [`CLOCK_SKEW_ALLOWANCE`], `not_after` to now plus
@@ -578,11 +651,36 @@ mod tests {
         init_ca(dir.path())?;
         issue_replica(dir.path(), "us-east1-a", "us-east1")?;
         issue_client(dir.path(), "frontend-1", "serving")?;
+        issue_operator(dir.path(), "alice")?;
+        issue_loader(dir.path(), "nightly", "serving")?;
         let _ca = load_ca(dir.path())?;
         let replica = load_replica(dir.path(), "us-east1-a")?;
         assert_eq!(replica.chain.len(), 1);
         let client = load_client(dir.path(), "frontend-1")?;
         assert_eq!(client.chain.len(), 1);
+        assert!(operator_cert_path(dir.path(), "alice").exists());
+        assert!(loader_cert_path(dir.path(), "nightly").exists());
+        assert_eq!(load_operator(dir.path(), "alice")?.chain.len(), 1);
+        assert_eq!(load_loader(dir.path(), "nightly")?.chain.len(), 1);
+        assert_eq!(
+            load_credential(dir.path(), &Credential::Loader("nightly".into()))?.chain,
+            load_loader(dir.path(), "nightly")?.chain
+        );
+        // Operators and loaders authenticate as clients only: their certificates
+        // cannot serve as a replica's.
+        for leaf in [
+            load_operator(dir.path(), "alice")?,
+            load_loader(dir.path(), "nightly")?,
+        ] {
+            let (_, parsed) = x509_parser::parse_x509_certificate(leaf.chain[0].as_ref())
+                .map_err(|e| Error::CertificateParse(e.to_string()))?;
+            let eku = parsed
+                .extended_key_usage()
+                .map_err(|e| Error::CertificateParse(e.to_string()))?
+                .map(|e| e.value.clone());
+            let eku = eku.ok_or(Error::MissingIdentity)?;
+            assert!(eku.client_auth && !eku.server_auth, "{eku:?}");
+        }
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt as _;
@@ -602,6 +700,20 @@ mod tests {
             path: "tempdir".into(),
             source,
         })?;
+        assert!(matches!(
+            issue_operator(dir.path(), "a b"),
+            Err(Error::InvalidName {
+                what: "operator name",
+                ..
+            })
+        ));
+        assert!(matches!(
+            issue_loader(dir.path(), "l", ""),
+            Err(Error::InvalidName {
+                what: "app profile",
+                ..
+            })
+        ));
         let err = issue_replica(dir.path(), "r1", "eu").err();
         match err {
             Some(Error::File { path, .. }) => assert_eq!(path, ca_cert_path(dir.path())),

@@ -30,7 +30,8 @@ pub enum Error {
         path: PathBuf,
     },
 
-    /// A replica id, region, client name or app profile is not acceptable.
+    /// A replica id, region, client, operator or loader name, or app profile is
+    /// not acceptable.
     #[error("invalid {what} {name:?}: {reason}")]
     InvalidName {
         /// Which kind of name ("replica id", "region", ...).
@@ -153,20 +154,59 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    /// No `replicas/<name>.pem` or `clients/<name>.pem` in the certificate directory.
-    #[error("no certificate named {name:?} in {dir} (looked in replicas/ and clients/)")]
+    /// No `<name>.pem` of the kinds looked for in the certificate directory.
+    #[error(
+        "no certificate named {name:?} in {dir} (looked in replicas/, clients/, operators/ \
+         and loaders/)"
+    )]
     NoSuchLeaf {
-        /// The replica id or client name asked for.
+        /// The replica id, or client, operator or loader name asked for.
         name: String,
         /// The certificate directory.
         dir: PathBuf,
     },
 
-    /// Both a replica and a client are called `name`: the caller must say which.
-    #[error("both a replica and a client are named {name:?}: say which (--replica or --client)")]
+    /// Leaves of several kinds are called `name`: the caller must say which.
+    #[error(
+        "several certificates are named {name:?} ({}): say which kind (--kind {})",
+        kinds.join(", "),
+        kinds.join("|")
+    )]
     AmbiguousLeaf {
         /// The name.
         name: String,
+        /// The kinds that have a leaf of that name (`replica`, `client`, ...).
+        kinds: Vec<&'static str>,
+    },
+
+    /// A process's own certificate holds another identity than the one the
+    /// process runs as (a file copied to the wrong place, or the wrong name
+    /// configured). Checked when the certificate is loaded and at every reload; a
+    /// reload refused for this keeps the current certificate.
+    #[error("{path} holds the identity of {found}, not of {expected}")]
+    WrongIdentity {
+        /// The certificate file.
+        path: PathBuf,
+        /// The identity it holds (`client frontend-1 (app profile serving)`).
+        found: String,
+        /// The identity expected (`replica use1-a (region us-east-1)`,
+        /// `operator alice`).
+        expected: String,
+    },
+
+    /// A replica certificate was given where a client, operator or loader
+    /// credential was expected: replica certificates are for replicas only.
+    #[error(
+        "{path} is a replica certificate (replica {replica}, region {region}); a client, \
+         operator or loader certificate is needed"
+    )]
+    ReplicaCertificateAsCredential {
+        /// The certificate file.
+        path: PathBuf,
+        /// The replica id it holds.
+        replica: String,
+        /// The region it holds.
+        region: String,
     },
 
     /// Revoking needs the key of the CA that signed the certificate, and this

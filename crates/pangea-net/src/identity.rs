@@ -1,21 +1,51 @@
-//! Who is on the other end of a connection, read from its certificate.
+//! Who is on the other end of a connection, read from its certificate; and who a
+//! process itself claims to be.
 //!
 //! The TLS handshake proved the peer holds a key certified by the cluster CA; this
 //! module turns that certificate into a [`PeerIdentity`] by parsing the one
-//! `pangea://` URI in its subject alternative names (the format is written by
-//! [`crate::certs`]). Nothing else in the certificate (common name, DNS names) is
+//! `pangea://` URI in its subject alternative names (the certificates are written
+//! by [`crate::certs`]). Nothing else in the certificate (common name, DNS names) is
 //! identity: the DNS names exist only for TLS server-name checks.
 //!
-//! The parser is strict — exactly one identity URI, exactly the forms we issue,
-//! names that pass [`crate::certs::validate_name`] — because a lenient parser is
-//! where two components start disagreeing about who a peer is.
+//! # Identity URIs
+//!
+//! There are four kinds of identity, each with exactly one URI form:
+//!
+//! ```text
+//! pangea://replica/<replica_id>?region=<region>      a replica of the topology
+//! pangea://client/<name>?app_profile=<profile>       a data client (ad-serving frontend)
+//! pangea://operator/<name>                           a person or tool administering the cluster
+//! pangea://loader/<name>?app_profile=<profile>       a batch pipeline writing for an app profile
+//! ```
+//!
+//! Every `<...>` passes [`crate::certs::validate_name`] (1..=128 bytes of ASCII
+//! letters, digits, `_`, `-`, `.`), so no part can hide a `/`, `?`, `=` or `&`.
+//! The query, where a kind has one, is exactly one `key=value` with the key shown;
+//! an operator has none, and anything after its name is malformed. What each kind
+//! may do is decided by the node, not here.
+//!
+//! The parser is strict — exactly one identity URI, exactly the forms above —
+//! because a lenient parser is where two components start disagreeing about who a
+//! peer is.
+//!
+//! # Credentials
+//!
+//! A [`Credential`] is the certificate a client-side process (a frontend, a tool, a
+//! batch loader) presents: its kind and name, which locate its files in the
+//! certificate directory. When such a process loads its certificate it checks that
+//! the certificate holds that identity ([`crate::reload::ExpectedIdentity`]), so a
+//! file copied to the wrong place is refused at start instead of acting as someone
+//! else.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 
 use rustls::pki_types::CertificateDer;
 use x509_parser::extensions::GeneralName;
 
-use crate::certs::{IDENTITY_SCHEME, validate_name};
+use crate::certs::{
+    IDENTITY_SCHEME, client_cert_path, loader_cert_path, operator_cert_path, validate_name,
+};
 use crate::error::{Error, Result};
 
 /// The authenticated identity of a peer.
@@ -35,10 +65,24 @@ pub enum PeerIdentity {
         /// The app profile it may act for: requests naming another are refused.
         app_profile: String,
     },
+    /// A person or tool administering the cluster (`pangea://operator/<name>`).
+    /// Bound to no app profile: what an operator may do is decided per action.
+    Operator {
+        /// The operator's name (recorded in audit logs).
+        name: String,
+    },
+    /// A batch pipeline (`pangea://loader/<name>?app_profile=<profile>`).
+    Loader {
+        /// The loader's name.
+        name: String,
+        /// The app profile it loads data for.
+        app_profile: String,
+    },
 }
 
 impl PeerIdentity {
-    /// Parses an identity URI of one of the two forms above.
+    /// Parses an identity URI of one of the four forms in the module
+    /// documentation; anything else is [`Error::MalformedIdentity`].
     pub fn from_uri(uri: &str) -> Result<Self> {
         let malformed = |reason: &str| Error::MalformedIdentity {
             uri: uri.to_owned(),
@@ -49,26 +93,37 @@ impl PeerIdentity {
             .ok_or_else(|| malformed("does not start with pangea://"))?;
         let (kind, rest) = rest
             .split_once('/')
-            .ok_or_else(|| malformed("expected pangea://<kind>/<name>?<key>=<value>"))?;
+            .ok_or_else(|| malformed("expected pangea://<kind>/<name>"))?;
+        // validate_name rejects '/', '?', '=' and '&', so a valid name and value
+        // cannot hide extra path segments or query parameters.
+        let check = |what, s: &str| validate_name(what, s).map_err(|e| malformed(&e.to_string()));
+        let expected_key = match kind {
+            "replica" => "region",
+            "client" | "loader" => "app_profile",
+            "operator" => {
+                if rest.contains('?') {
+                    return Err(malformed("an operator identity takes no ?query"));
+                }
+                check("operator name", rest)?;
+                return Ok(Self::Operator {
+                    name: rest.to_owned(),
+                });
+            }
+            _ => {
+                return Err(malformed("kind is not replica, client, operator or loader"));
+            }
+        };
         let (name, query) = rest
             .split_once('?')
-            .ok_or_else(|| malformed("missing ?<key>=<value>"))?;
+            .ok_or_else(|| malformed(&format!("a {kind} identity needs ?{expected_key}=")))?;
         let (key, value) = query
             .split_once('=')
             .ok_or_else(|| malformed("query is not <key>=<value>"))?;
-        let expected_key = match kind {
-            "replica" => "region",
-            "client" => "app_profile",
-            _ => return Err(malformed("kind is neither replica nor client")),
-        };
         if key != expected_key {
             return Err(malformed(&format!(
                 "a {kind} identity takes ?{expected_key}=, not ?{key}="
             )));
         }
-        // validate_name rejects '/', '?', '=' and '&', so a valid name and value
-        // cannot hide extra path segments or query parameters.
-        let check = |what, s: &str| validate_name(what, s).map_err(|e| malformed(&e.to_string()));
         Ok(match kind {
             "replica" => {
                 check("replica id", name)?;
@@ -78,10 +133,18 @@ impl PeerIdentity {
                     region: value.to_owned(),
                 }
             }
-            _ => {
+            "client" => {
                 check("client name", name)?;
                 check("app profile", value)?;
                 Self::Client {
+                    name: name.to_owned(),
+                    app_profile: value.to_owned(),
+                }
+            }
+            _ => {
+                check("loader name", name)?;
+                check("app profile", value)?;
+                Self::Loader {
                     name: name.to_owned(),
                     app_profile: value.to_owned(),
                 }
@@ -97,6 +160,10 @@ impl PeerIdentity {
             }
             Self::Client { name, app_profile } => {
                 format!("{IDENTITY_SCHEME}client/{name}?app_profile={app_profile}")
+            }
+            Self::Operator { name } => format!("{IDENTITY_SCHEME}operator/{name}"),
+            Self::Loader { name, app_profile } => {
+                format!("{IDENTITY_SCHEME}loader/{name}?app_profile={app_profile}")
             }
         }
     }
@@ -125,11 +192,43 @@ impl PeerIdentity {
         }
     }
 
+    /// `replica`, `client`, `operator` or `loader`: the path segment after
+    /// `pangea://` (for logs and metrics labels).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Replica { .. } => "replica",
+            Self::Client { .. } => "client",
+            Self::Operator { .. } => "operator",
+            Self::Loader { .. } => "loader",
+        }
+    }
+
+    /// The replica id or the client, operator or loader name.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Replica { id: name, .. }
+            | Self::Client { name, .. }
+            | Self::Operator { name }
+            | Self::Loader { name, .. } => name,
+        }
+    }
+
+    /// The app profile a client or loader acts for (`None` for replicas and
+    /// operators).
+    pub fn app_profile(&self) -> Option<&str> {
+        match self {
+            Self::Client { app_profile, .. } | Self::Loader { app_profile, .. } => {
+                Some(app_profile)
+            }
+            Self::Replica { .. } | Self::Operator { .. } => None,
+        }
+    }
+
     /// The replica id, if the peer is a replica.
     pub fn replica_id(&self) -> Option<&str> {
         match self {
             Self::Replica { id, .. } => Some(id),
-            Self::Client { .. } => None,
+            Self::Client { .. } | Self::Operator { .. } | Self::Loader { .. } => None,
         }
     }
 }
@@ -141,7 +240,83 @@ impl fmt::Display for PeerIdentity {
             Self::Client { name, app_profile } => {
                 write!(f, "client {name} (app profile {app_profile})")
             }
+            Self::Operator { name } => write!(f, "operator {name}"),
+            Self::Loader { name, app_profile } => {
+                write!(f, "loader {name} (app profile {app_profile})")
+            }
         }
+    }
+}
+
+/// The certificate a client-side process presents: a data client, an operator's
+/// tool or a batch loader. The kind and name locate its files (`clients/`,
+/// `operators/`, `loaders/` of the certificate directory, see [`crate::certs`]);
+/// loading them through [`crate::reload::TlsFiles::for_credential`] checks that the
+/// certificate holds that identity. Replicas are not credentials: they load their
+/// files with [`crate::reload::TlsFiles::replica`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Credential {
+    /// `clients/<name>.pem`: a `pangea://client/<name>?app_profile=…` certificate.
+    Client(String),
+    /// `operators/<name>.pem`: a `pangea://operator/<name>` certificate.
+    Operator(String),
+    /// `loaders/<name>.pem`: a `pangea://loader/<name>?app_profile=…` certificate.
+    Loader(String),
+}
+
+impl Credential {
+    /// `client`, `operator` or `loader` (as [`PeerIdentity::kind`]).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Client(_) => "client",
+            Self::Operator(_) => "operator",
+            Self::Loader(_) => "loader",
+        }
+    }
+
+    /// The client, operator or loader name.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Client(name) | Self::Operator(name) | Self::Loader(name) => name,
+        }
+    }
+
+    /// Checks the name as [`validate_name`] does, naming the kind in the error.
+    pub fn validate(&self) -> Result<()> {
+        let what = match self {
+            Self::Client(_) => "client name",
+            Self::Operator(_) => "operator name",
+            Self::Loader(_) => "loader name",
+        };
+        validate_name(what, self.name())
+    }
+
+    /// The certificate file of this credential in certificate directory `dir`
+    /// (the key is the same path with `.key`).
+    pub fn cert_path(&self, dir: &Path) -> PathBuf {
+        match self {
+            Self::Client(name) => client_cert_path(dir, name),
+            Self::Operator(name) => operator_cert_path(dir, name),
+            Self::Loader(name) => loader_cert_path(dir, name),
+        }
+    }
+
+    /// Whether `identity` is this credential's: same kind, same name (any app
+    /// profile).
+    pub fn is_held_by(&self, identity: &PeerIdentity) -> bool {
+        match (self, identity) {
+            (Self::Client(want), PeerIdentity::Client { name, .. })
+            | (Self::Operator(want), PeerIdentity::Operator { name })
+            | (Self::Loader(want), PeerIdentity::Loader { name, .. }) => want == name,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Credential {
+    /// `client <name>`, `operator <name>` or `loader <name>`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.kind(), self.name())
     }
 }
 
@@ -173,12 +348,15 @@ mod tests {
     #[test]
     fn identities_round_trip_through_certificates() -> Result<()> {
         let dir = tempdir()?;
-        certs::init_ca(dir.path())?;
-        certs::issue_replica(dir.path(), "eu-west1-b", "eu-west1")?;
-        certs::issue_replica(dir.path(), "r_7", "asia")?;
-        certs::issue_client(dir.path(), "frontend-1", "serving")?;
+        let d = dir.path();
+        certs::init_ca(d)?;
+        certs::issue_replica(d, "eu-west1-b", "eu-west1")?;
+        certs::issue_replica(d, "r_7", "asia")?;
+        certs::issue_client(d, "frontend-1", "serving")?;
+        certs::issue_operator(d, "alice")?;
+        certs::issue_loader(d, "nightly.import", "serving")?;
 
-        let replica = certs::load_replica(dir.path(), "eu-west1-b")?;
+        let replica = certs::load_replica(d, "eu-west1-b")?;
         assert_eq!(
             PeerIdentity::from_certificate(&replica.chain[0])?,
             PeerIdentity::Replica {
@@ -186,12 +364,12 @@ mod tests {
                 region: "eu-west1".into()
             }
         );
-        let odd = certs::load_replica(dir.path(), "r_7")?;
+        let odd = certs::load_replica(d, "r_7")?;
         assert_eq!(
             PeerIdentity::from_certificate(&odd.chain[0])?.replica_id(),
             Some("r_7")
         );
-        let client = certs::load_client(dir.path(), "frontend-1")?;
+        let client = certs::load_client(d, "frontend-1")?;
         assert_eq!(
             PeerIdentity::from_certificate(&client.chain[0])?,
             PeerIdentity::Client {
@@ -199,22 +377,70 @@ mod tests {
                 app_profile: "serving".into()
             }
         );
+        let operator = PeerIdentity::from_certificate(&certs::load_operator(d, "alice")?.chain[0])?;
+        assert_eq!(
+            operator,
+            PeerIdentity::Operator {
+                name: "alice".into()
+            }
+        );
+        assert_eq!(operator.kind(), "operator");
+        assert_eq!(operator.app_profile(), None);
+        assert_eq!(operator.to_string(), "operator alice");
+        let loader =
+            PeerIdentity::from_certificate(&certs::load_loader(d, "nightly.import")?.chain[0])?;
+        assert_eq!(
+            loader,
+            PeerIdentity::Loader {
+                name: "nightly.import".into(),
+                app_profile: "serving".into()
+            }
+        );
+        assert_eq!(loader.kind(), "loader");
+        assert_eq!(loader.name(), "nightly.import");
+        assert_eq!(loader.app_profile(), Some("serving"));
+        assert_eq!(loader.replica_id(), None);
         Ok(())
     }
 
     #[test]
     fn uri_round_trip() -> Result<()> {
-        for id in [
-            PeerIdentity::Replica {
-                id: "a".into(),
-                region: "b".into(),
-            },
-            PeerIdentity::Client {
-                name: "c.d".into(),
-                app_profile: "e_f".into(),
-            },
+        for (id, uri, kind) in [
+            (
+                PeerIdentity::Replica {
+                    id: "a".into(),
+                    region: "b".into(),
+                },
+                "pangea://replica/a?region=b",
+                "replica",
+            ),
+            (
+                PeerIdentity::Client {
+                    name: "c.d".into(),
+                    app_profile: "e_f".into(),
+                },
+                "pangea://client/c.d?app_profile=e_f",
+                "client",
+            ),
+            (
+                PeerIdentity::Operator {
+                    name: "ops-1".into(),
+                },
+                "pangea://operator/ops-1",
+                "operator",
+            ),
+            (
+                PeerIdentity::Loader {
+                    name: "etl".into(),
+                    app_profile: "serving".into(),
+                },
+                "pangea://loader/etl?app_profile=serving",
+                "loader",
+            ),
         ] {
-            assert_eq!(PeerIdentity::from_uri(&id.to_uri())?, id);
+            assert_eq!(id.to_uri(), uri);
+            assert_eq!(PeerIdentity::from_uri(uri)?, id);
+            assert_eq!(id.kind(), kind);
         }
         Ok(())
     }
@@ -234,7 +460,28 @@ mod tests {
             "pangea://replica/a?region=b=c",
             "pangea://client/a?region=b",
             "pangea://admin/a?region=b",
+            "pangea://admin/a",
             "pangea://client/a?app_profile=b c",
+            "pangea://client/a",
+            // Operators: a name and nothing else.
+            "pangea://operator",
+            "pangea://operator/",
+            "pangea://operator/a?x=y",
+            "pangea://operator/a?",
+            "pangea://operator/a?app_profile=b",
+            "pangea://operator/a/b",
+            "pangea://operator/a b",
+            "pangea://operator/..",
+            // Loaders: like clients.
+            "pangea://loader/a",
+            "pangea://loader/a?",
+            "pangea://loader/a?region=b",
+            "pangea://loader/?app_profile=b",
+            "pangea://loader/a?app_profile=",
+            "pangea://loader/a?app_profile=b&c=d",
+            "pangea://Loader/a?app_profile=b",
+            "pangea://replicas/a?region=b",
+            "pangea:///a?region=b",
         ] {
             let err = PeerIdentity::from_uri(bad).err();
             assert!(
@@ -242,6 +489,47 @@ mod tests {
                 "{bad:?} gave {err:?}"
             );
         }
+    }
+
+    #[test]
+    fn credentials_name_their_files_and_match_only_their_identity() -> Result<()> {
+        let d = Path::new("certs");
+        let operator = Credential::Operator("alice".into());
+        assert_eq!(operator.cert_path(d), d.join("operators/alice.pem"));
+        assert_eq!(operator.to_string(), "operator alice");
+        assert_eq!(
+            Credential::Loader("etl".into()).cert_path(d),
+            d.join("loaders/etl.pem")
+        );
+        assert_eq!(
+            Credential::Client("fe".into()).cert_path(d),
+            d.join("clients/fe.pem")
+        );
+        assert!(operator.is_held_by(&PeerIdentity::from_uri("pangea://operator/alice")?));
+        for other in [
+            "pangea://operator/bob",
+            "pangea://client/alice?app_profile=p",
+            "pangea://loader/alice?app_profile=p",
+            "pangea://replica/alice?region=r",
+        ] {
+            assert!(
+                !operator.is_held_by(&PeerIdentity::from_uri(other)?),
+                "{other}"
+            );
+        }
+        assert!(
+            Credential::Loader("etl".into()).is_held_by(&PeerIdentity::from_uri(
+                "pangea://loader/etl?app_profile=x"
+            )?)
+        );
+        assert!(matches!(
+            Credential::Operator("a/b".into()).validate(),
+            Err(Error::InvalidName {
+                what: "operator name",
+                ..
+            })
+        ));
+        Ok(())
     }
 
     #[test]

@@ -2,24 +2,29 @@
 //! codec, cluster certificates, and WAN emulation for local clusters.
 //!
 //! Every connection between Pangea processes — replica to replica, frontend to
-//! replica — is QUIC with mutual TLS 1.3 against one cluster CA. A peer's identity
-//! (which replica in which region, or which client acting for which app profile)
-//! is a URI in its certificate, read back after the handshake; nothing the peer
-//! *says* in a frame is trusted for identity.
+//! replica, operator tool or batch loader to replica — is QUIC with mutual TLS 1.3
+//! against one cluster CA. A peer's identity (which replica in which region, which
+//! client or loader acting for which app profile, which operator) is a URI in its
+//! certificate, read back after the handshake; nothing the peer *says* in a frame
+//! is trusted for identity. A process loading its own certificate checks that it
+//! holds the identity the process runs as.
 //!
 //! This crate holds mechanisms only: it does not decide what to send or to whom
 //! (that is `pangea-core`), nor run a server loop (that is `pangea-node`).
 //!
 //! # Modules
 //!
-//! - [`certs`]: create the cluster CA and issue replica and client certificates as
-//!   PEM files (rcgen); load them for rustls.
+//! - [`certs`]: create the cluster CA and issue replica, client, operator and loader
+//!   certificates as PEM files (rcgen); load them for rustls.
 //! - [`rotation`]: day-2 file operations: re-issue leaves, revoke them (CRL), and
 //!   rotate the CA through a dual-CA trust bundle.
 //! - [`reload`]: [`LiveTls`]: certificate, trust bundle and CRL that a running
-//!   process reloads (poll or SIGHUP) without restarting; connections whose peer
+//!   process reloads (poll or SIGHUP) without restarting, each time checking that
+//!   the certificate is still the process's own identity; connections whose peer
 //!   certificate stops verifying are closed.
-//! - [`identity`]: [`PeerIdentity`] from a certificate or a live connection.
+//! - [`identity`]: [`PeerIdentity`] from a certificate or a live connection (the
+//!   four identity URIs are documented there), and [`Credential`], the certificate a
+//!   client, operator tool or loader presents.
 //! - [`tls`]: rustls server/client configurations (client certificates required,
 //!   TLS 1.3, ALPN `pangea/1`, no 0-RTT) and quinn configurations with our
 //!   transport limits.
@@ -67,7 +72,7 @@ pub use certs::CertBundle;
 pub use endpoint::{bind_endpoint, bind_udp_socket, endpoint_on_socket};
 pub use error::{Error, Result};
 pub use frame::{FRAME_BYTES_MAX, decode_frame, encode_frame, read_frame, write_frame};
-pub use identity::{PeerIdentity, peer_identity};
-pub use reload::{LiveTls, TlsFiles};
+pub use identity::{Credential, PeerIdentity, peer_identity};
+pub use reload::{ExpectedIdentity, LiveTls, TlsFiles};
 pub use reset::ResetKey;
 pub use wan::{LinkRule, WanControl, WanEmulator, WanSocket, WanStats};

@@ -34,8 +34,17 @@
 //! copies that keep mtimes (`cp -p`, `rsync -t`) and Kubernetes Secret volumes
 //! (which swap a symlink) are caught too, and the files are a few KiB.
 //!
+//! The own certificate must hold the identity the process runs as
+//! ([`TlsFiles::identity`], an [`ExpectedIdentity`]): a replica exactly
+//! `pangea://replica/<its id>?region=<its region>`, a client, operator or loader
+//! the kind and name of its [`Credential`]. [`LiveTls::load`] and every reload
+//! check it, so a process refuses to start with another identity's certificate,
+//! and a running one refuses to switch to one (a file copied to the wrong place):
+//! the error names the file, what it holds and what was expected.
+//!
 //! A reload that fails (a file missing, a key that does not match its certificate
-//! because a re-issue is between its two renames, a malformed CRL) changes nothing:
+//! because a re-issue is between its two renames, a malformed CRL, a certificate of
+//! another identity) changes nothing:
 //! the process keeps its current state, logs why, and tries again on the next
 //! poll. A malformed CRL therefore never *lifts* revocations.
 //!
@@ -61,9 +70,9 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
-use crate::certs::{ca_cert_path, client_cert_path, crl_path, replica_cert_path, validate_name};
+use crate::certs::{ca_cert_path, crl_path, replica_cert_path, validate_name};
 use crate::error::{Error, Result};
-use crate::identity::PeerIdentity;
+use crate::identity::{Credential, PeerIdentity};
 use crate::rotation::CertInfo;
 use crate::tls;
 
@@ -86,7 +95,7 @@ pub const CLOSE_CERTIFICATE_REVOKED: u32 = 4;
 /// bundle, or it expired.
 pub const CLOSE_CERTIFICATE_UNTRUSTED: u32 = 5;
 
-/// The files of one identity.
+/// The files of one identity, and the identity its certificate must hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
     /// The trust bundle (one or more CA certificates).
@@ -97,27 +106,113 @@ pub struct TlsFiles {
     pub cert: PathBuf,
     /// Own private key.
     pub key: PathBuf,
+    /// Who the process is: the leaf of `cert` must hold this identity, at load and
+    /// at every reload.
+    pub identity: ExpectedIdentity,
 }
 
 impl TlsFiles {
-    /// The files of replica `replica_id` in certificate directory `dir`.
-    pub fn replica(dir: &Path, replica_id: &str) -> Result<Self> {
+    /// The files of replica `replica_id` of `region` in certificate directory
+    /// `dir`; the certificate must be exactly
+    /// `pangea://replica/<replica_id>?region=<region>`.
+    pub fn replica(dir: &Path, replica_id: &str, region: &str) -> Result<Self> {
         validate_name("replica id", replica_id)?;
-        Ok(Self::leaf(dir, replica_cert_path(dir, replica_id)))
+        validate_name("region", region)?;
+        Ok(Self::leaf(
+            dir,
+            replica_cert_path(dir, replica_id),
+            ExpectedIdentity::Replica {
+                id: replica_id.to_owned(),
+                region: region.to_owned(),
+            },
+        ))
     }
 
-    /// The files of client `name` in certificate directory `dir`.
+    /// The files of `credential` in certificate directory `dir` (`clients/`,
+    /// `operators/` or `loaders/<name>.pem`); the certificate must be a client,
+    /// operator or loader certificate of that kind and name.
+    pub fn for_credential(dir: &Path, credential: &Credential) -> Result<Self> {
+        credential.validate()?;
+        Ok(Self::leaf(
+            dir,
+            credential.cert_path(dir),
+            ExpectedIdentity::Credential(credential.clone()),
+        ))
+    }
+
+    /// The files of client `name`: [`Self::for_credential`] with
+    /// [`Credential::Client`].
     pub fn client(dir: &Path, name: &str) -> Result<Self> {
-        validate_name("client name", name)?;
-        Ok(Self::leaf(dir, client_cert_path(dir, name)))
+        Self::for_credential(dir, &Credential::Client(name.to_owned()))
     }
 
-    fn leaf(dir: &Path, cert: PathBuf) -> Self {
+    fn leaf(dir: &Path, cert: PathBuf, identity: ExpectedIdentity) -> Self {
         Self {
             bundle: ca_cert_path(dir),
             crl: crl_path(dir),
             key: cert.with_extension("key"),
             cert,
+            identity,
+        }
+    }
+}
+
+/// The identity a process's own certificate must hold (see the module
+/// documentation). There is deliberately no "any": a process always knows who it
+/// is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExpectedIdentity {
+    /// Exactly this replica in this region.
+    Replica {
+        /// The replica id the process runs as.
+        id: String,
+        /// Its region in the topology.
+        region: String,
+    },
+    /// A client, operator or loader certificate of the credential's kind and name
+    /// (with any app profile: what it may act for is in the certificate).
+    Credential(Credential),
+}
+
+impl ExpectedIdentity {
+    /// Reads the identity of `leaf` (the certificate read from `path`) and checks
+    /// that it is the expected one; returns it.
+    pub fn check(&self, path: &Path, leaf: &CertificateDer<'_>) -> Result<PeerIdentity> {
+        let found = PeerIdentity::from_certificate(leaf).map_err(|e| Error::Pem {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        let held = match (self, &found) {
+            (Self::Replica { id, region }, PeerIdentity::Replica { id: i, region: r }) => {
+                id == i && region == r
+            }
+            (Self::Replica { .. }, _) => false,
+            (Self::Credential(_), PeerIdentity::Replica { id, region }) => {
+                return Err(Error::ReplicaCertificateAsCredential {
+                    path: path.to_owned(),
+                    replica: id.clone(),
+                    region: region.clone(),
+                });
+            }
+            (Self::Credential(credential), found) => credential.is_held_by(found),
+        };
+        if !held {
+            return Err(Error::WrongIdentity {
+                path: path.to_owned(),
+                found: found.to_string(),
+                expected: self.to_string(),
+            });
+        }
+        Ok(found)
+    }
+}
+
+impl std::fmt::Display for ExpectedIdentity {
+    /// `replica <id> (region <region>)`, or the credential (`operator alice`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Replica { id, region } => write!(f, "replica {id} (region {region})"),
+            Self::Credential(c) => write!(f, "{c}"),
         }
     }
 }
@@ -168,6 +263,8 @@ pub enum Side {
 struct Snapshot {
     own: Arc<CertifiedKey>,
     own_serial: String,
+    /// The identity `own` holds (checked against [`TlsFiles::identity`]).
+    own_identity: PeerIdentity,
     clients: Arc<dyn ClientCertVerifier>,
     servers: Arc<dyn ServerCertVerifier>,
     cas: usize,
@@ -292,7 +389,9 @@ impl FileBytes {
 }
 
 impl LiveTls {
-    /// Loads the files; fails if any required one is missing or unusable.
+    /// Loads the files; fails if any required one is missing or unusable, or if
+    /// the certificate does not hold [`TlsFiles::identity`] (then
+    /// [`Error::WrongIdentity`] or [`Error::ReplicaCertificateAsCredential`]).
     pub fn load(files: TlsFiles) -> Result<Arc<Self>> {
         let provider = tls::provider();
         let bytes = FileBytes::read(&files)?;
@@ -318,6 +417,13 @@ impl LiveTls {
     /// The serial (hex) of the certificate currently presented.
     pub fn serial(&self) -> String {
         self.current.get().own_serial.clone()
+    }
+
+    /// The identity of the certificate currently presented (always the one
+    /// [`TlsFiles::identity`] expects; for a client or loader it carries the app
+    /// profile).
+    pub fn identity(&self) -> PeerIdentity {
+        self.current.get().own_identity.clone()
     }
 
     /// A rustls server configuration presenting the current certificate and
@@ -611,6 +717,9 @@ fn build(
             reason: "no CERTIFICATE section found".into(),
         });
     };
+    // Before anything else about the leaf: a certificate of another identity is
+    // refused whatever its state.
+    let own_identity = files.identity.check(&files.cert, leaf)?;
     let own_serial = CertInfo::of(leaf)?.serial;
     // Our own certificate should pass our own checks; if not (issued by a CA not yet
     // in this bundle, or revoked), peers will refuse it: say so, but present it.
@@ -634,6 +743,7 @@ fn build(
     Ok(Snapshot {
         own: Arc::new(own),
         own_serial,
+        own_identity,
         clients,
         servers,
         cas: cas.len(),

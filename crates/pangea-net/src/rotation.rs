@@ -42,9 +42,10 @@ use x509_parser::extensions::ParsedExtension;
 
 use crate::certs::{
     CA_COMMON_NAME, CaWithKey, ca_cert_path, ca_key_path, ca_next_key_path, ca_prev_key_path,
-    client_cert_path, crl_path, generate_ca, issue_client, issue_replica, load_ca_bundle,
-    load_ca_with_key, load_certs, pem_error, read_to_string, rename, replica_cert_path,
-    since_epoch, validate_name, write_new, write_temp,
+    client_cert_path, crl_path, generate_ca, issue_client, issue_loader, issue_operator,
+    issue_replica, load_ca_bundle, load_ca_with_key, load_certs, loader_cert_path,
+    operator_cert_path, pem_error, read_to_string, rename, replica_cert_path, since_epoch,
+    validate_name, write_new, write_temp,
 };
 use crate::error::{Error, Result};
 use crate::identity::PeerIdentity;
@@ -54,21 +55,62 @@ use crate::identity::PeerIdentity;
 /// cluster off); it only informs other tools. Every revocation re-signs the CRL.
 pub const CRL_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// Which kind of leaf a certificate file holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// Which kind of leaf a certificate file holds: one per identity kind
+/// ([`PeerIdentity`]), each in its own subdirectory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum LeafKind {
     /// `dir/replicas/<id>.pem`.
     Replica,
     /// `dir/clients/<name>.pem`.
     Client,
+    /// `dir/operators/<name>.pem`.
+    Operator,
+    /// `dir/loaders/<name>.pem`.
+    Loader,
 }
 
 impl LeafKind {
-    /// `replica` or `client`.
+    /// Every kind, in the order listings and [`find_leaf`] use.
+    pub const ALL: [LeafKind; 4] = [Self::Replica, Self::Client, Self::Operator, Self::Loader];
+
+    /// `replica`, `client`, `operator` or `loader` (as [`PeerIdentity::kind`]).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Replica => "replica",
             Self::Client => "client",
+            Self::Operator => "operator",
+            Self::Loader => "loader",
+        }
+    }
+
+    /// The subdirectory of the certificate directory holding leaves of this kind.
+    pub fn dir_name(self) -> &'static str {
+        match self {
+            Self::Replica => "replicas",
+            Self::Client => "clients",
+            Self::Operator => "operators",
+            Self::Loader => "loaders",
+        }
+    }
+
+    /// The certificate file of leaf `name` of this kind (the key is the same path
+    /// with `.key`).
+    pub fn cert_path(self, dir: &Path, name: &str) -> PathBuf {
+        match self {
+            Self::Replica => replica_cert_path(dir, name),
+            Self::Client => client_cert_path(dir, name),
+            Self::Operator => operator_cert_path(dir, name),
+            Self::Loader => loader_cert_path(dir, name),
+        }
+    }
+
+    /// The kind of leaf that holds `identity`.
+    pub fn of(identity: &PeerIdentity) -> Self {
+        match identity {
+            PeerIdentity::Replica { .. } => Self::Replica,
+            PeerIdentity::Client { .. } => Self::Client,
+            PeerIdentity::Operator { .. } => Self::Operator,
+            PeerIdentity::Loader { .. } => Self::Loader,
         }
     }
 }
@@ -113,29 +155,26 @@ pub fn serial_hex(raw: &[u8]) -> String {
     trimmed.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The certificate file of leaf `name`: `replicas/<name>.pem` or
-/// `clients/<name>.pem`. With `kind` `None`, whichever exists (an error if both do).
+/// The certificate file of leaf `name`: `replicas/`, `clients/`, `operators/` or
+/// `loaders/<name>.pem`. With `kind` `None`, whichever exists (an error if several
+/// do).
 pub fn find_leaf(dir: &Path, name: &str, kind: Option<LeafKind>) -> Result<(LeafKind, PathBuf)> {
     validate_name("certificate name", name)?;
-    let candidates = [
-        (LeafKind::Replica, replica_cert_path(dir, name)),
-        (LeafKind::Client, client_cert_path(dir, name)),
-    ];
-    let found: Vec<(LeafKind, PathBuf)> = candidates
+    let mut found: Vec<(LeafKind, PathBuf)> = LeafKind::ALL
         .into_iter()
-        .filter(|(k, p)| kind.is_none_or(|want| want == *k) && p.exists())
+        .filter(|k| kind.is_none_or(|want| want == *k))
+        .map(|k| (k, k.cert_path(dir, name)))
+        .filter(|(_, p)| p.exists())
         .collect();
     match found.len() {
         0 => Err(Error::NoSuchLeaf {
             name: name.to_owned(),
             dir: dir.to_owned(),
         }),
-        1 => Ok(found.into_iter().next().ok_or(Error::NoSuchLeaf {
-            name: name.to_owned(),
-            dir: dir.to_owned(),
-        })?),
+        1 => Ok(found.remove(0)),
         _ => Err(Error::AmbiguousLeaf {
             name: name.to_owned(),
+            kinds: found.iter().map(|(k, _)| k.as_str()).collect(),
         }),
     }
 }
@@ -143,9 +182,9 @@ pub fn find_leaf(dir: &Path, name: &str, kind: Option<LeafKind>) -> Result<(Leaf
 /// A leaf before and after [`reissue`].
 #[derive(Debug, Clone)]
 pub struct Reissued {
-    /// Replica or client.
+    /// Replica, client, operator or loader.
     pub kind: LeafKind,
-    /// Its name (replica id or client name).
+    /// Its name (replica id, or client, operator or loader name).
     pub name: String,
     /// The certificate the file held.
     pub old: CertInfo,
@@ -156,7 +195,8 @@ pub struct Reissued {
 }
 
 /// Re-issues leaf `name` with the identity its current certificate carries
-/// (region or app profile), a new key, and the current issuing CA. With
+/// (region or app profile, if any), a new key, and the current issuing CA. The
+/// certificate must hold the identity its file stands for (kind and name). With
 /// `revoke_old`, the certificate it replaces is revoked in the same step (for a
 /// compromised key: processes pick up both files on the same reload).
 pub fn reissue(
@@ -169,27 +209,20 @@ pub fn reissue(
     let old_cert = first_cert(&path)?;
     let old = CertInfo::of(&old_cert)?;
     let identity = PeerIdentity::from_certificate(&old_cert)?;
-    let mismatch = || Error::Pem {
-        path: path.clone(),
-        reason: format!(
-            "holds the certificate of {identity}, not of {} {name}",
-            kind.as_str()
-        ),
-    };
-    match (&identity, kind) {
-        (PeerIdentity::Replica { id, region }, LeafKind::Replica) if id == name => {
-            issue_replica(dir, id, region)?;
-        }
-        (
-            PeerIdentity::Client {
-                name: n,
-                app_profile,
-            },
-            LeafKind::Client,
-        ) if n == name => {
-            issue_client(dir, n, app_profile)?;
-        }
-        _ => return Err(mismatch()),
+    if LeafKind::of(&identity) != kind || identity.name() != name {
+        return Err(Error::Pem {
+            path,
+            reason: format!(
+                "holds the certificate of {identity}, not of {} {name}",
+                kind.as_str()
+            ),
+        });
+    }
+    match &identity {
+        PeerIdentity::Replica { id, region } => issue_replica(dir, id, region)?,
+        PeerIdentity::Client { name, app_profile } => issue_client(dir, name, app_profile)?,
+        PeerIdentity::Operator { name } => issue_operator(dir, name)?,
+        PeerIdentity::Loader { name, app_profile } => issue_loader(dir, name, app_profile)?,
     }
     let new = CertInfo::of(&first_cert(&path)?)?;
     let old_revoked = if revoke_old {
@@ -218,7 +251,7 @@ pub struct ReissuedAll {
     pub skipped_revoked: Vec<(LeafKind, String)>,
 }
 
-/// Re-issues every leaf of `dir` (both kinds) whose certificate is not revoked,
+/// Re-issues every leaf of `dir` (all four kinds) whose certificate is not revoked,
 /// as in step 2 of a CA rotation.
 pub fn reissue_all(dir: &Path) -> Result<ReissuedAll> {
     let crls = read_crls(dir)?;
@@ -476,9 +509,9 @@ pub struct CaStatus {
 /// One leaf of the directory.
 #[derive(Debug, Clone)]
 pub struct LeafStatus {
-    /// Replica or client.
+    /// Replica, client, operator or loader.
     pub kind: LeafKind,
-    /// Replica id or client name.
+    /// Replica id, or client, operator or loader name.
     pub name: String,
     /// Its certificate.
     pub info: CertInfo,
@@ -627,11 +660,8 @@ fn signing_ca(dir: &Path, leaf: &X509Certificate<'_>) -> Result<Option<CaWithKey
 /// Every leaf certificate file: (kind, name, path), sorted.
 fn leaf_files(dir: &Path) -> Result<Vec<(LeafKind, String, PathBuf)>> {
     let mut out = Vec::new();
-    for (kind, sub) in [
-        (LeafKind::Replica, "replicas"),
-        (LeafKind::Client, "clients"),
-    ] {
-        let path = dir.join(sub);
+    for kind in LeafKind::ALL {
+        let path = dir.join(kind.dir_name());
         let entries = match fs::read_dir(&path) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -802,6 +832,123 @@ mod tests {
         assert_eq!(crls[0].number, vec![2]);
         let (_, leaves) = status(d)?;
         assert!(leaves.iter().all(|l| l.revoked && l.trusted));
+        Ok(())
+    }
+
+    #[test]
+    fn operator_and_loader_leaves_are_found_reissued_and_revoked() -> Result<()> {
+        let dir = tempdir()?;
+        let d = dir.path();
+        certs::init_ca(d)?;
+        certs::issue_operator(d, "alice")?;
+        certs::issue_loader(d, "etl", "serving")?;
+        // A client may share an operator's name: they are different leaves.
+        certs::issue_client(d, "alice", "frontend")?;
+
+        assert_eq!(
+            find_leaf(d, "etl", None)?,
+            (LeafKind::Loader, certs::loader_cert_path(d, "etl"))
+        );
+        match find_leaf(d, "alice", None) {
+            Err(e @ Error::AmbiguousLeaf { .. }) => assert_eq!(
+                e.to_string(),
+                "several certificates are named \"alice\" (client, operator): say which kind \
+                 (--kind client|operator)"
+            ),
+            other => panic!("expected AmbiguousLeaf, got {other:?}"),
+        }
+        assert!(matches!(
+            find_leaf(d, "etl", Some(LeafKind::Operator)),
+            Err(Error::NoSuchLeaf { .. })
+        ));
+
+        // Re-issue keeps the identity, loader app profile included.
+        let loader = reissue(d, "etl", None, false)?;
+        assert_eq!(loader.kind, LeafKind::Loader);
+        assert_ne!(loader.old.serial, loader.new.serial);
+        assert_eq!(
+            PeerIdentity::from_certificate(&certs::load_loader(d, "etl")?.chain[0])?,
+            PeerIdentity::Loader {
+                name: "etl".into(),
+                app_profile: "serving".into()
+            }
+        );
+        let operator = reissue(d, "alice", Some(LeafKind::Operator), true)?;
+        assert_eq!(operator.kind, LeafKind::Operator);
+        assert!(operator.old_revoked);
+        assert_eq!(
+            PeerIdentity::from_certificate(&certs::load_operator(d, "alice")?.chain[0])?,
+            PeerIdentity::Operator {
+                name: "alice".into()
+            }
+        );
+
+        // A file holding another kind's certificate is not re-issued as that kind.
+        fs::copy(
+            certs::client_cert_path(d, "alice"),
+            certs::loader_cert_path(d, "alice"),
+        )
+        .map_err(|source| Error::File {
+            path: certs::loader_cert_path(d, "alice"),
+            source,
+        })?;
+        let err = reissue(d, "alice", Some(LeafKind::Loader), false).err();
+        assert!(
+            matches!(&err, Some(Error::Pem { reason, .. }) if reason.contains("not of loader alice")),
+            "{err:?}"
+        );
+        fs::remove_file(certs::loader_cert_path(d, "alice")).map_err(|source| Error::File {
+            path: certs::loader_cert_path(d, "alice"),
+            source,
+        })?;
+
+        // Revoked by kind; listed; skipped by re-issue --all.
+        assert!(revoke(d, "etl", Some(LeafKind::Loader))?.newly);
+        let (_, leaves) = status(d)?;
+        let listed: Vec<(LeafKind, &str, bool)> = leaves
+            .iter()
+            .map(|l| (l.kind, l.name.as_str(), l.revoked))
+            .collect();
+        assert_eq!(
+            listed,
+            vec![
+                (LeafKind::Client, "alice", false),
+                (LeafKind::Operator, "alice", false),
+                (LeafKind::Loader, "etl", true),
+            ]
+        );
+        let all = reissue_all(d)?;
+        assert_eq!(
+            all.reissued
+                .iter()
+                .map(|r| (r.kind, r.name.as_str()))
+                .collect::<Vec<_>>(),
+            vec![(LeafKind::Client, "alice"), (LeafKind::Operator, "alice")]
+        );
+        assert_eq!(all.skipped_revoked, vec![(LeafKind::Loader, "etl".into())]);
+        Ok(())
+    }
+
+    #[test]
+    fn ca_rotation_waits_for_operator_and_loader_leaves() -> Result<()> {
+        let dir = tempdir()?;
+        let d = dir.path();
+        certs::init_ca(d)?;
+        certs::issue_operator(d, "alice")?;
+        certs::issue_loader(d, "etl", "serving")?;
+        rotate_ca_start(d)?;
+        rotate_ca_promote(d)?;
+        match rotate_ca_finish(d, false) {
+            Err(Error::CaStillInUse { leaves, .. }) => {
+                assert_eq!(leaves, vec!["operator alice", "loader etl"]);
+            }
+            other => panic!("expected CaStillInUse, got {other:?}"),
+        }
+        assert_eq!(reissue_all(d)?.reissued.len(), 2);
+        rotate_ca_finish(d, false)?;
+        let (_, leaves) = status(d)?;
+        assert_eq!(leaves.len(), 2);
+        assert!(leaves.iter().all(|l| l.trusted && !l.revoked));
         Ok(())
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use common::*;
-use pangea_net::{PeerIdentity, certs, peer_identity, tls};
+use pangea_net::{Credential, PeerIdentity, certs, peer_identity, tls};
 use quinn::crypto::rustls::QuicClientConfig;
 
 #[tokio::test]
@@ -71,6 +71,41 @@ async fn replica_to_replica_identities() -> Result<()> {
         other => bail!("expected an accepted connection, got {other:?}"),
     }
     close_client(dialer).await;
+    server.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn operators_and_loaders_connect_as_themselves() -> Result<()> {
+    let pki = Pki::new()?;
+    certs::issue_operator(pki.path(), "alice")?;
+    certs::issue_loader(pki.path(), "nightly", CLIENT_PROFILE)?;
+    let mut server = EchoServer::start(&pki, pangea_net::FRAME_BYTES_MAX, None)?;
+    for (bundle, expected) in [
+        (
+            certs::load_operator(pki.path(), "alice")?,
+            PeerIdentity::Operator {
+                name: "alice".into(),
+            },
+        ),
+        (
+            certs::load_credential(pki.path(), &Credential::Loader("nightly".into()))?,
+            PeerIdentity::Loader {
+                name: "nightly".into(),
+                app_profile: CLIENT_PROFILE.into(),
+            },
+        ),
+    ] {
+        let client = client_endpoint(tls::client_config(&pki.ca, bundle)?, None)?;
+        let conn = connect(&client, server.addr()?).await?;
+        assert_eq!(peer_identity(&conn)?.replica_id(), Some(SERVER_REPLICA));
+        match server.next_event().await? {
+            ServerEvent::Accepted(identity) => assert_eq!(identity, expected),
+            other => bail!("expected an accepted connection, got {other:?}"),
+        }
+        assert_eq!(round_trip(&conn, &request(9)).await?, request(9));
+        close_client(client).await;
+    }
     server.shutdown().await;
     Ok(())
 }

@@ -29,7 +29,11 @@ struct LiveServer {
 
 impl LiveServer {
     fn start(pki: &Pki) -> Result<Self> {
-        let tls = LiveTls::load(TlsFiles::replica(pki.path(), SERVER_REPLICA)?)?;
+        let tls = LiveTls::load(TlsFiles::replica(
+            pki.path(),
+            SERVER_REPLICA,
+            SERVER_REGION,
+        )?)?;
         let endpoint = bind_endpoint(
             localhost(),
             Some(tls.server_config()?),

@@ -407,8 +407,11 @@ pub async fn run_with_sockets(
     let reset_key = pangea_net::ResetKey::load_or_create(&config.data_dir.join("quic-reset.key"))?;
 
     // Certificates, trust bundle and CRL are reloaded while running (reload.rs).
-    let tls =
-        pangea_net::LiveTls::load(pangea_net::TlsFiles::replica(&config.certs, id.as_str())?)?;
+    let tls = pangea_net::LiveTls::load(pangea_net::TlsFiles::replica(
+        &config.certs,
+        id.as_str(),
+        me.region.as_str(),
+    )?)?;
     let server = tls.server_config()?;
     let client = tls.client_config()?;
     let peers = peer_addresses(&deployment, &id);
@@ -631,7 +634,8 @@ async fn handle_incoming(shared: Arc<Shared>, incoming: quinn::Incoming) {
             peers::handle_peer(shared.clone(), connection, id, region).await;
             shared.peer_connections.fetch_sub(1, Ordering::Relaxed);
         }
-        Ok(PeerIdentity::Client { name, app_profile }) => {
+        Ok(PeerIdentity::Client { name, app_profile })
+        | Ok(PeerIdentity::Loader { name, app_profile }) => {
             shared.client_connections.fetch_add(1, Ordering::Relaxed);
             serve::handle_client(
                 shared.clone(),
@@ -639,6 +643,17 @@ async fn handle_incoming(shared: Arc<Shared>, incoming: quinn::Incoming) {
                 serve::Caller { name, app_profile },
             )
             .await;
+            shared.client_connections.fetch_sub(1, Ordering::Relaxed);
+        }
+        // Requests are not authorized by identity kind yet: an operator acts for no
+        // app profile, so every data request of it is refused.
+        Ok(PeerIdentity::Operator { name }) => {
+            shared.client_connections.fetch_add(1, Ordering::Relaxed);
+            let caller = serve::Caller {
+                name,
+                app_profile: String::new(),
+            };
+            serve::handle_client(shared.clone(), connection, caller).await;
             shared.client_connections.fetch_sub(1, Ordering::Relaxed);
         }
         Err(e) => {
