@@ -1,30 +1,38 @@
 //! Client frames: what a serving replica does with the bytes of client requests.
 //!
-//! The input is a sequence of length-prefixed `pb::ClientRequest` frames (each would
-//! be its own QUIC stream; here they reach one in-memory replica in turn, so writes
-//! of earlier requests are there for later reads). Each goes through the real decoder
+//! The input is one byte choosing who calls (the identity its certificate would
+//! carry: a client of `frontend`, a loader of `frontend`, an operator, a replica, or
+//! a client of an app profile the topology lacks), then a sequence of
+//! length-prefixed `pb::ClientRequest` frames (each would be its own QUIC stream;
+//! here they reach one in-memory replica in turn, so writes of earlier requests are
+//! there for later reads). Every request is first authorized as the node does it
+//! (`pangea_core::auth`: the action, the rows' policies, a loader's `MergeRow`
+//! checks). Each goes through the real decoder
 //! (`pangea_net::decode_frame` with the node's client limit, `FRAME_BYTES_MAX`) and
 //! then through the request handling of `pangea-node`'s `serve::process`, mirrored
 //! here on the core API (that module needs the node's runtime, store and
 //! certificates): row key and key-count limits, the table and placement checks,
 //! consistency tokens (`Token::decode`) and the read decision, row filters and
 //! `RowState::read`, `RowMutation::from_proto` with the schema check, and
-//! `Replica::propose` followed by a flush. Not mirrored: the app-profile check
-//! (a comparison with the caller's certificate), placement moves and audits.
+//! `Replica::propose` followed by a flush. Not mirrored: the app-profile routing
+//! check (a comparison with the caller's certificate), placement moves, audits and
+//! reloads (past authorization).
 //!
 //! Checked besides "no panic": a committed write's token parses back to itself and
 //! the replica's own watermark covers it (read-your-writes on the replica that
-//! took the write); every response encodes as a frame.
+//! took the write); every response encodes as a frame; nothing is ever written to a
+//! system table, and no identity but a loader gets a `MergeRow` through.
 
 use crate::replication::{drive, frame_len};
 use crate::{REPLICA, at, deployment};
 use bytes::Bytes;
+use pangea_core::auth::{self, Principal};
 use pangea_core::limits::Limited;
 use pangea_core::read::{Consistency, Decision, decide};
 use pangea_core::replica::{Config, Event, Now, Replica};
 use pangea_core::{
-    Limits, MemStorage, ReadFilter, ReplicaId, RowMutation, ScopeId, ScopeWatermarks, Storage,
-    Token,
+    Limits, MemStorage, Mutation, ReadFilter, ReplicaId, RowMutation, ScopeId, ScopeWatermarks,
+    Storage, Token,
 };
 use pangea_net::{FRAME_BYTES_MAX, decode_frame, encode_frame};
 use pangea_proto::v1 as pb;
@@ -34,7 +42,35 @@ const GET_MANY_KEYS_MAX: usize = 1_000;
 const SCAN_ROWS_MAX: usize = 1_000;
 const SCAN_ROWS_DEFAULT: usize = 100;
 
+/// The caller chosen by the input's first byte.
+pub fn principal(byte: u8) -> Principal {
+    match byte % 5 {
+        0 => Principal::Client {
+            name: "client-frontend".into(),
+            app_profile: "frontend".into(),
+        },
+        1 => Principal::Loader {
+            name: "loader-frontend".into(),
+            app_profile: "frontend".into(),
+        },
+        2 => Principal::Operator {
+            name: "operator".into(),
+        },
+        3 => Principal::Replica {
+            id: "use1-a".into(),
+        },
+        _ => Principal::Client {
+            name: "stranger".into(),
+            app_profile: "nobody".into(),
+        },
+    }
+}
+
 pub fn client_frame(data: &[u8]) {
+    let Some((&who, data)) = data.split_first() else {
+        return;
+    };
+    let who = principal(who);
     let d = deployment();
     let mut r = Replica::new(
         ReplicaId::from(REPLICA),
@@ -53,7 +89,7 @@ pub fn client_frame(data: &[u8]) {
         let used = match decode_frame::<pb::ClientRequest>(stream, FRAME_BYTES_MAX) {
             Ok(None) => break,
             Ok(Some((req, used))) => {
-                let response = match process(&mut r, now, req) {
+                let response = match process(&mut r, &who, now, req) {
                     Ok(resp) => resp,
                     Err(message) => {
                         pb::client_response::Response::Error(pb::Error { code: 0, message })
@@ -79,16 +115,23 @@ type Response = pb::client_response::Response;
 
 fn process(
     r: &mut Replica<MemStorage>,
+    who: &Principal,
     now: Now,
     req: pb::ClientRequest,
 ) -> Result<Response, String> {
     use pb::client_request::Request as R;
     let limits: Limits = r.config().limits;
+    let d = r.deployment().clone();
+    let action = auth::action_of(&req).ok_or("empty request")?;
+    auth::authorize(&d, who, &action).map_err(|e| e.to_string())?;
+    let may_touch =
+        |scope: &ScopeId| auth::authorize_rows(&d, who, scope).map_err(|e| e.to_string());
     match req.request.ok_or("empty request")? {
         R::Get(g) => {
             Limits::check(Limited::RowKey, g.row_key.len(), limits.row_key_bytes_max)
                 .map_err(|e| e.to_string())?;
             let scope = scope_here(r, &g.table, &g.row_key)?;
+            may_touch(&scope)?;
             admit(r, &scope, &consistency(g.consistency)?, now)?;
             let row = read_row(r, &g.table, &g.row_key, &filter(g.filter), now)?;
             Ok(Response::Get(pb::GetResponse { row }))
@@ -107,6 +150,7 @@ fn process(
                     return Err("keys span placement policies".into());
                 }
                 if scope.is_none() {
+                    may_touch(&s)?;
                     admit(r, &s, &c, now)?;
                     scope = Some(s);
                 }
@@ -121,20 +165,20 @@ fn process(
         }
         R::ScanPrefix(s) => {
             let scope = scope_here(r, &s.table, &s.prefix)?;
+            may_touch(&scope)?;
             admit(r, &scope, &consistency(s.consistency)?, now)?;
             let limit = match s.limit as usize {
                 0 => SCAN_ROWS_DEFAULT,
                 n => n.min(SCAN_ROWS_MAX),
             };
             let f = filter(s.filter);
-            let d = r.deployment().clone();
             let after = (!s.resume_after.is_empty()).then_some(&s.resume_after[..]);
             let found = r
                 .storage()
                 .scan_rows(&s.table, &s.prefix, after, limit + 1)
                 .map_err(|e| e.to_string())?;
             let more = found.len() > limit;
-            let mut rows = Vec::new();
+            let mut out = Vec::new();
             let mut last = Bytes::new();
             for (key, row) in found.into_iter().take(limit) {
                 assert!(
@@ -142,28 +186,46 @@ fn process(
                     "scan returned a key outside the prefix"
                 );
                 last = key.clone();
-                if !d.allowed(r.id(), d.scope_of(&s.table, &key)) {
+                let row_scope = r.scope_of(&s.table, &key);
+                if !d.allowed(r.id(), &row_scope)
+                    || auth::authorize_rows(&d, who, &row_scope).is_err()
+                {
                     continue;
                 }
                 if let Some(row) =
                     row.read(&key, &f, d.placement.schema.table(&s.table), now.wall_ms)
                 {
-                    rows.push(row);
+                    out.push(row);
                 }
             }
             let resume_key = if more { last } else { Bytes::new() };
             Ok(Response::ScanPrefix(pb::ScanPrefixResponse {
-                rows,
+                rows: out,
                 resume_key,
             }))
         }
         R::Mutate(m) => {
             let m = m.mutation.ok_or("mutate without a mutation")?;
+            auth::check_merge_keys(&m)?;
             let mutation = RowMutation::from_proto(m, &limits).map_err(|e| e.to_string())?;
             mutation
                 .check_schema(&r.deployment().placement.schema)
                 .map_err(|e| e.to_string())?;
+            for x in mutation.mutations() {
+                if let Mutation::MergeRow(row) = x {
+                    assert!(
+                        matches!(who, Principal::Loader { .. }),
+                        "only loaders get a MergeRow past authorization"
+                    );
+                    auth::check_merge(&d, row, now.wall_ms, auth::MergeWindow::DEFAULT)?;
+                }
+            }
+            assert!(
+                !mutation.table().starts_with('_'),
+                "no identity writes a system table through the data API"
+            );
             let scope = scope_here(r, mutation.table(), mutation.row_key())?;
+            may_touch(&scope)?;
             let token = r.propose(now, mutation).map_err(|e| e.to_string())?;
             assert_eq!(token.scope, scope, "a write's token names the row's scope");
             r.flush(now).expect("flush on in-memory storage");
@@ -192,12 +254,13 @@ fn process(
             let scopes = scopes
                 .iter()
                 .filter(|s| w.scope.is_empty() || s.as_str() == w.scope)
+                .filter(|s| may_touch(s).is_ok())
                 .filter_map(|s| r.watermarks(s))
                 .map(|wm| wm.to_proto())
                 .collect();
             Ok(Response::Watermarks(pb::WatermarkResponse { scopes }))
         }
-        R::PlacementMove(_) | R::Audit(_) => Err("not mirrored".into()),
+        R::PlacementMove(_) | R::Audit(_) | R::Reload(_) => Err("not mirrored".into()),
     }
 }
 
@@ -277,4 +340,64 @@ fn read_row(
             now.wall_ms,
         )
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The harness authorizes as the node does: the loader's merge seed is served,
+    /// the same frames from a client are refused, an operator reads `_jobs` but no
+    /// row.
+    #[test]
+    fn callers_are_authorized_as_on_a_replica() {
+        let seeds = crate::seeds::all();
+        let frames_of = |name: &str| {
+            let (_, _, data) = seeds
+                .iter()
+                .find(|(t, n, _)| *t == "client_frame" && n == name)
+                .expect("seed exists");
+            let mut out = Vec::new();
+            let mut stream = &data[1..];
+            while let Ok(Some((req, used))) =
+                decode_frame::<pb::ClientRequest>(stream, FRAME_BYTES_MAX)
+            {
+                out.push(req);
+                stream = &stream[used..];
+            }
+            out
+        };
+        let run = |who: u8, frames: Vec<pb::ClientRequest>| {
+            let mut r = Replica::new(
+                ReplicaId::from(REPLICA),
+                deployment(),
+                Config::default(),
+                MemStorage::new(),
+                7,
+                at(0),
+            )
+            .expect("replica");
+            frames
+                .into_iter()
+                .map(|req| process(&mut r, &principal(who), at(5), req).is_ok())
+                .collect::<Vec<_>>()
+        };
+        // Merge, then a get of the merged row.
+        assert_eq!(run(1, frames_of("seed-loader-merge")), [true, true]);
+        assert_eq!(run(0, frames_of("seed-loader-merge")), [false, true]);
+        assert_eq!(run(2, frames_of("seed-loader-merge")), [false, false]);
+        // Watermarks, scan `_jobs`, a forged location entry, a get.
+        assert_eq!(
+            run(2, frames_of("seed-operator")),
+            [true, true, false, false]
+        );
+        assert_eq!(
+            run(0, frames_of("seed-operator")),
+            [true, false, false, true]
+        );
+        assert_eq!(
+            run(3, frames_of("seed-operator")),
+            [false, false, false, false]
+        );
+    }
 }

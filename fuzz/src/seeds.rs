@@ -188,13 +188,79 @@ fn client_frames() -> Vec<Seed> {
             scope: String::new(),
         })),
     ]);
+    // A loader's merge of a pre-versioned row, then reads of it.
+    let mut merged = RowState::default();
+    merged.apply(
+        &Version::new(Timestamp::new(crate::T0_MS - 60_000, 0), "use1-a".into()),
+        set("us/9", "profile", "old").mutations(),
+        None,
+    );
+    let merge = RowMutation::new(
+        "ad_profiles",
+        "us/9",
+        vec![Mutation::MergeRow(Box::new(merged.clone()))],
+        &Limits::default(),
+    )
+    .expect("a valid merge");
+    let mut merge = merge.to_proto();
+    for m in &mut merge.mutations {
+        if let Some(pb::mutation::Kind::MergeRow(r)) = &mut m.kind
+            && let Some(state) = &mut r.state
+        {
+            state.key = Bytes::from_static(b"us/9");
+        }
+    }
+    let loader = frames(&[
+        req(R::Mutate(pb::MutateRequest {
+            mutation: Some(merge),
+        })),
+        get("us/9", None, None),
+    ]);
+    // What an operator may and may not do: watermarks, a scan of `_jobs`, a forged
+    // location entry (refused to everyone).
+    let forged = RowMutation::new(
+        "_location",
+        pangea_core::location::location_key("ad_profiles", b""),
+        vec![Mutation::SetCell {
+            family: "l".into(),
+            column: Bytes::from_static(b"e"),
+            value: Bytes::from_static(b"\x0a\x04nope"),
+        }],
+        &Limits::default(),
+    )
+    .expect("a valid mutation");
+    let operator = frames(&[
+        req(R::Watermarks(pb::WatermarkRequest {
+            scope: String::new(),
+        })),
+        req(R::ScanPrefix(pb::ScanPrefixRequest {
+            table: "_jobs".into(),
+            limit: 10,
+            ..Default::default()
+        })),
+        mutate(forged),
+        get("us/1", None, None),
+    ]);
+    // The first byte picks the caller (`client::principal`): 0 a frontend client,
+    // 1 a loader, 2 an operator.
+    let as_caller = |who: u8, frames: Vec<u8>| [vec![who], frames].concat();
     vec![
         (
             "client_frame",
             "seed-write-then-read".into(),
-            write_then_read,
+            as_caller(0, write_then_read),
         ),
-        ("client_frame", "seed-eu-rows".into(), eu),
+        ("client_frame", "seed-eu-rows".into(), as_caller(0, eu)),
+        (
+            "client_frame",
+            "seed-loader-merge".into(),
+            as_caller(1, loader),
+        ),
+        (
+            "client_frame",
+            "seed-operator".into(),
+            as_caller(2, operator),
+        ),
     ]
 }
 

@@ -215,6 +215,15 @@ pub(crate) fn up(o: &UpOptions) -> Result<ClusterFile> {
         if !pangea_net::certs::client_cert_path(&certs, &name).exists() {
             pangea_net::certs::issue_client(&certs, &name, p)?;
         }
+        let name = format!("loader-{p}");
+        if !pangea_net::certs::loader_cert_path(&certs, &name).exists() {
+            pangea_net::certs::issue_loader(&certs, &name, p)?;
+        }
+    }
+    // The operator commands' certificate (placement, watermarks, topology apply).
+    let operator = crate::data_cmd::CLUSTER_OPERATOR;
+    if !pangea_net::certs::operator_cert_path(&certs, operator).exists() {
+        pangea_net::certs::issue_operator(&certs, operator)?;
     }
     // Addresses: reuse the ports of an earlier run of this directory when possible,
     // so data directories and cluster files stay valid across restarts.
@@ -613,6 +622,63 @@ fn status(path: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Writes `text` beside `path` and renames it over (atomic for readers; safe when
+/// the source was `path` itself).
+fn write_replacing(path: &Path, text: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("toml.new");
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+    Ok(())
+}
+
+/// Asks each of `running` to reload its files, with the operator certificate of
+/// the cluster's certificate directory. A replica that refuses (an invalid or
+/// unsafe file) fails the apply, naming the replica and its reason.
+fn reload_replicas(
+    cluster: &ClusterFile,
+    all: &[ClusterReplica],
+    running: &[&ClusterReplica],
+) -> Result<()> {
+    if running.is_empty() {
+        return Ok(());
+    }
+    let mut view = cluster.clone();
+    view.replicas = all.to_vec();
+    let d = crate::topology_cmd::load(&view.topology, view.placement.as_deref())?;
+    let region = running[0].region.clone();
+    let profile = d
+        .topology
+        .app_profiles
+        .keys()
+        .next()
+        .cloned()
+        .context("the topology has no app profile to route operator requests with")?;
+    let config = pangea_client::ClientConfig::from_cluster(&view, &region, &profile)?
+        .with_credential(pangea_client::Credential::Operator(
+            crate::data_cmd::CLUSTER_OPERATOR.into(),
+        ));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let client = pangea_client::Client::connect(config).await?;
+        let mut refused = Vec::new();
+        for r in running {
+            match client.reload(&r.id.as_str().into()).await {
+                Ok(changes) if changes.is_empty() => println!("{}: no changes", r.id),
+                Ok(changes) => println!("{}: {}", r.id, changes.join("; ")),
+                Err(e) => refused.push(format!("{}: {e}", r.id)),
+            }
+        }
+        anyhow::ensure!(
+            refused.is_empty(),
+            "reload refused:\n  {}",
+            refused.join("\n  ")
+        );
+        anyhow::Ok(())
+    })
+}
+
 /// `pangea topology apply --cluster FILE NEW [--placement NEW]` on a local cluster:
 /// validates the new files (an invalid file changes nothing and says why), shows the
 /// diff, writes the new topology (addresses kept, new replicas given ports), starts
@@ -674,6 +740,12 @@ pub(crate) fn apply(
         .cloned()
         .collect();
     let all: Vec<ClusterReplica> = kept.iter().chain(&added).cloned().collect();
+    // What runs now, to put back if a replica refuses the new files.
+    let old_topology = std::fs::read(&cluster.topology)?;
+    let old_placement = match &cluster.placement {
+        Some(p) => Some((p.clone(), std::fs::read(p)?)),
+        None => None,
+    };
     let text = fill_addresses(&std::fs::read_to_string(new_topology)?, &all)?;
     let tmp = cluster.topology.with_extension("toml.new");
     std::fs::write(&tmp, text)?;
@@ -683,7 +755,10 @@ pub(crate) fn apply(
             .placement
             .clone()
             .unwrap_or_else(|| dir.join("placement.toml"));
-        std::fs::copy(p, &to)?;
+        // Copying the running file onto itself would truncate it: write a copy
+        // beside it, then rename over (also atomic for replicas reading it).
+        let text = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+        write_replacing(&to, &text)?;
         cluster.placement = Some(to);
     }
     // New replicas first, so that the others find them when they reload.
@@ -699,12 +774,23 @@ pub(crate) fn apply(
         )?);
         println!("started replica {} ({})", r.id, r.region);
     }
-    for r in &kept {
-        if let Some(pid) = r.pid.filter(|p| alive(*p)) {
-            signal(pid, Signal::SIGHUP);
+    // Every running replica re-reads the files, asked as the cluster's operator
+    // (authorized and recorded in each replica's audit log).
+    let running: Vec<&ClusterReplica> = kept.iter().filter(|r| r.pid.is_some_and(alive)).collect();
+    if let Err(e) = reload_replicas(&cluster, &all, &running) {
+        // Put the running files back and have every replica re-read them, so files
+        // and replicas agree again.
+        write_replacing(&cluster.topology, &old_topology)?;
+        if let Some((path, text)) = &old_placement {
+            write_replacing(path, text)?;
         }
+        let _ = reload_replicas(&cluster, &all, &running);
+        return Err(e.context(
+            "the new files were refused; the previous topology and placement files are back \
+             in place and the replicas re-read them",
+        ));
     }
-    println!("asked {} running replicas to reload", kept.len());
+    println!("{} running replicas reloaded", running.len());
     for r in &added {
         wait_healthy(r, HEALTH_WAIT, true)?;
     }

@@ -6,8 +6,8 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 use clap::Args;
 use pangea_client::{
-    Client, ClientConfig, Consistency, Mutation, ReadOptions, RowMutation, ScanOptions, Token,
-    WriteOptions,
+    Client, ClientConfig, Consistency, Credential, Mutation, ReadOptions, RowMutation, ScanOptions,
+    Token, WriteOptions,
 };
 use pangea_topology::cluster::ClusterFile;
 use std::path::PathBuf;
@@ -32,21 +32,58 @@ pub(crate) struct Connect {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// The certificate to act with, as KIND/NAME from the cluster's certificate
+    /// directory: client/NAME, loader/NAME or operator/NAME. Default: data commands
+    /// act as client/client-<app profile>, operator commands (placement, watermarks,
+    /// topology apply) as operator/operator, the ones `pangea cluster up` issues.
+    #[arg(long, value_name = "KIND/NAME")]
+    pub credential: Option<String>,
 }
 
+/// The operator certificate `pangea cluster up` issues, and operator commands use.
+pub(crate) const CLUSTER_OPERATOR: &str = "operator";
+
 impl Connect {
+    /// A client acting with `--credential`, else the app profile's client
+    /// certificate.
     pub(crate) async fn client(&self) -> Result<Client> {
         Ok(Client::connect(self.config()?).await?)
     }
 
+    /// A client for operator requests: `--credential`, else the cluster's operator
+    /// certificate.
+    pub(crate) async fn operator_client(&self) -> Result<Client> {
+        let mut config = self.config()?;
+        if self.credential.is_none() {
+            config = config.with_credential(Credential::Operator(CLUSTER_OPERATOR.into()));
+        }
+        Ok(Client::connect(config).await?)
+    }
+
     pub(crate) fn config(&self) -> Result<ClientConfig> {
         let cluster = ClusterFile::load(&self.cluster).map_err(anyhow::Error::msg)?;
-        Ok(ClientConfig::from_cluster(
-            &cluster,
-            &self.region,
-            &self.app_profile,
-        )?)
+        let config = ClientConfig::from_cluster(&cluster, &self.region, &self.app_profile)?;
+        Ok(match &self.credential {
+            Some(c) => config.with_credential(parse_credential(c)?),
+            None => config,
+        })
     }
+}
+
+/// `client/NAME`, `loader/NAME` or `operator/NAME`.
+pub(crate) fn parse_credential(s: &str) -> Result<Credential> {
+    let (kind, name) = s
+        .split_once('/')
+        .with_context(|| format!("--credential {s:?}: expected KIND/NAME, e.g. operator/ops"))?;
+    Ok(match kind {
+        "client" => Credential::Client(name.into()),
+        "loader" => Credential::Loader(name.into()),
+        "operator" => Credential::Operator(name.into()),
+        other => anyhow::bail!(
+            "--credential {s:?}: kind {other:?} is not client, loader or operator \
+             (replica certificates do not make requests)"
+        ),
+    })
 }
 
 #[derive(Debug, Args)]
@@ -300,7 +337,7 @@ pub(crate) fn scan(a: ScanArgs) -> Result<()> {
 
 pub(crate) fn watermarks(a: WatermarksArgs) -> Result<()> {
     runtime()?.block_on(async {
-        let client = a.connect.client().await?;
+        let client = a.connect.operator_client().await?;
         let cluster = ClusterFile::load(&a.connect.cluster).map_err(anyhow::Error::msg)?;
         let ids: Vec<String> = match &a.replica {
             Some(r) => vec![r.clone()],

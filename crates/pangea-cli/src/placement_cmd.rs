@@ -56,7 +56,7 @@ pub(crate) fn run(cmd: PlacementCommand) -> Result<()> {
     runtime()?.block_on(async move {
         match cmd {
             PlacementCommand::Move(a) => {
-                let client = a.connect.client().await?;
+                let client = a.connect.operator_client().await?;
                 let prefix = parse_key(&a.prefix)?;
                 let (runner, job) = client.placement_move(&a.connect.table, &prefix, &a.to, a.home.as_deref()).await?;
                 println!("job {job} started on {runner}");
@@ -94,7 +94,7 @@ pub(crate) fn run(cmd: PlacementCommand) -> Result<()> {
                 }
             }
             PlacementCommand::Status { connect } => {
-                let client = connect.client().await?;
+                let client = connect.operator_client().await?;
                 let jobs = client.jobs().await?;
                 if connect.json {
                     let v: Vec<serde_json::Value> = jobs
@@ -126,7 +126,7 @@ pub(crate) fn run(cmd: PlacementCommand) -> Result<()> {
                 Ok(())
             }
             PlacementCommand::Audit { connect } => {
-                let client = connect.client().await?;
+                let client = connect.operator_client().await?;
                 let cluster = ClusterFile::load(&connect.cluster).map_err(anyhow::Error::msg)?;
                 let mut violations = 0u64;
                 let mut reports = Vec::new();

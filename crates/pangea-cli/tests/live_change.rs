@@ -284,7 +284,7 @@ async fn add_and_remove_replicas_and_change_placement_with_no_failed_reads() -> 
         "the diff does not name the rule: {out}"
     );
     cluster.reload()?;
-    let admin = cluster.client(EU, "frontend").await?;
+    let admin = cluster.operator(EU).await?;
     let job = eventually(
         Duration::from_secs(60),
         Duration::from_millis(200),
@@ -306,8 +306,9 @@ async fn add_and_remove_replicas_and_change_placement_with_no_failed_reads() -> 
         "only {} rows copied",
         job.rows_copied
     );
-    admin.refresh_location().await?;
-    let resp = admin
+    let frontend = cluster.client(EU, "frontend").await?;
+    frontend.refresh_location().await?;
+    let resp = frontend
         .get(
             "ad_profiles",
             Bytes::from(key(0)),

@@ -161,15 +161,16 @@ async fn residency_canary_with_migrations_and_a_non_eu_relay() -> Result<()> {
         move |k| format!("{m2}-{k}"),
         32,
     );
+    let ops = cluster.operator("eu-west-1").await?;
     let migrations = async {
-        let (_, job) = eu
+        let (_, job) = ops
             .placement_move("ad_profiles", b"mv/", "eu-resident", Some("eu-west-1"))
             .await?;
-        wait_job(&eu, &job, Duration::from_secs(120)).await?;
-        let (_, job) = eu
+        wait_job(&ops, &job, Duration::from_secs(120)).await?;
+        let (_, job) = ops
             .placement_move("ad_profiles", b"mv/", "global", None)
             .await?;
-        wait_job(&eu, &job, Duration::from_secs(120)).await?;
+        wait_job(&ops, &job, Duration::from_secs(120)).await?;
         anyhow::Ok(())
     };
     let (a, b, c) = tokio::join!(eu_writes, us_writes, migrations);
@@ -186,13 +187,13 @@ async fn residency_canary_with_migrations_and_a_non_eu_relay() -> Result<()> {
         .await?;
     ensure!(r.region.starts_with("eu-"), "served from {}", r.region);
     for replica in &cluster.file.replicas {
-        let a = eu.audit(&replica.id.as_str().into()).await?;
+        let a = ops.audit(&replica.id.as_str().into()).await?;
         let bad: u64 = a.tables.iter().map(|t| t.rows_disallowed).sum::<u64>()
             + a.restricted_frames_to_outsiders
             + a.restricted_frames_from_outsiders;
         ensure!(bad == 0, "audit of {}: {a:?}", a.replica);
     }
-    drop((eu, us));
+    drop((eu, us, ops));
     let out = cluster.down(10_000)?;
     ensure!(out.status.success(), "cluster down failed");
     let needle = marker.as_bytes();
@@ -256,13 +257,14 @@ async fn migration_resumes_after_sigkill_of_its_runner() -> Result<()> {
     .await?;
     let keys: Vec<String> = (0..4_000).map(|i| format!("mv/{i:05}")).collect();
     write_many(&client, keys, |k| format!("v-{k}"), 32).await?;
-    let (runner, job) = client
+    let ops = cluster.operator("eu-west-1").await?;
+    let (runner, job) = ops
         .placement_move("ad_profiles", b"mv/", "eu-resident", Some("eu-west-1"))
         .await?;
     // Kill the runner once the backfill has made progress.
     let started = Instant::now();
     loop {
-        let j = client.jobs().await?.into_iter().find(|j| j.id == job);
+        let j = ops.jobs().await?.into_iter().find(|j| j.id == job);
         if j.as_ref().is_some_and(|j| {
             j.phase == "backfill" && j.rows_copied > 0 || j.phase == "flip" || j.phase == "done"
         }) {
@@ -278,7 +280,7 @@ async fn migration_resumes_after_sigkill_of_its_runner() -> Result<()> {
     let killed_at = Instant::now();
     tokio::time::sleep(Duration::from_millis(300)).await;
     cluster.restart(runner.as_str())?;
-    let j = wait_job(&client, &job, Duration::from_secs(90)).await?;
+    let j = wait_job(&ops, &job, Duration::from_secs(90)).await?;
     eprintln!(
         "job resumed after SIGKILL of {runner}; done {:.1} s after the kill, {} rows copied",
         killed_at.elapsed().as_secs_f64(),
@@ -301,7 +303,7 @@ async fn migration_resumes_after_sigkill_of_its_runner() -> Result<()> {
         );
     }
     for replica in &cluster.file.replicas {
-        let a = client.audit(&replica.id.as_str().into()).await?;
+        let a = ops.audit(&replica.id.as_str().into()).await?;
         let disallowed: u64 = a.tables.iter().map(|t| t.rows_disallowed).sum();
         ensure!(
             disallowed == 0,

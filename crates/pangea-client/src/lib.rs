@@ -403,11 +403,15 @@ impl Client {
             pb::client_response::Response::ScanPrefix(s) => s.rows,
             other => return Err(Error::Internal(format!("unexpected response {other:?}"))),
         };
+        // Only entries valid under this client's deployment route reads, as on the
+        // replicas (docs/invariants.md, I12).
+        let d = &self.inner.config.deployment;
         let mut loc = Location::new();
         for row in &rows {
             let cell = row.families.iter().flat_map(|f| f.cells.iter()).next();
             if let Some(c) = cell
                 && let Ok(e) = pangea_core::location::LocationEntry::from_row(&row.key, &c.value)
+                && e.check(d).is_ok()
             {
                 loc.set(e.table.clone(), e.prefix.clone(), Some(e));
             }
@@ -760,6 +764,23 @@ impl Client {
         };
         match self.inner.transport.call(replica, &req).await?.response {
             Some(pb::client_response::Response::Audit(a)) => Ok(a),
+            Some(pb::client_response::Response::Error(e)) => Err(Error::from_wire(&e, replica)),
+            other => Err(Error::Internal(format!("unexpected response {other:?}"))),
+        }
+    }
+
+    /// Asks `replica` to re-read its topology, placement and certificate files (an
+    /// operator certificate is needed). Returns the changes it applied, one line
+    /// each; an invalid or refused file is an error that says why.
+    pub async fn reload(&self, replica: &ReplicaId) -> Result<Vec<String>, Error> {
+        let req = pb::ClientRequest {
+            deadline_us: 30_000_000,
+            app_profile: self.inner.profile.name.clone(),
+            traceparent: String::new(),
+            request: Some(pb::client_request::Request::Reload(pb::ReloadRequest {})),
+        };
+        match self.inner.transport.call(replica, &req).await?.response {
+            Some(pb::client_response::Response::Reload(r)) => Ok(r.changes),
             Some(pb::client_response::Response::Error(e)) => Err(Error::from_wire(&e, replica)),
             other => Err(Error::Internal(format!("unexpected response {other:?}"))),
         }

@@ -171,12 +171,13 @@ async fn migration_under_load_fails_no_request() -> Result<()> {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let moved_at = Instant::now();
-    let (runner, job) = eu
+    let operator = cluster.operator("eu-west-1").await?;
+    let (runner, job) = operator
         .placement_move("ad_profiles", b"mv/", "eu-resident", Some("eu-west-1"))
         .await?;
     let done = loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let jobs = eu.jobs().await?;
+        let jobs = operator.jobs().await?;
         let j = jobs.into_iter().find(|j| j.id == job).expect("job listed");
         assert_ne!(j.phase, "failed", "{}", j.error);
         if j.phase == "done" {
@@ -218,7 +219,7 @@ async fn migration_under_load_fails_no_request() -> Result<()> {
         .await?;
     assert_eq!(r.region, "eu-west-1");
     for replica in &cluster.file.replicas {
-        let a = us.audit(&replica.id.as_str().into()).await?;
+        let a = operator.audit(&replica.id.as_str().into()).await?;
         let disallowed: u64 = a.tables.iter().map(|t| t.rows_disallowed).sum();
         assert_eq!(
             disallowed, 0,

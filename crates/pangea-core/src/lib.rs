@@ -8,6 +8,7 @@
 //! normal dependencies include no tokio, quinn, rustls or fjall.
 //!
 //! Modules:
+//! - [`auth`]: who may do what (principals, actions, the authorization matrix);
 //! - [`ids`]: replica and scope identifiers;
 //! - [`limits`]: named size limits on user data;
 //! - [`hlc`]: the hybrid logical clock and its [`hlc::Timestamp`];
@@ -29,6 +30,7 @@
 //!
 //! Invariants cited as `I<n>` are numbered in `docs/invariants.md`.
 
+pub mod auth;
 pub mod digest;
 mod error;
 pub mod frame;

@@ -34,7 +34,7 @@ use crate::hlc::{ClockError, HybridClock, Timestamp};
 use crate::idmap::{IdMap, Roster};
 use crate::ids::{ReplicaId, ScopeId};
 use crate::limits::Limits;
-use crate::location::{LOCATION_TABLE, Location};
+use crate::location::{InvalidEntry, JOBS_TABLE, LOCATION_TABLE, Location, LocationChange};
 use crate::mutation::RowMutation;
 use crate::row::RowState;
 use crate::storage::{Compaction, LogEntry, RowApply, RowWrite, Storage, Watermark, WriteBatch};
@@ -218,6 +218,30 @@ pub enum Event {
         from: ReplicaId,
         reason: Reject,
     },
+    /// A `_location` row holds an entry that is not valid under the deployment
+    /// (unknown table or policy, a home region outside its policy...): it is not in
+    /// force, and its rows stay where the placement file puts them.
+    LocationRefused(InvalidEntry),
+    /// A location entry puts rows this replica holds under a policy that excludes
+    /// it, but it is not the flip of a migration job that finished its backfill: the
+    /// rows are kept (no purge on say-so, I10); the residency audit reports them.
+    PurgeWithheld {
+        table: Arc<str>,
+        /// The entry's key prefix (user data: log it hashed).
+        prefix: Bytes,
+        policy: ScopeId,
+    },
+}
+
+/// Rows [`Replica::purge_moved_rows`] deleted after one migration's flip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Purged {
+    pub table: Arc<str>,
+    /// The flipped prefix (user data: log it hashed).
+    pub prefix: Bytes,
+    /// The migration job whose flip moved the rows away.
+    pub job_id: String,
+    pub rows: u64,
 }
 
 /// Counters for metrics.
@@ -716,7 +740,7 @@ pub struct Replica<S: Storage> {
     /// Prefixes whose rows a flip moved away from this replica, purged by
     /// [`Replica::purge_moved_rows`] once the driver has published the new location
     /// (so no read sees a purged row under the old placement).
-    pending_purges: Vec<(Arc<str>, Bytes)>,
+    pending_purges: Vec<(Arc<str>, Bytes, String)>,
     stats: Stats,
 }
 
@@ -765,10 +789,7 @@ impl<S: Storage> Replica<S> {
         };
         r.rebuild_scopes(now);
         // Location metadata, as this replica last applied it.
-        let rows = r.storage.scan_rows(LOCATION_TABLE, b"", None, usize::MAX)?;
-        for (key, row) in rows {
-            r.location.apply_row(&key, Some(&row));
-        }
+        r.reload_location()?;
         // Restore durable watermarks; the clock never issues below what we wrote (I1).
         for (scope, origin, wm) in r.storage.watermarks()? {
             if origin == r.id {
@@ -1028,6 +1049,32 @@ impl<S: Storage> Replica<S> {
     pub fn handle_view(&mut self, now: Now, deployment: Arc<Deployment>) {
         self.deployment = deployment;
         self.rebuild_scopes(now);
+        // Which entries are valid depends on the deployment (policies, tables).
+        if let Err(e) = self.reload_location() {
+            self.events.push_back(Event::LocationRefused(InvalidEntry {
+                table: LOCATION_TABLE.into(),
+                prefix: Bytes::new(),
+                reason: format!("cannot read the location table: {e}"),
+            }));
+        }
+    }
+
+    /// Rebuilds the location metadata from the `_location` rows in storage, checking
+    /// each entry against the current deployment. Purges nothing.
+    fn reload_location(&mut self) -> Result<(), StorageError> {
+        let rows = self
+            .storage
+            .scan_rows(LOCATION_TABLE, b"", None, usize::MAX)?;
+        let mut location = Location::new();
+        for (key, row) in rows {
+            if let LocationChange::Refused(invalid) =
+                location.apply_row(&self.deployment, &key, Some(&row))
+            {
+                self.events.push_back(Event::LocationRefused(invalid));
+            }
+        }
+        self.location = location;
+        Ok(())
     }
 
     #[cold]
@@ -1065,6 +1112,9 @@ impl<S: Storage> Replica<S> {
     /// [`Replica::flush`] emits [`Event::Committed`] for it.
     pub fn propose(&mut self, now: Now, mutation: RowMutation) -> Result<Token, Error> {
         mutation.check_schema(&self.deployment.placement.schema)?;
+        if &**mutation.table() == LOCATION_TABLE {
+            crate::location::check_location_write(&mutation, &self.deployment)?;
+        }
         let scope = self.scope_of(mutation.table(), mutation.row_key());
         // During a migration writes go to both policies' streams, so only a replica
         // of both may take them (no write can slip past the backfill).
@@ -1093,6 +1143,9 @@ impl<S: Storage> Replica<S> {
         mutation: RowMutation,
     ) -> Result<Token, Error> {
         mutation.check_schema(&self.deployment.placement.schema)?;
+        if &**mutation.table() == LOCATION_TABLE {
+            crate::location::check_location_write(&mutation, &self.deployment)?;
+        }
         let (table, key) = (mutation.table(), mutation.row_key());
         let allowed = self.scope_of(table, key) == *scope
             || self.location.migrating_to(table, key) == Some(scope);
@@ -1338,20 +1391,42 @@ impl<S: Storage> Replica<S> {
         Ok(())
     }
 
-    /// A `_location` row changed: update the location table, and if rows under its
-    /// prefix may no longer live here (a migration flipped them away), purge them
-    /// from this replica's store (I10). The purge is local: the rows live on in the
-    /// replicas their policy allows.
+    /// A `_location` row changed: update the location table (a valid entry only),
+    /// and if rows under its prefix may no longer live here because a migration
+    /// flipped them away, purge them from this replica's store (I10). The purge is
+    /// local: the rows live on in the replicas their policy allows. Only the flip of
+    /// a job whose `_jobs` row says it finished its backfill to exactly that policy
+    /// purges; any other entry that excludes this replica leaves the rows in place.
     fn location_changed(
         &mut self,
         key: &Bytes,
         row: Option<&RowState>,
     ) -> Result<(), StorageError> {
-        let Some(entry) = self.location.apply_row(key, row) else {
-            return Ok(());
+        let entry = match self.location.apply_row(&self.deployment, key, row) {
+            LocationChange::InForce(entry) => entry,
+            LocationChange::Removed => return Ok(()),
+            LocationChange::Refused(invalid) => {
+                self.events.push_back(Event::LocationRefused(invalid));
+                return Ok(());
+            }
         };
-        if self.stores_rows && !self.may_hold(&entry.table, &entry.prefix) {
-            self.pending_purges.push((entry.table, entry.prefix));
+        if !self.stores_rows || self.may_hold(&entry.table, &entry.prefix) {
+            return Ok(());
+        }
+        let job_key = Bytes::from(entry.job_id.clone().into_bytes());
+        let job = self
+            .storage
+            .get_row(JOBS_TABLE, &job_key)?
+            .and_then(|row| crate::location::decode_job(&job_key, &row));
+        if job.is_some_and(|job| entry.is_flip_of(&job)) {
+            self.pending_purges
+                .push((entry.table, entry.prefix, entry.job_id));
+        } else {
+            self.events.push_back(Event::PurgeWithheld {
+                table: entry.table,
+                prefix: entry.prefix,
+                policy: entry.policy,
+            });
         }
         Ok(())
     }
@@ -1359,10 +1434,12 @@ impl<S: Storage> Replica<S> {
     /// Deletes, from this replica's store only, the rows a placement flip moved to a
     /// policy that excludes this replica (I10). Drivers call it after publishing the
     /// new location metadata to their serving path; the rows live on at the replicas
-    /// their policy allows. Returns the number of rows purged.
-    pub fn purge_moved_rows(&mut self) -> Result<u64, StorageError> {
-        let mut purged = 0;
-        for (table, prefix) in std::mem::take(&mut self.pending_purges) {
+    /// their policy allows. Returns what was purged: per flipped (table, prefix),
+    /// the migration job and the number of rows.
+    pub fn purge_moved_rows(&mut self) -> Result<Vec<Purged>, StorageError> {
+        let mut done = Vec::new();
+        for (table, prefix, job_id) in std::mem::take(&mut self.pending_purges) {
+            let mut purged = 0;
             let mut after: Option<Bytes> = None;
             loop {
                 let rows = self
@@ -1386,8 +1463,14 @@ impl<S: Storage> Replica<S> {
                     self.storage.write(batch)?;
                 }
             }
+            done.push(Purged {
+                table,
+                prefix,
+                job_id,
+                rows: purged,
+            });
         }
-        Ok(purged)
+        Ok(done)
     }
 
     /// Accepts an entry from `from`: applies it if next in line, buffers it if early,

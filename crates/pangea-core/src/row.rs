@@ -841,6 +841,21 @@ impl RowState {
         Ok((p.key, row))
     }
 
+    /// Every version the row carries: of cells, row and family tombstones and range
+    /// tombstones (what a merge of this state would bring into another row).
+    pub fn versions(&self) -> impl Iterator<Item = &Version> {
+        self.tombstone
+            .iter()
+            .chain(self.families.values().flat_map(|f| {
+                f.tombstone.iter().chain(f.columns.values().flat_map(|c| {
+                    c.range_tombstones
+                        .iter()
+                        .map(|rt| &rt.version)
+                        .chain(c.versions.iter().map(|(v, _)| v))
+                }))
+            }))
+    }
+
     /// Names of the families this row holds anything of.
     pub fn family_names(&self) -> impl Iterator<Item = &str> {
         self.families.keys().map(|f| &**f)

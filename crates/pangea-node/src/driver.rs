@@ -160,8 +160,22 @@ pub async fn run(
         }
         // Only now that readers see the new placement may moved rows disappear.
         match replica.purge_moved_rows() {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(rows = n, "purged rows a placement change moved away"),
+            Ok(purged) => {
+                for p in purged {
+                    let target = format!(
+                        "{} prefix {}",
+                        p.table,
+                        pangea_core::redact::RedactedKey(&p.prefix)
+                    );
+                    shared.audit.record(
+                        &crate::audit_log::replica_itself(&shared.id),
+                        "purge",
+                        &target,
+                        crate::audit_log::Outcome::Ok,
+                        &format!("{} rows moved away by migration job {}", p.rows, p.job_id),
+                    );
+                }
+            }
             Err(e) => tracing::error!(error = %e, "purging moved rows failed"),
         }
         drain_events(&mut replica, &shared, &mut waiters);
@@ -298,6 +312,28 @@ fn drain_events(replica: &mut Replica<Store>, shared: &Shared, waiters: &mut Wai
                 tracing::debug!(%scope, %origin, from, to, "gap detected");
             }
             Event::WatermarkAdvanced { .. } => {}
+            Event::LocationRefused(invalid) => {
+                tracing::error!(%invalid, "location entry not in force");
+                m.inc_frames_rejected("invalid_location_entry");
+            }
+            Event::PurgeWithheld {
+                table,
+                prefix,
+                policy,
+            } => {
+                let target = format!(
+                    "{table} prefix {} -> {policy}",
+                    pangea_core::redact::RedactedKey(&prefix)
+                );
+                tracing::warn!(%target, "a location entry moves rows away without a migration flip: rows kept");
+                shared.audit.record(
+                    &crate::audit_log::replica_itself(&shared.id),
+                    "purge",
+                    &target,
+                    crate::audit_log::Outcome::Denied,
+                    "no migration job flipped these rows: kept (the residency audit reports them)",
+                );
+            }
         }
     }
 }

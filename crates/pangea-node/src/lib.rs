@@ -17,6 +17,7 @@
 //! - [`telemetry`]: W3C trace context from client requests, OTLP trace export.
 
 pub mod admin;
+pub mod audit_log;
 pub mod clock;
 pub mod config;
 pub mod driver;
@@ -31,6 +32,7 @@ pub mod serve;
 pub mod telemetry;
 
 use anyhow::{Context, Result};
+use pangea_core::auth::Principal;
 use pangea_core::replica::{Config as CoreConfig, Replica};
 use pangea_core::{Limits, RowState, ScopeId, ScopeWatermarks, StorageError};
 use pangea_net::PeerIdentity;
@@ -126,6 +128,12 @@ pub struct Shared {
     pub tls: Arc<pangea_net::LiveTls>,
     /// Runtime fault injection (drills), when started with `fault_injection`.
     pub faults: Option<fault::FaultControl>,
+    /// Operator actions, refusals, merges and purges (`audit_log`).
+    pub audit: audit_log::AuditLog,
+    /// The deployment as the files declare it, before a reload pins rows at their
+    /// current policy (`deployment` is what is in force): the residency bound of
+    /// placement moves and of the audit.
+    pub files: RwLock<Arc<Deployment>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -154,6 +162,16 @@ impl Shared {
 
     pub fn deployment(&self) -> Arc<Deployment> {
         self.deployment_and_generation().0
+    }
+
+    /// The deployment as the files declare it (see the field).
+    pub fn files(&self) -> Arc<Deployment> {
+        self.files.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records newly loaded files (a validated reload).
+    pub fn set_files(&self, d: Arc<Deployment>) {
+        *self.files.write().unwrap_or_else(|p| p.into_inner()) = d;
     }
 
     /// The deployment and its generation (see the field).
@@ -509,6 +527,8 @@ pub async fn run_with_sockets(
         config: config.clone(),
         tls,
         faults,
+        audit: audit_log::AuditLog::open(&config.data_dir, id.as_str())?,
+        files: RwLock::new(deployment.clone()),
     });
     let mut queues = driver::PeerQueues::new();
     for (peer, addr) in peers {
@@ -634,27 +654,14 @@ async fn handle_incoming(shared: Arc<Shared>, incoming: quinn::Incoming) {
             peers::handle_peer(shared.clone(), connection, id, region).await;
             shared.peer_connections.fetch_sub(1, Ordering::Relaxed);
         }
-        Ok(PeerIdentity::Client { name, app_profile })
-        | Ok(PeerIdentity::Loader { name, app_profile }) => {
-            shared.client_connections.fetch_add(1, Ordering::Relaxed);
-            serve::handle_client(
-                shared.clone(),
-                connection,
-                serve::Caller { name, app_profile },
-            )
-            .await;
-            shared.client_connections.fetch_sub(1, Ordering::Relaxed);
+        Ok(PeerIdentity::Client { name, app_profile }) => {
+            serve_caller(shared, connection, Principal::Client { name, app_profile }).await;
         }
-        // Requests are not authorized by identity kind yet: an operator acts for no
-        // app profile, so every data request of it is refused.
+        Ok(PeerIdentity::Loader { name, app_profile }) => {
+            serve_caller(shared, connection, Principal::Loader { name, app_profile }).await;
+        }
         Ok(PeerIdentity::Operator { name }) => {
-            shared.client_connections.fetch_add(1, Ordering::Relaxed);
-            let caller = serve::Caller {
-                name,
-                app_profile: String::new(),
-            };
-            serve::handle_client(shared.clone(), connection, caller).await;
-            shared.client_connections.fetch_sub(1, Ordering::Relaxed);
+            serve_caller(shared, connection, Principal::Operator { name }).await;
         }
         Err(e) => {
             tracing::debug!(error = %e, "no usable identity in the certificate");
@@ -662,4 +669,12 @@ async fn handle_incoming(shared: Arc<Shared>, incoming: quinn::Incoming) {
             connection.close(peers::CLOSE_UNKNOWN_REPLICA.into(), b"no pangea identity");
         }
     }
+}
+
+/// Serves the requests of a client, loader or operator connection (authorized per
+/// request in `serve`).
+async fn serve_caller(shared: Arc<Shared>, connection: quinn::Connection, caller: Principal) {
+    shared.client_connections.fetch_add(1, Ordering::Relaxed);
+    serve::handle_client(shared.clone(), connection, caller).await;
+    shared.client_connections.fetch_sub(1, Ordering::Relaxed);
 }

@@ -27,9 +27,7 @@ use pangea_core::location::{
     JOBS_COLUMN, JOBS_FAMILY, JOBS_TABLE, LOCATION_COLUMN, LOCATION_FAMILY, LOCATION_TABLE,
     LocationEntry, location_key,
 };
-use pangea_core::{
-    Error as CoreError, Limits, Mutation, ReadFilter, RowMutation, ScopeId, Storage, Token,
-};
+use pangea_core::{Error as CoreError, Limits, Mutation, RowMutation, ScopeId, Storage, Token};
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
 use std::sync::Arc;
@@ -160,6 +158,28 @@ pub async fn start(
     {
         return Err(format!("home region {home:?} is not in policy {to:?}"));
     }
+    if !d
+        .topology
+        .replicas
+        .values()
+        .any(|r| r.role.stores_rows() && d.allowed(&r.id, &to_scope))
+    {
+        return Err(format!(
+            "no replica of policy {to:?} stores rows: the move would leave them nowhere"
+        ));
+    }
+    // Residency is the placement file's: a move may narrow where rows live, never
+    // widen it (that is an edit of the file, reviewed and applied).
+    if let Some(bound) =
+        pangea_core::location::escapes_residency(&shared.files(), &table, &prefix, &to_scope)
+    {
+        return Err(format!(
+            "policy {to:?} would put rows of {table:?} under {} in regions outside policy \
+             {bound:?}, which the placement file gives them; widen residency by editing \
+             the placement file (pangea topology apply), not with a move",
+            pangea_core::redact::RedactedKey(&prefix)
+        ));
+    }
     let from = shared.scope_of(&table, &prefix);
     if from == to_scope {
         return Err(format!(
@@ -205,7 +225,7 @@ pub fn resume(shared: Arc<Shared>) {
         }
     };
     for (key, row) in jobs {
-        let Some(job) = decode_job(&key, &row) else {
+        let Some(job) = pangea_core::location::decode_job(&key, &row) else {
             continue;
         };
         if job.runner == shared.id.as_str() && !matches!(job.phase.as_str(), "done" | "failed") {
@@ -213,13 +233,6 @@ pub fn resume(shared: Arc<Shared>) {
             tokio::spawn(run(shared.clone(), job));
         }
     }
-}
-
-/// The newest state of a job from its `_jobs` row.
-pub fn decode_job(key: &Bytes, row: &pangea_core::RowState) -> Option<pb::MigrationJob> {
-    let read = row.read(key, &ReadFilter::default(), None, 0)?;
-    let cell = read.families.into_iter().flat_map(|f| f.cells).next()?;
-    pb::MigrationJob::decode(cell.value).ok()
 }
 
 async fn run(shared: Arc<Shared>, mut job: pb::MigrationJob) {
@@ -243,13 +256,23 @@ async fn write_location(
             .find(|e| *e.table == *job.table && e.prefix == job.prefix)
             .cloned()
     });
+    // A home carried over from the current entry must lie in the new policy.
+    let policy_regions = shared
+        .deployment()
+        .placement
+        .policy(&ScopeId::from(policy))
+        .map(|p| p.regions.clone())
+        .unwrap_or_default();
     let entry = LocationEntry {
         table: job.table.as_str().into(),
         prefix: job.prefix.clone(),
         policy: policy.into(),
-        home: (!home.is_empty())
-            .then(|| home.into())
-            .or_else(|| current.as_ref().and_then(|c| c.home.clone())),
+        home: (!home.is_empty()).then(|| home.into()).or_else(|| {
+            current
+                .as_ref()
+                .and_then(|c| c.home.clone())
+                .filter(|h| policy_regions.contains(h))
+        }),
         version: current.map_or(1, |c| c.version + 1),
         migrating_to: (!migrating_to.is_empty()).then(|| migrating_to.into()),
         job_id: job.id.clone(),

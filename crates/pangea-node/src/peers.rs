@@ -26,6 +26,13 @@ pub const PEER_QUEUE_FRAMES_MAX: usize = 4_096;
 pub const CLOSE_HELLO_MISMATCH: u32 = 1;
 pub const CLOSE_UNKNOWN_REPLICA: u32 = 2;
 pub const CLOSE_SHUTDOWN: u32 = 3;
+/// The peer used its certificate for what its role does not do: a replica
+/// certificate sending client requests, or a client, loader or operator
+/// certificate opening a replication link. The reason names which.
+pub const CLOSE_WRONG_ROLE: u32 = 6;
+/// The close reason a replica certificate gets for a client request.
+pub const REPLICA_AS_CLIENT: &[u8] =
+    b"replica certificates carry replication only; client requests need a client, loader or operator certificate";
 
 struct Link {
     connection: quinn::Connection,
@@ -218,7 +225,23 @@ pub async fn handle_peer(
         return;
     }
     let peer = ReplicaId::from(id.as_str());
-    while let Ok(recv) = connection.accept_uni().await {
+    loop {
+        // Replication is unidirectional streams; a bidirectional one is a client
+        // request, which a replica certificate may not make.
+        let recv = tokio::select! {
+            uni = connection.accept_uni() => match uni {
+                Ok(recv) => recv,
+                Err(_) => return,
+            },
+            bi = connection.accept_bi() => {
+                if bi.is_ok() {
+                    tracing::warn!(peer = %id, "refused: a replica certificate sent a client request");
+                    shared.metrics.inc_frames_rejected("wrong_role");
+                    connection.close(CLOSE_WRONG_ROLE.into(), REPLICA_AS_CLIENT);
+                }
+                return;
+            }
+        };
         let (shared, connection, peer, region) = (
             shared.clone(),
             connection.clone(),

@@ -19,6 +19,7 @@
 //! new rule.
 
 use crate::Shared;
+use crate::audit_log::Outcome;
 use crate::driver::Input;
 use pangea_topology::placement::PrefixRule;
 use pangea_topology::{Deployment, ReplicaId, ScopeId};
@@ -43,6 +44,13 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<Vec<String>, String> {
         ));
     }
     let old = shared.deployment();
+    let location = shared
+        .location
+        .read()
+        .map(|l| l.clone())
+        .unwrap_or_default();
+    keeps_every_row(shared, &old, &new, &location)
+        .map_err(|why| format!("reload refused, nothing changed: {why}"))?;
     let diff = old.diff(&new);
     let mut lines = Vec::new();
     for r in &diff.replicas_added {
@@ -65,11 +73,6 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<Vec<String>, String> {
     // Rows whose policy the new file changes stay where they are, for now.
     let mut effective = new.clone();
     let mut moves: Vec<(String, String, ScopeId, Option<String>)> = Vec::new();
-    let location = shared
-        .location
-        .read()
-        .map(|l| l.clone())
-        .unwrap_or_default();
     for ch in &diff.placement_changes {
         let current = location.scope_of(&old, &ch.table, ch.prefix.as_bytes());
         lines.push(format!(
@@ -99,6 +102,7 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<Vec<String>, String> {
         .rules
         .sort_by(|a, b| (&a.table, &a.prefix).cmp(&(&b.table, &b.prefix)));
     let effective = Arc::new(effective);
+    shared.set_files(Arc::new(new));
     shared.set_deployment(effective.clone());
     shared
         .driver
@@ -127,6 +131,80 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<Vec<String>, String> {
         tracing::info!("reload: {l}");
     }
     Ok(lines)
+}
+
+/// A new deployment must keep a home for every row: no policy that rows are in
+/// (a table default, a rule, a rule pinned by an earlier reload, a location entry)
+/// may disappear or move to regions none of which held it before, and no table
+/// this replica holds rows of may disappear. Rows leave a policy by a migration,
+/// never because a file stopped mentioning it.
+fn keeps_every_row(
+    shared: &Shared,
+    old: &Deployment,
+    new: &Deployment,
+    location: &pangea_core::location::Location,
+) -> Result<(), String> {
+    use pangea_core::Storage as _;
+    let mut in_use: Vec<(ScopeId, String)> = Vec::new();
+    for (table, policy) in &old.placement.table_defaults {
+        in_use.push((policy.clone(), format!("the default of table {table}")));
+    }
+    for r in &old.placement.rules {
+        in_use.push((
+            r.policy.clone(),
+            format!("rows of {} under {:?}", r.table, r.prefix),
+        ));
+    }
+    for e in location.entries() {
+        let rows = format!(
+            "rows of {} under {} (location entry of job {})",
+            e.table,
+            pangea_core::redact::RedactedKey(&e.prefix),
+            e.job_id
+        );
+        in_use.push((e.policy.clone(), rows.clone()));
+        if let Some(to) = &e.migrating_to {
+            in_use.push((to.clone(), rows));
+        }
+    }
+    for (policy, what) in &in_use {
+        let Some(before) = old.placement.policy(policy) else {
+            continue;
+        };
+        match new.placement.policy(policy) {
+            None => {
+                return Err(format!(
+                    "the new placement file drops policy {policy}, which holds {what}; move \
+                     the rows to another policy first (pangea placement move)"
+                ));
+            }
+            Some(after) if after.regions.is_disjoint(&before.regions) => {
+                return Err(format!(
+                    "policy {policy} would move from regions {:?} to {:?}, none of which \
+                     holds its rows ({what}); add the new regions first, let them catch up, \
+                     then remove the old ones",
+                    before.regions, after.regions
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for table in old.placement.schema.tables.keys() {
+        if new.placement.schema.table(table).is_some() {
+            continue;
+        }
+        let holds = shared
+            .store
+            .scan_rows(table, b"", None, 1)
+            .map_err(|e| format!("cannot check table {table} for rows: {e}"))?;
+        if !holds.is_empty() {
+            return Err(format!(
+                "the new placement file drops table {table}, which holds rows on replica {}",
+                shared.id
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn runner_for(d: &Deployment, from: &ScopeId, to: &ScopeId) -> Option<ReplicaId> {
@@ -199,10 +277,24 @@ pub fn on_sighup(shared: Arc<Shared>) {
         };
         while hup.recv().await.is_some() {
             reload_certificates(&shared);
+            let principal = pangea_core::auth::Principal::Operator {
+                name: "SIGHUP".into(),
+            };
             match reload(&shared).await {
-                Ok(lines) if lines.is_empty() => tracing::info!("reload: no changes"),
-                Ok(_) => {}
-                Err(e) => tracing::error!("{e}"),
+                Ok(lines) => {
+                    if lines.is_empty() {
+                        tracing::info!("reload: no changes");
+                    }
+                    shared
+                        .audit
+                        .record(&principal, "reload", "", Outcome::Ok, &lines.join("; "));
+                }
+                Err(e) => {
+                    tracing::error!("{e}");
+                    shared
+                        .audit
+                        .record(&principal, "reload", "", Outcome::Failed, &e);
+                }
             }
         }
     });

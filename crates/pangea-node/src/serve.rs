@@ -1,13 +1,19 @@
 //! Serving client requests: each request, carrying its deadline, is one frame on a
 //! bidirectional QUIC stream, answered by one frame; a stream carries its client's
-//! requests one after another. Reads are answered straight from the store (concurrently with the
-//! driver) after `pangea_core::read::decide` checks the consistency the client
-//! asked for against the durable watermarks the driver published. Writes go through
-//! the driver and are answered once durable.
+//! requests one after another. Every request is first authorized
+//! (`pangea_core::auth`: the caller's certificate names a client, loader or
+//! operator; the matrix is in docs/operations.md "Who may do what"). Reads are
+//! answered straight from the store (concurrently with the driver) after
+//! `pangea_core::read::decide` checks the consistency the client asked for against
+//! the durable watermarks the driver published. Writes go through the driver and are
+//! answered once durable. Operator actions, refused attempts at them or at system
+//! tables, and pre-versioned merges are recorded in the audit log (`audit_log`).
 
 use crate::Shared;
+use crate::audit_log::Outcome;
 use crate::driver::Input;
 use bytes::Bytes;
+use pangea_core::auth::{self, Action, Principal};
 use pangea_core::digest::ContentDigest;
 use pangea_core::read::{Consistency, Decision, decide};
 use pangea_core::{
@@ -33,13 +39,6 @@ pub const GET_MANY_KEYS_MAX: usize = 1_000;
 
 type Code = pb::error::Code;
 
-/// Who is asking, from the client certificate.
-#[derive(Debug, Clone)]
-pub struct Caller {
-    pub name: String,
-    pub app_profile: String,
-}
-
 /// A failed request: a code the client can act on, and a message naming what.
 #[derive(Debug)]
 struct Failure {
@@ -47,6 +46,8 @@ struct Failure {
     message: String,
     /// Watermarks to attach (not-covered answers carry them so the client learns).
     watermarks: Option<Arc<ScopeWatermarks>>,
+    /// Refused by authorization (counted apart from placement refusals).
+    denied: bool,
 }
 
 impl Failure {
@@ -55,10 +56,23 @@ impl Failure {
             code,
             message: message.into(),
             watermarks: None,
+            denied: false,
+        }
+    }
+
+    /// An authorization refusal (`PolicyForbids` naming who, what and the missing
+    /// permission).
+    fn denied(d: auth::Denied) -> Self {
+        Failure {
+            denied: true,
+            ..Failure::new(Code::PolicyForbids, d.to_string())
         }
     }
 
     fn outcome(&self) -> &'static str {
+        if self.denied {
+            return "denied";
+        }
         match self.code {
             Code::NotCovered => "not_covered",
             Code::TooStale => "too_stale",
@@ -87,8 +101,27 @@ impl From<CoreError> for Failure {
 }
 
 /// Serves every request stream of one client connection.
-pub async fn handle_client(shared: Arc<Shared>, connection: quinn::Connection, caller: Caller) {
-    while let Ok((send, recv)) = connection.accept_bi().await {
+pub async fn handle_client(shared: Arc<Shared>, connection: quinn::Connection, caller: Principal) {
+    loop {
+        // Requests are bidirectional streams; a unidirectional one is a replication
+        // link, which only a replica certificate may open.
+        let (send, recv) = tokio::select! {
+            bi = connection.accept_bi() => match bi {
+                Ok(streams) => streams,
+                Err(_) => return,
+            },
+            uni = connection.accept_uni() => {
+                if uni.is_ok() {
+                    tracing::warn!(caller = %caller, "refused: a replication link from a non-replica certificate");
+                    shared.metrics.inc_frames_rejected("wrong_role");
+                    let reason = format!(
+                        "{caller} may not open a replication link: only replica certificates replicate"
+                    );
+                    connection.close(crate::peers::CLOSE_WRONG_ROLE.into(), reason.as_bytes());
+                }
+                return;
+            }
+        };
         let (shared, caller) = (shared.clone(), caller.clone());
         tokio::spawn(async move { serve_stream(shared, caller, send, recv).await });
     }
@@ -99,7 +132,7 @@ pub async fn handle_client(shared: Arc<Shared>, connection: quinn::Connection, c
 /// answer is in).
 async fn serve_stream(
     shared: Arc<Shared>,
-    caller: Caller,
+    caller: Principal,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) {
@@ -140,7 +173,7 @@ async fn serve_stream(
 }
 
 /// One request: checked against its deadline, traced, counted, answered.
-async fn serve_request(shared: &Arc<Shared>, caller: &Caller, req: pb::ClientRequest) -> Reply {
+async fn serve_request(shared: &Arc<Shared>, caller: &Principal, req: pb::ClientRequest) -> Reply {
     let started = Instant::now();
     let (op, mode) = describe(&req);
     let budget = if req.deadline_us > 0 {
@@ -206,7 +239,7 @@ async fn serve_request(shared: &Arc<Shared>, caller: &Caller, req: pb::ClientReq
 /// values never.
 fn serve_span(
     shared: &Shared,
-    caller: &Caller,
+    caller: &Principal,
     req: &pb::ClientRequest,
     op: &'static str,
     mode: &'static str,
@@ -218,7 +251,7 @@ fn serve_span(
         otel.kind = "server",
         op,
         mode,
-        caller = %caller.name,
+        caller = %caller.name(),
         replica = %shared.id,
         region = %shared.region,
         key.hash = Empty,
@@ -271,6 +304,7 @@ fn describe(req: &pb::ClientRequest) -> (&'static str, &'static str) {
         Some(R::Watermarks(_)) => ("watermarks", "none"),
         Some(R::PlacementMove(_)) => ("placement_move", "none"),
         Some(R::Audit(_)) => ("audit", "none"),
+        Some(R::Reload(_)) => ("reload", "none"),
         None => ("unknown", "none"),
     }
 }
@@ -360,23 +394,24 @@ fn filter(f: Option<pb::RowFilter>) -> ReadFilter {
     }
 }
 
-/// The app profile named in the request must be the certificate's (an empty one means
-/// the certificate's), and must allow this replica (priority class, pinned list).
-fn check_profile(shared: &Shared, caller: &Caller, requested: &str) -> Result<(), Failure> {
-    if !requested.is_empty() && requested != caller.app_profile {
+/// For a data principal: the app profile named in the request must be the
+/// certificate's (an empty one means the certificate's), and must allow this
+/// replica (priority class, pinned list).
+fn check_profile(shared: &Shared, caller: &Principal, requested: &str) -> Result<(), Failure> {
+    let Some(own) = caller.app_profile() else {
+        return Ok(());
+    };
+    if !requested.is_empty() && requested != own {
         return Err(Failure::new(
             Code::PolicyForbids,
-            format!(
-                "app profile {requested:?} is not the certificate's ({:?})",
-                caller.app_profile
-            ),
+            format!("app profile {requested:?} is not the certificate's ({own:?})"),
         ));
     }
     let d = shared.deployment();
-    let Some(profile) = d.topology.app_profiles.get(&caller.app_profile) else {
+    let Some(profile) = d.topology.app_profiles.get(own) else {
         return Err(Failure::new(
             Code::PolicyForbids,
-            format!("unknown app profile {:?}", caller.app_profile),
+            format!("unknown app profile {own:?}"),
         ));
     };
     let me = d.topology.replica(shared.id.as_str());
@@ -391,6 +426,46 @@ fn check_profile(shared: &Shared, caller: &Caller, requested: &str) -> Result<()
         ));
     }
     Ok(())
+}
+
+/// The caller may touch rows of `scope` (its app profile's `policies`).
+fn check_rows(shared: &Shared, caller: &Principal, scope: &ScopeId) -> Result<(), Failure> {
+    auth::authorize_rows(&shared.deployment(), caller, scope).map_err(Failure::denied)
+}
+
+/// Whether an action is recorded in the audit log: operator actions always,
+/// merges always, and refused writes of system tables.
+fn audited(action: &Action<'_>, denied: bool) -> bool {
+    match action {
+        _ if action.is_operator() => true,
+        Action::Merge { .. } => true,
+        Action::Write { table } => denied && table.starts_with('_'),
+        _ => false,
+    }
+}
+
+/// The audit log's target of a request: tables and policies by name, key prefixes
+/// hashed.
+fn audit_target(req: &pb::ClientRequest) -> String {
+    use pangea_core::redact::RedactedKey;
+    use pb::client_request::Request as R;
+    match &req.request {
+        Some(R::PlacementMove(m)) => format!(
+            "{} prefix {} -> {}{}",
+            m.table,
+            RedactedKey(&m.prefix),
+            m.to_policy,
+            if m.home_region.is_empty() {
+                String::new()
+            } else {
+                format!(" (home {})", m.home_region)
+            }
+        ),
+        Some(R::Mutate(m)) => m.mutation.as_ref().map_or_else(String::new, |m| {
+            format!("{} {}", m.table, RedactedKey(&m.row_key))
+        }),
+        _ => String::new(),
+    }
 }
 
 /// The scope of a row, refusing rows this replica must not hold (residency).
@@ -442,11 +517,13 @@ fn admit(
                 shared.id
             ),
             watermarks: Some(wm),
+            denied: false,
         }),
         Decision::TooStale { lag_ms, max_ms } => Err(Failure {
             code: Code::TooStale,
             message: format!("replica {} lags {lag_ms} ms, bound {max_ms} ms", shared.id),
             watermarks: Some(wm),
+            denied: false,
         }),
     }
 }
@@ -491,11 +568,15 @@ fn read_row_encoded(shared: &Shared, table: &str, key: &Bytes) -> Result<Option<
 type Served = (Body, Option<Arc<ScopeWatermarks>>);
 
 /// This replica's store against placement: rows it holds that their policy does not
-/// allow here (a residency violation; 0 is the only acceptable answer). Yields to the
+/// allow here (a residency violation; 0 is the only acceptable answer). The bytes in
+/// the store are checked, against the placement file's residency as well as the
+/// location entries in force: a row a location entry moved outside the regions the
+/// file gives it is a violation, whatever `_location` says. Yields to the
 /// runtime between pages of the scan: on a single-threaded runtime (`threads = 1`) a
 /// scan that never yielded would stall serving and replication until it ended.
 async fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
     let d = shared.deployment();
+    let files = shared.files();
     let now_ms = shared.clock.now().wall_ms;
     let mut tables = Vec::new();
     // Every scope allowed here, even with no rows: an empty scope compares too.
@@ -533,13 +614,10 @@ async fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
                     row,
                     now_ms,
                 );
-                let migrating = shared
-                    .location
-                    .read()
-                    .ok()
-                    .and_then(|l| l.migrating_to(table, key).cloned());
-                let allowed = d.allowed(&shared.id, &scope)
-                    || migrating.is_some_and(|m| d.allowed(&shared.id, &m));
+                let allowed = match shared.location.read() {
+                    Ok(l) => l.audit_allows(&files, &d, &shared.id, table, key),
+                    Err(_) => false,
+                };
                 if !allowed {
                     t.rows_disallowed += 1;
                     t.bytes_disallowed += (key.len() + row.value_bytes()) as u64;
@@ -566,20 +644,93 @@ async fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
     })
 }
 
+/// Authorizes a request, runs it, and records it in the audit log if it is one of
+/// the audited kinds.
 async fn process(
     shared: &Arc<Shared>,
-    caller: &Caller,
+    caller: &Principal,
+    req: pb::ClientRequest,
+) -> Result<Served, Failure> {
+    let Some(action) = auth::action_of(&req) else {
+        return Err(Failure::new(Code::InvalidArgument, "empty request"));
+    };
+    let d = shared.deployment();
+    // A table the placement does not define is unknown to everyone (the placement
+    // is no secret: every client loads it), before any permission is asked.
+    if let Action::Read { table } | Action::Write { table } | Action::Merge { table } = action
+        && d.placement.schema.table(table).is_none()
+    {
+        return Err(Failure::new(
+            Code::NotFound,
+            format!("unknown table {table:?}"),
+        ));
+    }
+    if let Err(denied) = auth::authorize(&d, caller, &action) {
+        if audited(&action, true) {
+            let target = audit_target(&req);
+            shared.audit.record(
+                caller,
+                action.as_str(),
+                &target,
+                Outcome::Denied,
+                &denied.missing,
+            );
+        }
+        return Err(Failure::denied(denied));
+    }
+    let audit = audited(&action, false).then(|| (action.as_str(), audit_target(&req)));
+    let result = match &audit {
+        // An audited action runs in a span of its own (who, what, outcome), a
+        // child of the request's.
+        Some((action, target)) => {
+            let span = tracing::info_span!(
+                "pangea.audit",
+                principal = %caller,
+                action,
+                target = %target,
+                outcome = tracing::field::Empty,
+            );
+            let r =
+                tracing::Instrument::instrument(execute(shared, caller, req), span.clone()).await;
+            span.record("outcome", if r.is_ok() { "ok" } else { "refused" });
+            r
+        }
+        None => execute(shared, caller, req).await,
+    };
+    if let Some((action, target)) = audit {
+        use pb::client_response::Response as W;
+        let (outcome, detail) = match &result {
+            Ok((Body::Message(W::PlacementMove(m)), _)) => {
+                (Outcome::Ok, format!("job {}", m.job_id))
+            }
+            Ok((Body::Message(W::Reload(r)), _)) => (Outcome::Ok, r.changes.join("; ")),
+            Ok(_) => (Outcome::Ok, String::new()),
+            Err(f) if f.code == Code::PolicyForbids || f.code == Code::InvalidArgument => {
+                (Outcome::Denied, f.message.clone())
+            }
+            Err(f) => (Outcome::Failed, f.message.clone()),
+        };
+        shared
+            .audit
+            .record(caller, action, &target, outcome, &detail);
+    }
+    result
+}
+
+/// Runs an authorized request.
+async fn execute(
+    shared: &Arc<Shared>,
+    caller: &Principal,
     req: pb::ClientRequest,
 ) -> Result<Served, Failure> {
     use pb::client_request::Request as R;
     use pb::client_response::Response as W;
-    // Data requests obey the app profile; operator requests (watermarks, audit,
-    // placement moves) are open to every client certificate of the cluster.
-    let operator = matches!(
+    // Data requests obey the app profile's routing (priority class, pinned
+    // replicas); watermark probes and operator requests are not routed by it.
+    if !matches!(
         req.request,
-        Some(R::Watermarks(_) | R::Audit(_) | R::PlacementMove(_))
-    );
-    if !operator {
+        Some(R::Watermarks(_) | R::Audit(_) | R::PlacementMove(_) | R::Reload(_))
+    ) {
         check_profile(shared, caller, &req.app_profile)?;
     }
     // A replica still catching up after its start refuses reads: the client asks
@@ -608,6 +759,7 @@ async fn process(
                 limits.row_key_bytes_max,
             )?;
             let scope = scope_here(shared, &g.table, &g.row_key)?;
+            check_rows(shared, caller, &scope)?;
             let wm = admit(shared, &scope, &consistency(g.consistency)?)?;
             let f = filter(g.filter);
             if f.is_latest() {
@@ -638,6 +790,7 @@ async fn process(
                     ));
                 }
                 if scope.is_none() {
+                    check_rows(shared, caller, &s)?;
                     wm = Some(admit(shared, &s, &c)?);
                     scope = Some(s);
                 }
@@ -652,6 +805,7 @@ async fn process(
         }
         R::ScanPrefix(s) => {
             let scope = scope_here(shared, &s.table, &s.prefix)?;
+            check_rows(shared, caller, &scope)?;
             let wm = admit(shared, &scope, &consistency(s.consistency)?)?;
             let limit = match s.limit as usize {
                 0 => SCAN_ROWS_DEFAULT,
@@ -669,8 +823,12 @@ async fn process(
             let now = shared.clock.now().wall_ms;
             for (key, row) in found.into_iter().take(limit) {
                 last = key.clone();
-                // Rows of a policy this replica may not serve never leave it.
-                if !d.allowed(&shared.id, d.scope_of(&s.table, &key)) {
+                // Rows of a policy this replica may not serve never leave it, nor
+                // rows of a policy the caller's app profile does not list.
+                let row_scope = shared.scope_of(&s.table, &key);
+                if !d.allowed(&shared.id, &row_scope)
+                    || auth::authorize_rows(&d, caller, &row_scope).is_err()
+                {
                     continue;
                 }
                 if let Some(r) = row.read(&key, &f, d.placement.schema.table(&s.table), now) {
@@ -687,9 +845,25 @@ async fn process(
             let m = m
                 .mutation
                 .ok_or_else(|| Failure::new(Code::InvalidArgument, "mutate without a mutation"))?;
+            auth::check_merge_keys(&m).map_err(|e| Failure::new(Code::InvalidArgument, e))?;
             let mutation = RowMutation::from_proto(m, &limits)?;
-            mutation.check_schema(&shared.deployment().placement.schema)?;
+            let d = shared.deployment();
+            mutation.check_schema(&d.placement.schema)?;
+            for x in mutation.mutations() {
+                if let pangea_core::Mutation::MergeRow(row) = x {
+                    auth::check_merge(
+                        &d,
+                        row,
+                        shared.clock.now().wall_ms,
+                        auth::MergeWindow::DEFAULT,
+                    )
+                    .map_err(|e| {
+                        Failure::new(Code::InvalidArgument, format!("MergeRow refused: {e}"))
+                    })?;
+                }
+            }
             let scope = scope_here(shared, mutation.table(), mutation.row_key())?;
+            check_rows(shared, caller, &scope)?;
             let (reply, wait) = oneshot::channel();
             shared
                 .driver
@@ -724,15 +898,25 @@ async fn process(
             ))
         }
         R::Audit(_) => Ok((W::Audit(audit(shared).await?).into(), None)),
+        R::Reload(_) => {
+            crate::reload::reload_certificates(shared);
+            let changes = crate::reload::reload(shared)
+                .await
+                .map_err(|e| Failure::new(Code::InvalidArgument, e))?;
+            Ok((W::Reload(pb::ReloadResponse { changes }).into(), None))
+        }
         R::Watermarks(w) => {
             let all = shared
                 .watermarks
                 .read()
                 .map(|m| m.clone())
                 .unwrap_or_default();
+            // A data principal sees the scopes its app profile may read.
+            let d = shared.deployment();
             let scopes = all
                 .values()
                 .filter(|s| w.scope.is_empty() || s.scope.as_str() == w.scope)
+                .filter(|s| auth::authorize_rows(&d, caller, &s.scope).is_ok())
                 .map(|s| s.to_proto())
                 .collect();
             Ok((W::Watermarks(pb::WatermarkResponse { scopes }).into(), None))

@@ -308,8 +308,9 @@ pub(crate) async fn settle(
     limit: Duration,
     tag: &str,
 ) -> Result<()> {
-    // Operator requests (audits) are open to every profile; a scan must use a
-    // profile allowed on the replica it reads (a batch replica only serves batch).
+    // Audits are operator requests (the cluster's operator certificate); a scan
+    // must use a profile allowed on the replica it reads (a batch replica only
+    // serves batch).
     let mut clients: BTreeMap<ReplicaId, Arc<Client>> = BTreeMap::new();
     let mut by_profile: BTreeMap<String, Arc<Client>> = BTreeMap::new();
     for r in deployment.topology.replicas.values() {
@@ -331,11 +332,23 @@ pub(crate) async fn settle(
         clients.insert(r.id.clone(), client);
     }
     let ids: Vec<ReplicaId> = clients.keys().cloned().collect();
-    let client = clients
+    let first = deployment
+        .topology
+        .replicas
         .values()
         .next()
-        .context("the topology has no replica")?
-        .clone();
+        .context("the topology has no replica")?;
+    let profile = deployment
+        .topology
+        .app_profiles
+        .values()
+        .find(|p| p.may_use(first))
+        .context("no app profile may use the first replica")?;
+    let config = ClientConfig::from_cluster(cluster, first.region.as_str(), &profile.name)?
+        .with_credential(pangea_client::Credential::Operator(
+            crate::data_cmd::CLUSTER_OPERATOR.into(),
+        ));
+    let client = Client::connect(config).await?;
     let healed = Instant::now();
     let (ok, detail, audits) = loop {
         let mut audits = Vec::new();

@@ -399,6 +399,19 @@ impl Cluster {
         .context("client connect timed out")??)
     }
 
+    /// A client acting as the cluster's operator (`operators/operator`, which
+    /// `pangea cluster up` issues), from `region`.
+    pub async fn operator(&self, region: &str) -> Result<pangea_client::Client> {
+        let config = pangea_client::ClientConfig::from_cluster(&self.file, region, "frontend")?
+            .with_credential(pangea_client::Credential::Operator("operator".into()));
+        Ok(tokio::time::timeout(
+            Duration::from_secs(10),
+            pangea_client::Client::connect(config),
+        )
+        .await
+        .context("operator connect timed out")??)
+    }
+
     /// A raw QUIC client presenting the cluster's `client-<app_profile>` certificate.
     pub fn raw_client(&self, app_profile: &str) -> Result<RawClient> {
         let ca = certs::load_ca(&self.file.certs)?;

@@ -46,6 +46,7 @@ impl LocalCluster {
         for p in d.topology.app_profiles.keys() {
             pangea_net::certs::issue_client(&certs, &format!("client-{p}"), p)?;
         }
+        pangea_net::certs::issue_operator(&certs, "operator")?;
         let mut replicas = Vec::new();
         let mut sockets = Vec::new();
         let mut text = std::fs::read_to_string(repo(topology))?;
@@ -148,6 +149,14 @@ impl LocalCluster {
             stop,
             nodes,
         })
+    }
+
+    /// A client acting as the cluster's operator (placement moves, job status,
+    /// audits), from `region`.
+    pub(crate) async fn operator(&self, region: &str) -> Result<pangea_client::Client> {
+        let config = pangea_client::ClientConfig::from_cluster(&self.file, region, "frontend")?
+            .with_credential(pangea_client::Credential::Operator("operator".into()));
+        Ok(pangea_client::Client::connect(config).await?)
     }
 
     /// Stops every replica gracefully and waits for them.

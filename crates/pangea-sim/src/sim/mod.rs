@@ -1477,6 +1477,8 @@ impl Simulation {
             Event::TreeChanged { .. } | Event::SnapshotNeeded { .. } => {
                 self.trace([8, r as u64, 0, 0]);
             }
+            // Drills run no migrations and write no location entries.
+            Event::LocationRefused(_) | Event::PurgeWithheld { .. } => {}
         }
     }
 
