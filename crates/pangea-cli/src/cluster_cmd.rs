@@ -622,6 +622,44 @@ fn status(path: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Where `apply` keeps the files it replaced.
+fn previous_dir(cluster_path: &Path) -> PathBuf {
+    cluster_path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+        .join("previous")
+}
+
+/// `pangea topology rollback --cluster FILE`: applies the files the last apply
+/// replaced (which become the previous ones in turn).
+pub(crate) fn rollback(
+    cluster_path: &Path,
+    dry_run: bool,
+    allow: &crate::topology_cmd::AllowDestructive,
+) -> Result<()> {
+    let previous = previous_dir(cluster_path);
+    let topology = previous.join("topology.toml");
+    anyhow::ensure!(
+        topology.exists(),
+        "no previous files in {}: nothing was applied to this cluster yet",
+        previous.display()
+    );
+    // Copies: the apply overwrites DIR/previous/ with the files it replaces.
+    let tmp = tempfile::tempdir()?;
+    let t = tmp.path().join("topology.toml");
+    std::fs::copy(&topology, &t)?;
+    let p = previous.join("placement.toml");
+    let p = if p.exists() {
+        let to = tmp.path().join("placement.toml");
+        std::fs::copy(&p, &to)?;
+        Some(to)
+    } else {
+        None
+    };
+    apply(cluster_path, &t, p.as_deref(), dry_run, allow)
+}
+
 /// Writes `text` beside `path` and renames it over (atomic for readers; safe when
 /// the source was `path` itself).
 fn write_replacing(path: &Path, text: &[u8]) -> Result<()> {
@@ -688,6 +726,8 @@ pub(crate) fn apply(
     cluster_path: &Path,
     new_topology: &Path,
     new_placement: Option<&Path>,
+    dry_run: bool,
+    allow: &crate::topology_cmd::AllowDestructive,
 ) -> Result<()> {
     use nix::sys::signal::Signal;
     let mut cluster = ClusterFile::load(cluster_path).map_err(anyhow::Error::msg)?;
@@ -696,12 +736,43 @@ pub(crate) fn apply(
         .or_else(|| cluster.placement.clone());
     let new = crate::topology_cmd::load(new_topology, placement.as_deref())
         .context("the new files are invalid; nothing changed")?;
+    if new
+        .placement
+        .schema
+        .tables
+        .keys()
+        .all(|t| t.starts_with('_'))
+    {
+        anyhow::bail!(
+            "the new placement defines no table: every row would lose its schema; nothing changed"
+        );
+    }
+    // Against the running files (what the replicas were last given).
     let old = crate::topology_cmd::load(&cluster.topology, cluster.placement.as_deref())?;
     let diff = old.diff(&new);
     if diff.is_empty() {
         println!("no changes");
     }
     crate::topology_cmd::print_diff(&diff);
+    let destructive = old.destructive_changes(&new);
+    let refused: Vec<String> = destructive
+        .iter()
+        .filter(|d| !allow.allows(d))
+        .map(|d| format!("{d} (allow with {})", d.flag()))
+        .collect();
+    for d in destructive.iter().filter(|d| allow.allows(d)) {
+        println!("allowed by flag: {d}");
+    }
+    if !refused.is_empty() {
+        anyhow::bail!(
+            "refused, nothing changed: the new files would\n  {}",
+            refused.join("\n  ")
+        );
+    }
+    if dry_run {
+        println!("dry run: nothing changed");
+        return Ok(());
+    }
     let dir = cluster_path
         .parent()
         .map(Path::to_path_buf)
@@ -740,12 +811,19 @@ pub(crate) fn apply(
         .cloned()
         .collect();
     let all: Vec<ClusterReplica> = kept.iter().chain(&added).cloned().collect();
-    // What runs now, to put back if a replica refuses the new files.
+    // What runs now: kept in DIR/previous/ for `pangea topology rollback`, and put
+    // back at once if a replica refuses the new files.
     let old_topology = std::fs::read(&cluster.topology)?;
     let old_placement = match &cluster.placement {
         Some(p) => Some((p.clone(), std::fs::read(p)?)),
         None => None,
     };
+    let previous = previous_dir(cluster_path);
+    std::fs::create_dir_all(&previous)?;
+    write_replacing(&previous.join("topology.toml"), &old_topology)?;
+    if let Some((_, text)) = &old_placement {
+        write_replacing(&previous.join("placement.toml"), text)?;
+    }
     let text = fill_addresses(&std::fs::read_to_string(new_topology)?, &all)?;
     let tmp = cluster.topology.with_extension("toml.new");
     std::fs::write(&tmp, text)?;

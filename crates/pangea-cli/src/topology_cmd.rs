@@ -28,7 +28,10 @@ pub(crate) enum TopologyCommand {
         svg: Option<PathBuf>,
     },
     /// Apply edited files to a running local cluster: validated first (an invalid file
-    /// changes nothing), diff shown, replicas added or removed, every replica reloads.
+    /// changes nothing), diff against the running files shown, changes that widen
+    /// residency or drop a column family refused unless a flag names them, the
+    /// running files kept in DIR/previous/, replicas added or removed, every replica
+    /// reloads (any refusal puts the previous files back).
     Apply {
         /// The cluster file (`pangea cluster up` writes DIR/cluster.toml).
         #[arg(long)]
@@ -36,6 +39,22 @@ pub(crate) enum TopologyCommand {
         topology: PathBuf,
         #[arg(long)]
         placement: Option<PathBuf>,
+        /// Show the diff and what would be refused; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        allow: AllowDestructive,
+    },
+    /// Put back the files the last `apply` replaced (DIR/previous/), as an apply.
+    Rollback {
+        /// The cluster file (`pangea cluster up` writes DIR/cluster.toml).
+        #[arg(long)]
+        cluster: PathBuf,
+        /// Show the diff and what would be refused; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        allow: AllowDestructive,
     },
     /// What changes between two versions of the files.
     Diff {
@@ -48,6 +67,38 @@ pub(crate) enum TopologyCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Destructive changes an apply may make, each named (docs/operations.md, "Safe
+/// applies").
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct AllowDestructive {
+    /// Allow rows of TABLE under PREFIX to move to a policy with regions their
+    /// current one lacks (TABLE:PREFIX; repeatable).
+    #[arg(long, value_name = "TABLE:PREFIX")]
+    pub widen_residency: Vec<String>,
+    /// Allow policy NAME to gain regions (repeatable).
+    #[arg(long, value_name = "NAME")]
+    pub widen_policy: Vec<String>,
+    /// Allow column family FAMILY to leave TABLE (TABLE:FAMILY; repeatable).
+    #[arg(long, value_name = "TABLE:FAMILY")]
+    pub drop_family: Vec<String>,
+}
+
+impl AllowDestructive {
+    /// Whether a flag names `change`.
+    pub(crate) fn allows(&self, change: &pangea_topology::plan::Destructive) -> bool {
+        use pangea_topology::plan::Destructive as D;
+        match change {
+            D::WidenResidency { table, prefix, .. } => {
+                self.widen_residency.contains(&format!("{table}:{prefix}"))
+            }
+            D::WidenPolicy { policy, .. } => self.widen_policy.iter().any(|p| p == policy.as_str()),
+            D::DropFamily { table, family } => {
+                self.drop_family.contains(&format!("{table}:{family}"))
+            }
+        }
+    }
 }
 
 pub(crate) fn run(cmd: TopologyCommand) -> Result<()> {
@@ -81,7 +132,14 @@ pub(crate) fn run(cmd: TopologyCommand) -> Result<()> {
             cluster,
             topology,
             placement,
-        } => crate::cluster_cmd::apply(&cluster, &topology, placement.as_deref()),
+            dry_run,
+            allow,
+        } => crate::cluster_cmd::apply(&cluster, &topology, placement.as_deref(), dry_run, &allow),
+        TopologyCommand::Rollback {
+            cluster,
+            dry_run,
+            allow,
+        } => crate::cluster_cmd::rollback(&cluster, dry_run, &allow),
         TopologyCommand::Diff {
             old,
             new,

@@ -594,7 +594,9 @@ fn a_replica_refuses_a_certificate_that_is_not_its_own() -> Result<()> {
 /// An operator's routine apply cannot strand rows: a placement file that drops a
 /// policy rows are in is refused by the replicas and the running files are put
 /// back; an empty placement file is refused before anything; applying the running
-/// files themselves changes nothing and truncates nothing. Every row stays.
+/// files themselves changes nothing and truncates nothing; widening residency or
+/// dropping a family needs a flag naming it; rollback restores the previous files.
+/// Every row stays.
 #[test]
 fn applies_that_would_strand_rows_are_refused_and_change_nothing() -> Result<()> {
     let c = Cluster::up(false)?;
@@ -668,7 +670,20 @@ fn applies_that_would_strand_rows_are_refused_and_change_nothing() -> Result<()>
             .collect::<Vec<_>>()
             .join("\n[[");
         std::fs::write(&dropped, kept)?;
+        // Dropping the rule widens eu/ rows' residency: without the flag the CLI
+        // refuses; with it, the replicas refuse, as the policy still holds rows.
         let out = apply(&dropped)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(!out.status.success() && err.contains("--widen-residency ad_profiles:eu/"), "{err}");
+        let out = pangea(
+            &[
+                "topology", "apply", "--cluster", cluster,
+                topology.to_str().unwrap_or_default(),
+                "--placement", dropped.to_str().unwrap_or_default(),
+                "--widen-residency", "ad_profiles:eu/",
+            ],
+            Duration::from_secs(60),
+        )?;
         let err = String::from_utf8_lossy(&out.stderr);
         ensure!(
             !out.status.success() && err.contains("drops policy eu-resident"),
@@ -678,6 +693,59 @@ fn applies_that_would_strand_rows_are_refused_and_change_nothing() -> Result<()>
             std::fs::read(&placement)? == running,
             "the running placement was not put back"
         );
+        // 4. Widening residency (eu/ rows to global) and dropping a column family
+        // are refused unless a flag names them; a dry run changes nothing.
+        let widened = dir.join("widened.placement.toml");
+        std::fs::write(
+            &widened,
+            text.replace("prefix = \"eu/\"\npolicy = \"eu-resident\"", "prefix = \"eu/\"\npolicy = \"global\""),
+        )?;
+        ensure!(std::fs::read(&widened)? != running, "the test's edit did not apply");
+        let out = apply(&widened)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && err.contains("--widen-residency ad_profiles:eu/"),
+            "{err}"
+        );
+        let out = pangea(
+            &[
+                "topology", "apply", "--cluster", cluster,
+                topology.to_str().unwrap_or_default(),
+                "--placement", widened.to_str().unwrap_or_default(),
+                "--widen-residency", "ad_profiles:eu/", "--dry-run",
+            ],
+            Duration::from_secs(60),
+        )?;
+        let said = String::from_utf8_lossy(&out.stdout);
+        ensure!(out.status.success() && said.contains("dry run: nothing changed"), "{said}");
+        let no_events = dir.join("no-events.placement.toml");
+        let events =
+            "  [[tables.families]]\n  name = \"events\"\n  max_versions = 10\n  ttl = \"30d\"\n";
+        ensure!(text.contains(events), "the placement file's events family moved");
+        let kept = text.replace(events, "");
+        std::fs::write(&no_events, kept)?;
+        let out = apply(&no_events)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success()
+                && err.contains("--drop-family ad_profiles:events")
+                && !err.contains("--widen"),
+            "{err}"
+        );
+        ensure!(std::fs::read(&placement)? == running);
+        // 5. A benign change applies, and `topology rollback` puts the file back.
+        let homed = dir.join("homed.placement.toml");
+        std::fs::write(
+            &homed,
+            format!("{text}\n[[home_rules]]\ntable = \"ad_profiles\"\nprefix = \"jp/\"\nhome = \"ap-northeast-1\"\n"),
+        )?;
+        let out = apply(&homed)?;
+        ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        ensure!(std::fs::read(&placement)? == std::fs::read(&homed)?);
+        let out = pangea(&["topology", "rollback", "--cluster", cluster], Duration::from_secs(60))?;
+        ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        ensure!(std::fs::read(&placement)? == running, "rollback did not restore the file");
+
         // Every replica still runs the old placement and holds every row.
         let after = holdings(&c, &op).await?;
         for (id, b) in &before {

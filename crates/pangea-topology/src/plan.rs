@@ -359,3 +359,119 @@ impl Diff {
             && self.app_profile_changes.is_empty()
     }
 }
+
+/// A change between two versions of the files that can expose or lose data:
+/// `pangea topology apply` carries it out only when a flag names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Destructive {
+    /// Rows of `table` under `prefix` would be allowed in regions their policy
+    /// does not include now (a wider policy, or a restricted one dropped for
+    /// `global`).
+    WidenResidency {
+        table: String,
+        prefix: String,
+        from: ScopeId,
+        to: ScopeId,
+    },
+    /// A policy gains regions: every row in it may be stored there.
+    WidenPolicy {
+        policy: ScopeId,
+        regions_added: Vec<RegionId>,
+    },
+    /// A column family leaves a table: its cells are no longer readable.
+    DropFamily { table: String, family: String },
+}
+
+impl Destructive {
+    /// The flag of `pangea topology apply` that allows this change.
+    pub fn flag(&self) -> String {
+        match self {
+            Destructive::WidenResidency { table, prefix, .. } => {
+                format!("--widen-residency {table}:{prefix}")
+            }
+            Destructive::WidenPolicy { policy, .. } => format!("--widen-policy {policy}"),
+            Destructive::DropFamily { table, family } => {
+                format!("--drop-family {table}:{family}")
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Destructive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Destructive::WidenResidency {
+                table,
+                prefix,
+                from,
+                to,
+            } => write!(
+                f,
+                "rows of {table} under {prefix:?} would go from policy {from} to {to}, \
+                 which allows regions {from} does not"
+            ),
+            Destructive::WidenPolicy {
+                policy,
+                regions_added,
+            } => write!(
+                f,
+                "policy {policy} would gain regions {regions_added:?}: its rows would be stored there"
+            ),
+            Destructive::DropFamily { table, family } => {
+                write!(f, "table {table} would lose column family {family}")
+            }
+        }
+    }
+}
+
+impl Deployment {
+    /// What going from `self` to `new` would widen or drop (see [`Destructive`]).
+    /// Tables and policies that disappear are not listed: a replica that holds rows
+    /// of them refuses the change outright (they must be migrated first).
+    pub fn destructive_changes(&self, new: &Deployment) -> Vec<Destructive> {
+        let mut out = Vec::new();
+        let diff = self.diff(new);
+        for p in diff.policy_changes {
+            // `global` is every region by definition: adding a region widens it.
+            let restricted = p.policy.as_str() != crate::placement::GLOBAL_POLICY;
+            if restricted
+                && self.placement.policy(&p.policy).is_some()
+                && !p.regions_added.is_empty()
+            {
+                out.push(Destructive::WidenPolicy {
+                    policy: p.policy,
+                    regions_added: p.regions_added,
+                });
+            }
+        }
+        for ch in diff.placement_changes {
+            let before = self.placement.policy(&ch.old_policy);
+            let after = new.placement.policy(&ch.new_policy);
+            if let (Some(b), Some(a)) = (before, after)
+                && !a.regions.is_subset(&b.regions)
+            {
+                out.push(Destructive::WidenResidency {
+                    table: ch.table,
+                    prefix: ch.prefix,
+                    from: ch.old_policy,
+                    to: ch.new_policy,
+                });
+            }
+        }
+        for (table, schema) in &self.placement.schema.tables {
+            let Some(kept) = new.placement.schema.table(table) else {
+                continue;
+            };
+            for family in schema.families.keys() {
+                if !kept.families.contains_key(family) {
+                    out.push(Destructive::DropFamily {
+                        table: table.to_string(),
+                        family: family.to_string(),
+                    });
+                }
+            }
+        }
+        out
+    }
+}
