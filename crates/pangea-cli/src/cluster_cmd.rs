@@ -133,6 +133,8 @@ pub(crate) struct StartFlags<'a> {
     pub emulate_wan: bool,
     pub fault_injection: bool,
     pub durability: &'a str,
+    /// A replica of a cluster being created (`--new-cluster`).
+    pub new_cluster: bool,
 }
 
 impl StartFlags<'_> {
@@ -142,6 +144,7 @@ impl StartFlags<'_> {
             emulate_wan: cluster.emulate_wan,
             fault_injection: cluster.fault_injection,
             durability: "fsync",
+            new_cluster: false,
         }
     }
 }
@@ -272,6 +275,8 @@ pub(crate) fn up(o: &UpOptions) -> Result<ClusterFile> {
                 emulate_wan: o.emulate_wan,
                 fault_injection: o.fault_injection,
                 durability: &o.durability,
+                // A directory this command has not run a cluster in yet.
+                new_cluster: earlier.is_none(),
             },
             false,
         )?);
@@ -380,6 +385,9 @@ pub(crate) fn spawn_replica(
     }
     if flags.fault_injection {
         cmd.arg("--fault-injection");
+    }
+    if flags.new_cluster {
+        cmd.arg("--new-cluster");
     }
     // Replicas of a local cluster share this machine's cores (with each other and
     // with the clients): one runtime thread each, unless PANGEA_THREADS says

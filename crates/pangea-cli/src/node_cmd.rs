@@ -64,6 +64,12 @@ pub(crate) struct StartArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     fault_injection: bool,
+    /// This replica is created with a new cluster: its empty store is the truth
+    /// (recorded on the first start). Without it, a replica whose store never
+    /// caught up waits to hear a peer of every scope before serving reads.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    new_cluster: bool,
     /// Runtime threads: 0 (default) one per core; 1 a single-threaded runtime,
     /// best when replicas share a machine.
     #[arg(long)]

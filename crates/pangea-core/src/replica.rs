@@ -508,6 +508,8 @@ struct Outgoing {
 struct Peer {
     last_heard_us: u64,
     suspected: bool,
+    /// Heard from at least once since this replica started.
+    heard: bool,
     inflight_bytes: usize,
     /// Mutations waiting to be batched, and their bytes.
     mutations: VecDeque<(LogEntry, usize)>,
@@ -647,10 +649,11 @@ impl Peers {
 
 /// Notes that `peer` was heard from now; whether it was suspected until now.
 fn note_heard(peers: &mut Peers, now: Now, peer: &ReplicaId) -> bool {
-    match peers.liveness_mut(peer) {
-        Some((last_heard_us, suspected)) => {
-            *last_heard_us = now.mono_us;
-            std::mem::replace(suspected, false)
+    match peers.list.get_mut(peer) {
+        Some(p) => {
+            p.last_heard_us = now.mono_us;
+            p.heard = true;
+            std::mem::replace(&mut p.suspected, false)
         }
         None => false,
     }
@@ -868,6 +871,21 @@ impl<S: Storage> Replica<S> {
                 known_last: st.known_last,
             })
         })
+    }
+
+    /// The scopes this replica shares with other replicas none of which it has
+    /// heard from since it started. A replica that has never caught up waits for a
+    /// peer of each before it trusts what it holds (the node's readiness gate).
+    pub fn unheard_scopes(&self) -> Vec<ScopeId> {
+        self.scopes
+            .iter()
+            .filter(|(_, s)| {
+                let mut others = s.members.iter().filter(|m| **m != self.id).peekable();
+                others.peek().is_some()
+                    && !others.any(|m| self.peers.list.get(m).is_some_and(|p| p.heard))
+            })
+            .map(|(scope, _)| scope.clone())
+            .collect()
     }
 
     /// The purge horizon this replica computed for `scope`.

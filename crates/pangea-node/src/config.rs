@@ -72,6 +72,14 @@ pub struct NodeConfig {
     /// default: a production replica answers them with 403.
     #[serde(default)]
     pub fault_injection: bool,
+    /// This replica is created with a new cluster: an empty store is the truth,
+    /// and reads may be served from it without hearing a peer first. Recorded in
+    /// the data directory on the first start (`DATA_DIR/readiness`) and ignored
+    /// once the store holds anything; `pangea cluster up` passes it for a fresh
+    /// directory. A replica added to a running cluster must not have it: it waits
+    /// to catch up with its peers (readiness.rs).
+    #[serde(default)]
+    pub new_cluster: bool,
     /// Threads of the runtime that serves clients and peers. 0 (the default): one
     /// per core, work-stealing, for a replica that has the machine to itself. 1: a
     /// single-threaded runtime, for replicas that share a machine (`pangea cluster
@@ -166,7 +174,7 @@ impl NodeConfig {
 
 /// Keys the environment may set (so unrelated `PANGEA_*` variables, such as the
 /// topology overrides, are not mistaken for node settings).
-const FIELDS: [&str; 19] = [
+const FIELDS: [&str; 20] = [
     "topology",
     "placement",
     "replica",
@@ -184,6 +192,7 @@ const FIELDS: [&str; 19] = [
     "certs_reload_interval_ms",
     "clock_offset_ms",
     "fault_injection",
+    "new_cluster",
     "threads",
     "row_cache_mib",
 ];

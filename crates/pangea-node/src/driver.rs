@@ -77,9 +77,11 @@ pub async fn run(
     let mut waiters: Waiters = BTreeMap::new();
     let mut shutdown: Option<oneshot::Sender<()>> = None;
     let mut gauges_at = std::time::Instant::now();
+    let mut record = crate::readiness::Record::read(&shared.config.data_dir);
     let mut gate = crate::readiness::Gate::new(
         std::time::Instant::now(),
         std::time::Duration::from_millis(replica.config().heartbeat_interval_ms),
+        record.is_some(),
     );
     publish(&replica, &shared);
     loop {
@@ -146,13 +148,25 @@ pub async fn run(
         publish(&replica, &shared);
         let phase = if peers.is_empty() {
             gate.open()
+        } else if gate.phase() == &crate::readiness::Phase::Ready {
+            None
         } else {
             gate.update(
                 std::time::Instant::now(),
                 replica.stats().frames_received,
                 replica.stream_progress(),
+                &replica.unheard_scopes(),
             )
         };
+        // Caught up once: from now on this replica trusts its store.
+        if phase == Some(crate::readiness::Phase::Ready)
+            && record != Some(crate::readiness::Record::CaughtUp)
+        {
+            match crate::readiness::Record::CaughtUp.write(&shared.config.data_dir) {
+                Ok(()) => record = Some(crate::readiness::Record::CaughtUp),
+                Err(e) => tracing::error!(error = %e, "cannot record that this replica caught up"),
+            }
+        }
         if let Some(phase) = phase
             && let Ok(mut p) = shared.readiness.write()
         {

@@ -420,6 +420,21 @@ pub async fn run_with_sockets(
         },
     )?;
 
+    // Whether this replica trusts its store (readiness.rs): a replica created with
+    // a new cluster records it on its first start, while its store is empty.
+    if config.new_cluster && readiness::Record::read(&config.data_dir).is_none() {
+        use pangea_core::Storage as _;
+        if store.watermarks()?.is_empty() {
+            readiness::Record::NewCluster.write(&config.data_dir)?;
+            tracing::info!("a replica of a new cluster: its empty store is the truth");
+        } else {
+            tracing::warn!(
+                "--new-cluster ignored: the store already holds data it never recorded \
+                 catching up with; it waits to hear its peers"
+            );
+        }
+    }
+
     // Kept across restarts, so a restarted replica resets the connections its
     // predecessor left behind instead of leaving them to time out (pangea_net::reset).
     let reset_key = pangea_net::ResetKey::load_or_create(&config.data_dir.join("quic-reset.key"))?;

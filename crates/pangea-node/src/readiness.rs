@@ -7,21 +7,34 @@
 //! failed read to the frontend that asked. Writes are accepted throughout (a write
 //! starts a stream of this replica's own and needs nothing from others).
 //!
+//! An empty store is not evidence that nothing exists. A replica **trusts** its
+//! store only once it is known to hold the cluster's data: it caught up with its
+//! peers once (recorded), or it was created with a new cluster (`--new-cluster`,
+//! recorded; `pangea cluster up` passes it on a fresh directory). The record is the
+//! file `DATA_DIR/readiness` ([`Record`]).
+//!
 //! The gate, driven by the replication driver after every flush:
+//! 0. **Waiting for peers** (an untrusted replica only): until it has heard a peer
+//!    of every scope it holds. A new replica of an existing cluster that is cut off
+//!    stays here, visibly (`/health` 503 naming the scopes), and clients go
+//!    elsewhere; it never serves emptiness.
 //! 1. **Listening** until a frame from some peer arrived and a few heartbeat
 //!    intervals passed, so heartbeats of every live origin, relayed along the tree,
-//!    have told the replica how far each stream goes (`known_last`). A replica that
-//!    hears nobody within [`LISTEN_ALONE`] (alone in its topology, or cut off) has
-//!    nothing to catch up with that it can learn of, and opens.
+//!    have told the replica how far each stream goes (`known_last`). A trusted
+//!    replica that hears nobody within [`LISTEN_ALONE`] (alone in its topology, or
+//!    cut off) has nothing to catch up with that it can learn of, and opens.
 //! 2. **Catching up** to the targets captured at that moment: the highest sequence
 //!    known per (scope, origin). Targets do not move, so steady writes elsewhere cannot
 //!    keep a replica closed; gap repair and snapshots fill the streams.
-//! 3. **Ready**, for good (until the process restarts).
+//! 3. **Ready**, for good (until the process restarts); the driver records that this
+//!    replica caught up, so it trusts its store from then on.
 //!
 //! While closed, `/health` answers 503 with the progress, and reads answer
 //! `unavailable`, which clients retry at the next candidate.
 
+use pangea_core::ScopeId;
 use pangea_core::replica::StreamProgress;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Longest wait for a first frame from any peer.
@@ -37,9 +50,56 @@ pub const STALL_MAX: Duration = Duration::from_secs(60);
 /// How often progress is logged while catching up.
 const LOG_EVERY: Duration = Duration::from_secs(1);
 
+/// Why a replica trusts its store, as recorded in `DATA_DIR/readiness`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    /// Created with a new cluster: empty is the truth.
+    NewCluster,
+    /// Caught up with its peers at least once.
+    CaughtUp,
+}
+
+impl Record {
+    fn path(data_dir: &Path) -> PathBuf {
+        data_dir.join("readiness")
+    }
+
+    /// What `data_dir` records (`None`: nothing, or a file this version does not
+    /// know, which trusts nothing).
+    pub fn read(data_dir: &Path) -> Option<Record> {
+        match std::fs::read_to_string(Self::path(data_dir)).ok()?.trim() {
+            "new-cluster" => Some(Record::NewCluster),
+            "caught-up" => Some(Record::CaughtUp),
+            _ => None,
+        }
+    }
+
+    /// Records `self` durably (temporary file, fsync, rename, fsync of the
+    /// directory).
+    pub fn write(self, data_dir: &Path) -> std::io::Result<()> {
+        use std::io::Write as _;
+        let text = match self {
+            Record::NewCluster => "new-cluster\n",
+            Record::CaughtUp => "caught-up\n",
+        };
+        let path = Self::path(data_dir);
+        let tmp = path.with_extension("tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(data_dir)?.sync_all()
+    }
+}
+
 /// Where the gate stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Phase {
+    /// A replica that does not trust its store yet, waiting to hear a peer of
+    /// these scopes.
+    WaitingForPeers {
+        scopes: Vec<String>,
+    },
     Listening,
     /// Entries still to apply to reach the targets, over how many streams.
     CatchingUp {
@@ -52,6 +112,12 @@ pub enum Phase {
 impl std::fmt::Display for Phase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Phase::WaitingForPeers { scopes } => write!(
+                f,
+                "a replica that never caught up, waiting to hear a peer of {} (an empty \
+                 store is served only by a replica created with a new cluster)",
+                scopes.join(", ")
+            ),
             Phase::Listening => write!(f, "listening for peers' heartbeats"),
             Phase::CatchingUp {
                 streams_behind,
@@ -69,6 +135,8 @@ impl std::fmt::Display for Phase {
 #[derive(Debug)]
 pub struct Gate {
     started: Instant,
+    /// Whether the store is known to hold the cluster's data (see the module).
+    trusted: bool,
     first_heard: Option<Instant>,
     heartbeat: Duration,
     /// (scope, origin) -> the sequence to reach.
@@ -80,9 +148,10 @@ pub struct Gate {
 }
 
 impl Gate {
-    pub fn new(now: Instant, heartbeat: Duration) -> Self {
+    pub fn new(now: Instant, heartbeat: Duration, trusted: bool) -> Self {
         Gate {
             started: now,
+            trusted,
             first_heard: None,
             heartbeat,
             targets: None,
@@ -106,14 +175,29 @@ impl Gate {
     }
 
     /// Advances the gate; returns the new phase when it changed.
+    /// `unheard` are the scopes shared with peers none of which was heard yet
+    /// (`Replica::unheard_scopes`).
     pub fn update<'a>(
         &mut self,
         now: Instant,
         frames_received: u64,
         progress: impl Iterator<Item = StreamProgress<'a>>,
+        unheard: &[ScopeId],
     ) -> Option<Phase> {
         if self.phase == Phase::Ready {
             return None;
+        }
+        if !self.trusted && self.targets.is_none() && !unheard.is_empty() {
+            let phase = Phase::WaitingForPeers {
+                scopes: unheard.iter().map(|s| s.to_string()).collect(),
+            };
+            let changed = phase != self.phase;
+            if changed || now - self.logged_at >= LOG_EVERY * 10 {
+                self.logged_at = now;
+                tracing::warn!(%phase, "not serving reads");
+            }
+            self.phase = phase;
+            return changed.then(|| self.phase.clone());
         }
         if frames_received > 0 && self.first_heard.is_none() {
             self.first_heard = Some(now);
@@ -122,8 +206,12 @@ impl Gate {
         if self.targets.is_none() {
             let listened = match self.first_heard {
                 Some(t) => now - t >= (self.heartbeat * LISTEN_HEARTBEATS).max(LISTEN_MIN),
-                None => now - self.started >= LISTEN_ALONE,
+                None => self.trusted && now - self.started >= LISTEN_ALONE,
             };
+            if !listened && self.phase != Phase::Listening {
+                self.phase = Phase::Listening;
+                return Some(Phase::Listening);
+            }
             if !listened {
                 return None;
             }
@@ -210,14 +298,14 @@ mod tests {
     #[test]
     fn alone_opens_after_the_listen_window() {
         let t0 = Instant::now();
-        let mut g = Gate::new(t0, Duration::from_millis(50));
+        let mut g = Gate::new(t0, Duration::from_millis(50), true);
         assert_eq!(
-            g.update(t0 + Duration::from_secs(1), 0, std::iter::empty()),
+            g.update(t0 + Duration::from_secs(1), 0, std::iter::empty(), &[]),
             None
         );
         assert_eq!(g.phase(), &Phase::Listening);
         assert_eq!(
-            g.update(t0 + LISTEN_ALONE, 0, std::iter::empty()),
+            g.update(t0 + LISTEN_ALONE, 0, std::iter::empty(), &[]),
             Some(Phase::Ready)
         );
     }
@@ -227,12 +315,12 @@ mod tests {
         let s = ScopeId::new("global");
         let a = ReplicaId::new("a");
         let t0 = Instant::now();
-        let mut g = Gate::new(t0, Duration::from_millis(50));
+        let mut g = Gate::new(t0, Duration::from_millis(50), true);
         // Heard a peer: still listening for relayed heartbeats.
-        assert_eq!(g.update(t0, 1, [p(&s, &a, 0, 10)].into_iter()), None);
+        assert_eq!(g.update(t0, 1, [p(&s, &a, 0, 10)].into_iter(), &[]), None);
         let t1 = t0 + LISTEN_MIN;
         assert_eq!(
-            g.update(t1, 5, [p(&s, &a, 2, 10)].into_iter()),
+            g.update(t1, 5, [p(&s, &a, 2, 10)].into_iter(), &[]),
             Some(Phase::CatchingUp {
                 streams_behind: 1,
                 entries_behind: 8
@@ -240,18 +328,18 @@ mod tests {
         );
         // New writes elsewhere do not move the target.
         assert_eq!(
-            g.update(t1, 9, [p(&s, &a, 9, 50)].into_iter()),
+            g.update(t1, 9, [p(&s, &a, 9, 50)].into_iter(), &[]),
             Some(Phase::CatchingUp {
                 streams_behind: 1,
                 entries_behind: 1
             })
         );
         assert_eq!(
-            g.update(t1, 9, [p(&s, &a, 10, 60)].into_iter()),
+            g.update(t1, 9, [p(&s, &a, 10, 60)].into_iter(), &[]),
             Some(Phase::Ready)
         );
         // Ready for good.
-        assert_eq!(g.update(t1, 9, [p(&s, &a, 10, 90)].into_iter()), None);
+        assert_eq!(g.update(t1, 9, [p(&s, &a, 10, 90)].into_iter(), &[]), None);
         assert_eq!(g.phase(), &Phase::Ready);
     }
 
@@ -260,16 +348,19 @@ mod tests {
         let s = ScopeId::new("global");
         let a = ReplicaId::new("a");
         let t0 = Instant::now();
-        let mut g = Gate::new(t0, Duration::from_millis(50));
-        g.update(t0, 1, [p(&s, &a, 0, 10)].into_iter());
+        let mut g = Gate::new(t0, Duration::from_millis(50), true);
+        g.update(t0, 1, [p(&s, &a, 0, 10)].into_iter(), &[]);
         let t1 = t0 + LISTEN_MIN;
-        assert!(g.update(t1, 1, [p(&s, &a, 3, 10)].into_iter()).is_some());
+        assert!(
+            g.update(t1, 1, [p(&s, &a, 3, 10)].into_iter(), &[])
+                .is_some()
+        );
         assert_eq!(
-            g.update(t1 + STALL_MAX / 2, 1, [p(&s, &a, 3, 10)].into_iter()),
+            g.update(t1 + STALL_MAX / 2, 1, [p(&s, &a, 3, 10)].into_iter(), &[]),
             None
         );
         assert_eq!(
-            g.update(t1 + STALL_MAX, 1, [p(&s, &a, 3, 10)].into_iter()),
+            g.update(t1 + STALL_MAX, 1, [p(&s, &a, 3, 10)].into_iter(), &[]),
             Some(Phase::Ready)
         );
     }
@@ -279,11 +370,81 @@ mod tests {
         let s = ScopeId::new("global");
         let a = ReplicaId::new("a");
         let t0 = Instant::now();
-        let mut g = Gate::new(t0, Duration::from_millis(50));
-        g.update(t0, 1, [p(&s, &a, 4, 4)].into_iter());
+        let mut g = Gate::new(t0, Duration::from_millis(50), true);
+        g.update(t0, 1, [p(&s, &a, 4, 4)].into_iter(), &[]);
         assert_eq!(
-            g.update(t0 + LISTEN_MIN, 1, [p(&s, &a, 4, 4)].into_iter()),
+            g.update(t0 + LISTEN_MIN, 1, [p(&s, &a, 4, 4)].into_iter(), &[]),
             Some(Phase::Ready)
         );
+    }
+
+    #[test]
+    fn an_untrusted_replica_never_opens_alone() {
+        let t0 = Instant::now();
+        let global = ScopeId::global();
+        let mut g = Gate::new(t0, Duration::from_millis(50), false);
+        let unheard = [global];
+        assert_eq!(
+            g.update(t0, 0, std::iter::empty(), &unheard),
+            Some(Phase::WaitingForPeers {
+                scopes: vec!["global".into()]
+            })
+        );
+        // Hours later, still nobody heard: still closed.
+        let later = t0 + Duration::from_secs(3_600);
+        assert_eq!(g.update(later, 0, std::iter::empty(), &unheard), None);
+        assert!(matches!(g.phase(), Phase::WaitingForPeers { .. }));
+        // Alone with every scope "heard" but no frame (cannot happen in a
+        // replica, but the gate must not open on silence): listening, not ready.
+        assert_eq!(
+            g.update(later, 0, std::iter::empty(), &[]),
+            Some(Phase::Listening)
+        );
+        assert_eq!(
+            g.update(later + LISTEN_ALONE, 0, std::iter::empty(), &[]),
+            None
+        );
+    }
+
+    #[test]
+    fn an_untrusted_replica_opens_once_it_caught_up_with_its_peers() {
+        let s = ScopeId::new("global");
+        let a = ReplicaId::new("a");
+        let t0 = Instant::now();
+        let mut g = Gate::new(t0, Duration::from_millis(50), false);
+        assert!(
+            g.update(t0, 0, std::iter::empty(), std::slice::from_ref(&s))
+                .is_some()
+        );
+        // A peer heard: listen, then catch up to what it said exists.
+        assert_eq!(
+            g.update(t0, 1, [p(&s, &a, 0, 10)].into_iter(), &[]),
+            Some(Phase::Listening)
+        );
+        let t1 = t0 + LISTEN_MIN;
+        assert_eq!(
+            g.update(t1, 2, [p(&s, &a, 4, 10)].into_iter(), &[]),
+            Some(Phase::CatchingUp {
+                streams_behind: 1,
+                entries_behind: 6
+            })
+        );
+        assert_eq!(
+            g.update(t1, 3, [p(&s, &a, 10, 10)].into_iter(), &[]),
+            Some(Phase::Ready)
+        );
+    }
+
+    #[test]
+    fn records_round_trip_and_unknown_ones_trust_nothing() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        assert_eq!(Record::read(dir.path()), None);
+        Record::NewCluster.write(dir.path())?;
+        assert_eq!(Record::read(dir.path()), Some(Record::NewCluster));
+        Record::CaughtUp.write(dir.path())?;
+        assert_eq!(Record::read(dir.path()), Some(Record::CaughtUp));
+        std::fs::write(dir.path().join("readiness"), "maybe\n")?;
+        assert_eq!(Record::read(dir.path()), None);
+        Ok(())
     }
 }

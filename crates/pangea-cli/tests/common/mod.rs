@@ -470,12 +470,17 @@ impl Drop for Cluster {
 
 /// `GET path` over HTTP/1.1 on `addr`: (status, body).
 pub fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    http_request("GET", addr, path)
+}
+
+/// `METHOD path` (no body) on an admin endpoint: the status and the body.
+pub fn http_request(method: &str, addr: &str, path: &str) -> Result<(u16, String)> {
     let addr: SocketAddr = addr.parse()?;
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )?;
     let mut buf = String::new();
     s.read_to_string(&mut buf)?;

@@ -100,6 +100,8 @@ impl LocalCluster {
                 drain_ms: 2_000,
                 clock_offset_ms: 0,
                 fault_injection: false,
+                // A fresh cluster: empty stores are the truth.
+                new_cluster: true,
                 // These tests never rotate certificates.
                 certs_reload_interval_ms: 0,
                 // As `pangea cluster up` runs them: one runtime thread each.
