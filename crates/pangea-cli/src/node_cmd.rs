@@ -79,6 +79,15 @@ pub(crate) struct StartArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     row_cache_mib: Option<u64>,
+    /// Memory for client request frames being received, per connection (MiB,
+    /// default 64).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    frame_budget_connection_mib: Option<u64>,
+    /// The same over all client connections (MiB, default 256).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    frame_budget_mib: Option<u64>,
 }
 
 pub(crate) fn start(args: StartArgs) -> Result<()> {

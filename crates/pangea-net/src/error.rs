@@ -119,6 +119,28 @@ pub enum Error {
         limit_bytes: usize,
     },
 
+    /// Reading the announced frame would take more memory for incomplete frames
+    /// than the budget allows (per connection or per process); nothing was
+    /// allocated for it.
+    #[error(
+        "a frame of {size_bytes} bytes does not fit the {scope} budget for incomplete frames: \
+         {held_bytes} of {budget_bytes} bytes held; retry when fewer requests are in flight"
+    )]
+    OverBudget {
+        size_bytes: usize,
+        /// `connection` or `replica`.
+        scope: &'static str,
+        held_bytes: usize,
+        budget_bytes: usize,
+    },
+
+    /// A frame's body did not arrive within the time allowed for it.
+    #[error("frame of {expected_bytes} bytes not received within {after_ms} ms")]
+    FrameTimeout {
+        expected_bytes: usize,
+        after_ms: u64,
+    },
+
     /// The stream ended in the middle of a frame.
     #[error("truncated frame: stream ended after {received_bytes} of {expected_bytes} bytes")]
     FrameTruncated {

@@ -8,7 +8,9 @@
 //! Every reader takes its limit as a parameter ([`FRAME_BYTES_MAX`] is the default
 //! for replication and client traffic); the announced length is compared with the
 //! limit before any body buffer is allocated, so a hostile or buggy peer cannot make
-//! us allocate more than `limit` bytes per stream by lying in a header.
+//! us allocate more than `limit` bytes per stream by lying in a header. Readers of
+//! untrusted peers also read within a [`FrameBudget`] ([`read_frame_within`]), so
+//! many streams each announcing a large frame cannot pin more than the budget.
 //!
 //! [`decode_frame`] and [`encode_frame`] are pure (no I/O) so fuzzers and property
 //! tests can drive them; like mini-redis's `Frame::check`, decoding returns
@@ -16,6 +18,9 @@
 
 use bytes::{BufMut as _, Bytes, BytesMut};
 use pangea_proto::prost::Message;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
 
@@ -128,6 +133,118 @@ pub async fn read_frame<M: Message + Default>(
     Ok(Some(M::decode(Bytes::from(body))?))
 }
 
+/// Memory for frames being read, before they are complete: one budget per
+/// connection and one shared by the whole process. A reader takes a frame's
+/// announced size from both before it allocates the body and gives it back once the
+/// frame is read (or abandoned), so peers that announce large frames and send them
+/// slowly, on many streams, pin at most the budget (not streams × frame limit).
+#[derive(Debug, Clone)]
+pub struct FrameBudget {
+    connection: Arc<Semaphore>,
+    connection_bytes: usize,
+    process: Arc<Semaphore>,
+    process_bytes: usize,
+}
+
+/// The share of a [`FrameBudget`] one frame holds while it is read.
+#[derive(Debug)]
+pub struct BudgetPermit {
+    _connection: OwnedSemaphorePermit,
+    _process: OwnedSemaphorePermit,
+}
+
+impl FrameBudget {
+    /// The budget shared by every connection of a process (`bytes` in all).
+    pub fn process(bytes: usize) -> Arc<Semaphore> {
+        Arc::new(Semaphore::new(bytes.min(Semaphore::MAX_PERMITS)))
+    }
+
+    /// The budget of one new connection: `connection_bytes` of its own, within the
+    /// process's `process` (created with `process_bytes`).
+    pub fn new(
+        process: Arc<Semaphore>,
+        process_bytes: usize,
+        connection_bytes: usize,
+    ) -> FrameBudget {
+        FrameBudget {
+            connection: Arc::new(Semaphore::new(connection_bytes.min(Semaphore::MAX_PERMITS))),
+            connection_bytes,
+            process,
+            process_bytes,
+        }
+    }
+
+    /// Takes `bytes` from both budgets at once, or fails naming the one that is
+    /// short (nothing is taken then).
+    pub fn take(&self, bytes: usize) -> Result<BudgetPermit> {
+        let over = |scope, sem: &Semaphore, budget: usize| Error::OverBudget {
+            size_bytes: bytes,
+            scope,
+            held_bytes: budget.saturating_sub(sem.available_permits()),
+            budget_bytes: budget,
+        };
+        let n = u32::try_from(bytes).unwrap_or(u32::MAX);
+        let connection = self
+            .connection
+            .clone()
+            .try_acquire_many_owned(n)
+            .map_err(|_| over("connection", &self.connection, self.connection_bytes))?;
+        let process = self
+            .process
+            .clone()
+            .try_acquire_many_owned(n)
+            .map_err(|_| over("replica", &self.process, self.process_bytes))?;
+        Ok(BudgetPermit {
+            _connection: connection,
+            _process: process,
+        })
+    }
+}
+
+/// [`read_frame`] within a [`FrameBudget`]: the body's announced size is taken from
+/// the budget before anything is allocated for it (over budget: an error, the
+/// stream is no longer at a frame boundary), and the body must arrive within
+/// `body_time_max` of its header.
+pub async fn read_frame_within<M: Message + Default>(
+    recv: &mut quinn::RecvStream,
+    limit_bytes: usize,
+    budget: &FrameBudget,
+    body_time_max: Duration,
+) -> Result<Option<M>> {
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    match recv.read_exact(&mut header).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(quinn::ReadExactError::FinishedEarly(received_bytes)) => {
+            return Err(Error::FrameTruncated {
+                expected_bytes: FRAME_HEADER_BYTES,
+                received_bytes,
+            });
+        }
+        Err(quinn::ReadExactError::ReadError(e)) => return Err(e.into()),
+    }
+    let body_bytes = body_length(header, limit_bytes)?;
+    let _permit = budget.take(body_bytes)?;
+    let mut body = vec![0u8; body_bytes];
+    match tokio::time::timeout(body_time_max, recv.read_exact(&mut body)).await {
+        Err(_) => {
+            return Err(Error::FrameTimeout {
+                expected_bytes: body_bytes,
+                after_ms: body_time_max.as_millis() as u64,
+            });
+        }
+        Ok(Ok(())) => {}
+        Ok(Err(quinn::ReadExactError::FinishedEarly(received_bytes))) => {
+            return Err(Error::FrameTruncated {
+                expected_bytes: body_bytes,
+                received_bytes,
+            });
+        }
+        Ok(Err(quinn::ReadExactError::ReadError(e))) => return Err(e.into()),
+    }
+    Ok(Some(M::decode(Bytes::from(body))?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,6 +261,40 @@ mod tests {
                 protocol_version: 1,
             })),
         }
+    }
+
+    #[test]
+    fn budgets_are_taken_whole_from_both_and_given_back() {
+        let process = FrameBudget::process(100);
+        let a = FrameBudget::new(process.clone(), 100, 60);
+        let b = FrameBudget::new(process.clone(), 100, 60);
+        let held = a.take(50).expect("within both");
+        // The connection's own budget is short.
+        assert!(matches!(
+            a.take(20),
+            Err(Error::OverBudget {
+                scope: "connection",
+                held_bytes: 50,
+                budget_bytes: 60,
+                ..
+            })
+        ));
+        // Another connection fits its own, not the process's.
+        assert!(matches!(
+            b.take(60),
+            Err(Error::OverBudget {
+                scope: "replica",
+                held_bytes: 50,
+                budget_bytes: 100,
+                ..
+            })
+        ));
+        // A refused take held nothing: the connection budget is whole again.
+        let b_held = b.take(50).expect("fits both now");
+        drop(held);
+        drop(b_held);
+        assert_eq!(process.available_permits(), 100);
+        assert!(a.take(60).is_ok());
     }
 
     #[test]

@@ -71,7 +71,10 @@ pub use backoff::Backoff;
 pub use certs::CertBundle;
 pub use endpoint::{bind_endpoint, bind_udp_socket, endpoint_on_socket};
 pub use error::{Error, Result};
-pub use frame::{FRAME_BYTES_MAX, decode_frame, encode_frame, read_frame, write_frame};
+pub use frame::{
+    BudgetPermit, FRAME_BYTES_MAX, FrameBudget, decode_frame, encode_frame, read_frame,
+    read_frame_within, write_frame,
+};
 pub use identity::{Credential, PeerIdentity, peer_identity};
 pub use reload::{ExpectedIdentity, LiveTls, TlsFiles};
 pub use reset::ResetKey;

@@ -94,6 +94,16 @@ pub struct NodeConfig {
     /// KiB of 64 MiB) are read from the store each time; 0 turns the cache off.
     #[serde(default = "default_row_cache_mib")]
     pub row_cache_mib: u64,
+    /// Memory for client request frames still being received, per connection, in
+    /// MiB (default 64: several maximal 16 MiB writes at once). A frame is counted
+    /// at its announced size before it is read; one that does not fit is refused
+    /// (its stream stopped, the client told why).
+    #[serde(default = "default_frame_budget_connection_mib")]
+    pub frame_budget_connection_mib: u64,
+    /// The same budget over every client connection of the replica, in MiB
+    /// (default 256).
+    #[serde(default = "default_frame_budget_mib")]
+    pub frame_budget_mib: u64,
 }
 
 /// A tokio runtime with `threads` threads: 0 one per core (work-stealing), 1 a
@@ -139,6 +149,14 @@ fn default_row_cache_mib() -> u64 {
     64
 }
 
+fn default_frame_budget_connection_mib() -> u64 {
+    64
+}
+
+fn default_frame_budget_mib() -> u64 {
+    256
+}
+
 impl NodeConfig {
     /// The tokio runtime [`NodeConfig::threads`] asks for (not started yet).
     pub fn runtime(&self) -> tokio::runtime::Builder {
@@ -174,7 +192,7 @@ impl NodeConfig {
 
 /// Keys the environment may set (so unrelated `PANGEA_*` variables, such as the
 /// topology overrides, are not mistaken for node settings).
-const FIELDS: [&str; 20] = [
+const FIELDS: [&str; 22] = [
     "topology",
     "placement",
     "replica",
@@ -195,6 +213,8 @@ const FIELDS: [&str; 20] = [
     "new_cluster",
     "threads",
     "row_cache_mib",
+    "frame_budget_connection_mib",
+    "frame_budget_mib",
 ];
 
 #[cfg(test)]

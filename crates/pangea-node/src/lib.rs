@@ -107,6 +107,9 @@ pub struct Shared {
     pub driver: mpsc::Sender<driver::Input>,
     /// Caps concurrent client requests (`client_requests_max`).
     pub requests: Arc<Semaphore>,
+    /// Bytes of client frames being received, over all connections
+    /// (`frame_budget_mib`; each connection also has its own).
+    pub frame_budget: Arc<Semaphore>,
     pub inflight: Inflight,
     /// False once storage failed: the node refuses writes and reports unhealthy.
     pub healthy: AtomicBool,
@@ -531,6 +534,7 @@ pub async fn run_with_sockets(
         core_limits,
         driver: tx,
         requests: Arc::new(Semaphore::new(config.client_requests_max)),
+        frame_budget: pangea_net::FrameBudget::process(mib(config.frame_budget_mib)),
         inflight: Inflight::default(),
         healthy: AtomicBool::new(true),
         readiness: RwLock::new(readiness::Phase::Listening),
@@ -692,4 +696,9 @@ async fn serve_caller(shared: Arc<Shared>, connection: quinn::Connection, caller
     shared.client_connections.fetch_add(1, Ordering::Relaxed);
     serve::handle_client(shared.clone(), connection, caller).await;
     shared.client_connections.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// MiB as bytes, saturating.
+fn mib(n: u64) -> usize {
+    usize::try_from(n.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
 }

@@ -19,7 +19,10 @@ use pangea_core::read::{Consistency, Decision, decide};
 use pangea_core::{
     Error as CoreError, Limits, ReadFilter, RowMutation, ScopeId, ScopeWatermarks, Token,
 };
-use pangea_net::{read_frame, write_frame};
+use pangea_net::{read_frame_within, write_frame};
+
+/// The code a refused request's stream is stopped with (its answer says why).
+const STOP_REFUSED: u32 = 1;
 use pangea_proto::v1 as pb;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,6 +39,9 @@ pub const SCAN_ROWS_MAX: usize = 1_000;
 pub const SCAN_ROWS_DEFAULT: usize = 100;
 /// Most keys in one get-many.
 pub const GET_MANY_KEYS_MAX: usize = 1_000;
+/// Longest a request frame's body may take to arrive after its header: a peer that
+/// announces a frame and sends it slowly holds budget only this long.
+pub const FRAME_BODY_TIME_MAX: Duration = Duration::from_secs(30);
 
 type Code = pb::error::Code;
 
@@ -102,6 +108,11 @@ impl From<CoreError> for Failure {
 
 /// Serves every request stream of one client connection.
 pub async fn handle_client(shared: Arc<Shared>, connection: quinn::Connection, caller: Principal) {
+    let budget = pangea_net::FrameBudget::new(
+        shared.frame_budget.clone(),
+        crate::mib(shared.config.frame_budget_mib),
+        crate::mib(shared.config.frame_budget_connection_mib),
+    );
     loop {
         // Requests are bidirectional streams; a unidirectional one is a replication
         // link, which only a replica certificate may open.
@@ -122,8 +133,8 @@ pub async fn handle_client(shared: Arc<Shared>, connection: quinn::Connection, c
                 return;
             }
         };
-        let (shared, caller) = (shared.clone(), caller.clone());
-        tokio::spawn(async move { serve_stream(shared, caller, send, recv).await });
+        let (shared, caller, budget) = (shared.clone(), caller.clone(), budget.clone());
+        tokio::spawn(async move { serve_stream(shared, caller, budget, send, recv).await });
     }
 }
 
@@ -133,29 +144,49 @@ pub async fn handle_client(shared: Arc<Shared>, connection: quinn::Connection, c
 async fn serve_stream(
     shared: Arc<Shared>,
     caller: Principal,
+    budget: pangea_net::FrameBudget,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) {
     loop {
-        let req = match read_frame::<pb::ClientRequest>(&mut recv, CLIENT_FRAME_BYTES_MAX).await {
+        let read = read_frame_within::<pb::ClientRequest>(
+            &mut recv,
+            CLIENT_FRAME_BYTES_MAX,
+            &budget,
+            FRAME_BODY_TIME_MAX,
+        )
+        .await;
+        let req = match read {
             Ok(Some(r)) => r,
             Ok(None) => break,
             Err(e) => {
-                // The stream is no longer at a frame boundary: answer, then end it.
-                let reason = if matches!(e, pangea_net::Error::FrameTooLarge { .. }) {
-                    "frame_too_large"
-                } else {
-                    "malformed"
+                // The stream is no longer at a frame boundary: answer, stop the
+                // client's sending, end it.
+                use pangea_net::Error as E;
+                let (reason, failure) = match &e {
+                    E::FrameTooLarge { .. } => (
+                        "frame_too_large",
+                        Failure::new(Code::InvalidArgument, format!("malformed request: {e}")),
+                    ),
+                    E::OverBudget { .. } => (
+                        "over_budget",
+                        Failure::new(
+                            Code::Unavailable,
+                            format!("replica {} refused a request: {e}", shared.id),
+                        ),
+                    ),
+                    E::FrameTimeout { .. } => (
+                        "frame_timeout",
+                        Failure::new(Code::DeadlineExceeded, format!("request refused: {e}")),
+                    ),
+                    _ => (
+                        "malformed",
+                        Failure::new(Code::InvalidArgument, format!("malformed request: {e}")),
+                    ),
                 };
                 shared.metrics.inc_frames_rejected(reason);
-                let resp = response(
-                    &shared,
-                    Err(Failure::new(
-                        Code::InvalidArgument,
-                        format!("malformed request: {e}"),
-                    )),
-                    None,
-                );
+                let _ = recv.stop(STOP_REFUSED.into());
+                let resp = response(&shared, Err(failure), None);
                 let _ = resp.write(&mut send).await;
                 break;
             }

@@ -107,6 +107,8 @@ impl LocalCluster {
                 // As `pangea cluster up` runs them: one runtime thread each.
                 threads: 1,
                 row_cache_mib: 64,
+                frame_budget_connection_mib: 64,
+                frame_budget_mib: 256,
             };
             let mut rx = stop_rx.clone();
             // Each replica on its own thread and runtime, as separate processes would
