@@ -88,6 +88,27 @@ pub(crate) struct StartArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     frame_budget_mib: Option<u64>,
+    /// Handshakes in flight beyond which unvalidated addresses get a QUIC Retry
+    /// (default 64).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_above: Option<usize>,
+    /// Handshakes in flight, in total (default 512).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    handshakes_max: Option<usize>,
+    /// Handshakes in flight per source address (default 128).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    handshakes_per_source_max: Option<usize>,
+    /// Open connections, in total (default 8192).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    connections_max: Option<usize>,
+    /// Open connections per source address (default 1024).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    connections_per_source_max: Option<usize>,
 }
 
 pub(crate) fn start(args: StartArgs) -> Result<()> {

@@ -1,7 +1,9 @@
-//! Hostile traffic from an authenticated client (issue 31): frames announced large
+//! Hostile traffic (issue 31): from an authenticated client, frames announced large
 //! and sent slowly on many streams pin at most the replica's frame budgets
 //! (docs/operations.md, `frame_budget_*`), refused streams are told why, and an
-//! ordinary 8 MiB write from another connection goes through meanwhile.
+//! ordinary 8 MiB write from another connection goes through meanwhile; from
+//! anyone, a flood of QUIC Initials gets stateless Retries past the first
+//! handshakes, and memory and serving hold.
 
 mod common;
 
@@ -193,6 +195,196 @@ async fn pinned_frames_stay_within_the_budgets() -> Result<()> {
         )
         .await?;
     ensure!(r.value.is_some());
+    c.down(common::CLEANUP_GRACE_MS)?;
+    Ok(())
+}
+
+/// `n` distinct QUIC Initial datagrams a client would send to `to`, made without a
+/// socket (quinn-proto): a flood needs no certificate, and never answers.
+fn initials(
+    to: std::net::SocketAddr,
+    config: quinn::ClientConfig,
+    n: usize,
+) -> Result<Vec<Vec<u8>>> {
+    let mut ep = quinn_proto::Endpoint::new(
+        std::sync::Arc::new(quinn_proto::EndpointConfig::default()),
+        None,
+        false,
+        None,
+    );
+    let now = Instant::now();
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (_, mut conn) = ep.connect(now, config.clone(), to, "use1-a")?;
+        let mut buf = Vec::new();
+        let t = conn.poll_transmit(now, 1, &mut buf).context("no Initial")?;
+        buf.truncate(t.size);
+        out.push(buf);
+    }
+    Ok(out)
+}
+
+fn metric(c: &Cluster, id: &str, series: &str) -> Result<f64> {
+    let (_, text) = c.admin_get(id, "/metrics")?;
+    Ok(common::metric(&text, series))
+}
+
+/// 20,000 Initials from one source port, then 20,000 from 200 ports: past the first
+/// handshakes the replica answers with stateless Retries, its memory stays within
+/// 64 MiB of where it was, and gets (on open connections, and from new processes)
+/// are served throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshake_floods_are_retried_and_memory_stays_bounded() -> Result<()> {
+    let c = Cluster::up(false)?;
+    let at = "use1-a";
+    let (pid, addr) = (c.pid(at)?, c.addr(at)?);
+    let ca = certs::load_ca(&c.file.certs)?;
+    let own = certs::load_credential(&c.file.certs, &Credential::Client("client-frontend".into()))?;
+    let made = Instant::now();
+    let flood = initials(addr, tls::client_config(&ca, own)?, 40_000)?;
+    eprintln!("made {} Initials in {:?}", flood.len(), made.elapsed());
+    let fe = c.client(US, "frontend").await?;
+    let key = "us/flooded";
+    fe.mutate(
+        pangea_client::RowMutation::new(
+            "ad_profiles",
+            key,
+            vec![pangea_client::Mutation::SetCell {
+                family: "profile".into(),
+                column: Bytes::from_static(b"p"),
+                value: Bytes::from_static(b"v"),
+            }],
+            &pangea_core::Limits::default(),
+        )?,
+        &pangea_client::WriteOptions::default(),
+    )
+    .await?;
+    let baseline = rss_bytes(pid)?;
+    let retried_before = metric(
+        &c,
+        at,
+        "pangea_connection_attempts_total{outcome=\"retried\"}",
+    )?;
+
+    // Reads on an open connection, all through the floods.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (fe, stop) = (fe.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut h = hdrhistogram::Histogram::<u64>::new(3)?;
+            let mut failed = 0u32;
+            let opts =
+                pangea_client::ReadOptions::default().with_deadline(Duration::from_millis(500));
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                match fe
+                    .get("ad_profiles", Bytes::from_static(b"us/flooded"), &opts)
+                    .await
+                {
+                    Ok(r) if r.value.is_some() => h.record(t.elapsed().as_micros() as u64)?,
+                    _ => failed += 1,
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            anyhow::Ok((h, failed))
+        })
+    };
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(baseline));
+    let watching = {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Ok(rss) = rss_bytes(pid) {
+                    peak.fetch_max(rss, std::sync::atomic::Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let (one_port, many_ports) = flood.split_at(20_000);
+    let sent = Instant::now();
+    let flooding = tokio::task::spawn_blocking({
+        let (one_port, many_ports) = (one_port.to_vec(), many_ports.to_vec());
+        move || -> Result<()> {
+            // About 8,000 a second (the reported flood was 3,300 a second): faster
+            // and the kernel drops most at the replica's socket, which is no test
+            // of the replica.
+            let pace = |i: usize| {
+                if i % 400 == 399 {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            };
+            let s = std::net::UdpSocket::bind("127.0.0.1:0")?;
+            for (i, d) in one_port.iter().enumerate() {
+                let _ = s.send_to(d, addr);
+                pace(i);
+            }
+            for (j, chunk) in many_ports.chunks(100).enumerate() {
+                let s = std::net::UdpSocket::bind("127.0.0.1:0")?;
+                for (i, d) in chunk.iter().enumerate() {
+                    let _ = s.send_to(d, addr);
+                    pace(j * 100 + i);
+                }
+            }
+            Ok(())
+        }
+    });
+    // New processes connect during the flood (a Retry costs them one round trip).
+    let cluster = c.cluster_path();
+    let cluster = cluster.to_str().context("path")?.to_owned();
+    let mut cli_ok = 0;
+    for _ in 0..3 {
+        let out = common::pangea(
+            &["get", "--cluster", &cluster, "--region", US, key],
+            Duration::from_secs(20),
+        )?;
+        ensure!(
+            out.status.success(),
+            "pangea get during the flood: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cli_ok += 1;
+    }
+    flooding.await??;
+    eprintln!("sent 40,000 Initials in {:?}", sent.elapsed());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (h, failed) = reader.await??;
+    watching.abort();
+    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    let retried = metric(
+        &c,
+        at,
+        "pangea_connection_attempts_total{outcome=\"retried\"}",
+    )? - retried_before;
+    eprintln!(
+        "RSS {} -> peak {} MiB; {retried} retried; {} gets on an open connection during the floods: \
+         p50 {} µs, p99 {} µs, p999 {} µs, max {} µs, {failed} failed; {cli_ok} pangea get ok",
+        baseline / MIB,
+        peak / MIB,
+        h.len(),
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.99),
+        h.value_at_quantile(0.999),
+        h.max()
+    );
+    let (_, text) = c.admin_get(at, "/metrics")?;
+    let attempts: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("pangea_connection_attempts_total"))
+        .collect();
+    eprintln!("{attempts:#?}");
+    ensure!(failed == 0, "{failed} gets failed during the floods");
+    ensure!(
+        retried >= 30_000.0,
+        "only {retried} of 40,000 Initials were retried"
+    );
+    ensure!(
+        peak <= baseline + 64 * MIB,
+        "RSS {} -> {} MiB",
+        baseline / MIB,
+        peak / MIB
+    );
     c.down(common::CLEANUP_GRACE_MS)?;
     Ok(())
 }

@@ -54,6 +54,7 @@
 //! # drop(endpoint); Ok(()) }
 //! ```
 
+pub mod admission;
 pub mod backoff;
 pub mod certs;
 pub mod endpoint;

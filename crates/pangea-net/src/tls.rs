@@ -189,9 +189,22 @@ pub fn client_config(ca: &CertificateDer<'static>, own: CertBundle) -> Result<qu
 pub fn quic_server(crypto: rustls::ServerConfig) -> Result<quinn::ServerConfig> {
     let crypto = QuicServerConfig::try_from(crypto)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    config.transport_config(Arc::new(transport_config()));
+    config
+        .transport_config(Arc::new(transport_config()))
+        // Connection attempts not yet decided on (`admission` decides each as it
+        // arrives, so few wait): fewer, and less buffered, than quinn's defaults.
+        .max_incoming(INCOMING_MAX)
+        .incoming_buffer_size(INCOMING_BUFFER_BYTES)
+        .incoming_buffer_size_total(INCOMING_BUFFER_TOTAL_BYTES);
     Ok(config)
 }
+
+/// Connection attempts a server holds undecided at most (quinn's default: 65,536).
+pub const INCOMING_MAX: usize = 4_096;
+/// Bytes buffered for one undecided attempt beyond its first packet (10 MiB).
+pub const INCOMING_BUFFER_BYTES: u64 = 64 * 1024;
+/// ... and for all of them (100 MiB).
+pub const INCOMING_BUFFER_TOTAL_BYTES: u64 = 8 * 1024 * 1024;
 
 /// A quinn client configuration around `crypto`, with [`transport_config`].
 pub fn quic_client(crypto: rustls::ClientConfig) -> Result<quinn::ClientConfig> {

@@ -104,6 +104,34 @@ pub struct NodeConfig {
     /// (default 256).
     #[serde(default = "default_frame_budget_mib")]
     pub frame_budget_mib: u64,
+    /// Handshakes in flight beyond which connection attempts from addresses not
+    /// yet validated get a stateless QUIC Retry (default 64; `pangea_net::admission`).
+    #[serde(default = "default_retry_above")]
+    pub retry_above: usize,
+    /// Handshakes in flight, in total (default 512) and per source address (128);
+    /// attempts beyond are refused.
+    #[serde(default = "default_handshakes_max")]
+    pub handshakes_max: usize,
+    #[serde(default = "default_handshakes_per_source_max")]
+    pub handshakes_per_source_max: usize,
+    /// Open connections, in total (default 8192) and per source address (1024).
+    #[serde(default = "default_connections_max")]
+    pub connections_max: usize,
+    #[serde(default = "default_connections_per_source_max")]
+    pub connections_per_source_max: usize,
+}
+
+impl NodeConfig {
+    /// The connection admission limits these settings make.
+    pub fn admission(&self) -> pangea_net::admission::AdmissionLimits {
+        pangea_net::admission::AdmissionLimits {
+            retry_above: self.retry_above,
+            handshakes_max: self.handshakes_max,
+            handshakes_per_source_max: self.handshakes_per_source_max,
+            connections_max: self.connections_max,
+            connections_per_source_max: self.connections_per_source_max,
+        }
+    }
 }
 
 /// A tokio runtime with `threads` threads: 0 one per core (work-stealing), 1 a
@@ -157,6 +185,26 @@ fn default_frame_budget_mib() -> u64 {
     256
 }
 
+fn default_retry_above() -> usize {
+    pangea_net::admission::AdmissionLimits::default().retry_above
+}
+
+fn default_handshakes_max() -> usize {
+    pangea_net::admission::AdmissionLimits::default().handshakes_max
+}
+
+fn default_handshakes_per_source_max() -> usize {
+    pangea_net::admission::AdmissionLimits::default().handshakes_per_source_max
+}
+
+fn default_connections_max() -> usize {
+    pangea_net::admission::AdmissionLimits::default().connections_max
+}
+
+fn default_connections_per_source_max() -> usize {
+    pangea_net::admission::AdmissionLimits::default().connections_per_source_max
+}
+
 impl NodeConfig {
     /// The tokio runtime [`NodeConfig::threads`] asks for (not started yet).
     pub fn runtime(&self) -> tokio::runtime::Builder {
@@ -192,7 +240,7 @@ impl NodeConfig {
 
 /// Keys the environment may set (so unrelated `PANGEA_*` variables, such as the
 /// topology overrides, are not mistaken for node settings).
-const FIELDS: [&str; 22] = [
+const FIELDS: [&str; 27] = [
     "topology",
     "placement",
     "replica",
@@ -215,6 +263,11 @@ const FIELDS: [&str; 22] = [
     "row_cache_mib",
     "frame_budget_connection_mib",
     "frame_budget_mib",
+    "retry_above",
+    "handshakes_max",
+    "handshakes_per_source_max",
+    "connections_max",
+    "connections_per_source_max",
 ];
 
 #[cfg(test)]

@@ -110,6 +110,11 @@ pub struct Shared {
     /// Bytes of client frames being received, over all connections
     /// (`frame_budget_mib`; each connection also has its own).
     pub frame_budget: Arc<Semaphore>,
+    /// Which connection attempts are taken on (Retry, caps): `pangea_net::admission`.
+    pub admission: pangea_net::admission::Admission,
+    /// Connection attempts retried or refused since the last log line (logged at
+    /// most once per [`ATTEMPTS_LOG_EVERY`]).
+    pub attempts_unlogged: std::sync::Mutex<BTreeMap<&'static str, u64>>,
     pub inflight: Inflight,
     /// False once storage failed: the node refuses writes and reports unhealthy.
     pub healthy: AtomicBool,
@@ -535,6 +540,8 @@ pub async fn run_with_sockets(
         driver: tx,
         requests: Arc::new(Semaphore::new(config.client_requests_max)),
         frame_budget: pangea_net::FrameBudget::process(mib(config.frame_budget_mib)),
+        admission: pangea_net::admission::Admission::new(config.admission()),
+        attempts_unlogged: Default::default(),
         inflight: Inflight::default(),
         healthy: AtomicBool::new(true),
         readiness: RwLock::new(readiness::Phase::Listening),
@@ -611,8 +618,7 @@ pub async fn run_with_sockets(
         tokio::select! {
             incoming = endpoint.accept() => {
                 let Some(incoming) = incoming else { break };
-                let shared = shared.clone();
-                tokio::spawn(async move { handle_incoming(shared, incoming).await });
+                admit(&shared, incoming);
             }
             _ = &mut shutdown => break,
         }
@@ -642,16 +648,100 @@ pub async fn run_with_sockets(
     Ok(())
 }
 
-async fn handle_incoming(shared: Arc<Shared>, incoming: quinn::Incoming) {
-    let connection = match incoming.await {
-        Ok(c) => c,
-        Err(e) => {
+/// How often refused and retried connection attempts are summed up in the log.
+pub const ATTEMPTS_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Decides on a connection attempt (`pangea_net::admission`): a Retry, a refusal,
+/// or a handshake in a task of its own.
+fn admit(shared: &Arc<Shared>, incoming: quinn::Incoming) {
+    use pangea_net::admission::Verdict;
+    let source = incoming.remote_address().ip();
+    let verdict = shared.admission.admit(
+        source,
+        incoming.remote_address_validated(),
+        incoming.may_retry(),
+    );
+    let outcome = match verdict {
+        Verdict::Accept(guard) => {
+            shared.metrics.inc_connection_attempts("accepted");
+            let shared = shared.clone();
+            tokio::spawn(async move { handle_incoming(shared, incoming, guard).await });
+            return;
+        }
+        Verdict::Retry => {
+            // Fails only if the attempt already carried a token: then refuse.
+            if incoming.retry().is_err() {
+                "refused_retry"
+            } else {
+                "retried"
+            }
+        }
+        Verdict::Refuse(cap) => {
+            incoming.refuse();
+            match cap {
+                "handshakes" => "refused_handshakes",
+                "handshakes_per_source" => "refused_handshakes_per_source",
+                "connections" => "refused_connections",
+                _ => "refused_connections_per_source",
+            }
+        }
+    };
+    shared.metrics.inc_connection_attempts(outcome);
+    let mut unlogged = shared
+        .attempts_unlogged
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let first = unlogged.is_empty();
+    *unlogged.entry(outcome).or_default() += 1;
+    drop(unlogged);
+    if first {
+        // The first of a burst: sum it up once the interval is over.
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(ATTEMPTS_LOG_EVERY).await;
+            let counts = std::mem::take(
+                &mut *shared
+                    .attempts_unlogged
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
+            let (handshakes, connections) = shared.admission.in_flight();
+            tracing::warn!(
+                ?counts,
+                handshakes,
+                connections,
+                "connection attempts retried or refused in the last {ATTEMPTS_LOG_EVERY:?} \
+                 (a flood, or limits too low: docs/operations.md, connection limits)"
+            );
+        });
+    }
+}
+
+async fn handle_incoming(
+    shared: Arc<Shared>,
+    incoming: quinn::Incoming,
+    handshake: pangea_net::admission::HandshakeGuard,
+) {
+    let handshaking = tokio::time::timeout(
+        pangea_net::admission::HANDSHAKE_TIME_MAX,
+        std::future::IntoFuture::into_future(incoming),
+    );
+    let connection = match handshaking.await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
             // Wrong CA, no client certificate, wrong ALPN...
             tracing::debug!(error = %e, "handshake refused");
             shared.metrics.inc_frames_rejected("handshake");
+            shared.metrics.inc_connection_attempts("handshake_failed");
+            return;
+        }
+        Err(_) => {
+            shared.metrics.inc_connection_attempts("handshake_timeout");
             return;
         }
     };
+    // Held while the connection is served.
+    let _slot = handshake.connected();
     // Re-verified on every certificate reload until the handler returns.
     let side = pangea_net::reload::Side::Accepted;
     let _tracked = match shared.tls.track(&connection, side) {

@@ -67,6 +67,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "pangea_replication_bytes_sent_total",
     "pangea_replication_frames_sent_total",
     "pangea_frames_rejected_total",
+    "pangea_connection_attempts_total",
     "pangea_applied_total",
     "pangea_peer_suspected",
     "pangea_connections",
@@ -143,6 +144,11 @@ fn reason_label(reason: &str) -> String {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     op: &'static str,
     mode: &'static str,
@@ -213,6 +219,7 @@ pub struct NodeMetrics {
     replication_bytes_sent: Family<LinkClassLabels, Counter>,
     replication_frames_sent: Family<FrameLabels, Counter>,
     frames_rejected: Family<ReasonLabels, Counter>,
+    connection_attempts: Family<OutcomeLabels, Counter>,
     applied: Family<ScopeOriginLabels, Counter>,
     peer_suspected: Family<PeerLabels, Gauge>,
     connections: Family<KindLabels, Gauge>,
@@ -299,6 +306,14 @@ impl NodeMetrics {
             frames_rejected.clone(),
         );
 
+        let connection_attempts = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "connection_attempts",
+            "Incoming QUIC connection attempts, by what became of them: accepted, retried \
+             (address validation), refused_<cap>, handshake_timeout, handshake_failed",
+            connection_attempts.clone(),
+        );
+
         let applied = Family::<ScopeOriginLabels, Counter>::default();
         registry.register(
             "applied",
@@ -353,6 +368,7 @@ impl NodeMetrics {
             replication_bytes_sent,
             replication_frames_sent,
             frames_rejected,
+            connection_attempts,
             applied,
             peer_suspected,
             connections,
@@ -436,6 +452,13 @@ impl NodeMetrics {
             peer: peer.to_owned(),
         };
         self.replication_frames_sent.get_or_create(&labels).inc();
+    }
+
+    /// Counts one incoming connection attempt by its outcome (a fixed name).
+    pub fn inc_connection_attempts(&self, outcome: &'static str) {
+        self.connection_attempts
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
     }
 
     /// Counts one rejected frame. `reason` is a snake_case name chosen by the caller
@@ -536,6 +559,7 @@ mod tests {
         m.add_bytes_sent("inter_region", 1500);
         m.inc_frames_sent("mutations", "r2");
         m.inc_frames_rejected("unknown_scope");
+        m.inc_connection_attempts("retried");
         m.inc_applied("eu", "r1");
         m.set_peer_suspected("r3", true);
         m.set_connections("peer", 3);

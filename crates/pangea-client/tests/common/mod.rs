@@ -109,6 +109,11 @@ impl LocalCluster {
                 row_cache_mib: 64,
                 frame_budget_connection_mib: 64,
                 frame_budget_mib: 256,
+                retry_above: 64,
+                handshakes_max: 512,
+                handshakes_per_source_max: 128,
+                connections_max: 8_192,
+                connections_per_source_max: 1_024,
             };
             let mut rx = stop_rx.clone();
             // Each replica on its own thread and runtime, as separate processes would
