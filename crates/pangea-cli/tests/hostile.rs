@@ -191,7 +191,7 @@ async fn pinned_frames_stay_within_the_budgets() -> Result<()> {
         .get(
             "ad_profiles",
             Bytes::from_static(b"us/big"),
-            &pangea_client::ReadOptions::default(),
+            &pangea_client::ReadOptions::default().with_deadline(Duration::from_secs(2)),
         )
         .await?;
     ensure!(r.value.is_some());
