@@ -109,6 +109,11 @@ pub(crate) struct StartArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     connections_per_source_max: Option<usize>,
+    /// Free space to keep on the data directory's file system, in MiB (default
+    /// 256): below it, writes are refused until there is room again.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_reserve_mib: Option<u64>,
 }
 
 pub(crate) fn start(args: StartArgs) -> Result<()> {

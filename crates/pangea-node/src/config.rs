@@ -119,6 +119,12 @@ pub struct NodeConfig {
     pub connections_max: usize,
     #[serde(default = "default_connections_per_source_max")]
     pub connections_per_source_max: usize,
+    /// Free space the replica keeps on its data directory's file system, in MiB
+    /// (default 256): below it, client writes are refused and replicated entries
+    /// wait, so the store never meets a full disk (`disk`). 0: no reserve (a full
+    /// disk then fails the store, which is reopened once space returns).
+    #[serde(default = "default_disk_reserve_mib")]
+    pub disk_reserve_mib: u64,
 }
 
 impl NodeConfig {
@@ -185,6 +191,10 @@ fn default_frame_budget_mib() -> u64 {
     256
 }
 
+fn default_disk_reserve_mib() -> u64 {
+    256
+}
+
 fn default_retry_above() -> usize {
     pangea_net::admission::AdmissionLimits::default().retry_above
 }
@@ -240,7 +250,7 @@ impl NodeConfig {
 
 /// Keys the environment may set (so unrelated `PANGEA_*` variables, such as the
 /// topology overrides, are not mistaken for node settings).
-const FIELDS: [&str; 27] = [
+const FIELDS: [&str; 28] = [
     "topology",
     "placement",
     "replica",
@@ -268,6 +278,7 @@ const FIELDS: [&str; 27] = [
     "handshakes_per_source_max",
     "connections_max",
     "connections_per_source_max",
+    "disk_reserve_mib",
 ];
 
 #[cfg(test)]

@@ -75,29 +75,61 @@ pub async fn run(
     mut peers: PeerQueues,
 ) {
     let mut waiters: Waiters = BTreeMap::new();
-    let mut shutdown: Option<oneshot::Sender<()>> = None;
-    let mut gauges_at = std::time::Instant::now();
     let mut record = crate::readiness::Record::read(&shared.config.data_dir);
     let mut gate = crate::readiness::Gate::new(
         std::time::Instant::now(),
         std::time::Duration::from_millis(replica.config().heartbeat_interval_ms),
         record.is_some(),
     );
-    publish(&replica, &shared);
+    loop {
+        publish(&replica, &shared);
+        let failed = turns(
+            &mut replica,
+            &mut rx,
+            &shared,
+            &mut peers,
+            &mut waiters,
+            &mut gate,
+            &mut record,
+        )
+        .await;
+        let Some(error) = failed else { return };
+        // The store failed (a full disk, most likely): close it, reopen it once
+        // there is room, and carry on with a core rebuilt from it.
+        match recover(replica, &shared, &mut rx, error).await {
+            Some(r) => replica = r,
+            None => return,
+        }
+    }
+}
+
+/// Turns until the node stops (`None`) or the store fails (`Some`, every waiting
+/// write told so).
+async fn turns(
+    replica: &mut Replica<Store>,
+    rx: &mut mpsc::Receiver<Input>,
+    shared: &Arc<Shared>,
+    peers: &mut PeerQueues,
+    waiters: &mut Waiters,
+    gate: &mut crate::readiness::Gate,
+    record: &mut Option<crate::readiness::Record>,
+) -> Option<CoreError> {
+    let mut shutdown: Option<oneshot::Sender<()>> = None;
+    let mut gauges_at = std::time::Instant::now();
     loop {
         let deadline = replica
             .poll_timeout()
             .map(|t| tokio::time::Instant::from_std(shared.clock.instant_of(t)));
         tokio::select! {
             input = rx.recv() => {
-                let Some(input) = input else { break };
+                let input = input?;
                 let mut next = Some(input);
                 let mut handled = 0;
                 while let Some(input) = next.take() {
                     if let Input::View(d) = input {
-                        view(&mut replica, &shared, d, &mut peers);
+                        view(replica, shared, d, peers);
                     } else {
-                        handle(&mut replica, &shared, input, &mut waiters, &mut shutdown);
+                        handle(replica, shared, input, waiters, &mut shutdown);
                     }
                     handled += 1;
                     if handled >= INPUTS_PER_TURN_MAX || shutdown.is_some() {
@@ -115,14 +147,22 @@ pub async fn run(
         }
         let now = shared.clock.now();
         if let Err(e) = replica.flush(now) {
-            // Storage failed: nothing is acknowledged; the node reports unhealthy.
+            // Storage failed: nothing of this turn is acknowledged, and the writers
+            // are told why (a full disk, most often).
             tracing::error!(error = %e, "flush failed; refusing writes");
-            shared
-                .healthy
-                .store(false, std::sync::atomic::Ordering::Relaxed);
-            for (_, w) in std::mem::take(&mut waiters) {
-                let _ = w.send(Err(e.clone()));
+            shared.disk.failed(
+                e.to_string(),
+                crate::disk::free_bytes(&shared.config.data_dir).ok(),
+            );
+            let told = CoreError::Storage(pangea_core::StorageError::Io(format!(
+                "replica {}: {}",
+                shared.id,
+                shared.disk.state()
+            )));
+            for (_, w) in std::mem::take(waiters) {
+                let _ = w.send(Err(told.clone()));
             }
+            return Some(e);
         }
         // Gauges owned by the core, and the clock fence, at most ten times a second.
         if gauges_at.elapsed() >= std::time::Duration::from_millis(100) {
@@ -145,7 +185,7 @@ pub async fn run(
         }
         // Publish first: a client holding a token from this turn's acknowledgements
         // must find it covered here (the origin always covers its own writes).
-        publish(&replica, &shared);
+        publish(replica, shared);
         let phase = if peers.is_empty() {
             gate.open()
         } else if gate.phase() == &crate::readiness::Phase::Ready {
@@ -160,10 +200,10 @@ pub async fn run(
         };
         // Caught up once: from now on this replica trusts its store.
         if phase == Some(crate::readiness::Phase::Ready)
-            && record != Some(crate::readiness::Record::CaughtUp)
+            && *record != Some(crate::readiness::Record::CaughtUp)
         {
             match crate::readiness::Record::CaughtUp.write(&shared.config.data_dir) {
-                Ok(()) => record = Some(crate::readiness::Record::CaughtUp),
+                Ok(()) => *record = Some(crate::readiness::Record::CaughtUp),
                 Err(e) => tracing::error!(error = %e, "cannot record that this replica caught up"),
             }
         }
@@ -192,11 +232,107 @@ pub async fn run(
             }
             Err(e) => tracing::error!(error = %e, "purging moved rows failed"),
         }
-        drain_events(&mut replica, &shared, &mut waiters);
-        drain_transmits(&mut replica, &shared, &peers);
+        drain_events(replica, shared, waiters);
+        drain_transmits(replica, shared, peers);
         if let Some(done) = shutdown.take() {
             let _ = done.send(());
-            break;
+            return None;
+        }
+    }
+}
+
+/// Free space a store with no reserve waits for before it is reopened.
+const REOPEN_FREE_MIN_BYTES: u64 = 16 << 20;
+
+/// A failed store: the core is dropped at once; reads go on from the store (fjall
+/// refuses only writes) until the disk has room, then the store is closed and
+/// reopened — fjall recovers from its journal as after a crash — and the core
+/// rebuilt from it. Meanwhile writes are refused and peers' frames dropped (gap
+/// repair fetches them later). `None`: the node stopped meanwhile.
+async fn recover(
+    replica: Replica<Store>,
+    shared: &Arc<Shared>,
+    rx: &mut mpsc::Receiver<Input>,
+    error: CoreError,
+) -> Option<Replica<Store>> {
+    // `shared.disk` already says why (the failed flush set it).
+    use crate::disk;
+    let config = replica.config().clone();
+    // The core goes; the serving path keeps its handle, so reads go on from the
+    // store (fjall refuses only writes) until it is reopened.
+    drop(replica);
+    shared
+        .healthy
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    tracing::error!(%error, "storage failed: store closed; it is reopened once the disk has room");
+    let failed_at = std::time::Instant::now();
+    let unavailable = || {
+        CoreError::Storage(pangea_core::StorageError::Io(format!(
+            "replica {}: {}",
+            shared.id,
+            shared.disk.state()
+        )))
+    };
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            input = rx.recv() => match input {
+                None => return None,
+                Some(Input::Shutdown { done }) => {
+                    let _ = done.send(());
+                    return None;
+                }
+                Some(Input::Propose { reply, .. } | Input::ProposeIn { reply, .. }) => {
+                    let _ = reply.send(Err(unavailable()));
+                }
+                Some(Input::AppliedEverywhere { reply, .. }) => {
+                    let _ = reply.send(false);
+                }
+                // Frames: fetched again by gap repair. A new deployment: read from
+                // `shared` when the core is rebuilt.
+                Some(_) => {}
+            },
+            _ = tick.tick() => {
+                let need = shared.disk.reserve_bytes().max(REOPEN_FREE_MIN_BYTES);
+                match disk::free_bytes(&shared.config.data_dir) {
+                    Ok(free) if free >= need => {}
+                    _ => continue,
+                }
+                // The last handle goes, so that fjall lets the directory be opened.
+                shared.set_store(None);
+                let opened = crate::store_options(&shared.config)
+                    .map_err(|e| e.to_string())
+                    .and_then(|o| Store::open(&shared.config.data_dir, o).map_err(|e| e.to_string()));
+                let store = match opened {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // Locked while fjall's own threads let go of the old one.
+                        tracing::warn!(error = %e, "reopening the store failed; retrying");
+                        continue;
+                    }
+                };
+                let rebuilt = Replica::new(
+                    shared.id.clone(),
+                    shared.deployment(),
+                    config.clone(),
+                    store.clone(),
+                    shared.seed,
+                    shared.clock.now(),
+                );
+                match rebuilt {
+                    Ok(r) => {
+                        shared.set_store(Some(store));
+                        shared.disk.reopened();
+                        shared.healthy.store(true, std::sync::atomic::Ordering::Relaxed);
+                        tracing::info!(
+                            after_ms = failed_at.elapsed().as_millis() as u64,
+                            "store reopened: accepting writes"
+                        );
+                        return Some(r);
+                    }
+                    Err(e) => tracing::error!(error = %e, "rebuilding the core on the reopened store failed; retrying"),
+                }
+            }
         }
     }
 }
@@ -217,6 +353,14 @@ fn handle(
 ) {
     let now = shared.clock.now();
     match input {
+        // With the disk full, replicated rows wait (`disk`): the peer's gap repair
+        // sends them again once there is room.
+        Input::Frame {
+            frame: Frame::Mutations(_) | Frame::GapFill(_) | Frame::SnapshotChunk(_),
+            ..
+        } if shared.disk.holding() => {
+            shared.metrics.inc_frames_rejected("disk_full");
+        }
         Input::Frame { from, frame } => {
             if let Err(e) = replica.handle_frame(now, &from, frame) {
                 tracing::error!(peer = %from, error = %e, "applying a frame failed");

@@ -20,6 +20,7 @@ pub mod admin;
 pub mod audit_log;
 pub mod clock;
 pub mod config;
+pub mod disk;
 pub mod driver;
 pub mod fault;
 pub mod lag;
@@ -84,7 +85,11 @@ pub struct Shared {
     /// derived from table schemas (`pangea_store::CachedRow::latest_encoded`, TTLs)
     /// know when they must be made again.
     deployment: RwLock<(Arc<Deployment>, u64)>,
-    store: Store,
+    /// The store, shared with the driver's core; `None` while a failed store is
+    /// being reopened (`disk`).
+    store: RwLock<Option<Store>>,
+    /// Free space against the reserve, and whether the store failed (`disk`).
+    pub disk: disk::Disk,
     /// Durable watermarks per scope, published by the driver after every flush.
     /// Shared with the requests that answer with them (each publish makes new
     /// ones), not copied per request.
@@ -211,7 +216,7 @@ impl Shared {
         table: &str,
         key: &[u8],
     ) -> Result<Option<std::sync::Arc<pangea_store::CachedRow>>, StorageError> {
-        self.store.get_row_shared(table, key)
+        self.with_store(|s| s.get_row_shared(table, key))
     }
 
     pub(crate) fn scan(
@@ -222,7 +227,28 @@ impl Shared {
         limit: usize,
     ) -> Result<Vec<(bytes::Bytes, RowState)>, StorageError> {
         use pangea_core::Storage;
-        self.store.scan_rows(table, prefix, after, limit)
+        self.with_store(|s| s.scan_rows(table, prefix, after, limit))
+    }
+
+    /// Runs `f` on the store, or fails while it is being reopened.
+    fn with_store<T>(
+        &self,
+        f: impl FnOnce(&Store) -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        match &*self.store.read().unwrap_or_else(|p| p.into_inner()) {
+            Some(s) => f(s),
+            None => Err(StorageError::Io(format!(
+                "replica {}: {}",
+                self.id,
+                self.disk.state()
+            ))),
+        }
+    }
+
+    /// Puts a (re)opened store in place, or takes it away (`None`) so that it can
+    /// be reopened: fjall opens a directory only once all its handles are gone.
+    pub(crate) fn set_store(&self, store: Option<Store>) {
+        *self.store.write().unwrap_or_else(|p| p.into_inner()) = store;
     }
 
     /// Refreshes the gauges derived from watermarks before an export.
@@ -265,10 +291,12 @@ impl admin::AdminState for Shared {
     fn health(&self) -> admin::Health {
         let phase = self.phase();
         let fence = self.clock_fence.read().ok().and_then(|f| f.clone());
+        let storage = self.disk.state();
         let ok = self.healthy.load(Ordering::Relaxed)
             && !self.driver.is_closed()
             && phase == readiness::Phase::Ready
-            && fence.is_none();
+            && fence.is_none()
+            && storage == disk::StorageState::Ok;
         let suspected: Vec<String> = self
             .suspected
             .read()
@@ -280,6 +308,7 @@ impl admin::AdminState for Shared {
             region: self.region.to_string(),
             detail: serde_json::json!({
                 "phase": phase.to_string(),
+                "storage": storage.to_string(),
                 "suspected_peers": suspected,
                 "requests_in_flight": self.inflight.count(),
                 "clock_fence": fence,
@@ -414,19 +443,7 @@ pub async fn run_with_sockets(
         (None, Some(a)) => parse_addr("topology address", a)?,
         (None, None) => anyhow::bail!("replica {id} has no address in the topology; pass --listen"),
     };
-    let durability = match config.durability.as_str() {
-        "fsync" => Durability::Fsync,
-        "os-buffer" => Durability::OsBuffer,
-        other => anyhow::bail!("durability {other:?} is not fsync or os-buffer"),
-    };
-    let store = Store::open(
-        &config.data_dir,
-        StoreOptions {
-            durability,
-            row_cache_bytes: config.row_cache_mib.saturating_mul(1 << 20),
-            ..Default::default()
-        },
-    )?;
+    let store = Store::open(&config.data_dir, store_options(&config)?)?;
 
     // Whether this replica trusts its store (readiness.rs): a replica created with
     // a new cluster records it on its first start, while its store is empty.
@@ -526,7 +543,8 @@ pub async fn run_with_sockets(
         id: id.clone(),
         region: me.region.clone(),
         deployment: RwLock::new((deployment.clone(), 0)),
-        store,
+        store: RwLock::new(Some(store)),
+        disk: disk::Disk::new(config.disk_reserve_mib.saturating_mul(1 << 20)),
         watermarks: RwLock::new(BTreeMap::new()),
         suspected: RwLock::new(BTreeSet::new()),
         location: RwLock::new(replica.location().clone()),
@@ -610,6 +628,7 @@ pub async fn run_with_sockets(
     }
     tracing::info!(replica = %id, region = %me.region, %listen, admin = ?admin_addr, "replica serving");
     migration::resume(shared.clone());
+    watch_disk(&shared);
     reload::on_sighup(shared.clone());
     reload::poll_certificates(&shared);
 
@@ -791,4 +810,42 @@ async fn serve_caller(shared: Arc<Shared>, connection: quinn::Connection, caller
 /// MiB as bytes, saturating.
 fn mib(n: u64) -> usize {
     usize::try_from(n.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+}
+
+/// How the store is opened, at start and when reopened (`disk`).
+pub(crate) fn store_options(config: &NodeConfig) -> anyhow::Result<StoreOptions> {
+    let durability = match config.durability.as_str() {
+        "fsync" => Durability::Fsync,
+        "os-buffer" => Durability::OsBuffer,
+        other => anyhow::bail!("durability {other:?} is not fsync or os-buffer"),
+    };
+    Ok(StoreOptions {
+        durability,
+        row_cache_bytes: config.row_cache_mib.saturating_mul(1 << 20),
+        ..Default::default()
+    })
+}
+
+/// Reads the data directory's free space every second ([`disk`]): below the
+/// reserve, writes are refused until there is room again.
+fn watch_disk(shared: &Arc<Shared>) {
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        loop {
+            match disk::free_bytes(&shared.config.data_dir) {
+                Ok(free) => match shared.disk.observe(free) {
+                    Some(disk::StorageState::Ok) => {
+                        tracing::info!(
+                            free_mib = free >> 20,
+                            "disk has room again: accepting writes"
+                        )
+                    }
+                    Some(full) => tracing::error!(%full, "refusing writes"),
+                    None => {}
+                },
+                Err(e) => tracing::warn!(error = %e, "cannot read the data directory's free space"),
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
 }

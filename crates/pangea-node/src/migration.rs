@@ -27,7 +27,7 @@ use pangea_core::location::{
     JOBS_COLUMN, JOBS_FAMILY, JOBS_TABLE, LOCATION_COLUMN, LOCATION_FAMILY, LOCATION_TABLE,
     LocationEntry, location_key,
 };
-use pangea_core::{Error as CoreError, Limits, Mutation, RowMutation, ScopeId, Storage, Token};
+use pangea_core::{Error as CoreError, Limits, Mutation, RowMutation, ScopeId, Token};
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
 use std::sync::Arc;
@@ -217,7 +217,7 @@ fn hex(b: &[u8]) -> String {
 
 /// Resumes every unfinished job this replica was running (after a restart).
 pub fn resume(shared: Arc<Shared>) {
-    let jobs = match shared.store.scan_rows(JOBS_TABLE, b"", None, usize::MAX) {
+    let jobs = match shared.scan(JOBS_TABLE, b"", None, usize::MAX) {
         Ok(rows) => rows,
         Err(e) => {
             tracing::error!(error = %e, "cannot read migration jobs");
@@ -312,7 +312,7 @@ async fn drive(shared: &Shared, job: &mut pb::MigrationJob) -> Result<(), CoreEr
             "backfill" => {
                 let to = ScopeId::from(job.to_policy.as_str());
                 let after = (!job.backfill_after.is_empty()).then(|| job.backfill_after.clone());
-                let rows = shared.store.scan_rows(
+                let rows = shared.scan(
                     &job.table,
                     &job.prefix,
                     after.as_deref(),
@@ -410,9 +410,7 @@ async fn count_rows(shared: &Shared, job: &pb::MigrationJob) -> Result<u64, Core
     let mut n = 0u64;
     let mut after: Option<Bytes> = None;
     loop {
-        let rows = shared
-            .store
-            .scan_rows(&job.table, &job.prefix, after.as_deref(), 10_000)?;
+        let rows = shared.scan(&job.table, &job.prefix, after.as_deref(), 10_000)?;
         let Some((last, _)) = rows.last() else {
             return Ok(n);
         };

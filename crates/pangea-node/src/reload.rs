@@ -144,7 +144,6 @@ fn keeps_every_row(
     new: &Deployment,
     location: &pangea_core::location::Location,
 ) -> Result<(), String> {
-    use pangea_core::Storage as _;
     let mut in_use: Vec<(ScopeId, String)> = Vec::new();
     for (table, policy) in &old.placement.table_defaults {
         in_use.push((policy.clone(), format!("the default of table {table}")));
@@ -194,8 +193,7 @@ fn keeps_every_row(
             continue;
         }
         let holds = shared
-            .store
-            .scan_rows(table, b"", None, 1)
+            .scan(table, b"", None, 1)
             .map_err(|e| format!("cannot check table {table} for rows: {e}"))?;
         if !holds.is_empty() {
             return Err(format!(

@@ -873,6 +873,14 @@ async fn execute(
             ))
         }
         R::Mutate(m) => {
+            // A full disk (or a store being reopened) refuses writes at once: the
+            // client writes at another replica.
+            if let Some(state) = shared.disk.refusal() {
+                return Err(Failure::new(
+                    Code::Unavailable,
+                    format!("replica {}: {state}; write at another replica", shared.id),
+                ));
+            }
             let m = m
                 .mutation
                 .ok_or_else(|| Failure::new(Code::InvalidArgument, "mutate without a mutation"))?;

@@ -114,6 +114,7 @@ impl LocalCluster {
                 handshakes_per_source_max: 128,
                 connections_max: 8_192,
                 connections_per_source_max: 1_024,
+                disk_reserve_mib: 256,
             };
             let mut rx = stop_rx.clone();
             // Each replica on its own thread and runtime, as separate processes would
