@@ -203,7 +203,7 @@ pub(crate) fn run(a: LoadArgs) -> Result<()> {
         for t in 0..a.concurrency {
             let (client, keys, value) = (client.clone(), keys.clone(), value.clone());
             let (reads, writes, errors, stop) = (reads.clone(), writes.clone(), errors.clone(), stop.clone());
-            let (op, mode, table, deadline) = (a.op.clone(), a.mode.clone(), a.connect.table.clone(), a.connect.deadline_ms);
+            let (op, mode, table, deadline) = (a.op.clone(), a.mode.clone(), a.connect.table.clone(), a.connect.deadline_ms.unwrap_or(2_000));
             tasks.spawn(async move {
                 let mut draws = Draws::new(t);
                 let mut token = None;

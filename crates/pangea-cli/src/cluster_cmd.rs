@@ -42,6 +42,33 @@ pub(crate) enum ClusterCommand {
         #[arg(long, default_value_t = GRACE_DEFAULT_MS)]
         grace_ms: u64,
     },
+    /// Stop some replicas of the cluster in DIR (SIGTERM, then SIGKILL after the
+    /// grace period); the others keep running.
+    Stop {
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Replica ids (at least one; `cluster down` stops them all).
+        #[arg(required = true)]
+        replicas: Vec<String>,
+        #[arg(long, default_value_t = GRACE_DEFAULT_MS)]
+        grace_ms: u64,
+    },
+    /// Start replicas of the cluster in DIR that are not running, on their own
+    /// addresses and data, and wait until they are healthy.
+    Start {
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Replica ids (none: every replica that is not running).
+        replicas: Vec<String>,
+    },
+    /// Stop, then start, replicas of the cluster in DIR (none named: all, one by one).
+    Restart {
+        #[arg(long)]
+        data_dir: PathBuf,
+        replicas: Vec<String>,
+        #[arg(long, default_value_t = GRACE_DEFAULT_MS)]
+        grace_ms: u64,
+    },
     /// Inject faults into a running cluster while checker workloads run, record a
     /// history and check it (C1, C4, C5, residency); see docs/reliability.md.
     Nemesis(crate::nemesis::NemesisArgs),
@@ -89,6 +116,37 @@ pub(crate) fn run(cmd: ClusterCommand) -> Result<()> {
         }
         ClusterCommand::Down { data_dir, grace_ms } => {
             down(&data_dir, Duration::from_millis(grace_ms))
+        }
+        ClusterCommand::Stop {
+            data_dir,
+            replicas,
+            grace_ms,
+        } => stop(&data_dir, &replicas, Duration::from_millis(grace_ms)),
+        ClusterCommand::Start { data_dir, replicas } => start(&data_dir, &replicas),
+        ClusterCommand::Restart {
+            data_dir,
+            replicas,
+            grace_ms,
+        } => {
+            let ids = match replicas.is_empty() {
+                true => ClusterFile::load(&cluster_path(&data_dir))
+                    .map_err(anyhow::Error::msg)?
+                    .replicas
+                    .iter()
+                    .map(|r| r.id.clone())
+                    .collect(),
+                false => replicas,
+            };
+            // One at a time: the others keep serving.
+            for id in &ids {
+                stop(
+                    &data_dir,
+                    std::slice::from_ref(id),
+                    Duration::from_millis(grace_ms),
+                )?;
+                start(&data_dir, std::slice::from_ref(id))?;
+            }
+            Ok(())
         }
         ClusterCommand::Nemesis(a) => crate::nemesis::nemesis(a),
         ClusterCommand::CheckHistory(a) => crate::nemesis::check_history(a),
@@ -278,7 +336,6 @@ pub(crate) fn up(o: &UpOptions) -> Result<ClusterFile> {
                 // A directory this command has not run a cluster in yet.
                 new_cluster: earlier.is_none(),
             },
-            false,
         )?);
     }
     let cluster = ClusterFile {
@@ -354,14 +411,12 @@ pub(crate) fn spawn_replica(
     r: &ClusterReplica,
     sockets: ReplicaSockets,
     flags: StartFlags<'_>,
-    append: bool,
 ) -> Result<u32> {
     let log_path = r.log.as_ref().context("replica without a log file")?;
+    // Appended to, never truncated: a restart's log follows the one before it.
     let log = std::fs::OpenOptions::new()
         .create(true)
-        .append(append)
-        .write(true)
-        .truncate(!append)
+        .append(true)
         .open(log_path)?;
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.arg("start")
@@ -448,7 +503,6 @@ pub(crate) fn restart_replica(path: &Path, id: &str) -> Result<u32> {
         &r,
         sockets,
         StartFlags::of(&cluster),
-        true,
     )?;
     if let Some(rep) = cluster.replicas.iter_mut().find(|x| x.id == id) {
         rep.pid = Some(pid);
@@ -556,6 +610,84 @@ pub(crate) fn down(dir: &Path, grace: Duration) -> Result<()> {
         pids.len(),
         killed
     );
+    Ok(())
+}
+
+/// Stops replicas `ids` of the cluster in `dir`, as `down` stops them all, and
+/// records them as stopped.
+pub(crate) fn stop(dir: &Path, ids: &[String], grace: Duration) -> Result<()> {
+    use nix::sys::signal::Signal;
+    let path = cluster_path(dir);
+    let mut cluster = ClusterFile::load(&path).map_err(anyhow::Error::msg)?;
+    let known: Vec<String> = cluster.replicas.iter().map(|r| r.id.clone()).collect();
+    for id in ids {
+        anyhow::ensure!(
+            known.contains(id),
+            "replica {id:?} is not in {} (its replicas: {})",
+            path.display(),
+            known.join(", ")
+        );
+    }
+    let pids: Vec<(String, u32)> = cluster
+        .replicas
+        .iter()
+        .filter(|r| ids.contains(&r.id))
+        .filter_map(|r| r.pid.filter(|p| alive(*p)).map(|p| (r.id.clone(), p)))
+        .collect();
+    for (_, pid) in &pids {
+        signal(*pid, Signal::SIGTERM);
+    }
+    let started = Instant::now();
+    while pids.iter().any(|(_, p)| alive(*p)) && started.elapsed() < grace {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (id, pid) in &pids {
+        if alive(*pid) {
+            eprintln!("replica {id} (pid {pid}) did not stop within {grace:?}: SIGKILL");
+            signal(*pid, Signal::SIGKILL);
+        }
+    }
+    for r in cluster.replicas.iter_mut().filter(|r| ids.contains(&r.id)) {
+        r.pid = None;
+    }
+    cluster.save(&path).map_err(anyhow::Error::msg)?;
+    for id in ids {
+        println!("stopped replica {id}");
+    }
+    Ok(())
+}
+
+/// Starts replicas `ids` (none: every replica not running) of the cluster in
+/// `dir` on their recorded addresses and data, and waits until they are healthy.
+pub(crate) fn start(dir: &Path, ids: &[String]) -> Result<()> {
+    let path = cluster_path(dir);
+    let cluster = ClusterFile::load(&path).map_err(anyhow::Error::msg)?;
+    let todo: Vec<ClusterReplica> = cluster
+        .replicas
+        .iter()
+        .filter(|r| ids.is_empty() || ids.contains(&r.id))
+        .filter(|r| !r.pid.is_some_and(alive))
+        .cloned()
+        .collect();
+    for id in ids {
+        anyhow::ensure!(
+            cluster.replica(id).is_some(),
+            "replica {id:?} is not in {}",
+            path.display()
+        );
+    }
+    let mut started = Vec::new();
+    for r in &todo {
+        let pid = restart_replica(&path, &r.id)?;
+        started.push(ClusterReplica {
+            pid: Some(pid),
+            ..r.clone()
+        });
+    }
+    for r in &started {
+        wait_healthy(r, HEALTH_WAIT, true)?;
+        println!("started replica {} ({})", r.id, r.region);
+    }
     Ok(())
 }
 
@@ -856,7 +988,6 @@ pub(crate) fn apply(
             r,
             sockets,
             StartFlags::of(&cluster),
-            false,
         )?);
         println!("started replica {} ({})", r.id, r.region);
     }

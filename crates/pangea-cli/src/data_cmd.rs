@@ -24,9 +24,11 @@ pub(crate) struct Connect {
     pub region: String,
     #[arg(long, default_value = "frontend")]
     pub app_profile: String,
-    /// Per-call deadline in ms (tools default to 2 s, frontends to 20 ms).
-    #[arg(long, default_value_t = 2_000)]
-    pub deadline_ms: u64,
+    /// Per-call deadline in ms: data commands default to 2 s (frontends to 20 ms);
+    /// operator commands to their call's own (placement move 10 s, audit 60 s per
+    /// replica, reload 30 s, watermarks 2 s).
+    #[arg(long)]
+    pub deadline_ms: Option<u64>,
     #[arg(long, default_value = "ad_profiles")]
     pub table: String,
     /// Print JSON.
@@ -60,9 +62,15 @@ impl Connect {
         Ok(Client::connect(config).await?)
     }
 
+    /// The deadline of a data call: `--deadline-ms`, else 2 s.
+    pub(crate) fn deadline(&self) -> Duration {
+        Duration::from_millis(self.deadline_ms.unwrap_or(2_000))
+    }
+
     pub(crate) fn config(&self) -> Result<ClientConfig> {
         let cluster = ClusterFile::load(&self.cluster).map_err(anyhow::Error::msg)?;
-        let config = ClientConfig::from_cluster(&cluster, &self.region, &self.app_profile)?;
+        let mut config = ClientConfig::from_cluster(&cluster, &self.region, &self.app_profile)?;
+        config.operator_deadline = self.deadline_ms.map(Duration::from_millis);
         Ok(match &self.credential {
             Some(c) => config.with_credential(parse_credential(c)?),
             None => config,
@@ -225,7 +233,7 @@ pub(crate) fn get(a: GetArgs) -> Result<()> {
         let client = a.connect.client().await?;
         let mut opts = ReadOptions::default()
             .with_consistency(parse_consistency(&a.consistency, a.token.as_deref())?)
-            .with_deadline(Duration::from_millis(a.connect.deadline_ms));
+            .with_deadline(a.connect.deadline());
         if let Some(f) = &a.family {
             opts.filter.families = vec![f.as_str().into()];
         }
@@ -285,7 +293,7 @@ fn write(c: &Connect, row: &str, muts: Vec<Mutation>) -> Result<()> {
             .mutate(
                 m,
                 &WriteOptions {
-                    deadline: Some(Duration::from_millis(c.deadline_ms)),
+                    deadline: Some(c.deadline()),
                 },
             )
             .await?;
@@ -315,7 +323,7 @@ pub(crate) fn scan(a: ScanArgs) -> Result<()> {
         let client = a.connect.client().await?;
         let opts = ReadOptions::default()
             .with_consistency(parse_consistency(&a.consistency, a.token.as_deref())?)
-            .with_deadline(Duration::from_millis(a.connect.deadline_ms));
+            .with_deadline(a.connect.deadline());
         let scan = ScanOptions { limit: a.limit, ..Default::default() };
         let r = client.scan_prefix(&a.connect.table, Bytes::from(parse_key(&a.prefix)?), &scan, &opts).await?;
         if a.connect.json {

@@ -848,7 +848,7 @@ pub(crate) fn run(a: LoadArgs) -> Result<()> {
             first_failed: None,
         };
         let opts = WriteOptions {
-            deadline: Some(Duration::from_millis(a.connect.deadline_ms)),
+            deadline: Some(a.connect.deadline()),
         };
         let mut rx = rx;
         let mut inflight: JoinSet<Done> = JoinSet::new();

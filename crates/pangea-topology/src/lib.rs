@@ -64,7 +64,16 @@ pub struct Deployment {
     pub placement: Placement,
 }
 
+/// Largest topology or placement file read: a deployment of thousands of replicas
+/// fits in a fraction of it, and parsing stays well under a second.
+pub const FILE_BYTES_MAX: u64 = 1 << 20;
+
 fn read(path: &Path) -> Result<String, Problems> {
+    if let Ok(m) = std::fs::metadata(path)
+        && m.len() > FILE_BYTES_MAX
+    {
+        return Err(too_large(path, m.len()));
+    }
     std::fs::read_to_string(path).map_err(|e| {
         Problems(vec![Problem {
             kind: ProblemKind::Read,
@@ -76,11 +85,24 @@ fn read(path: &Path) -> Result<String, Problems> {
     })
 }
 
+fn too_large(path: &Path, size: u64) -> Problems {
+    Problems(vec![Problem {
+        kind: ProblemKind::Read,
+        file: path.to_owned(),
+        line: None,
+        key: String::new(),
+        message: format!("file is {size} bytes, limit {FILE_BYTES_MAX}"),
+    }])
+}
+
 fn parse<T: serde::de::DeserializeOwned>(
     src: &Source,
     text: &str,
     env_prefix: Option<&str>,
 ) -> Result<T, Problems> {
+    if text.len() as u64 > FILE_BYTES_MAX {
+        return Err(too_large(src.file(), text.len() as u64));
+    }
     if let Err(e) = toml_edit::ImDocument::parse(text) {
         let line = e
             .span()

@@ -28,6 +28,10 @@ pub enum NameError {
         name: String,
         ch: char,
     },
+    /// "." and "..": names become directory and file names (a replica's data
+    /// directory, certificate files), where these would escape.
+    #[error("{kind} name {name:?} consists only of dots, which is not path-safe")]
+    DotsOnly { kind: &'static str, name: String },
 }
 
 /// Checks a table, family, scope or replica name; `kind` says which, for the error.
@@ -50,6 +54,12 @@ pub fn validate_name(kind: &'static str, name: &str) -> Result<(), NameError> {
             kind,
             name: name.to_owned(),
             ch,
+        });
+    }
+    if name.bytes().all(|b| b == b'.') {
+        return Err(NameError::DotsOnly {
+            kind,
+            name: name.to_owned(),
         });
     }
     Ok(())

@@ -718,3 +718,32 @@ fn a_diff_notices_permission_changes() -> Result<(), Problems> {
     );
     Ok(())
 }
+
+#[test]
+fn dot_names_and_oversized_files_are_refused() {
+    // Replica ids become directory names: "." and ".." would escape.
+    for id in [".", ".."] {
+        let text = BASE.replacen("id = \"use1-a\"", &format!("id = \"{id}\""), 1);
+        let p = problems(&text);
+        assert!(
+            p.0.iter().any(|p| p.message.contains("only of dots")),
+            "{id}: {p}"
+        );
+    }
+    // A file past the size limit is refused before it is parsed.
+    let huge = format!(
+        "{BASE}\n#{}\n",
+        "x".repeat(pangea_topology::FILE_BYTES_MAX as usize)
+    );
+    let p = problems(&huge);
+    assert!(
+        p.0.iter()
+            .any(|p| p.message.contains("limit 1048576") && p.line.is_none()),
+        "{p}"
+    );
+    let path = std::env::temp_dir().join(format!("pangea-big-{}.toml", std::process::id()));
+    std::fs::write(&path, &huge).unwrap();
+    let p = Topology::load(&path).expect_err("too large");
+    let _ = std::fs::remove_file(&path);
+    assert!(p.to_string().contains("pangea-big-"), "{p}");
+}
