@@ -9,7 +9,7 @@ use pangea_topology::schema::NameError;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// Input broke a size limit of [`crate::Limits`].
-    #[error("{what} is {size} bytes, limit {limit}")]
+    #[error("{what} is {size}{}, limit {limit}", what.unit())]
     TooLarge {
         what: Limited,
         size: usize,

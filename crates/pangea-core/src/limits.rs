@@ -24,6 +24,16 @@ impl std::fmt::Display for Limited {
     }
 }
 
+impl Limited {
+    /// The unit of its size in messages: bytes, or nothing for a count.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Limited::MutationsPerRow => "",
+            _ => " bytes",
+        }
+    }
+}
+
 /// Bounds on what a client may write. Defaults follow Bigtable's order of magnitude
 /// and the ad-profile use case (p99 profile < 1 MiB).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,5 +81,22 @@ impl Limits {
         } else {
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_what_its_size_and_the_limit_in_its_unit() {
+        let e = Limits::check(Limited::Value, 9, 8).unwrap_err();
+        assert_eq!(e.to_string(), "value is 9 bytes, limit 8");
+        let e = Limits::check(Limited::MutationsPerRow, 10_001, 10_000).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "mutations in one row mutation is 10001, limit 10000"
+        );
+        assert!(Limits::check(Limited::RowKey, 8, 8).is_ok());
     }
 }
