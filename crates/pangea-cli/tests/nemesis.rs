@@ -22,10 +22,10 @@ fn a_short_nemesis_run_with_every_fault_finds_no_violation_and_its_history_reche
             "nemesis",
             "--cluster",
             cluster_path.to_str().context("path")?,
-            // Six faults of 1.5 s, 1 s of calm after each and restarts of a few
+            // Eight faults of 1.5 s, 1 s of calm after each and restarts of a few
             // seconds fit with room to spare for a slow machine.
             "--duration",
-            "36s",
+            "48s",
             "--fault-ms",
             "1500",
             "--calm-ms",
@@ -47,6 +47,8 @@ fn a_short_nemesis_run_with_every_fault_finds_no_violation_and_its_history_reche
         "loss",
         "skew",
         "restart-region",
+        "disk-full",
+        "flood",
     ] {
         ensure!(
             stdout.contains(&format!("] {fault} start")),

@@ -77,6 +77,8 @@ impl std::fmt::Display for StorageState {
 pub struct Disk {
     reserve_bytes: u64,
     state: RwLock<StorageState>,
+    /// Fault injection (`fault`): every reading of the free space is 0.
+    forced_full: std::sync::atomic::AtomicBool,
 }
 
 impl Disk {
@@ -84,6 +86,7 @@ impl Disk {
         Disk {
             reserve_bytes,
             state: RwLock::new(StorageState::Ok),
+            forced_full: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -109,6 +112,7 @@ impl Disk {
     /// store stays failed until [`Disk::reopened`]. Returns the new state when it
     /// changed.
     pub fn observe(&self, free_bytes: u64) -> Option<StorageState> {
+        let free_bytes = if self.forced_full() { 0 } else { free_bytes };
         let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
         let next = match &*s {
             StorageState::Failed { .. } => return None,
@@ -126,6 +130,16 @@ impl Disk {
         let changed = std::mem::discriminant(&next) != std::mem::discriminant(&*s);
         *s = next.clone();
         changed.then_some(next)
+    }
+
+    /// Fault injection: the disk reads as full (`true`) or as it is.
+    pub fn force_full(&self, full: bool) {
+        self.forced_full
+            .store(full, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn forced_full(&self) -> bool {
+        self.forced_full.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Free space at which a full disk counts as having room again.

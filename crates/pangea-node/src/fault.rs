@@ -13,6 +13,9 @@
 //!   emulates the WAN, none otherwise).
 //! - **The clock**: an offset added to the wall clock the hybrid logical clock reads
 //!   ([`crate::clock::Clock`]), as if the host's time source were that far off.
+//! - **The disk**: the free space the replica reads of its data directory forced to
+//!   0, so it behaves as on a full disk ([`crate::disk`]: writes refused, replicated
+//!   entries held back, reads served) without filling a real one.
 //!
 //! The routes (see `admin.rs`), with parameters in the query string:
 //!
@@ -21,12 +24,15 @@
 //!   each peer to its base rule with the given partition flag and loss (each
 //!   optional; absent means off).
 //! - `POST /fault/clock?offset_ms=N`: sets the clock offset (ms, may be negative).
-//! - `POST /fault/heal`: every link back to its base rule, clock offset 0.
+//! - `POST /fault/disk?full=true|false`: the disk reads as full, or as it is.
+//! - `POST /fault/heal`: every link back to its base rule, clock offset 0, the disk
+//!   as it is.
 //!
 //! Peers are those of the topology the replica started with; a peer added later by
 //! a live topology change cannot be targeted until the replica restarts.
 
 use crate::clock::Clock;
+use crate::disk::Disk;
 use pangea_net::wan::{LinkRule, WanControl};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -52,6 +58,7 @@ pub struct FaultControl {
     /// Each peer's address and the rule it has when healthy.
     base: BTreeMap<String, (SocketAddr, LinkRule)>,
     clock: Arc<Clock>,
+    disk: Arc<Disk>,
 }
 
 impl FaultControl {
@@ -60,8 +67,14 @@ impl FaultControl {
         wan: WanControl,
         base: BTreeMap<String, (SocketAddr, LinkRule)>,
         clock: Arc<Clock>,
+        disk: Arc<Disk>,
     ) -> Self {
-        Self { wan, base, clock }
+        Self {
+            wan,
+            base,
+            clock,
+            disk,
+        }
     }
 
     /// Runs one route: `action` is the path after `/fault` ("", "/link", "/clock",
@@ -72,6 +85,7 @@ impl FaultControl {
             "" | "/heal" => &[],
             "/link" => &["peers", "partitioned", "loss"],
             "/clock" => &["offset_ms"],
+            "/disk" => &["full"],
             other => return Err(bad(format!("unknown fault route /fault{other}"))),
         };
         if let Some(k) = params.keys().find(|k| !allowed.contains(k)) {
@@ -92,12 +106,19 @@ impl FaultControl {
                 tracing::warn!(offset_ms = offset, "fault injection: clock offset set");
                 self.clock.set_offset_ms(offset);
             }
+            "/disk" => {
+                let full: bool =
+                    parse(&params, "full")?.ok_or_else(|| bad("full is required".into()))?;
+                tracing::warn!(full, "fault injection: disk reads as full");
+                self.disk.force_full(full);
+            }
             "/heal" => {
                 for (addr, rule) in self.base.values() {
                     self.wan.set_link(*addr, *rule);
                 }
                 self.clock.set_offset_ms(0);
-                tracing::warn!("fault injection: healed (links and clock)");
+                self.disk.force_full(false);
+                tracing::warn!("fault injection: healed (links, clock, disk)");
             }
             _ => {}
         }
@@ -154,6 +175,7 @@ impl FaultControl {
         let stats = self.wan.stats();
         serde_json::json!({
             "clock_offset_ms": self.clock.offset_ms(),
+            "disk_full": self.disk.forced_full(),
             "links": links,
             "wan": {
                 "sent": stats.sent,
@@ -215,7 +237,12 @@ mod tests {
         wan.set_link(addr, base);
         let peers = BTreeMap::from([("euw1-a".to_string(), (addr, base))]);
         (
-            FaultControl::new(wan, peers, Arc::new(Clock::default())),
+            FaultControl::new(
+                wan,
+                peers,
+                Arc::new(Clock::default()),
+                Arc::new(Disk::new(64 << 20)),
+            ),
             addr,
         )
     }
@@ -238,6 +265,24 @@ mod tests {
         );
         assert_eq!(f.clock.offset_ms(), 0);
         assert_eq!(state["links"]["euw1-a"]["partitioned"], false);
+    }
+
+    #[test]
+    fn the_disk_reads_full_until_healed() {
+        let (f, _) = control();
+        let state = f.handle("/disk", "full=true").unwrap();
+        assert_eq!(state["disk_full"], true);
+        // However much is free, the replica sees a full disk.
+        assert!(f.disk.observe(1 << 40).is_some());
+        assert!(f.disk.holding());
+        f.handle("/heal", "").unwrap();
+        assert!(!f.disk.forced_full());
+        assert!(f.disk.observe(1 << 40).is_some());
+        assert!(!f.disk.holding());
+        assert!(matches!(
+            f.handle("/disk", "full=maybe"),
+            Err(FaultError::BadRequest(_))
+        ));
     }
 
     #[test]

@@ -89,7 +89,7 @@ pub struct Shared {
     /// being reopened (`disk`).
     store: RwLock<Option<Store>>,
     /// Free space against the reserve, and whether the store failed (`disk`).
-    pub disk: disk::Disk,
+    pub disk: Arc<disk::Disk>,
     /// Durable watermarks per scope, published by the driver after every flush.
     /// Shared with the requests that answer with them (each publish makes new
     /// ones), not copied per request.
@@ -517,10 +517,18 @@ pub async fn run_with_sockets(
         );
         clock.set_offset_ms(config.clock_offset_ms);
     }
+    let disk = Arc::new(disk::Disk::new(
+        config.disk_reserve_mib.saturating_mul(1 << 20),
+    ));
     let faults = match wan_control {
         Some((control, base)) if config.fault_injection => {
             tracing::warn!("fault injection is on: /fault on the admin endpoint can cut links");
-            Some(fault::FaultControl::new(control, base, clock.clone()))
+            Some(fault::FaultControl::new(
+                control,
+                base,
+                clock.clone(),
+                disk.clone(),
+            ))
         }
         _ => None,
     };
@@ -544,7 +552,7 @@ pub async fn run_with_sockets(
         region: me.region.clone(),
         deployment: RwLock::new((deployment.clone(), 0)),
         store: RwLock::new(Some(store)),
-        disk: disk::Disk::new(config.disk_reserve_mib.saturating_mul(1 << 20)),
+        disk,
         watermarks: RwLock::new(BTreeMap::new()),
         suspected: RwLock::new(BTreeSet::new()),
         location: RwLock::new(replica.location().clone()),

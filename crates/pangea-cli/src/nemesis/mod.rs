@@ -16,7 +16,11 @@
 //! SIGCONT), `partition` (cut one region from the others, both ways, through the
 //! replicas' WAN-emulation layer), `loss` (30 % datagram loss between two regions),
 //! `skew` (offset one replica's clock: ±300 ms within `max_offset`, or 2 s beyond it
-//! either way), `restart-region` (SIGKILL every replica of a region, restart them).
+//! either way), `restart-region` (SIGKILL every replica of a region, restart them),
+//! `disk-full` (one replica's disk reads as full: writes refused there, replication
+//! into it held back), `flood` (a flood of QUIC Initials at one replica, no
+//! certificate needed), `new-replica` (one replica replaced by an empty one that
+//! no peer can reach, then reached again: it must not serve until caught up).
 //! The cluster must run with fault injection (`pangea cluster up --fault-injection`).
 
 pub(crate) mod check;
@@ -36,14 +40,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Every fault the nemesis knows, in the order `--faults` lists them by default.
-pub(crate) const FAULTS: [&str; 6] = [
+pub(crate) const FAULTS: [&str; 9] = [
     "kill",
     "pause",
     "partition",
     "loss",
     "skew",
     "restart-region",
+    "disk-full",
+    "flood",
+    "new-replica",
 ];
+
+/// QUIC Initials a `flood` sends per second of its hold.
+const FLOOD_PER_SECOND: u64 = 4_000;
 
 /// How long a restarted replica may take to report healthy.
 const RESTART_HEALTHY_MAX: Duration = Duration::from_secs(60);
@@ -54,11 +64,13 @@ pub(crate) struct NemesisArgs {
     #[arg(long)]
     cluster: PathBuf,
     /// Faults to inject, comma-separated: kill, pause, partition, loss, skew,
-    /// restart-region.
+    /// restart-region, disk-full, flood, new-replica. `new-replica` is not among the
+    /// defaults: a replica that comes back empty under its old id reuses its own
+    /// sequence numbers, which the checkers rightly report (docs/reliability.md).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "kill,pause,partition,loss,skew,restart-region"
+        default_value = "kill,pause,partition,loss,skew,restart-region,disk-full,flood"
     )]
     faults: Vec<String>,
     /// Workloads, comma-separated: register, ryw, set.
@@ -419,8 +431,129 @@ impl Nemesis {
                 self.log(kind, Phase::End, &[r.id], "clock offset 0".into());
                 Ok(())
             }
+            "disk-full" => {
+                let r = self.pick(&cluster.replicas).clone();
+                self.log(
+                    kind,
+                    Phase::Start,
+                    std::slice::from_ref(&r.id),
+                    "free space reads 0: writes refused, replication held back".into(),
+                );
+                fault_post(&r, "/fault/disk?full=true")?;
+                std::thread::sleep(hold);
+                fault_post(&r, "/fault/disk?full=false")?;
+                self.log(kind, Phase::End, &[r.id], "free space as it is".into());
+                Ok(())
+            }
+            "flood" => {
+                let r = self.pick(&cluster.replicas).clone();
+                let n = FLOOD_PER_SECOND * hold.as_millis() as u64 / 1_000;
+                self.log(
+                    kind,
+                    Phase::Start,
+                    std::slice::from_ref(&r.id),
+                    format!("{n} QUIC Initials from 100 source ports"),
+                );
+                flood(&cluster, &r, n as usize, hold)?;
+                self.log(kind, Phase::End, &[r.id], "flood over".into());
+                Ok(())
+            }
+            "new-replica" => {
+                let r = self.pick(&cluster.replicas).clone();
+                self.new_replica(&cluster, &r, hold)
+            }
             other => anyhow::bail!("unknown fault {other:?}"),
         }
+    }
+
+    /// Replaces `r` by an empty replica no peer can reach, holds, then lets it be
+    /// reached. Its own acknowledged writes reach its peers first (its disk reads
+    /// full, so it takes no more, until every peer has applied its stream): the
+    /// fault is a new replica, not a lost disk. It must stay not-ready while cut
+    /// off, and catch up once reached.
+    fn new_replica(
+        &mut self,
+        cluster: &ClusterFile,
+        r: &ClusterReplica,
+        hold: Duration,
+    ) -> Result<()> {
+        let kind = "new-replica";
+        fault_post(r, "/fault/disk?full=true")?;
+        let own = own_sequences(r)?;
+        let others: Vec<&ClusterReplica> =
+            cluster.replicas.iter().filter(|o| o.id != r.id).collect();
+        let started = Instant::now();
+        loop {
+            let mut behind = false;
+            for o in &others {
+                for (scope, seq) in watermarks_of(o, &r.id)? {
+                    if own.get(&scope).is_some_and(|own| seq < *own) {
+                        behind = true;
+                    }
+                }
+            }
+            if !behind {
+                break;
+            }
+            anyhow::ensure!(
+                started.elapsed() < RESTART_HEALTHY_MAX,
+                "{}'s writes did not reach its peers within {RESTART_HEALTHY_MAX:?}",
+                r.id
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.log(
+            kind,
+            Phase::Start,
+            std::slice::from_ref(&r.id),
+            "replaced by an empty replica no peer can reach".into(),
+        );
+        if let Some(pid) = r.pid {
+            signal(pid, Signal::SIGKILL);
+            let dead = Instant::now();
+            while alive(pid) && dead.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        std::fs::remove_dir_all(&r.data_dir)
+            .with_context(|| format!("removing {}", r.data_dir.display()))?;
+        for o in &others {
+            fault_post(o, &format!("/fault/link?peers={}&partitioned=true", r.id))?;
+        }
+        cluster_cmd::restart_replica(&self.path, &r.id)?;
+        std::thread::sleep(hold);
+        let (code, body) = cluster_cmd::health(&r.admin)?;
+        let closed = code == 503 && body.contains("waiting to hear a peer");
+        for o in &others {
+            fault_post(o, "/fault/heal")?;
+        }
+        let healed = Instant::now();
+        let cluster = self.cluster()?;
+        let restarted = cluster
+            .replica(&r.id)
+            .context("replaced replica vanished")?;
+        cluster_cmd::wait_healthy(restarted, RESTART_HEALTHY_MAX, false)?;
+        self.log(
+            kind,
+            Phase::End,
+            std::slice::from_ref(&r.id),
+            format!(
+                "{} while cut off; caught up {:.1} s after its peers reached it",
+                if closed {
+                    "not ready".to_owned()
+                } else {
+                    format!("SERVED an empty store ({code} {})", body.trim())
+                },
+                healed.elapsed().as_secs_f64()
+            ),
+        );
+        anyhow::ensure!(
+            closed,
+            "new-replica: {} answered /health {code} while cut off: {}",
+            r.id,
+            body.trim()
+        );
+        Ok(())
     }
 
     /// SIGKILL `replicas`, wait `hold`, restart them and wait until they are healthy.
@@ -475,6 +608,71 @@ impl Nemesis {
         }
         Ok(())
     }
+}
+
+/// Per scope, the sequence replica `r`'s own stream has reached (its /watermarks).
+fn own_sequences(r: &ClusterReplica) -> Result<BTreeMap<String, u64>> {
+    watermarks_of(r, &r.id)
+}
+
+/// Per scope, how far replica `at` has applied `origin`'s stream.
+fn watermarks_of(at: &ClusterReplica, origin: &str) -> Result<BTreeMap<String, u64>> {
+    let (code, body) = cluster_cmd::http_get(&at.admin, "/watermarks")?;
+    anyhow::ensure!(code == 200, "{}: /watermarks answered {code}", at.id);
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    let mut out = BTreeMap::new();
+    for s in v["scopes"].as_array().into_iter().flatten() {
+        let seq = s["origins"][origin]["sequence"].as_u64().unwrap_or(0);
+        if let Some(scope) = s["scope"].as_str() {
+            out.insert(scope.to_owned(), seq);
+        }
+    }
+    Ok(out)
+}
+
+/// Sends `n` QUIC Initials to replica `r` over `over`, from 100 source ports: what
+/// anyone can send, no certificate needed (made with quinn-proto; nobody answers
+/// the Retry or the handshake).
+fn flood(cluster: &ClusterFile, r: &ClusterReplica, n: usize, over: Duration) -> Result<()> {
+    let to: std::net::SocketAddr = r.address.parse()?;
+    // Any certificate makes the same Initial: the cluster's operator one.
+    let ca = pangea_net::certs::load_ca(&cluster.certs)?;
+    let own = pangea_net::certs::load_credential(
+        &cluster.certs,
+        &pangea_net::Credential::Operator(crate::data_cmd::CLUSTER_OPERATOR.into()),
+    )?;
+    let config = pangea_net::tls::client_config(&ca, own)?;
+    let mut ep = quinn_proto::Endpoint::new(
+        Arc::new(quinn_proto::EndpointConfig::default()),
+        None,
+        false,
+        None,
+    );
+    let now = Instant::now();
+    let mut initials = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (_, mut conn) =
+            ep.connect(now, config.clone(), to, pangea_net::tls::server_name(&r.id))?;
+        let mut buf = Vec::new();
+        if let Some(t) = conn.poll_transmit(now, 1, &mut buf) {
+            buf.truncate(t.size);
+            initials.push(buf);
+        }
+    }
+    let started = Instant::now();
+    let per_port = initials.len().div_ceil(100).max(1);
+    for (i, chunk) in initials.chunks(per_port).enumerate() {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        for d in chunk {
+            let _ = s.send_to(d, to);
+        }
+        // Spread over `over`.
+        let due = over.mul_f64((i + 1) as f64 / 100.0);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+    Ok(())
 }
 
 /// A `/fault` POST to one replica's admin endpoint; anything but 200 is an error.
