@@ -156,16 +156,7 @@ async fn holdings(c: &Cluster, op: &pangea_client::Client) -> Result<BTreeMap<St
 /// Writes one small profile under each of `keys`, as the frontend.
 async fn write_rows(fe: &pangea_client::Client, keys: impl Iterator<Item = String>) -> Result<()> {
     for key in keys {
-        let m = pangea_client::RowMutation::new(
-            TABLE,
-            key,
-            vec![pangea_client::Mutation::SetCell {
-                family: "profile".into(),
-                column: bytes::Bytes::from_static(b"p"),
-                value: bytes::Bytes::from_static(b"v"),
-            }],
-            &pangea_core::Limits::default(),
-        )?;
+        let m = common::profile_set(key, &b"v"[..])?;
         fe.mutate(m, &pangea_client::WriteOptions::default())
             .await?;
     }

@@ -14,7 +14,7 @@ mod common;
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
 use common::{eventually, http_get, pangea_env, repo_file};
-use pangea_client::{Client, ClientConfig, Mutation, ReadOptions, RowMutation, WriteOptions};
+use pangea_client::{Client, ClientConfig, ReadOptions, RowMutation, WriteOptions};
 use pangea_topology::cluster::ClusterFile;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -117,16 +117,7 @@ impl Drop for Solo {
 }
 
 fn set(key: &str, bytes: usize) -> Result<RowMutation> {
-    Ok(RowMutation::new(
-        "ad_profiles",
-        key.to_owned(),
-        vec![Mutation::SetCell {
-            family: "profile".into(),
-            column: Bytes::from_static(b"p"),
-            value: Bytes::from(vec![b'x'; bytes]),
-        }],
-        &pangea_core::Limits::default(),
-    )?)
+    common::profile_set(key, vec![b'x'; bytes])
 }
 
 /// Fills the file system of `dir` with a file of zeros until `leave_mib` MiB are

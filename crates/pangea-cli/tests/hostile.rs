@@ -124,16 +124,7 @@ async fn pinned_frames_stay_within_the_budgets() -> Result<()> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     // Meanwhile an ordinary 8 MiB write from another connection goes through.
     let started = Instant::now();
-    let big = pangea_client::RowMutation::new(
-        "ad_profiles",
-        "us/big",
-        vec![pangea_client::Mutation::SetCell {
-            family: "profile".into(),
-            column: Bytes::from_static(b"p"),
-            value: Bytes::from(vec![7u8; 8 << 20]),
-        }],
-        &pangea_core::Limits::default(),
-    )?;
+    let big = common::profile_set("us/big", vec![7u8; 8 << 20])?;
     fe.mutate(
         big,
         &pangea_client::WriteOptions {
@@ -246,16 +237,7 @@ async fn handshake_floods_are_retried_and_memory_stays_bounded() -> Result<()> {
     let fe = c.client(US, "frontend").await?;
     let key = "us/flooded";
     fe.mutate(
-        pangea_client::RowMutation::new(
-            "ad_profiles",
-            key,
-            vec![pangea_client::Mutation::SetCell {
-                family: "profile".into(),
-                column: Bytes::from_static(b"p"),
-                value: Bytes::from_static(b"v"),
-            }],
-            &pangea_core::Limits::default(),
-        )?,
+        common::profile_set(key, &b"v"[..])?,
         &pangea_client::WriteOptions::default(),
     )
     .await?;

@@ -71,16 +71,7 @@ fn one_replica_stops_starts_and_restarts_and_its_log_grows() -> Result<()> {
             let fe = fe.clone();
             tasks.spawn(async move {
                 for i in (lane..3_000).step_by(16) {
-                    let m = pangea_client::RowMutation::new(
-                        "ad_profiles",
-                        format!("us/{i:05}"),
-                        vec![pangea_client::Mutation::SetCell {
-                            family: "profile".into(),
-                            column: bytes::Bytes::from_static(b"p"),
-                            value: bytes::Bytes::from_static(b"v"),
-                        }],
-                        &pangea_core::Limits::default(),
-                    )?;
+                    let m = common::profile_set(format!("us/{i:05}"), &b"v"[..])?;
                     fe.mutate(m, &pangea_client::WriteOptions::default())
                         .await?;
                 }

@@ -8,7 +8,7 @@ mod common;
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
 use common::{Cluster, US, eventually, http_request};
-use pangea_client::{Consistency, Mutation, ReadOptions, RowMutation, WriteOptions};
+use pangea_client::{Consistency, ReadOptions, WriteOptions};
 use std::time::Duration;
 
 const LONELY: &str = "use1-b";
@@ -19,16 +19,7 @@ async fn a_new_replica_that_hears_no_peer_never_serves_emptiness() -> Result<()>
     let fe = c.client(US, "frontend").await?;
     let keys: Vec<String> = (0..40).map(|i| format!("us/{i:03}")).collect();
     for k in &keys {
-        let m = RowMutation::new(
-            "ad_profiles",
-            k.clone(),
-            vec![Mutation::SetCell {
-                family: "profile".into(),
-                column: Bytes::from_static(b"p"),
-                value: Bytes::from_static(b"v"),
-            }],
-            &pangea_core::Limits::default(),
-        )?;
+        let m = common::profile_set(k.clone(), &b"v"[..])?;
         fe.mutate(m, &WriteOptions::default()).await?;
     }
     // use1-b is replaced by a new, empty replica of the same id, which no peer can

@@ -103,20 +103,33 @@ pub async fn read_frame<M: Message + Default>(
     recv: &mut quinn::RecvStream,
     limit_bytes: usize,
 ) -> Result<Option<M>> {
-    let mut header = [0u8; FRAME_HEADER_BYTES];
-    match recv.read_exact(&mut header).await {
-        Ok(()) => {}
-        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
-        Err(quinn::ReadExactError::FinishedEarly(received_bytes)) => {
-            return Err(Error::FrameTruncated {
-                expected_bytes: FRAME_HEADER_BYTES,
-                received_bytes,
-            });
-        }
-        Err(quinn::ReadExactError::ReadError(e)) => return Err(e.into()),
-    }
+    let Some(header) = read_header(recv).await? else {
+        return Ok(None);
+    };
     // The limit check happens here, before the allocation below.
     let body_bytes = body_length(header, limit_bytes)?;
+    read_body(recv, body_bytes).await.map(Some)
+}
+
+/// A frame's length prefix; `None` when the stream finished cleanly before it.
+async fn read_header(recv: &mut quinn::RecvStream) -> Result<Option<[u8; FRAME_HEADER_BYTES]>> {
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    match recv.read_exact(&mut header).await {
+        Ok(()) => Ok(Some(header)),
+        Err(quinn::ReadExactError::FinishedEarly(0)) => Ok(None),
+        Err(quinn::ReadExactError::FinishedEarly(received_bytes)) => Err(Error::FrameTruncated {
+            expected_bytes: FRAME_HEADER_BYTES,
+            received_bytes,
+        }),
+        Err(quinn::ReadExactError::ReadError(e)) => Err(e.into()),
+    }
+}
+
+/// A frame's body of `body_bytes` (already checked against the limit), decoded.
+async fn read_body<M: Message + Default>(
+    recv: &mut quinn::RecvStream,
+    body_bytes: usize,
+) -> Result<M> {
     let mut body = vec![0u8; body_bytes];
     match recv.read_exact(&mut body).await {
         Ok(()) => {}
@@ -130,7 +143,7 @@ pub async fn read_frame<M: Message + Default>(
     }
     // From `Bytes`, prost hands out the `bytes` fields (values, keys) as slices of
     // this buffer instead of copying each one.
-    Ok(Some(M::decode(Bytes::from(body))?))
+    Ok(M::decode(Bytes::from(body))?)
 }
 
 /// Memory for frames being read, before they are complete: one budget per
@@ -211,38 +224,18 @@ pub async fn read_frame_within<M: Message + Default>(
     budget: &FrameBudget,
     body_time_max: Duration,
 ) -> Result<Option<M>> {
-    let mut header = [0u8; FRAME_HEADER_BYTES];
-    match recv.read_exact(&mut header).await {
-        Ok(()) => {}
-        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
-        Err(quinn::ReadExactError::FinishedEarly(received_bytes)) => {
-            return Err(Error::FrameTruncated {
-                expected_bytes: FRAME_HEADER_BYTES,
-                received_bytes,
-            });
-        }
-        Err(quinn::ReadExactError::ReadError(e)) => return Err(e.into()),
-    }
+    let Some(header) = read_header(recv).await? else {
+        return Ok(None);
+    };
     let body_bytes = body_length(header, limit_bytes)?;
     let _permit = budget.take(body_bytes)?;
-    let mut body = vec![0u8; body_bytes];
-    match tokio::time::timeout(body_time_max, recv.read_exact(&mut body)).await {
-        Err(_) => {
-            return Err(Error::FrameTimeout {
-                expected_bytes: body_bytes,
-                after_ms: body_time_max.as_millis() as u64,
-            });
-        }
-        Ok(Ok(())) => {}
-        Ok(Err(quinn::ReadExactError::FinishedEarly(received_bytes))) => {
-            return Err(Error::FrameTruncated {
-                expected_bytes: body_bytes,
-                received_bytes,
-            });
-        }
-        Ok(Err(quinn::ReadExactError::ReadError(e))) => return Err(e.into()),
+    match tokio::time::timeout(body_time_max, read_body(recv, body_bytes)).await {
+        Ok(frame) => frame.map(Some),
+        Err(_) => Err(Error::FrameTimeout {
+            expected_bytes: body_bytes,
+            after_ms: body_time_max.as_millis() as u64,
+        }),
     }
-    Ok(Some(M::decode(Bytes::from(body))?))
 }
 
 #[cfg(test)]

@@ -629,6 +629,23 @@ pub fn set_cell(
     })
 }
 
+/// A write of `value` into `profile:p` of `ad_profiles` row `key` (the tests' rows).
+pub fn profile_set(
+    key: impl Into<String>,
+    value: impl Into<bytes::Bytes>,
+) -> Result<pangea_client::RowMutation> {
+    Ok(pangea_client::RowMutation::new(
+        "ad_profiles",
+        key.into(),
+        vec![pangea_client::Mutation::SetCell {
+            family: "profile".into(),
+            column: bytes::Bytes::from_static(b"p"),
+            value: value.into(),
+        }],
+        &pangea_core::Limits::default(),
+    )?)
+}
+
 /// The error of a response, if it is one.
 pub fn error_of(resp: &pb::ClientResponse) -> Option<(pb::error::Code, &str)> {
     match &resp.response {
