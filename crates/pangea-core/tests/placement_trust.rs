@@ -13,41 +13,10 @@ use pangea_core::storage::{LogEntry, Storage};
 use pangea_core::{Error, Limits, MemStorage, Mutation, RowMutation, ScopeId, Timestamp};
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
-use pangea_topology::{Deployment, ReplicaId};
-use std::path::Path;
-use std::sync::Arc;
+use pangea_topology::ReplicaId;
 
-fn deployment() -> Arc<Deployment> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology");
-    Arc::new(
-        Deployment::load(
-            &root.join("local-3-regions.toml"),
-            Some(&root.join("local-3-regions.placement.toml")),
-        )
-        .unwrap(),
-    )
-}
-
-const T0: u64 = 1_700_000_000_000;
-
-fn at(ms: u64) -> Now {
-    Now {
-        mono_us: ms * 1_000,
-        wall_ms: T0 + ms,
-    }
-}
-
-fn replica(d: &Arc<Deployment>, id: &str) -> Replica<MemStorage> {
-    Replica::new(
-        id.into(),
-        d.clone(),
-        Config::default(),
-        MemStorage::new(),
-        7,
-        at(0),
-    )
-    .unwrap()
-}
+mod common;
+use common::{T0, at, deployment, replica};
 
 fn set(
     table: &str,
