@@ -42,6 +42,13 @@ pub enum Error {
     /// The row's placement policy does not allow this replica (or it stores no rows).
     #[error("placement policy {scope:?} does not allow replica {replica:?} to hold this row")]
     PolicyForbids { scope: String, replica: String },
+    /// The replica's store is new and it is still relearning from its peers how
+    /// far its own stream went ([`crate::replica::Replica::relearn_own_streams`]).
+    #[error(
+        "replica {replica:?} is relearning its own stream of scope {scope:?} from its \
+         peers (its store is new): another replica takes the write"
+    )]
+    OwnStreamUnknown { scope: String, replica: String },
     #[error(transparent)]
     Clock(#[from] ClockError),
     #[error(transparent)]

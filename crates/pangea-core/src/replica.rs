@@ -214,6 +214,12 @@ pub enum Event {
         scope: ScopeId,
         rows: u64,
     },
+    /// A replica relearning its own streams ([`Replica::relearn_own_streams`]) now
+    /// holds its own stream of `scope` as far as its peers had it, and writes there.
+    OwnStreamLearned {
+        scope: ScopeId,
+        sequence: u64,
+    },
     Rejected {
         from: ReplicaId,
         reason: Reject,
@@ -744,7 +750,20 @@ pub struct Replica<S: Storage> {
     /// [`Replica::purge_moved_rows`] once the driver has published the new location
     /// (so no read sees a purged row under the old placement).
     pending_purges: Vec<(Arc<str>, Bytes, String)>,
+    /// Scopes whose own stream this replica is relearning from its peers
+    /// ([`Replica::relearn_own_streams`]); it writes in none of them.
+    relearning: BTreeMap<ScopeId, Relearning>,
     stats: Stats,
+}
+
+/// A scope in which this replica does not know how far its own stream went: its
+/// store is new, and a replica of the same id may have written before (a lost disk).
+#[derive(Debug, Default)]
+struct Relearning {
+    /// The scope's other origins that reported their applied watermarks since.
+    reported: BTreeSet<ReplicaId>,
+    /// When the first of them did.
+    first_report_us: Option<u64>,
 }
 
 impl<S: Storage> Replica<S> {
@@ -788,6 +807,7 @@ impl<S: Storage> Replica<S> {
             sweep: None,
             location: Location::new(),
             pending_purges: Vec::new(),
+            relearning: BTreeMap::new(),
             stats: Stats::default(),
         };
         r.rebuild_scopes(now);
@@ -886,6 +906,86 @@ impl<S: Storage> Replica<S> {
             })
             .map(|(scope, _)| scope.clone())
             .collect()
+    }
+
+    /// Tells this replica that its store may not hold its own streams: the store is
+    /// new, and a replica of the same id may have written before (its disk was
+    /// lost and it came back empty under its old id). A (scope, origin, sequence)
+    /// names one write for ever (I11): writing from sequence 1 again would reuse
+    /// sequences, and peers would drop the new writes as duplicates of the old.
+    /// So in every scope it writes in, until it has relearned how far its own
+    /// stream went, the replica
+    /// - refuses writes ([`Error::OwnStreamUnknown`]: the client writes elsewhere);
+    /// - takes the furthest sequence of its own stream that another origin of the
+    ///   scope reports applied (applied-watermark gossip) as the stream's end, and
+    ///   accepts its own entries from peers up to there (gap repair, snapshots);
+    /// - heartbeats without a promise about its stream (no timestamp beyond what
+    ///   it holds), so no peer's watermark moves on its word.
+    ///
+    /// A scope is relearned once every other origin of it has reported, or one has
+    /// and two gossip periods have passed (an origin that is down cannot report),
+    /// and the stream holds all that was reported. A replica that is the only
+    /// origin of a scope has nobody to learn from and writes at once. What stays
+    /// possible: an origin unreachable throughout that holds more of the old stream
+    /// than every reachable one drops the writes that reuse those sequences.
+    ///
+    /// The node calls this for a store it does not trust (no readiness record): a
+    /// replica created with a new cluster, or one that caught up once, holds its
+    /// own streams durably and never needs it.
+    pub fn relearn_own_streams(&mut self, now: Now) {
+        if !self.stores_rows {
+            return;
+        }
+        for (scope, s) in &self.scopes {
+            if s.origins.contains(&self.id) {
+                self.relearning.insert(scope.clone(), Relearning::default());
+            }
+        }
+        self.settle_relearning(now);
+    }
+
+    /// The scopes whose own stream this replica is still relearning
+    /// ([`Replica::relearn_own_streams`]); it writes in none of them.
+    pub fn relearning_scopes(&self) -> impl Iterator<Item = &ScopeId> {
+        self.relearning.keys()
+    }
+
+    /// Ends relearning in the scopes where it is done (see
+    /// [`Replica::relearn_own_streams`]).
+    fn settle_relearning(&mut self, now: Now) {
+        if self.relearning.is_empty() {
+            return;
+        }
+        let window_us =
+            2 * self.config.applied_gossip_every.max(1) * self.config.heartbeat_interval_ms * 1_000;
+        let mut learned = Vec::new();
+        for (scope, r) in &self.relearning {
+            let Some(s) = self.scopes.get(scope) else {
+                learned.push((scope.clone(), None));
+                continue;
+            };
+            let mut others = s.origins.iter().filter(|o| **o != self.id).peekable();
+            let alone = others.peek().is_none();
+            let all_reported = others.all(|o| r.reported.contains(o));
+            let waited = r
+                .first_report_us
+                .is_some_and(|t| now.mono_us >= t + window_us);
+            let (known_last, applied) = s
+                .streams
+                .get(&self.id)
+                .map_or((0, 0), |st| (st.known_last, st.applied.sequence));
+            let heard = alone || (r.first_report_us.is_some() && (all_reported || waited));
+            if heard && s.incoming.is_none() && applied >= known_last {
+                learned.push((scope.clone(), Some(applied)));
+            }
+        }
+        for (scope, sequence) in learned {
+            self.relearning.remove(&scope);
+            if let Some(sequence) = sequence {
+                self.events
+                    .push_back(Event::OwnStreamLearned { scope, sequence });
+            }
+        }
     }
 
     /// The purge horizon this replica computed for `scope`.
@@ -1229,6 +1329,12 @@ impl<S: Storage> Replica<S> {
                 replica: self.id.to_string(),
             });
         }
+        if self.relearning.contains_key(scope) {
+            return Err(Error::OwnStreamUnknown {
+                scope: scope.to_string(),
+                replica: self.id.to_string(),
+            });
+        }
         let timestamp = self.clock.now(now.wall_ms);
         let sequence = self.stream_mut(scope, &self.id.clone()).applied.sequence + 1;
         let entry = LogEntry {
@@ -1516,7 +1622,7 @@ impl<S: Storage> Replica<S> {
             self.stats.duplicates += 1;
             return Ok(());
         }
-        if e.origin == self.id {
+        if e.origin == self.id && !self.relearning.contains_key(&e.scope) {
             // We never lose our own durable writes; something claims to be ours.
             self.reject(from, Reject::ForeignOwnSequence);
             return Ok(());
@@ -2001,8 +2107,9 @@ impl<S: Storage> Replica<S> {
                 rows,
             });
             let origins: Vec<ReplicaId> = self.scopes[&c.scope].origins.iter().cloned().collect();
+            let relearning = self.relearning.contains_key(&c.scope);
             for origin in origins {
-                if origin != self.id {
+                if origin != self.id || relearning {
                     self.stream_mut(&c.scope, &origin).gap = None;
                     self.drain_pending(now, &c.scope, &origin)?;
                 }
@@ -2028,13 +2135,21 @@ impl<S: Storage> Replica<S> {
             .filter(|e| &e.scope == scope)
             .map(|e| e.timestamp)
             .min();
+        let relearning = self.relearning.contains_key(scope);
         let timestamp = match first_unflushed {
             Some(t) => Timestamp::from_u64(t.as_u64().saturating_sub(1)),
+            // Relearning, we do not know what our stream holds: promise nothing
+            // beyond what we hold.
+            None if relearning => self
+                .scopes
+                .get(scope)
+                .and_then(|s| s.streams.get(&self.id))
+                .map_or(Timestamp::ZERO, |st| st.durable.timestamp),
             None => self.clock.now(now.wall_ms),
         };
         // Our own watermark moves with our promise: we have applied all our writes,
         // and none will come at or below it. Written at the next flush (I6).
-        if self.stores_rows {
+        if self.stores_rows && !relearning {
             let id = self.id.clone();
             if let Some(st) = self
                 .scopes
@@ -2136,6 +2251,8 @@ impl<S: Storage> Replica<S> {
         hbs: Vec<Heartbeat>,
     ) -> Result<(), Error> {
         let inbound_until_us = now.mono_us + self.inbound_ttl_us();
+        // Scopes where a report moved the end of our own stream (relearning).
+        let mut relearn_gaps: Vec<ScopeId> = Vec::new();
         // Whether `from` is a member of the last scope looked at: a frame's
         // heartbeats come in scope order.
         let mut from_member: Option<(ScopeId, bool)> = None;
@@ -2191,6 +2308,24 @@ impl<S: Storage> Replica<S> {
                         .entry(hb.origin.clone())
                         .or_default()
                         .raise(&hb.applied),
+                }
+                if let Some(r) = self.relearning.get_mut(&hb.scope)
+                    && origin_is_writer
+                {
+                    // How far another origin applied our own stream.
+                    r.reported.insert(hb.origin.clone());
+                    r.first_report_us.get_or_insert(now.mono_us);
+                    let reported = hb
+                        .applied
+                        .iter()
+                        .find(|(o, _)| *o == self.id)
+                        .map_or(0, |(_, w)| w.sequence);
+                    let st = s.streams.get_or_default(&self.id);
+                    if reported > st.known_last {
+                        st.known_last = reported;
+                        st.hint = Some(hb.origin.clone());
+                        relearn_gaps.push(hb.scope.clone());
+                    }
                 }
             }
             let st = s.streams.get_or_default(&hb.origin);
@@ -2250,6 +2385,10 @@ impl<S: Storage> Replica<S> {
                 let (scope, origin) = (hb.scope.clone(), hb.origin.clone());
                 self.maybe_request_gap(now, &scope, &origin);
             }
+        }
+        let id = self.id.clone();
+        for scope in relearn_gaps {
+            self.maybe_request_gap(now, &scope, &id);
         }
         Ok(())
     }
@@ -2440,6 +2579,7 @@ impl<S: Storage> Replica<S> {
             self.next_check_us = now.mono_us + self.config.gap_retry_ms * 1_000 / 2;
             self.check_peers(now);
             self.retry_gaps(now);
+            self.settle_relearning(now);
         }
         if now.mono_us >= self.next_compaction_us {
             self.next_compaction_us = now.mono_us + self.config.compaction_interval_ms * 1_000;

@@ -305,6 +305,124 @@ fn restart_restores_streams_and_never_reuses_a_sequence() {
     assert!(t2.timestamp > t1.timestamp);
 }
 
+/// Every replica of `d` on an empty store.
+fn all_replicas(d: &Arc<pangea_topology::Deployment>) -> BTreeMap<String, Replica<MemStorage>> {
+    d.topology
+        .replicas
+        .keys()
+        .map(|id| (id.to_string(), replica(d, id.as_str())))
+        .collect()
+}
+
+/// Runs timers and moves frames every 50 ms from `from_ms` to `to_ms`.
+fn run(rs: &mut BTreeMap<String, Replica<MemStorage>>, from_ms: u64, to_ms: u64) {
+    for ms in (from_ms..=to_ms).step_by(50) {
+        for r in rs.values_mut() {
+            r.handle_timeout(at(ms)).unwrap();
+        }
+        pump(rs, at(ms));
+    }
+}
+
+/// `euw1-a` wrote three rows that every replica applied, then lost its store and
+/// came back empty under its old id; the rest of the cluster carried on.
+fn euw1_a_came_back_empty(relearn: bool) -> (BTreeMap<String, Replica<MemStorage>>, Vec<Token>) {
+    let d = deployment();
+    let mut rs = all_replicas(&d);
+    let a = rs.get_mut("euw1-a").unwrap();
+    let old: Vec<Token> = (1..=3)
+        .map(|i| a.propose(at(10), set(&format!("us/{i}"), "old")).unwrap())
+        .collect();
+    run(&mut rs, 10, 600);
+    let mut fresh = Replica::new(
+        "euw1-a".into(),
+        d,
+        Config::default(),
+        MemStorage::new(),
+        9,
+        at(700),
+    )
+    .unwrap();
+    if relearn {
+        fresh.relearn_own_streams(at(700));
+    }
+    rs.insert("euw1-a".into(), fresh);
+    (rs, old)
+}
+
+#[test]
+fn a_replica_back_with_an_empty_store_relearns_its_stream_before_it_writes() {
+    let (mut rs, old) = euw1_a_came_back_empty(true);
+    let global = ScopeId::global();
+    let a = rs.get_mut("euw1-a").unwrap();
+    assert!(a.relearning_scopes().any(|s| *s == global));
+    assert!(
+        matches!(
+            a.propose(at(700), set("us/new", "new")),
+            Err(pangea_core::Error::OwnStreamUnknown { .. })
+        ),
+        "no write before it knows where its stream stands"
+    );
+    run(&mut rs, 700, 3_000);
+    let a = rs.get_mut("euw1-a").unwrap();
+    assert_eq!(a.relearning_scopes().count(), 0, "relearned everywhere");
+    assert!(events(a).contains(&Event::OwnStreamLearned {
+        scope: global.clone(),
+        sequence: 3
+    }));
+    // Its old writes are back, from its peers.
+    let wm = a.watermarks(&global).unwrap();
+    for t in &old {
+        assert!(wm.covers(t), "{t:?} not relearned");
+    }
+    assert!(
+        a.storage()
+            .get_row("ad_profiles", b"us/2")
+            .unwrap()
+            .is_some()
+    );
+    // A new write takes the next sequence, and every peer applies it.
+    let new = a.propose(at(3_000), set("us/new", "new")).unwrap();
+    assert_eq!(new.sequence, 4);
+    run(&mut rs, 3_000, 3_500);
+    for (id, r) in &rs {
+        assert!(
+            r.watermarks(&global).unwrap().covers(&new),
+            "{id} did not apply the new write"
+        );
+        if r.deployment().topology.replicas[id.as_str()]
+            .role
+            .stores_rows()
+        {
+            assert!(
+                r.storage()
+                    .get_row("ad_profiles", b"us/new")
+                    .unwrap()
+                    .is_some(),
+                "{id} lacks the new row"
+            );
+        }
+    }
+}
+
+#[test]
+fn without_relearning_an_empty_replica_reuses_its_sequences_and_its_writes_are_lost() {
+    // What `relearn_own_streams` prevents: peers take the new write for a
+    // duplicate of the old one of the same sequence, and drop it.
+    let (mut rs, old) = euw1_a_came_back_empty(false);
+    let a = rs.get_mut("euw1-a").unwrap();
+    let new = a.propose(at(700), set("us/new", "new")).unwrap();
+    assert_eq!(new.sequence, old[0].sequence, "sequence 1 again");
+    run(&mut rs, 700, 1_500);
+    let b = &rs["euw1-b"];
+    assert!(
+        b.storage()
+            .get_row("ad_profiles", b"us/new")
+            .unwrap()
+            .is_none()
+    );
+}
+
 struct View(BTreeMap<ReplicaId, ScopeWatermarks>);
 
 impl PeerView for View {

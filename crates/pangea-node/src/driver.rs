@@ -76,6 +76,10 @@ pub async fn run(
 ) {
     let mut waiters: Waiters = BTreeMap::new();
     let mut record = crate::readiness::Record::read(&shared.config.data_dir);
+    if record.is_none() {
+        // A store this replica does not trust may lack the replica's own writes.
+        replica.relearn_own_streams(shared.clock.now());
+    }
     let mut gate = crate::readiness::Gate::new(
         std::time::Instant::now(),
         std::time::Duration::from_millis(replica.config().heartbeat_interval_ms),
@@ -99,6 +103,9 @@ pub async fn run(
         match recover(replica, &shared, &mut rx, error).await {
             Some(r) => replica = r,
             None => return,
+        }
+        if record.is_none() {
+            replica.relearn_own_streams(shared.clock.now());
         }
     }
 }
@@ -196,6 +203,7 @@ async fn turns(
                 replica.stats().frames_received,
                 replica.stream_progress(),
                 &replica.unheard_scopes(),
+                &replica.relearning_scopes().cloned().collect::<Vec<_>>(),
             )
         };
         // Caught up once: from now on this replica trusts its store.
@@ -460,6 +468,9 @@ fn drain_events(replica: &mut Replica<Store>, shared: &Shared, waiters: &mut Wai
             }
             Event::SnapshotInstalled { scope, rows } => {
                 tracing::info!(%scope, rows, "snapshot installed")
+            }
+            Event::OwnStreamLearned { scope, sequence } => {
+                tracing::info!(%scope, sequence, "own stream relearned from peers: accepting writes")
             }
             Event::GapDetected {
                 scope,

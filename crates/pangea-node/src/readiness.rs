@@ -100,6 +100,11 @@ pub enum Phase {
     WaitingForPeers {
         scopes: Vec<String>,
     },
+    /// A replica that does not trust its store, learning from its peers how far
+    /// its own stream went in these scopes (`Replica::relearn_own_streams`).
+    Relearning {
+        scopes: Vec<String>,
+    },
     Listening,
     /// Entries still to apply to reach the targets, over how many streams.
     CatchingUp {
@@ -116,6 +121,12 @@ impl std::fmt::Display for Phase {
                 f,
                 "a replica that never caught up, waiting to hear a peer of {} (an empty \
                  store is served only by a replica created with a new cluster)",
+                scopes.join(", ")
+            ),
+            Phase::Relearning { scopes } => write!(
+                f,
+                "a replica that never caught up, learning from its peers how far its own \
+                 stream went in {} (its store is new; it writes there once it knows)",
                 scopes.join(", ")
             ),
             Phase::Listening => write!(f, "listening for peers' heartbeats"),
@@ -176,13 +187,15 @@ impl Gate {
 
     /// Advances the gate; returns the new phase when it changed.
     /// `unheard` are the scopes shared with peers none of which was heard yet
-    /// (`Replica::unheard_scopes`).
+    /// (`Replica::unheard_scopes`); `relearning` those whose own stream the replica
+    /// is still relearning (`Replica::relearning_scopes`).
     pub fn update<'a>(
         &mut self,
         now: Instant,
         frames_received: u64,
         progress: impl Iterator<Item = StreamProgress<'a>>,
         unheard: &[ScopeId],
+        relearning: &[ScopeId],
     ) -> Option<Phase> {
         if self.phase == Phase::Ready {
             return None;
@@ -201,6 +214,19 @@ impl Gate {
         }
         if frames_received > 0 && self.first_heard.is_none() {
             self.first_heard = Some(now);
+        }
+        // Its own stream first: what this replica wrote before its store was lost
+        // is among what it must hold before it serves.
+        if !self.trusted && self.targets.is_none() && !relearning.is_empty() {
+            let phase = Phase::Relearning {
+                scopes: relearning.iter().map(|s| s.to_string()).collect(),
+            };
+            let changed = phase != self.phase;
+            if changed {
+                tracing::info!(%phase, "not serving reads or writes");
+            }
+            self.phase = phase;
+            return changed.then(|| self.phase.clone());
         }
         let progress: Vec<StreamProgress<'a>> = progress.collect();
         if self.targets.is_none() {
@@ -300,12 +326,12 @@ mod tests {
         let t0 = Instant::now();
         let mut g = Gate::new(t0, Duration::from_millis(50), true);
         assert_eq!(
-            g.update(t0 + Duration::from_secs(1), 0, std::iter::empty(), &[]),
+            g.update(t0 + Duration::from_secs(1), 0, std::iter::empty(), &[], &[]),
             None
         );
         assert_eq!(g.phase(), &Phase::Listening);
         assert_eq!(
-            g.update(t0 + LISTEN_ALONE, 0, std::iter::empty(), &[]),
+            g.update(t0 + LISTEN_ALONE, 0, std::iter::empty(), &[], &[]),
             Some(Phase::Ready)
         );
     }
@@ -317,10 +343,13 @@ mod tests {
         let t0 = Instant::now();
         let mut g = Gate::new(t0, Duration::from_millis(50), true);
         // Heard a peer: still listening for relayed heartbeats.
-        assert_eq!(g.update(t0, 1, [p(&s, &a, 0, 10)].into_iter(), &[]), None);
+        assert_eq!(
+            g.update(t0, 1, [p(&s, &a, 0, 10)].into_iter(), &[], &[]),
+            None
+        );
         let t1 = t0 + LISTEN_MIN;
         assert_eq!(
-            g.update(t1, 5, [p(&s, &a, 2, 10)].into_iter(), &[]),
+            g.update(t1, 5, [p(&s, &a, 2, 10)].into_iter(), &[], &[]),
             Some(Phase::CatchingUp {
                 streams_behind: 1,
                 entries_behind: 8
@@ -328,18 +357,21 @@ mod tests {
         );
         // New writes elsewhere do not move the target.
         assert_eq!(
-            g.update(t1, 9, [p(&s, &a, 9, 50)].into_iter(), &[]),
+            g.update(t1, 9, [p(&s, &a, 9, 50)].into_iter(), &[], &[]),
             Some(Phase::CatchingUp {
                 streams_behind: 1,
                 entries_behind: 1
             })
         );
         assert_eq!(
-            g.update(t1, 9, [p(&s, &a, 10, 60)].into_iter(), &[]),
+            g.update(t1, 9, [p(&s, &a, 10, 60)].into_iter(), &[], &[]),
             Some(Phase::Ready)
         );
         // Ready for good.
-        assert_eq!(g.update(t1, 9, [p(&s, &a, 10, 90)].into_iter(), &[]), None);
+        assert_eq!(
+            g.update(t1, 9, [p(&s, &a, 10, 90)].into_iter(), &[], &[]),
+            None
+        );
         assert_eq!(g.phase(), &Phase::Ready);
     }
 
@@ -349,18 +381,24 @@ mod tests {
         let a = ReplicaId::new("a");
         let t0 = Instant::now();
         let mut g = Gate::new(t0, Duration::from_millis(50), true);
-        g.update(t0, 1, [p(&s, &a, 0, 10)].into_iter(), &[]);
+        g.update(t0, 1, [p(&s, &a, 0, 10)].into_iter(), &[], &[]);
         let t1 = t0 + LISTEN_MIN;
         assert!(
-            g.update(t1, 1, [p(&s, &a, 3, 10)].into_iter(), &[])
+            g.update(t1, 1, [p(&s, &a, 3, 10)].into_iter(), &[], &[])
                 .is_some()
         );
         assert_eq!(
-            g.update(t1 + STALL_MAX / 2, 1, [p(&s, &a, 3, 10)].into_iter(), &[]),
+            g.update(
+                t1 + STALL_MAX / 2,
+                1,
+                [p(&s, &a, 3, 10)].into_iter(),
+                &[],
+                &[]
+            ),
             None
         );
         assert_eq!(
-            g.update(t1 + STALL_MAX, 1, [p(&s, &a, 3, 10)].into_iter(), &[]),
+            g.update(t1 + STALL_MAX, 1, [p(&s, &a, 3, 10)].into_iter(), &[], &[]),
             Some(Phase::Ready)
         );
     }
@@ -371,9 +409,9 @@ mod tests {
         let a = ReplicaId::new("a");
         let t0 = Instant::now();
         let mut g = Gate::new(t0, Duration::from_millis(50), true);
-        g.update(t0, 1, [p(&s, &a, 4, 4)].into_iter(), &[]);
+        g.update(t0, 1, [p(&s, &a, 4, 4)].into_iter(), &[], &[]);
         assert_eq!(
-            g.update(t0 + LISTEN_MIN, 1, [p(&s, &a, 4, 4)].into_iter(), &[]),
+            g.update(t0 + LISTEN_MIN, 1, [p(&s, &a, 4, 4)].into_iter(), &[], &[]),
             Some(Phase::Ready)
         );
     }
@@ -385,23 +423,23 @@ mod tests {
         let mut g = Gate::new(t0, Duration::from_millis(50), false);
         let unheard = [global];
         assert_eq!(
-            g.update(t0, 0, std::iter::empty(), &unheard),
+            g.update(t0, 0, std::iter::empty(), &unheard, &[]),
             Some(Phase::WaitingForPeers {
                 scopes: vec!["global".into()]
             })
         );
         // Hours later, still nobody heard: still closed.
         let later = t0 + Duration::from_secs(3_600);
-        assert_eq!(g.update(later, 0, std::iter::empty(), &unheard), None);
+        assert_eq!(g.update(later, 0, std::iter::empty(), &unheard, &[]), None);
         assert!(matches!(g.phase(), Phase::WaitingForPeers { .. }));
         // Alone with every scope "heard" but no frame (cannot happen in a
         // replica, but the gate must not open on silence): listening, not ready.
         assert_eq!(
-            g.update(later, 0, std::iter::empty(), &[]),
+            g.update(later, 0, std::iter::empty(), &[], &[]),
             Some(Phase::Listening)
         );
         assert_eq!(
-            g.update(later + LISTEN_ALONE, 0, std::iter::empty(), &[]),
+            g.update(later + LISTEN_ALONE, 0, std::iter::empty(), &[], &[]),
             None
         );
     }
@@ -413,25 +451,61 @@ mod tests {
         let t0 = Instant::now();
         let mut g = Gate::new(t0, Duration::from_millis(50), false);
         assert!(
-            g.update(t0, 0, std::iter::empty(), std::slice::from_ref(&s))
+            g.update(t0, 0, std::iter::empty(), std::slice::from_ref(&s), &[])
                 .is_some()
         );
         // A peer heard: listen, then catch up to what it said exists.
         assert_eq!(
-            g.update(t0, 1, [p(&s, &a, 0, 10)].into_iter(), &[]),
+            g.update(t0, 1, [p(&s, &a, 0, 10)].into_iter(), &[], &[]),
             Some(Phase::Listening)
         );
         let t1 = t0 + LISTEN_MIN;
         assert_eq!(
-            g.update(t1, 2, [p(&s, &a, 4, 10)].into_iter(), &[]),
+            g.update(t1, 2, [p(&s, &a, 4, 10)].into_iter(), &[], &[]),
             Some(Phase::CatchingUp {
                 streams_behind: 1,
                 entries_behind: 6
             })
         );
         assert_eq!(
-            g.update(t1, 3, [p(&s, &a, 10, 10)].into_iter(), &[]),
+            g.update(t1, 3, [p(&s, &a, 10, 10)].into_iter(), &[], &[]),
             Some(Phase::Ready)
+        );
+    }
+
+    #[test]
+    fn an_untrusted_replica_relearns_its_own_stream_before_it_listens() {
+        let s = ScopeId::new("global");
+        let (a, me) = (ReplicaId::new("a"), ReplicaId::new("me"));
+        let t0 = Instant::now();
+        let mut g = Gate::new(t0, Duration::from_millis(50), false);
+        let relearning = std::slice::from_ref(&s);
+        // A peer heard, but its report of our own stream not in yet: closed, saying
+        // why, however long the listening window has run.
+        assert_eq!(
+            g.update(t0, 1, [p(&s, &a, 0, 10)].into_iter(), &[], relearning),
+            Some(Phase::Relearning {
+                scopes: vec!["global".into()]
+            })
+        );
+        let t1 = t0 + LISTEN_MIN * 10;
+        assert_eq!(
+            g.update(t1, 5, [p(&s, &a, 0, 10)].into_iter(), &[], relearning),
+            None
+        );
+        // Relearned (our stream holds what peers had): catch up with the others.
+        assert_eq!(
+            g.update(
+                t1,
+                6,
+                [p(&s, &a, 4, 10), p(&s, &me, 7, 7)].into_iter(),
+                &[],
+                &[]
+            ),
+            Some(Phase::CatchingUp {
+                streams_behind: 1,
+                entries_behind: 6
+            })
         );
     }
 

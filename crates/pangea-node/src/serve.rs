@@ -97,8 +97,10 @@ impl From<CoreError> for Failure {
         let code = match &e {
             CoreError::UnknownTable { .. } | CoreError::UnknownFamily { .. } => Code::NotFound,
             CoreError::PolicyForbids { .. } => Code::PolicyForbids,
-            // A fenced clock: another replica takes the write (the client fails over).
+            // A fenced clock, or a new store relearning its own stream: another
+            // replica takes the write (the client fails over).
             CoreError::Storage(_)
+            | CoreError::OwnStreamUnknown { .. }
             | CoreError::Clock(pangea_core::hlc::ClockError::Fenced { .. }) => Code::Unavailable,
             _ => Code::InvalidArgument,
         };

@@ -1477,8 +1477,11 @@ impl Simulation {
             Event::TreeChanged { .. } | Event::SnapshotNeeded { .. } => {
                 self.trace([8, r as u64, 0, 0]);
             }
-            // Drills run no migrations and write no location entries.
-            Event::LocationRefused(_) | Event::PurgeWithheld { .. } => {}
+            // Drills run no migrations and write no location entries; simulated
+            // replicas restart on their stores and never relearn their streams.
+            Event::LocationRefused(_)
+            | Event::PurgeWithheld { .. }
+            | Event::OwnStreamLearned { .. } => {}
         }
     }
 
