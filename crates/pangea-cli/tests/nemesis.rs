@@ -22,10 +22,10 @@ fn a_short_nemesis_run_with_every_fault_finds_no_violation_and_its_history_reche
             "nemesis",
             "--cluster",
             cluster_path.to_str().context("path")?,
-            // Eight faults of 1.5 s, 1 s of calm after each and restarts of a few
+            // Nine faults of 1.5 s, 1 s of calm after each and restarts of a few
             // seconds fit with room to spare for a slow machine.
             "--duration",
-            "48s",
+            "54s",
             "--fault-ms",
             "1500",
             "--calm-ms",
@@ -49,6 +49,7 @@ fn a_short_nemesis_run_with_every_fault_finds_no_violation_and_its_history_reche
         "restart-region",
         "disk-full",
         "flood",
+        "new-replica",
     ] {
         ensure!(
             stdout.contains(&format!("] {fault} start")),

@@ -64,13 +64,11 @@ pub(crate) struct NemesisArgs {
     #[arg(long)]
     cluster: PathBuf,
     /// Faults to inject, comma-separated: kill, pause, partition, loss, skew,
-    /// restart-region, disk-full, flood, new-replica. `new-replica` is not among the
-    /// defaults: a replica that comes back empty under its old id reuses its own
-    /// sequence numbers, which the checkers rightly report (docs/reliability.md).
+    /// restart-region, disk-full, flood, new-replica.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "kill,pause,partition,loss,skew,restart-region,disk-full,flood"
+        default_value = "kill,pause,partition,loss,skew,restart-region,disk-full,flood,new-replica"
     )]
     faults: Vec<String>,
     /// Workloads, comma-separated: register, ryw, set.
@@ -467,10 +465,12 @@ impl Nemesis {
     }
 
     /// Replaces `r` by an empty replica no peer can reach, holds, then lets it be
-    /// reached. Its own acknowledged writes reach its peers first (its disk reads
-    /// full, so it takes no more, until every peer has applied its stream): the
-    /// fault is a new replica, not a lost disk. It must stay not-ready while cut
-    /// off, and catch up once reached.
+    /// reached: a lost disk, replaced, under the replica's old id. Its acknowledged
+    /// writes reach its peers first (its disk reads full, so it takes no more,
+    /// until every peer has applied its stream): a write no peer received is lost
+    /// with the disk under asynchronous replication, which no checker should
+    /// blame. It must stay not-ready while cut off, relearn its own stream before
+    /// it writes (no sequence reused: C1, C5), and catch up once reached.
     fn new_replica(
         &mut self,
         cluster: &ClusterFile,
