@@ -225,13 +225,9 @@ impl PeerView for LiveView<'_> {
             .get(replica)
             .is_some_and(|scopes| scopes.get(&token.scope).is_some_and(|w| w.covers(token)))
     }
-    fn low_watermark(
-        &self,
-        replica: &ReplicaId,
-        scope: &ScopeId,
-    ) -> Option<pangea_core::Timestamp> {
+    fn freshness(&self, replica: &ReplicaId, scope: &ScopeId) -> Option<pangea_core::Timestamp> {
         let scopes = self.inner.known.get(replica)?;
-        scopes.get(scope).map(ScopeWatermarks::low_watermark)
+        scopes.get(scope).map(ScopeWatermarks::freshness)
     }
 }
 

@@ -236,6 +236,7 @@ fn watermarks_to(w: &[(ReplicaId, Watermark)]) -> Vec<pb::OriginWatermark> {
             origin: o.to_string(),
             sequence: w.sequence,
             timestamp: w.timestamp.as_u64(),
+            vouched: 0,
         })
         .collect()
 }

@@ -83,7 +83,7 @@ pub fn decide(consistency: &Consistency, wm: &ScopeWatermarks, now_ms: u64) -> D
             }
         }
         Consistency::BoundedStaleness { max_ms } => {
-            let lag_ms = staleness_ms(wm.low_watermark(), now_ms);
+            let lag_ms = staleness_ms(wm.freshness(), now_ms);
             if lag_ms <= *max_ms {
                 Decision::Serve
             } else {
@@ -96,9 +96,9 @@ pub fn decide(consistency: &Consistency, wm: &ScopeWatermarks, now_ms: u64) -> D
     }
 }
 
-/// How far behind `now_ms` a low watermark is.
-pub fn staleness_ms(low_watermark: Timestamp, now_ms: u64) -> u64 {
-    now_ms.saturating_sub(low_watermark.wall_ms())
+/// How far behind `now_ms` a watermark's (or a freshness's) timestamp is.
+pub fn staleness_ms(fresh_as_of: Timestamp, now_ms: u64) -> u64 {
+    now_ms.saturating_sub(fresh_as_of.wall_ms())
 }
 
 /// Why a replica was chosen; every response reports it.
@@ -199,8 +199,10 @@ pub trait PeerView {
     fn is_down(&self, replica: &ReplicaId) -> bool;
     /// Whether `replica`'s last-known watermarks cover `token` (false if unknown).
     fn covers(&self, replica: &ReplicaId, token: &Token) -> bool;
-    /// `replica`'s last-known low watermark of `scope`, if any.
-    fn low_watermark(&self, replica: &ReplicaId, scope: &ScopeId) -> Option<Timestamp>;
+    /// `replica`'s last-known freshness in `scope`
+    /// ([`ScopeWatermarks::freshness`]), if any: bounded reads go where it is
+    /// within their bound.
+    fn freshness(&self, replica: &ReplicaId, scope: &ScopeId) -> Option<Timestamp>;
 
     /// [`PeerView::rtt_ms`] of the replica at position `rank` of the deployment's
     /// replicas in id order (`Topology::replicas`): a view that keeps its replicas
@@ -222,15 +224,15 @@ pub trait PeerView {
         self.covers(replica, token)
     }
 
-    /// [`PeerView::low_watermark`], by position as in [`PeerView::rtt_ms_ranked`].
-    fn low_watermark_ranked(
+    /// [`PeerView::freshness`], by position as in [`PeerView::rtt_ms_ranked`].
+    fn freshness_ranked(
         &self,
         rank: usize,
         replica: &ReplicaId,
         scope: &ScopeId,
     ) -> Option<Timestamp> {
         let _ = rank;
-        self.low_watermark(replica, scope)
+        self.freshness(replica, scope)
     }
 }
 
@@ -984,7 +986,7 @@ fn order_sorted(
             for p in primary.iter_mut() {
                 let r = &eligible[p.route];
                 if view
-                    .low_watermark_ranked(r.rank, &r.id, &scope)
+                    .freshness_ranked(r.rank, &r.id, &scope)
                     .is_some_and(|low| staleness_ms(low, now_ms) <= *max_ms)
                 {
                     p.reason = Reason::Fresh;

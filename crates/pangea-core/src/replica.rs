@@ -375,6 +375,14 @@ struct ScopeState {
     streams: IdMap<Stream>,
     /// Gossip: what each member reported as applied, per origin.
     applied_by: BTreeMap<ReplicaId, Report>,
+    /// When each member last reported: its heartbeat's timestamp (it had applied at
+    /// least what it reported by then), and when the report arrived here
+    /// (`Now::mono_us`).
+    reported_at: BTreeMap<ReplicaId, (Timestamp, u64)>,
+    /// Per origin of `origin_ids`, for origins suspected down: the vouched time
+    /// ([`Replica::vouch`], [`ScopeWatermarks::freshness`]). `None` while no origin
+    /// is vouched for.
+    vouched: Option<Arc<[Timestamp]>>,
     purge_horizon: Timestamp,
     /// Heartbeats to forward, newest per origin, in origin order: (heartbeat, the
     /// neighbour it came from). A vector drained in place, so its room is reused.
@@ -462,8 +470,22 @@ impl ScopeState {
 
     /// Recomputes `origin_ids` and `durable_marks` from `origins` and the streams.
     fn refresh_origins(&mut self) {
+        // Vouched times follow their origins to their new places.
+        let vouched = self.vouched.take().map(|v| {
+            let old: Vec<(&ReplicaId, Timestamp)> =
+                self.origin_ids.iter().zip(v.iter().copied()).collect();
+            self.origins
+                .iter()
+                .map(|o| {
+                    old.iter()
+                        .find(|(id, _)| *id == o)
+                        .map_or(Timestamp::ZERO, |(_, t)| *t)
+                })
+                .collect::<Arc<[Timestamp]>>()
+        });
         self.origin_ids = self.origins.iter().cloned().collect();
         self.durable_marks = self.walk_durable_marks().collect();
+        self.vouched = vouched;
     }
 
     /// [`ScopeState::durable_watermarks`] without the ids, walking the streams: in
@@ -871,11 +893,14 @@ impl<S: Storage> Replica<S> {
     pub fn watermarks(&self, scope: &ScopeId) -> Option<ScopeWatermarks> {
         let s = self.scopes.get(scope)?;
         debug_assert!(s.durable_marks.iter().copied().eq(s.walk_durable_marks()));
-        Some(ScopeWatermarks::from_shared(
-            scope.clone(),
-            s.origin_ids.clone(),
-            s.durable_marks.clone(),
-        ))
+        Some(
+            ScopeWatermarks::from_shared(
+                scope.clone(),
+                s.origin_ids.clone(),
+                s.durable_marks.clone(),
+            )
+            .with_vouched(s.vouched.clone()),
+        )
     }
 
     /// Catch-up progress: for every stream of every scope, what is durable here and
@@ -944,6 +969,24 @@ impl<S: Storage> Replica<S> {
         self.settle_relearning(now);
     }
 
+    /// Tells this replica that it was created at `now` together with every other
+    /// replica of its deployment, on empty stores (a simulated cluster at time
+    /// zero): no write of any origin can be stamped earlier than `now` less the
+    /// clocks' largest allowed offset, so it vouches for every origin up to
+    /// there ([`ScopeWatermarks::freshness`]) before any heartbeat has arrived.
+    /// Not for a live cluster, whose replicas start one after another (there the
+    /// readiness gate keeps reads away until the first heartbeats are in).
+    pub fn created_with_deployment(&mut self, now: Now) {
+        let before = Timestamp::new(now.wall_ms.saturating_sub(self.clock.max_offset_ms()), 0);
+        for s in self.scopes.values_mut() {
+            let v: Vec<Timestamp> = match &s.vouched {
+                Some(v) => v.iter().map(|t| (*t).max(before)).collect(),
+                None => vec![before; s.origin_ids.len()],
+            };
+            s.vouched = Some(v.into());
+        }
+    }
+
     /// The scopes whose own stream this replica is still relearning
     /// ([`Replica::relearn_own_streams`]); it writes in none of them.
     pub fn relearning_scopes(&self) -> impl Iterator<Item = &ScopeId> {
@@ -956,8 +999,7 @@ impl<S: Storage> Replica<S> {
         if self.relearning.is_empty() {
             return;
         }
-        let window_us =
-            2 * self.config.applied_gossip_every.max(1) * self.config.heartbeat_interval_ms * 1_000;
+        let window_us = self.gossip_window_us();
         let mut learned = Vec::new();
         for (scope, r) in &self.relearning {
             let Some(s) = self.scopes.get(scope) else {
@@ -1145,6 +1187,8 @@ impl<S: Storage> Replica<S> {
                             tree,
                             streams: IdMap::default(),
                             applied_by: BTreeMap::new(),
+                            reported_at: BTreeMap::new(),
+                            vouched: None,
                             purge_horizon: Timestamp::ZERO,
                             heartbeat_news: Vec::new(),
                             incoming: None,
@@ -2309,6 +2353,13 @@ impl<S: Storage> Replica<S> {
                         .or_default()
                         .raise(&hb.applied),
                 }
+                let at = s
+                    .reported_at
+                    .entry(hb.origin.clone())
+                    .or_insert((hb.timestamp, now.mono_us));
+                if hb.timestamp >= at.0 {
+                    *at = (hb.timestamp, now.mono_us);
+                }
                 if let Some(r) = self.relearning.get_mut(&hb.scope)
                     && origin_is_writer
                 {
@@ -2580,6 +2631,7 @@ impl<S: Storage> Replica<S> {
             self.check_peers(now);
             self.retry_gaps(now);
             self.settle_relearning(now);
+            self.vouch(now);
         }
         if now.mono_us >= self.next_compaction_us {
             self.next_compaction_us = now.mono_us + self.config.compaction_interval_ms * 1_000;
@@ -2592,6 +2644,85 @@ impl<S: Storage> Replica<S> {
     /// longer than the probe interval, so probes alone keep a cut-off replica fed.
     fn inbound_ttl_us(&self) -> u64 {
         (3 * self.config.heartbeat_interval_ms).max(2 * self.config.probe_interval_ms) * 1_000
+    }
+
+    /// Vouches for the origins gone quiet: those whose watermark here is older than
+    /// the suspicion timeout (down, or cut off from this replica). A scope's other origins that this
+    /// replica *hears* are those whose applied watermarks reached it within the
+    /// last two gossip periods (one second by default); an origin's vouched time
+    /// rises to the earliest of their last reports, if none of them reported more
+    /// of that origin's stream than this replica holds durably. So "vouched as of
+    /// T" means: as of T, no replica this one hears had applied a write of the
+    /// origin that this one lacks. A replica that hears no other origin of the
+    /// scope vouches for nothing (an isolated replica is not fresh), nor while a
+    /// member it has not suspected has never reported. Vouched times never go back.
+    fn vouch(&mut self, now: Now) {
+        let window_us = self.gossip_window_us();
+        let quiet_ms = self.config.suspect_after_ms;
+        for s in self.scopes.values_mut() {
+            let mut raised: Option<Vec<Timestamp>> = None;
+            for (i, origin) in s.origin_ids.iter().enumerate() {
+                // Only origins gone quiet: a heard one's watermark is fresher than
+                // any vouching (and a lost one may take several suspicion rounds to
+                // be suspected, when it sat behind other lost ones on the tree).
+                let mark = s.durable_marks[i];
+                if *origin == self.id
+                    || now.wall_ms.saturating_sub(mark.timestamp.wall_ms()) <= quiet_ms
+                {
+                    continue;
+                }
+                let have = mark.sequence;
+                let mut earliest: Option<Timestamp> = None;
+                let mut vouched = true;
+                for p in s.origins.iter() {
+                    if p == origin || *p == self.id {
+                        continue;
+                    }
+                    let suspected = self.peers.get(p).is_none_or(|x| x.suspected);
+                    let (at, received_us) = match s.reported_at.get(p) {
+                        Some(r) => *r,
+                        // Never reported: one not suspected may hold anything.
+                        None if suspected => continue,
+                        None => {
+                            vouched = false;
+                            break;
+                        }
+                    };
+                    if suspected || now.mono_us.saturating_sub(received_us) > window_us {
+                        continue; // not heard lately
+                    }
+                    let theirs = s
+                        .applied_by
+                        .get(p)
+                        .and_then(|r| r.get(origin))
+                        .map_or(0, |w| w.sequence);
+                    if theirs > have {
+                        vouched = false; // it has writes we lack: gap repair first
+                        break;
+                    }
+                    earliest = Some(earliest.map_or(at, |e| e.min(at)));
+                }
+                let Some(at) = earliest.filter(|_| vouched) else {
+                    continue;
+                };
+                let current = s.vouched.as_ref().map_or(Timestamp::ZERO, |v| v[i]);
+                if at > current {
+                    raised.get_or_insert_with(|| match &s.vouched {
+                        Some(v) => v.to_vec(),
+                        None => vec![Timestamp::ZERO; s.origin_ids.len()],
+                    })[i] = at;
+                }
+            }
+            if let Some(v) = raised {
+                s.vouched = Some(v.into());
+            }
+        }
+    }
+
+    /// Two periods of applied-watermark gossip, in microseconds: every member heard
+    /// reports within it.
+    fn gossip_window_us(&self) -> u64 {
+        2 * self.config.applied_gossip_every.max(1) * self.config.heartbeat_interval_ms * 1_000
     }
 
     fn check_peers(&mut self, now: Now) {

@@ -23,6 +23,11 @@ pub struct ScopeWatermarks {
     origins: Arc<[ReplicaId]>,
     /// `marks[i]` is the watermark of `origins[i]`.
     marks: Vec<Watermark>,
+    /// `vouched[i]`, for an origin suspected down: the time up to which every
+    /// replica this one still hears had applied no more of `origins[i]`'s stream
+    /// than this one holds ([`ScopeWatermarks::freshness`]). `None` (the common
+    /// case) when no origin is vouched for.
+    vouched: Option<Arc<[Timestamp]>>,
 }
 
 impl ScopeWatermarks {
@@ -31,6 +36,7 @@ impl ScopeWatermarks {
             scope,
             origins: Arc::from([]),
             marks: Vec::new(),
+            vouched: None,
         }
     }
 
@@ -54,7 +60,19 @@ impl ScopeWatermarks {
             scope,
             origins,
             marks,
+            vouched: None,
         }
+    }
+
+    /// With the vouched times of the origins suspected down, in origin order (zero:
+    /// not vouched for); see [`ScopeWatermarks::freshness`].
+    pub fn with_vouched(mut self, vouched: Option<Arc<[Timestamp]>>) -> Self {
+        assert!(
+            vouched.as_ref().is_none_or(|v| v.len() == self.marks.len()),
+            "one vouched time per origin"
+        );
+        self.vouched = vouched;
+        self
     }
 
     /// Sets `origin`'s watermark (the last setting counts).
@@ -66,6 +84,11 @@ impl ScopeWatermarks {
                 ids.insert(i, origin);
                 self.origins = ids.into();
                 self.marks.insert(i, wm);
+                if let Some(v) = &self.vouched {
+                    let mut v = v.to_vec();
+                    v.insert(i, Timestamp::ZERO);
+                    self.vouched = Some(v.into());
+                }
             }
         }
     }
@@ -104,6 +127,36 @@ impl ScopeWatermarks {
             .unwrap_or(Timestamp::ZERO)
     }
 
+    /// Up to when this replica holds `origin`'s writes as far as anyone it can
+    /// reach knows: the later of its watermark's timestamp (every write of the
+    /// origin stamped at or below it is applied here) and, for an origin suspected
+    /// down, its vouched time (every replica this one still hears had applied no
+    /// more of the origin's stream, as of then, than this one holds).
+    pub fn fresh_as_of(&self, origin: &ReplicaId) -> Timestamp {
+        match self.origins.binary_search(origin) {
+            Ok(i) => self.fresh_at(i),
+            Err(_) => Timestamp::ZERO,
+        }
+    }
+
+    fn fresh_at(&self, i: usize) -> Timestamp {
+        let vouched = self.vouched.as_ref().map_or(Timestamp::ZERO, |v| v[i]);
+        self.marks[i].timestamp.max(vouched)
+    }
+
+    /// What bounded-staleness reads compare with their bound: the earliest
+    /// [`ScopeWatermarks::fresh_as_of`] over the origins. With every origin up it is
+    /// the low watermark; an origin lost for good stops holding it back once this
+    /// replica has all of its writes that the replicas it hears have
+    /// (docs/consistency.md, "Bounded staleness"). Zero when the scope has no
+    /// origin yet.
+    pub fn freshness(&self) -> Timestamp {
+        (0..self.marks.len())
+            .map(|i| self.fresh_at(i))
+            .min()
+            .unwrap_or(Timestamp::ZERO)
+    }
+
     /// Whether the write a token names has been applied here: a sequence comparison,
     /// never a clock comparison (I3).
     pub fn covers(&self, token: &Token) -> bool {
@@ -129,13 +182,16 @@ impl ScopeWatermarks {
             scope: self.scope.to_string(),
             origins: self
                 .iter()
-                .map(|(o, w)| pb::OriginWatermark {
+                .enumerate()
+                .map(|(i, (o, w))| pb::OriginWatermark {
                     origin: o.to_string(),
                     sequence: w.sequence,
                     timestamp: w.timestamp.as_u64(),
+                    vouched: self.vouched.as_ref().map_or(0, |v| v[i].as_u64()),
                 })
                 .collect(),
             low_watermark: self.low_watermark().as_u64(),
+            freshness: self.freshness().as_u64(),
         }
     }
 
@@ -143,7 +199,7 @@ impl ScopeWatermarks {
     /// can only make the view less complete, never unsafe: missing origins count as
     /// zero). An origin listed twice takes its last watermark.
     pub fn from_proto(p: &pb::ScopeWatermarks) -> ScopeWatermarks {
-        let mut pairs: Vec<(ReplicaId, Watermark)> = p
+        let mut pairs: Vec<(ReplicaId, Watermark, Timestamp)> = p
             .origins
             .iter()
             .filter(|w| pangea_topology::schema::validate_name("replica", &w.origin).is_ok())
@@ -152,19 +208,28 @@ impl ScopeWatermarks {
                     sequence: w.sequence,
                     timestamp: Timestamp::from_u64(w.timestamp),
                 };
-                (ReplicaId::from(w.origin.as_str()), watermark)
+                let vouched = Timestamp::from_u64(w.vouched);
+                (ReplicaId::from(w.origin.as_str()), watermark, vouched)
             })
             .collect();
         // Stable, so of an origin's repeats the last sent is last; keep that one.
         pairs.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut kept: Vec<(ReplicaId, Watermark)> = Vec::with_capacity(pairs.len());
-        for (o, w) in pairs {
+        let mut kept: Vec<(ReplicaId, Watermark, Timestamp)> = Vec::with_capacity(pairs.len());
+        for (o, w, v) in pairs {
             match kept.last_mut() {
-                Some(last) if last.0 == o => last.1 = w,
-                _ => kept.push((o, w)),
+                Some(last) if last.0 == o => (last.1, last.2) = (w, v),
+                _ => kept.push((o, w, v)),
             }
         }
-        ScopeWatermarks::from_sorted(p.scope.as_str().into(), kept)
+        let vouched: Option<Arc<[Timestamp]>> = kept
+            .iter()
+            .any(|(_, _, v)| *v > Timestamp::ZERO)
+            .then(|| kept.iter().map(|(_, _, v)| *v).collect());
+        ScopeWatermarks::from_sorted(
+            p.scope.as_str().into(),
+            kept.into_iter().map(|(o, w, _)| (o, w)),
+        )
+        .with_vouched(vouched)
     }
 }
 
@@ -188,6 +253,7 @@ mod tests {
             origin: origin.into(),
             sequence,
             timestamp: sequence * 10,
+            vouched: 0,
         };
         let p = pb::ScopeWatermarks {
             scope: "global".into(),
@@ -199,6 +265,7 @@ mod tests {
                 o("bad name!", 9),
             ],
             low_watermark: 0,
+            freshness: 0,
         };
         let got = ScopeWatermarks::from_proto(&p);
         let listed: Vec<(&str, u64)> = got.iter().map(|(o, w)| (o.as_str(), w.sequence)).collect();
@@ -214,5 +281,32 @@ mod tests {
         };
         assert!(got.covers(&token(2)) && !got.covers(&token(3)));
         assert_eq!(ScopeWatermarks::from_proto(&got.to_proto()), got);
+    }
+
+    /// An origin suspected down and vouched for stops holding freshness back; the
+    /// low watermark (what is applied from everyone) does not move; the vouched
+    /// times travel in the proto.
+    #[test]
+    fn freshness_takes_vouched_times_of_origins_down() {
+        let w = ScopeWatermarks::from_sorted(
+            ScopeId::global(),
+            [
+                ("a".into(), wm(5)),
+                ("b".into(), wm(9)),
+                ("c".into(), wm(7)),
+            ],
+        );
+        assert_eq!(w.freshness(), Timestamp::from_u64(50));
+        let at = |t: u64| Timestamp::from_u64(t);
+        let v = w.with_vouched(Some(vec![at(120), at(0), at(0)].into()));
+        assert_eq!(v.low_watermark(), at(50), "nothing more is applied");
+        assert_eq!(v.fresh_as_of(&"a".into()), at(120));
+        assert_eq!(v.fresh_as_of(&"b".into()), at(90));
+        assert_eq!(v.freshness(), at(70), "now c holds it back");
+        assert_eq!(ScopeWatermarks::from_proto(&v.to_proto()), v);
+        let mut grown = v;
+        grown.insert("b2".into(), wm(1));
+        assert_eq!(grown.fresh_as_of(&"b2".into()), at(10));
+        assert_eq!(grown.fresh_as_of(&"a".into()), at(120));
     }
 }

@@ -423,6 +423,59 @@ fn without_relearning_an_empty_replica_reuses_its_sequences_and_its_writes_are_l
     );
 }
 
+#[test]
+fn a_lost_origin_stops_holding_bounded_reads_back_once_the_replicas_heard_vouch() {
+    let d = deployment();
+    let global = ScopeId::global();
+    let mut rs = all_replicas(&d);
+    let lost = ReplicaId::from("apne1-b");
+    let o = rs.get_mut(lost.as_str()).unwrap();
+    for i in 1..=3 {
+        o.propose(at(10), set(&format!("us/{i}"), "v")).unwrap();
+    }
+    run(&mut rs, 10, 600);
+    rs.remove(lost.as_str());
+    run(&mut rs, 600, 4_000);
+    let bounded = Consistency::BoundedStaleness { max_ms: 2_000 };
+    let now_ms = T0 + 4_000;
+    let r = &rs["euw1-a"];
+    let wm = r.watermarks(&global).unwrap();
+    assert_eq!(
+        wm.get(&lost).sequence,
+        3,
+        "it has all the lost origin wrote"
+    );
+    assert!(
+        decide_staleness(wm.low_watermark(), now_ms) > 3_000,
+        "the lost origin's watermark stopped"
+    );
+    assert!(
+        decide_staleness(wm.fresh_as_of(&lost), now_ms) <= 1_100,
+        "vouched for by the replicas it hears, within two gossip periods"
+    );
+    assert_eq!(decide(&bounded, &wm, now_ms), Decision::Serve);
+    assert_eq!(
+        ScopeWatermarks::from_proto(&wm.to_proto()).freshness(),
+        wm.freshness(),
+        "clients see the same freshness"
+    );
+
+    // Cut off from everyone, a replica vouches for nobody: its freshness stops
+    // and bounded reads go elsewhere.
+    let mut alone: BTreeMap<String, Replica<MemStorage>> = BTreeMap::new();
+    alone.insert("euw1-a".into(), rs.remove("euw1-a").unwrap());
+    run(&mut alone, 4_000, 8_000);
+    let wm = alone["euw1-a"].watermarks(&global).unwrap();
+    assert!(matches!(
+        decide(&bounded, &wm, T0 + 8_000),
+        Decision::TooStale { lag_ms, .. } if lag_ms >= 3_000
+    ));
+}
+
+fn decide_staleness(t: Timestamp, now_ms: u64) -> u64 {
+    pangea_core::read::staleness_ms(t, now_ms)
+}
+
 struct View(BTreeMap<ReplicaId, ScopeWatermarks>);
 
 impl PeerView for View {
@@ -435,8 +488,8 @@ impl PeerView for View {
     fn covers(&self, r: &ReplicaId, token: &Token) -> bool {
         self.0.get(r).is_some_and(|w| w.covers(token))
     }
-    fn low_watermark(&self, r: &ReplicaId, _: &ScopeId) -> Option<Timestamp> {
-        self.0.get(r).map(ScopeWatermarks::low_watermark)
+    fn freshness(&self, r: &ReplicaId, _: &ScopeId) -> Option<Timestamp> {
+        self.0.get(r).map(ScopeWatermarks::freshness)
     }
 }
 

@@ -49,7 +49,7 @@ impl PeerView for View {
     fn covers(&self, r: &ReplicaId, _: &Token) -> bool {
         self.covers[self.rank[r]]
     }
-    fn low_watermark(&self, r: &ReplicaId, _: &ScopeId) -> Option<Timestamp> {
+    fn freshness(&self, r: &ReplicaId, _: &ScopeId) -> Option<Timestamp> {
         self.low_ms[self.rank[r]].map(|ms| Timestamp::new(ms, 0))
     }
     fn rtt_ms_ranked(&self, rank: usize, r: &ReplicaId) -> Option<f64> {
@@ -73,11 +73,11 @@ impl PeerView for View {
             self.covers(r, t)
         }
     }
-    fn low_watermark_ranked(&self, rank: usize, r: &ReplicaId, s: &ScopeId) -> Option<Timestamp> {
+    fn freshness_ranked(&self, rank: usize, r: &ReplicaId, s: &ScopeId) -> Option<Timestamp> {
         if self.by_rank {
             self.low_ms[rank].map(|ms| Timestamp::new(ms, 0))
         } else {
-            self.low_watermark(r, s)
+            self.freshness(r, s)
         }
     }
 }

@@ -221,6 +221,8 @@ struct RawFault {
 struct RawExpect {
     #[serde(default)]
     p99_ms: BTreeMap<String, f64>,
+    #[serde(default)]
+    read_errors_max: BTreeMap<String, u64>,
     availability_min: Option<f64>,
     replication_lag_ms_max: Option<f64>,
     convergence_ms_max: Option<f64>,
@@ -1245,12 +1247,17 @@ fn names<T: fmt::Display>(ids: &[T]) -> String {
 }
 
 fn expect(cx: &mut Ctx<'_>, e: &RawExpect) -> Slo {
-    for m in e.p99_ms.keys() {
-        if !["eventual", "affinity", "watermark", "bounded"].contains(&m.as_str()) {
-            cx.err(
-                &p!["expect", "p99_ms", m.as_str()],
-                "unknown mode; expected eventual, affinity, watermark or bounded",
-            );
+    for (key, modes) in [
+        ("p99_ms", e.p99_ms.keys().collect::<Vec<_>>()),
+        ("read_errors_max", e.read_errors_max.keys().collect()),
+    ] {
+        for m in modes {
+            if !["eventual", "affinity", "watermark", "bounded"].contains(&m.as_str()) {
+                cx.err(
+                    &p!["expect", key, m.as_str()],
+                    "unknown mode; expected eventual, affinity, watermark or bounded",
+                );
+            }
         }
     }
     if let Some(a) = e.availability_min {
@@ -1265,6 +1272,7 @@ fn expect(cx: &mut Ctx<'_>, e: &RawExpect) -> Slo {
     }
     Slo {
         p99_ms: e.p99_ms.clone(),
+        read_errors_max: e.read_errors_max.clone(),
         availability_min: e.availability_min,
         replication_lag_ms_max: e.replication_lag_ms_max,
         convergence_ms_max: e.convergence_ms_max,

@@ -220,6 +220,9 @@ pub struct Slo {
     /// p99 read latency bound per mode (`eventual`, `affinity`, `watermark`,
     /// `bounded`), over answered reads.
     pub p99_ms: BTreeMap<String, f64>,
+    /// Most failed reads per mode (`bounded = 0`: no bounded-staleness read may
+    /// fail, whatever the faults).
+    pub read_errors_max: BTreeMap<String, u64>,
     /// Least fraction of reads answered correctly within their deadline.
     pub availability_min: Option<f64>,
     /// Largest replication lag any replica may show.

@@ -85,7 +85,7 @@ pub(crate) struct Client {
     pub(crate) orders: OrderCache,
     /// The rank (`PeerView::rtt_ms_ranked`) of each replica index.
     rank_of: Arc<[usize]>,
-    /// Last-known watermarks, `[scope][replica]`, with their low watermark computed
+    /// Last-known watermarks, `[scope][replica]`, with their freshness computed
     /// once when learnt (planning a bounded read asks it of every candidate).
     known: Vec<Vec<Option<(ScopeWatermarks, Timestamp)>>>,
     pub(crate) hedger: Hedger,
@@ -170,8 +170,8 @@ impl Client {
 
     pub(crate) fn learn(&mut self, r: usize, scope: usize, wm: ScopeWatermarks) {
         if let Some(row) = self.known.get_mut(scope) {
-            let low = wm.low_watermark();
-            row[r] = Some((wm, low));
+            let fresh = wm.freshness();
+            row[r] = Some((wm, fresh));
         }
     }
 }
@@ -203,8 +203,8 @@ impl PeerView for View<'_> {
         self.known(replica).is_some_and(|(w, _)| w.covers(token))
     }
 
-    fn low_watermark(&self, replica: &ReplicaId, _scope: &ScopeId) -> Option<Timestamp> {
-        self.known(replica).map(|(_, low)| *low)
+    fn freshness(&self, replica: &ReplicaId, _scope: &ScopeId) -> Option<Timestamp> {
+        self.known(replica).map(|(_, fresh)| *fresh)
     }
 
     fn rtt_ms_ranked(&self, rank: usize, replica: &ReplicaId) -> Option<f64> {
@@ -226,19 +226,19 @@ impl PeerView for View<'_> {
             .is_some_and(|(w, _)| w.covers(token))
     }
 
-    fn low_watermark_ranked(
+    fn freshness_ranked(
         &self,
         rank: usize,
         replica: &ReplicaId,
         _scope: &ScopeId,
     ) -> Option<Timestamp> {
-        self.known_ranked(rank, replica).map(|(_, low)| *low)
+        self.known_ranked(rank, replica).map(|(_, fresh)| *fresh)
     }
 }
 
 impl View<'_> {
     /// The client's last-known watermarks of `replica` for this view's scope, and
-    /// their low watermark.
+    /// their freshness.
     fn known(&self, replica: &ReplicaId) -> Option<&(ScopeWatermarks, Timestamp)> {
         let r = self.replicas.get(replica.as_str())?;
         self.client.known.get(self.scope)?.get(r)?.as_ref()

@@ -615,7 +615,7 @@ impl Simulation {
                 FaultKind::Lose { replicas, .. } => replicas.contains(id),
                 _ => false,
             }));
-            let replica = Replica::new(
+            let mut replica = Replica::new(
                 id.clone(),
                 d.clone(),
                 sc.replica.clone(),
@@ -624,6 +624,8 @@ impl Simulation {
                 node.now(SimTime::ZERO),
             )
             .with_context(|| format!("starting replica {id}"))?;
+            // Every replica starts at time zero on an empty store.
+            replica.created_with_deployment(node.now(SimTime::ZERO));
             node.replica = Some(replica);
             nodes.push(node);
         }

@@ -271,6 +271,12 @@ pub(crate) fn evaluate_slo(
             ));
         }
     }
+    for (mode, max) in &slo.read_errors_max {
+        let errors = r.reads_by_mode.get(mode).map_or(0, |s| s.errors);
+        if errors > *max {
+            out.push(format!("{errors} {mode} reads failed, above {max}"));
+        }
+    }
     if let Some(min) = slo.availability_min
         && r.availability < min
     {
