@@ -383,6 +383,9 @@ struct ScopeState {
     /// ([`Replica::vouch`], [`ScopeWatermarks::freshness`]). `None` while no origin
     /// is vouched for.
     vouched: Option<Arc<[Timestamp]>>,
+    /// A time no write of any origin of the scope is stamped before (set for a
+    /// replica created with its whole deployment): the least vouched time.
+    created_floor: Timestamp,
     purge_horizon: Timestamp,
     /// Heartbeats to forward, newest per origin, in origin order: (heartbeat, the
     /// neighbour it came from). A vector drained in place, so its room is reused.
@@ -402,6 +405,32 @@ struct ScopeState {
     /// and after a few failures entries went out over a near-mesh (15 copies per
     /// apply in the `rolling-restart` drill).
     inbound: BTreeMap<ReplicaId, u64>,
+}
+
+/// Whether this replica hears `p`'s applied-watermark reports in a scope.
+enum Heard {
+    /// Its last report (made at this time) arrived within the window, and `p` is
+    /// not suspected.
+    Lately(Timestamp),
+    /// Suspected, or its last report is older than the window.
+    NotLately,
+    /// Not suspected, and no report ever arrived.
+    NeverReported,
+}
+
+fn heard_report(s: &ScopeState, peers: &Peers, p: &ReplicaId, now: Now, window_us: u64) -> Heard {
+    let suspected = peers.get(p).is_none_or(|x| x.suspected);
+    match s.reported_at.get(p) {
+        None if suspected => Heard::NotLately,
+        None => Heard::NeverReported,
+        Some((at, received_us)) => {
+            if suspected || now.mono_us.saturating_sub(*received_us) > window_us {
+                Heard::NotLately
+            } else {
+                Heard::Lately(*at)
+            }
+        }
+    }
 }
 
 /// Lists `st` (the stream of `origin` in `scope`) for the next flush, once.
@@ -979,6 +1008,7 @@ impl<S: Storage> Replica<S> {
     pub fn created_with_deployment(&mut self, now: Now) {
         let before = Timestamp::new(now.wall_ms.saturating_sub(self.clock.max_offset_ms()), 0);
         for s in self.scopes.values_mut() {
+            s.created_floor = before;
             let v: Vec<Timestamp> = match &s.vouched {
                 Some(v) => v.iter().map(|t| (*t).max(before)).collect(),
                 None => vec![before; s.origin_ids.len()],
@@ -1189,6 +1219,7 @@ impl<S: Storage> Replica<S> {
                             applied_by: BTreeMap::new(),
                             reported_at: BTreeMap::new(),
                             vouched: None,
+                            created_floor: Timestamp::ZERO,
                             purge_horizon: Timestamp::ZERO,
                             heartbeat_news: Vec::new(),
                             incoming: None,
@@ -2297,6 +2328,8 @@ impl<S: Storage> Replica<S> {
         let inbound_until_us = now.mono_us + self.inbound_ttl_us();
         // Scopes where a report moved the end of our own stream (relearning).
         let mut relearn_gaps: Vec<ScopeId> = Vec::new();
+        // Streams of origins gone quiet whose end a report moved.
+        let mut quiet_gaps: Vec<(ScopeId, ReplicaId)> = Vec::new();
         // Whether `from` is a member of the last scope looked at: a frame's
         // heartbeats come in scope order.
         let mut from_member: Option<(ScopeId, bool)> = None;
@@ -2359,6 +2392,56 @@ impl<S: Storage> Replica<S> {
                     .or_insert((hb.timestamp, now.mono_us));
                 if hb.timestamp >= at.0 {
                     *at = (hb.timestamp, now.mono_us);
+                }
+                // Writes of an origin gone quiet that the reporter has and we lack:
+                // no heartbeat of that origin will announce them, so the report
+                // does, and gap repair fetches them from the reporter.
+                if origin_is_writer && hb.applied.len() == s.origin_ids.len() {
+                    for (i, (o, w)) in hb.applied.iter().enumerate() {
+                        let quiet = now
+                            .wall_ms
+                            .saturating_sub(s.durable_marks[i].timestamp.wall_ms())
+                            > self.config.suspect_after_ms;
+                        if quiet && *o == s.origin_ids[i] && *o != self.id && *o != hb.origin {
+                            let st = s.streams.get_or_default(o);
+                            if w.sequence > st.known_last {
+                                st.known_last = w.sequence;
+                                st.hint = Some(hb.origin.clone());
+                                // Nothing of a quiet origin is in flight: no grace.
+                                st.behind_since_us = Some(
+                                    now.mono_us.saturating_sub(self.config.gap_grace_ms * 1_000),
+                                );
+                                quiet_gaps.push((hb.scope.clone(), o.clone()));
+                            }
+                        }
+                    }
+                }
+                // The reporter is heard now: vouching holds only as of its report
+                // (a reporter heard again may report from before the vouched
+                // time), and not at all for an origin it has writes of that this
+                // replica lacks. At once, not at the next round.
+                if let Some(v) = &s.vouched {
+                    let floor = s.created_floor;
+                    let at = hb.timestamp.max(floor);
+                    let lacks = |i: usize| {
+                        hb.applied
+                            .iter()
+                            .find(|(o, _)| *o == s.origin_ids[i])
+                            .is_some_and(|(_, w)| w.sequence > s.durable_marks[i].sequence)
+                    };
+                    let lowered = |i: usize| -> Timestamp {
+                        if v[i] <= floor || s.origin_ids[i] == hb.origin {
+                            v[i]
+                        } else if lacks(i) {
+                            floor
+                        } else {
+                            v[i].min(at)
+                        }
+                    };
+                    if (0..v.len()).any(|i| lowered(i) != v[i]) {
+                        let kept: Vec<Timestamp> = (0..v.len()).map(lowered).collect();
+                        s.vouched = Some(kept.into());
+                    }
                 }
                 if let Some(r) = self.relearning.get_mut(&hb.scope)
                     && origin_is_writer
@@ -2440,6 +2523,9 @@ impl<S: Storage> Replica<S> {
         let id = self.id.clone();
         for scope in relearn_gaps {
             self.maybe_request_gap(now, &scope, &id);
+        }
+        for (scope, origin) in quiet_gaps {
+            self.maybe_request_gap(now, &scope, &origin);
         }
         Ok(())
     }
@@ -2655,12 +2741,22 @@ impl<S: Storage> Replica<S> {
     /// T" means: as of T, no replica this one hears had applied a write of the
     /// origin that this one lacks. A replica that hears no other origin of the
     /// scope vouches for nothing (an isolated replica is not fresh), nor while a
-    /// member it has not suspected has never reported. Vouched times never go back.
+    /// member it has not suspected has never reported. Recomputed from scratch each
+    /// round (and dropped at once when a report shows writes this replica lacks,
+    /// in `handle_heartbeats`): a replica heard again after a partition may hold
+    /// what this one lacks, and the promise is about the replicas it hears now.
     fn vouch(&mut self, now: Now) {
         let window_us = self.gossip_window_us();
         let quiet_ms = self.config.suspect_after_ms;
         for s in self.scopes.values_mut() {
-            let mut raised: Option<Vec<Timestamp>> = None;
+            if s.vouched.is_none()
+                && s.durable_marks
+                    .iter()
+                    .all(|m| now.wall_ms.saturating_sub(m.timestamp.wall_ms()) <= quiet_ms)
+            {
+                continue; // every origin heard: nothing to vouch for
+            }
+            let mut vouched = vec![s.created_floor; s.origin_ids.len()];
             for (i, origin) in s.origin_ids.iter().enumerate() {
                 // Only origins gone quiet: a heard one's watermark is fresher than
                 // any vouching (and a lost one may take several suspicion rounds to
@@ -2671,52 +2767,69 @@ impl<S: Storage> Replica<S> {
                 {
                     continue;
                 }
-                let have = mark.sequence;
                 let mut earliest: Option<Timestamp> = None;
-                let mut vouched = true;
+                let mut vouchable = true;
                 for p in s.origins.iter() {
                     if p == origin || *p == self.id {
                         continue;
                     }
-                    let suspected = self.peers.get(p).is_none_or(|x| x.suspected);
-                    let (at, received_us) = match s.reported_at.get(p) {
-                        Some(r) => *r,
+                    let at = match heard_report(s, &self.peers, p, now, window_us) {
+                        Heard::Lately(at) => at,
+                        Heard::NotLately => continue,
                         // Never reported: one not suspected may hold anything.
-                        None if suspected => continue,
-                        None => {
-                            vouched = false;
+                        Heard::NeverReported => {
+                            vouchable = false;
                             break;
                         }
                     };
-                    if suspected || now.mono_us.saturating_sub(received_us) > window_us {
-                        continue; // not heard lately
-                    }
                     let theirs = s
                         .applied_by
                         .get(p)
                         .and_then(|r| r.get(origin))
                         .map_or(0, |w| w.sequence);
-                    if theirs > have {
-                        vouched = false; // it has writes we lack: gap repair first
+                    if theirs > mark.sequence {
+                        vouchable = false; // it has writes we lack: gap repair first
                         break;
                     }
                     earliest = Some(earliest.map_or(at, |e| e.min(at)));
                 }
-                let Some(at) = earliest.filter(|_| vouched) else {
-                    continue;
-                };
-                let current = s.vouched.as_ref().map_or(Timestamp::ZERO, |v| v[i]);
-                if at > current {
-                    raised.get_or_insert_with(|| match &s.vouched {
-                        Some(v) => v.to_vec(),
-                        None => vec![Timestamp::ZERO; s.origin_ids.len()],
-                    })[i] = at;
+                if let Some(at) = earliest.filter(|_| vouchable) {
+                    vouched[i] = vouched[i].max(at);
                 }
             }
-            if let Some(v) = raised {
-                s.vouched = Some(v.into());
+            let unchanged = match &s.vouched {
+                Some(v) => **v == *vouched,
+                None => vouched.iter().all(|t| *t == Timestamp::ZERO),
+            };
+            if !unchanged {
+                s.vouched = vouched
+                    .iter()
+                    .any(|t| *t > Timestamp::ZERO)
+                    .then(|| vouched.into());
             }
         }
+    }
+
+    /// The scope's other origins whose applied watermarks reached this replica
+    /// lately (within two gossip periods, not suspected): those it *hears*, whose
+    /// reports vouch for origins gone quiet ([`ScopeWatermarks::freshness`]).
+    /// For checkers.
+    pub fn heard_reporters(&self, scope: &ScopeId, now: Now) -> Vec<ReplicaId> {
+        let window_us = self.gossip_window_us();
+        let Some(s) = self.scopes.get(scope) else {
+            return Vec::new();
+        };
+        s.origins
+            .iter()
+            .filter(|p| **p != self.id)
+            .filter(|p| {
+                matches!(
+                    heard_report(s, &self.peers, p, now, window_us),
+                    Heard::Lately(_)
+                )
+            })
+            .cloned()
+            .collect()
     }
 
     /// Two periods of applied-watermark gossip, in microseconds: every member heard

@@ -72,7 +72,7 @@ pub fn one_screen(run: &DrillRun) -> String {
         );
     }
     s += &format!(
-        "  availability {:.5}  lag p99 {:.1} ms max {:.1} ms  convergence {}  lost {}  violations wm {} token {}  leak {} B\n",
+        "  availability {:.5}  lag p99 {:.1} ms max {:.1} ms  convergence {}  lost {}  violations wm {} token {} stale {}  leak {} B\n",
         r.availability,
         r.replication_lag_ms.p99,
         r.replication_lag_ms.max,
@@ -81,6 +81,7 @@ pub fn one_screen(run: &DrillRun) -> String {
         r.lost_writes,
         r.watermark_violations,
         r.token_violations,
+        r.staleness_violations,
         r.residency_leak_bytes
     );
     for f in &r.slo_failures {

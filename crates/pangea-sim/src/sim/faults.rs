@@ -285,6 +285,8 @@ impl Simulation {
                     ));
                 }
                 self.checks.applied[k] = survived[s * n + o];
+                let now_us = self.now.as_us();
+                self.checks.note_durable(k, survived[s * n + o], now_us);
             }
         }
         self.trace([54, r as u64, 0, 0]);

@@ -335,6 +335,10 @@ pub struct RunReport {
     /// C4 violations: a watermark read served by a replica that had not applied the
     /// token's write.
     pub token_violations: u64,
+    /// C7 violations: a bounded-staleness read answered by a replica that lacked a
+    /// write of an origin gone quiet which a replica it heard had applied more
+    /// than the bound (plus the clocks' allowed offset) before.
+    pub staleness_violations: u64,
     /// Bytes of a restricted scope's frames delivered to a replica outside its
     /// policy. Must be 0.
     pub residency_leak_bytes: u64,

@@ -84,6 +84,9 @@ const CATCH_UP_CHECK: SimDuration = SimDuration::from_ms(50);
 const DRAIN_CHECK: SimDuration = SimDuration::from_ms(250);
 /// Most violations kept in words (all are counted).
 const VIOLATIONS_KEPT: usize = 50;
+/// How far back C7 can ask what a replica held durably: longer than any bound
+/// drills use plus the clocks' allowed offset.
+const DURABLE_HISTORY: SimDuration = SimDuration::from_ms(10_000);
 /// Latency-over-time charts use at most this many buckets.
 const SERIES_BUCKETS_MAX: u64 = 300;
 
@@ -362,7 +365,12 @@ struct Checks {
     lost_writes: u64,
     watermark_violations: u64,
     token_violations: u64,
+    staleness_violations: u64,
     other_violations: u64,
+    /// Same index as `applied`: (time µs, durable sequence) at each change of the
+    /// durable watermark within the last `DURABLE_HISTORY`, after the last change
+    /// before it (C7 asks what a replica held durably some seconds ago).
+    durable_history: Vec<VecDeque<(u64, u64)>>,
     violations: Vec<String>,
     /// Tables and GC policies, which the oracle applies exactly as replicas do.
     schema: pangea_topology::schema::Schema,
@@ -375,6 +383,46 @@ impl Checks {
 
     fn stream(&self, s: usize, o: usize) -> usize {
         s * self.replicas + o
+    }
+
+    /// Records that `k`'s durable watermark reached `sequence` at `now_us` (C7).
+    fn note_durable(&mut self, k: usize, sequence: u64, now_us: u64) {
+        let h = &mut self.durable_history[k];
+        match h.back_mut() {
+            Some(last) if last.0 == now_us => last.1 = sequence,
+            _ => h.push_back((now_us, sequence)),
+        }
+        // Keep one change at or before the horizon: the value at any later time.
+        let horizon = now_us.saturating_sub(DURABLE_HISTORY.as_us());
+        while h.len() > 1 && h[1].0 <= horizon {
+            h.pop_front();
+        }
+    }
+
+    /// C7: of the replicas `heard` by reader `r` (each with the virtual time its
+    /// clock read the read's claim), the first that held durably, by then, more of
+    /// origin `o`'s stream in scope `s` than `have`, and how much.
+    fn lacked(
+        &self,
+        r: usize,
+        s: usize,
+        o: usize,
+        have: u64,
+        heard: &[(usize, u64)],
+    ) -> Option<(usize, u64)> {
+        heard
+            .iter()
+            .filter(|(p, _)| *p != o && *p != r)
+            .map(|&(p, then_us)| (p, self.durable_at(self.idx(p, s, o), then_us)))
+            .find(|(_, had)| *had > have)
+    }
+
+    /// What `k` held durably at time `at_us` (0 before anything; callers stay
+    /// within `DURABLE_HISTORY`).
+    fn durable_at(&self, k: usize, at_us: u64) -> u64 {
+        let h = &self.durable_history[k];
+        let i = h.partition_point(|(t, _)| *t <= at_us);
+        if i == 0 { 0 } else { h[i - 1].1 }
     }
 
     #[cold]
@@ -768,7 +816,9 @@ impl Simulation {
             lost_writes: 0,
             watermark_violations: 0,
             token_violations: 0,
+            staleness_violations: 0,
             other_violations: 0,
+            durable_history: vec![VecDeque::new(); n * s * n],
             violations: Vec::new(),
             schema: d.placement.schema.clone(),
         };
@@ -1374,6 +1424,8 @@ impl Simulation {
                         self.nodes[r].id, watermark.sequence
                     ));
                 }
+                let now_us = self.now.as_us();
+                self.checks.note_durable(k, watermark.sequence, now_us);
                 let prev = self.checks.advertised[k];
                 let new = (watermark.sequence, watermark.timestamp);
                 if new < prev {
@@ -1554,6 +1606,45 @@ rtt_ms = 30.0
         sim.run_until(t);
         sim.workload_on = false;
         sim.run_until(t + SimDuration::from_secs(5));
+    }
+
+    /// C7 asks what a heard replica held durably at a past instant, from the
+    /// history it keeps: it flags a reader that lacks a write the other had by
+    /// then, not one the other applied only later, and keeps the value from before
+    /// its horizon.
+    #[test]
+    fn c7_finds_a_write_a_heard_replica_had_by_then() {
+        let mut sim = Simulation::new(small()).unwrap();
+        let c = &mut sim.checks;
+        let (reader, heard, origin, s) = (0, 1, 2, 0);
+        let k = c.idx(heard, s, origin);
+        c.note_durable(k, 4, 1_000_000);
+        c.note_durable(k, 9, 3_000_000);
+        // By 2 s it had #4: a reader holding #4 lacks nothing, one holding #3 does.
+        assert_eq!(c.lacked(reader, s, origin, 4, &[(heard, 2_000_000)]), None);
+        assert_eq!(
+            c.lacked(reader, s, origin, 3, &[(heard, 2_000_000)]),
+            Some((heard, 4))
+        );
+        // By 3 s it had #9; before anything, nothing.
+        assert_eq!(
+            c.lacked(reader, s, origin, 4, &[(heard, 3_000_000)]),
+            Some((heard, 9))
+        );
+        assert_eq!(c.lacked(reader, s, origin, 0, &[(heard, 500_000)]), None);
+        // The origin itself is not asked (it is the one gone quiet).
+        assert_eq!(c.lacked(reader, s, origin, 0, &[(origin, 3_000_000)]), None);
+        // Far later, the change before the horizon still answers for its time.
+        c.note_durable(k, 12, 20_000_000);
+        assert_eq!(
+            c.lacked(reader, s, origin, 9, &[(heard, 15_000_000)]),
+            None,
+            "#9 from 3 s on"
+        );
+        assert_eq!(
+            c.lacked(reader, s, origin, 9, &[(heard, 20_000_000)]),
+            Some((heard, 12))
+        );
     }
 
     #[test]

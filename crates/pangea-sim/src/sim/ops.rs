@@ -5,7 +5,7 @@
 
 use super::*;
 use pangea_core::location::Location;
-use pangea_core::read::{ReadOrder, RouteError, order_read_cached};
+use pangea_core::read::{ReadOrder, RouteError, order_read_cached, staleness_ms};
 
 impl Simulation {
     /// One-way delay of client traffic between a client region and replica `r`
@@ -491,6 +491,53 @@ impl Simulation {
                                     "C4: {} served a read of {}/{} #{} having applied only #{applied}",
                                     node.id, token.scope, token.origin, token.sequence
                                 ));
+                            }
+                        }
+                        // C7: an origin whose watermark here is older than the
+                        // bound counted as fresh by vouching. No replica this one
+                        // hears may have applied, when its clock read the bound
+                        // before ours (less the clocks' allowed offset), a write of
+                        // that origin this one lacks.
+                        if let Consistency::BoundedStaleness { max_ms } = consistency
+                            && let Some(s) = self.scopes.get(scope_id.as_str())
+                        {
+                            let claim_ms = nw.wall_ms as i64
+                                - (*max_ms + rep.config().max_offset_ms) as i64
+                                - BASE_WALL_MS as i64;
+                            let mut heard: Option<Vec<(usize, u64)>> = None;
+                            for (origin, w) in wm.iter() {
+                                if staleness_ms(w.timestamp, nw.wall_ms) <= *max_ms {
+                                    continue;
+                                }
+                                let Some(o) = self.names.get(origin.as_str()) else {
+                                    continue;
+                                };
+                                // Each heard replica, and when its clock read the claim.
+                                let heard = heard.get_or_insert_with(|| {
+                                    rep.heard_reporters(scope_id, nw)
+                                        .iter()
+                                        .filter_map(|p| self.names.get(p.as_str()))
+                                        .map(|p| {
+                                            let ms = claim_ms - self.nodes[p].skew_ms;
+                                            // Never after the read (a reader's clock
+                                            // ahead puts its claim in the future).
+                                            let us =
+                                                (ms.max(0) as u64 * 1_000).min(self.now.as_us());
+                                            (p, us)
+                                        })
+                                        .collect()
+                                });
+                                if let Some((p, had)) =
+                                    self.checks.lacked(r, s, o, w.sequence, heard)
+                                {
+                                    self.checks.staleness_violations += 1;
+                                    self.checks.violation(format!(
+                                        "C7: {} served a {max_ms} ms bounded read holding \
+                                         {scope_id}/{origin} #{} while {}, which it hears, \
+                                         had #{had} the bound (and max offset) before",
+                                        node.id, w.sequence, self.nodes[p].id
+                                    ));
+                                }
                             }
                         }
                         let reply = Reply::Ok {

@@ -234,6 +234,7 @@ impl Simulation {
             lost_writes: self.checks.lost_writes,
             watermark_violations: self.checks.watermark_violations,
             token_violations: self.checks.token_violations,
+            staleness_violations: self.checks.staleness_violations,
             residency_leak_bytes: self.leak_bytes,
             violations: std::mem::take(&mut self.checks.violations),
             slo_failures: Vec::new(),
@@ -309,6 +310,12 @@ pub(crate) fn evaluate_slo(
     }
     if r.token_violations > 0 {
         out.push(format!("{} token violations (C4)", r.token_violations));
+    }
+    if r.staleness_violations > 0 {
+        out.push(format!(
+            "{} bounded reads staler than promised (C7)",
+            r.staleness_violations
+        ));
     }
     if r.residency_leak_bytes > 0 {
         out.push(format!(

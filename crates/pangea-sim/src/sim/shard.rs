@@ -1067,6 +1067,7 @@ impl Simulation {
         c.lost_writes += o.checks.lost_writes;
         c.watermark_violations += o.checks.watermark_violations;
         c.token_violations += o.checks.token_violations;
+        c.staleness_violations += o.checks.staleness_violations;
         c.other_violations += o.checks.other_violations;
         // Both shards run every fault: an error in one is reported once.
         for v in o.checks.violations {
