@@ -180,7 +180,7 @@ pub(crate) fn run(a: LoadArgs) -> Result<()> {
         let value = Bytes::from(vec![b'x'; a.value_bytes]);
         // Load the keys first (concurrently).
         let keys: Vec<Bytes> = (0..a.keys).map(|i| Bytes::from(format!("{}{i:08}", a.prefix))).collect();
-        let wopts = WriteOptions { deadline: Some(Duration::from_secs(5)) };
+        let wopts = WriteOptions { deadline: Some(Duration::from_secs(5)), ..Default::default() };
         let mut loaders = tokio::task::JoinSet::new();
         for chunk in keys.chunks(a.keys.div_ceil(a.concurrency.max(1)).max(1)) {
             let (client, chunk, value, wopts, table) = (client.clone(), chunk.to_vec(), value.clone(), wopts.clone(), a.connect.table.clone());
@@ -213,7 +213,7 @@ pub(crate) fn run(a: LoadArgs) -> Result<()> {
                     let write = op == "put" || (op == "mix" && x.is_multiple_of(10));
                     let t0 = Instant::now();
                     if write {
-                        match put(&client, &table, key, value.clone(), &WriteOptions { deadline: Some(Duration::from_millis(deadline)) }).await {
+                        match put(&client, &table, key, value.clone(), &WriteOptions { deadline: Some(Duration::from_millis(deadline)), ..Default::default() }).await {
                             Ok(tok) => {
                                 token = Some(tok);
                                 let _ = writes.lock().expect("not poisoned").record(t0.elapsed().as_micros() as u64);

@@ -410,6 +410,7 @@ async fn one_op(
             };
             let opts = pangea_client::WriteOptions {
                 deadline: Some(Duration::from_micros(w.write_deadline.as_us())),
+                ..Default::default()
             };
             let result = frontend.client.mutate(mutation, &opts).await;
             let ok = result.is_ok();

@@ -115,6 +115,10 @@ pub(crate) struct GetArgs {
 pub(crate) struct PutArgs {
     #[command(flatten)]
     connect: Connect,
+    /// Write at the row's affinity replica in this region (where
+    /// `--consistency affinity` reads go), not the nearest.
+    #[arg(long)]
+    affinity: bool,
     row: String,
     /// FAMILY:COLUMN=VALUE, one or more.
     #[arg(required = true)]
@@ -125,6 +129,9 @@ pub(crate) struct PutArgs {
 pub(crate) struct DeleteArgs {
     #[command(flatten)]
     connect: Connect,
+    /// Write at the row's affinity replica in this region, not the nearest.
+    #[arg(long)]
+    affinity: bool,
     row: String,
     /// Delete only this family (default: the whole row).
     #[arg(long)]
@@ -267,7 +274,7 @@ pub(crate) fn put(a: PutArgs) -> Result<()> {
             value: Bytes::from(value.as_bytes().to_vec()),
         });
     }
-    write(&a.connect, &a.row, muts)
+    write(&a.connect, &a.row, muts, a.affinity)
 }
 
 pub(crate) fn delete(a: DeleteArgs) -> Result<()> {
@@ -277,10 +284,10 @@ pub(crate) fn delete(a: DeleteArgs) -> Result<()> {
         },
         None => Mutation::DeleteFromRow,
     };
-    write(&a.connect, &a.row, vec![m])
+    write(&a.connect, &a.row, vec![m], a.affinity)
 }
 
-fn write(c: &Connect, row: &str, muts: Vec<Mutation>) -> Result<()> {
+fn write(c: &Connect, row: &str, muts: Vec<Mutation>, row_affinity: bool) -> Result<()> {
     runtime()?.block_on(async {
         let client = c.client().await?;
         let m = RowMutation::new(
@@ -294,6 +301,7 @@ fn write(c: &Connect, row: &str, muts: Vec<Mutation>) -> Result<()> {
                 m,
                 &WriteOptions {
                     deadline: Some(c.deadline()),
+                    row_affinity,
                 },
             )
             .await?;
@@ -307,9 +315,10 @@ fn write(c: &Connect, row: &str, muts: Vec<Mutation>) -> Result<()> {
             );
         } else {
             println!(
-                "ok: written at {} ({}), {:.1} ms",
+                "ok: written at {} ({}, {}), {:.1} ms",
                 r.replica,
                 r.region,
+                r.reason,
                 r.latency.as_secs_f64() * 1e3
             );
             println!("token {token}");

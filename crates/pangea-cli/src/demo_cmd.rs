@@ -197,6 +197,7 @@ async fn workload(a: &DemoArgs, cluster: &pangea_topology::cluster::ClusterFile)
                         &profile(k, n as u64),
                         &WriteOptions {
                             deadline: Some(Duration::from_secs(5)),
+                            ..Default::default()
                         },
                     )
                     .await?;

@@ -849,6 +849,7 @@ pub(crate) fn run(a: LoadArgs) -> Result<()> {
         };
         let opts = WriteOptions {
             deadline: Some(a.connect.deadline()),
+            ..Default::default()
         };
         let mut rx = rx;
         let mut inflight: JoinSet<Done> = JoinSet::new();

@@ -144,6 +144,7 @@ async fn write_until_refused(
 ) -> Result<(Vec<String>, String)> {
     let opts = WriteOptions {
         deadline: Some(Duration::from_secs(2)),
+        ..Default::default()
     };
     let mut acked = Vec::new();
     for i in 0..limit {

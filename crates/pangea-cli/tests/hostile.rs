@@ -129,6 +129,7 @@ async fn pinned_frames_stay_within_the_budgets() -> Result<()> {
         big,
         &pangea_client::WriteOptions {
             deadline: Some(Duration::from_secs(10)),
+            ..Default::default()
         },
     )
     .await

@@ -36,6 +36,7 @@ async fn write_rows(client: &Client) -> Result<()> {
                 row,
                 &WriteOptions {
                     deadline: Some(Duration::from_secs(5)),
+                    ..Default::default()
                 },
             )
             .await?;

@@ -43,7 +43,10 @@ fn set(key: &str, value: &str) -> Result<RowMutation> {
 }
 
 fn write_opts(d: Duration) -> WriteOptions {
-    WriteOptions { deadline: Some(d) }
+    WriteOptions {
+        deadline: Some(d),
+        ..Default::default()
+    }
 }
 
 fn read_opts(c: Consistency, d: Duration) -> ReadOptions {

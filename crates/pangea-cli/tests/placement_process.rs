@@ -44,6 +44,7 @@ async fn write_many(
                         set(k, value(k))?,
                         &WriteOptions {
                             deadline: Some(Duration::from_secs(5)),
+                            ..Default::default()
                         },
                     )
                     .await?;

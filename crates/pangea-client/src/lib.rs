@@ -515,8 +515,9 @@ impl Client {
         })
     }
 
-    /// Applies an atomic row mutation at the nearest allowed replica; the token lets
-    /// later reads demand to see it (`Consistency::Watermark`).
+    /// Applies an atomic row mutation at the nearest allowed replica, or at the
+    /// row's affinity replica ([`WriteOptions::row_affinity`]); the token lets later
+    /// reads demand to see it (`Consistency::Watermark`).
     pub async fn mutate(
         &self,
         mutation: RowMutation,
@@ -547,7 +548,13 @@ impl Client {
             profile: &self.inner.profile,
             table: mutation.table(),
             key: mutation.row_key(),
-            consistency: &Consistency::Eventual,
+            // Affinity writes are planned as affinity reads: the row's rendezvous
+            // replica in the region first, the nearest after it.
+            consistency: if opts.row_affinity {
+                &Consistency::RowAffinity
+            } else {
+                &Consistency::Eventual
+            },
         };
         let mut plan = plan_read_at(d, &location, &req, &view, wall_ms())
             .map_err(|e| Error::PolicyForbids(e.to_string()))?;

@@ -51,6 +51,20 @@ impl ReadOptions {
 pub struct WriteOptions {
     /// Default [`WRITE_DEADLINE_DEFAULT`].
     pub deadline: Option<Duration>,
+    /// Send the write to the row's affinity replica in the caller's region — the
+    /// one [`Consistency::RowAffinity`] reads of the row go to — so that affinity
+    /// reads in the region read it back without a token. When that replica is down
+    /// the write goes to the nearest (the response's `reason` says `nearest`, not
+    /// `affinity`). Default: the nearest replica.
+    pub row_affinity: bool,
+}
+
+impl WriteOptions {
+    /// Writes to the row's affinity replica (see [`WriteOptions::row_affinity`]).
+    pub fn with_row_affinity(mut self) -> Self {
+        self.row_affinity = true;
+        self
+    }
 }
 
 #[derive(Debug, Clone, Default)]

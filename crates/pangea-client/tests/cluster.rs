@@ -83,6 +83,7 @@ async fn read_your_writes_across_regions_with_tokens() -> Result<()> {
                             set(&key, &value)?,
                             &WriteOptions {
                                 deadline: Some(Duration::from_secs(2)),
+                                ..Default::default()
                             },
                         )
                         .await?
@@ -166,6 +167,7 @@ async fn hedging_bounds_the_tail_when_a_replica_is_slow() -> Result<()> {
                 set(&format!("h/{n}"), "v")?,
                 &WriteOptions {
                     deadline: Some(Duration::from_secs(2)),
+                    ..Default::default()
                 },
             )
             .await?;
@@ -246,6 +248,7 @@ async fn restricted_rows_stay_inside_their_policy() -> Result<()> {
                 set(&format!("eu/{n}"), "secret")?,
                 &WriteOptions {
                     deadline: Some(Duration::from_secs(2)),
+                    ..Default::default()
                 },
             )
             .await?;

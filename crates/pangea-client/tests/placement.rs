@@ -49,6 +49,7 @@ async fn migration_under_load_fails_no_request() -> Result<()> {
     .await?;
     let wopts = WriteOptions {
         deadline: Some(Duration::from_secs(2)),
+        ..Default::default()
     };
     let mut loaders = tokio::task::JoinSet::new();
     for lane in 0..16 {

@@ -72,6 +72,7 @@ fn set(key: &str, value: &str) -> Result<RowMutation> {
 fn write_opts() -> WriteOptions {
     WriteOptions {
         deadline: Some(Duration::from_secs(2)),
+        ..Default::default()
     }
 }
 

@@ -165,6 +165,7 @@ async fn write(
                     m,
                     &WriteOptions {
                         deadline: Some(WRITE_DEADLINE),
+                        ..Default::default()
                     },
                 )
                 .await

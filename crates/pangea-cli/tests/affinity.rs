@@ -1,0 +1,105 @@
+//! Row affinity on a live cluster: writes sent with `WriteOptions::row_affinity` go
+//! to the row's rendezvous replica in the caller's region, the replica
+//! `Consistency::RowAffinity` reads go to, so a frontend reads its own writes back
+//! inside its region without tokens.
+
+mod common;
+
+use anyhow::{Context, Result, ensure};
+use common::{Cluster, profile_set};
+use pangea_client::{Consistency, ReadOptions, Reason, WriteOptions};
+use std::time::Duration;
+use tokio::time::timeout;
+
+const REGION: &str = "us-east-1";
+const PAIRS: usize = 10_000;
+const TASKS: usize = 32;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_writes_are_read_back_by_affinity_reads_in_the_region() -> Result<()> {
+    let cluster = Cluster::up(false)?;
+    timeout(Duration::from_secs(240), async {
+        let client = cluster.client(REGION, "frontend").await?;
+        let wopts = WriteOptions {
+            deadline: Some(Duration::from_secs(5)),
+            ..Default::default()
+        }
+        .with_row_affinity();
+        let ropts = ReadOptions::default()
+            .with_consistency(Consistency::RowAffinity)
+            .with_deadline(Duration::from_secs(5));
+        let mut tasks = tokio::task::JoinSet::new();
+        for task in 0..TASKS {
+            let (client, wopts, ropts) = (client.clone(), wopts.clone(), ropts.clone());
+            tasks.spawn(async move {
+                // (stale reads, writes not at the affinity replica, replicas written)
+                let mut stale = Vec::new();
+                let mut elsewhere = 0usize;
+                let mut written = std::collections::BTreeSet::new();
+                for i in (task..PAIRS).step_by(TASKS) {
+                    // Each row written again and again: a stale read would show an
+                    // earlier value.
+                    let key = format!("aff/{task}/{}", i % 40);
+                    let value = format!("v{i}");
+                    let w = client
+                        .mutate(profile_set(key.clone(), value.clone())?, &wopts)
+                        .await?;
+                    if w.reason != Reason::Affinity {
+                        elsewhere += 1;
+                    }
+                    written.insert(w.replica.to_string());
+                    let r = client.get("ad_profiles", key.clone(), &ropts).await?;
+                    let got = r
+                        .value
+                        .as_ref()
+                        .and_then(|row| common::cell_value(row, "profile", b"p"))
+                        .map(|v| String::from_utf8_lossy(v).into_owned());
+                    if got.as_deref() != Some(value.as_str()) {
+                        stale.push(format!(
+                            "{key}: wrote {value} at {} ({}), read {got:?} at {} ({})",
+                            w.replica, w.reason, r.replica, r.reason
+                        ));
+                    }
+                }
+                anyhow::Ok((stale, elsewhere, written))
+            });
+        }
+        let (mut stale, mut elsewhere) = (Vec::new(), 0);
+        let mut written = std::collections::BTreeSet::new();
+        while let Some(done) = tasks.join_next().await {
+            let (s, e, w) = done.context("task panicked")??;
+            stale.extend(s);
+            elsewhere += e;
+            written.extend(w);
+        }
+        println!(
+            "{PAIRS} write-then-read pairs in {REGION}: {} stale, {elsewhere} writes not at \
+             the affinity replica, written at {written:?}",
+            stale.len()
+        );
+        ensure!(
+            stale.is_empty(),
+            "stale affinity reads: {:?}",
+            &stale[..stale.len().min(10)]
+        );
+        ensure!(
+            elsewhere == 0,
+            "{elsewhere} writes missed the affinity replica, all up"
+        );
+        // The rows spread over the region's serving replicas (rendezvous hashing).
+        let serving: Vec<String> = cluster
+            .ids_in(REGION)
+            .into_iter()
+            .filter(|id| !id.contains("batch"))
+            .collect();
+        ensure!(
+            written.len() == serving.len(),
+            "writes went to {written:?}, the region serves from {serving:?}"
+        );
+        anyhow::Ok(())
+    })
+    .await
+    .context("affinity test timed out")??;
+    cluster.down(2_000)?;
+    Ok(())
+}
