@@ -116,7 +116,8 @@ pub(crate) struct PutArgs {
     #[command(flatten)]
     connect: Connect,
     /// Write at the row's affinity replica in this region (where
-    /// `--consistency affinity` reads go), not the nearest.
+    /// `--consistency affinity` reads go), not the nearest (default: the app
+    /// profile's `writes` setting).
     #[arg(long)]
     affinity: bool,
     row: String,
@@ -129,7 +130,8 @@ pub(crate) struct PutArgs {
 pub(crate) struct DeleteArgs {
     #[command(flatten)]
     connect: Connect,
-    /// Write at the row's affinity replica in this region, not the nearest.
+    /// Write at the row's affinity replica in this region, not the nearest
+    /// (default: the app profile's `writes` setting).
     #[arg(long)]
     affinity: bool,
     row: String,
@@ -301,7 +303,8 @@ fn write(c: &Connect, row: &str, muts: Vec<Mutation>, row_affinity: bool) -> Res
                 m,
                 &WriteOptions {
                     deadline: Some(c.deadline()),
-                    row_affinity,
+                    // Without the flag, the app profile's `writes` setting.
+                    row_affinity: row_affinity.then_some(true),
                 },
             )
             .await?;

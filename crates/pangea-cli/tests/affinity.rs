@@ -1,4 +1,5 @@
-//! Row affinity on a live cluster: writes sent with `WriteOptions::row_affinity` go
+//! Row affinity on a live cluster: writes sent with `WriteOptions::row_affinity` (or
+//! from an app profile with `writes = "row-affinity"`) go
 //! to the row's rendezvous replica in the caller's region, the replica
 //! `Consistency::RowAffinity` reads go to, so a frontend reads its own writes back
 //! inside its region without tokens.
@@ -19,18 +20,25 @@ const TASKS: usize = 32;
 async fn affinity_writes_are_read_back_by_affinity_reads_in_the_region() -> Result<()> {
     let cluster = Cluster::up(false)?;
     timeout(Duration::from_secs(240), async {
-        let client = cluster.client(REGION, "frontend").await?;
+        // Half the tasks ask per call, half through their app profile's default
+        // (`writes = "row-affinity"` on `frontend-affinity`, no per-call option).
+        let per_call = cluster.client(REGION, "frontend").await?;
+        let by_profile = cluster.client(REGION, "frontend-affinity").await?;
         let wopts = WriteOptions {
             deadline: Some(Duration::from_secs(5)),
             ..Default::default()
-        }
-        .with_row_affinity();
+        };
         let ropts = ReadOptions::default()
             .with_consistency(Consistency::RowAffinity)
             .with_deadline(Duration::from_secs(5));
         let mut tasks = tokio::task::JoinSet::new();
         for task in 0..TASKS {
-            let (client, wopts, ropts) = (client.clone(), wopts.clone(), ropts.clone());
+            let (client, wopts) = if task % 2 == 0 {
+                (per_call.clone(), wopts.clone().with_row_affinity())
+            } else {
+                (by_profile.clone(), wopts.clone())
+            };
+            let ropts = ropts.clone();
             tasks.spawn(async move {
                 // (stale reads, writes not at the affinity replica, replicas written)
                 let mut stale = Vec::new();

@@ -516,7 +516,8 @@ impl Client {
     }
 
     /// Applies an atomic row mutation at the nearest allowed replica, or at the
-    /// row's affinity replica ([`WriteOptions::row_affinity`]); the token lets later
+    /// row's affinity replica ([`WriteOptions::row_affinity`], or the app profile's
+    /// `writes = "row-affinity"`); the token lets later
     /// reads demand to see it (`Consistency::Watermark`).
     pub async fn mutate(
         &self,
@@ -550,7 +551,10 @@ impl Client {
             key: mutation.row_key(),
             // Affinity writes are planned as affinity reads: the row's rendezvous
             // replica in the region first, the nearest after it.
-            consistency: if opts.row_affinity {
+            consistency: if opts
+                .row_affinity
+                .unwrap_or(self.inner.profile.writes == pangea_topology::WriteRouting::RowAffinity)
+            {
                 &Consistency::RowAffinity
             } else {
                 &Consistency::Eventual
@@ -1273,6 +1277,7 @@ mod read {
         let mut hedge_at = opts
             .hedge
             .as_ref()
+            .filter(|_| opts.consistency.may_hedge())
             .map(|h| deadline_after(started, inner.hedge.delay(h, deadline)));
         let timer = tokio::time::sleep_until(deadline_at.into());
         tokio::pin!(timer);

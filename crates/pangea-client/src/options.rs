@@ -51,18 +51,26 @@ impl ReadOptions {
 pub struct WriteOptions {
     /// Default [`WRITE_DEADLINE_DEFAULT`].
     pub deadline: Option<Duration>,
-    /// Send the write to the row's affinity replica in the caller's region — the
-    /// one [`Consistency::RowAffinity`] reads of the row go to — so that affinity
-    /// reads in the region read it back without a token. When that replica is down
-    /// the write goes to the nearest (the response's `reason` says `nearest`, not
-    /// `affinity`). Default: the nearest replica.
-    pub row_affinity: bool,
+    /// `Some(true)`: send the write to the row's affinity replica in the caller's
+    /// region — the one [`Consistency::RowAffinity`] reads of the row go to — so
+    /// that affinity reads in the region read it back without a token. When that
+    /// replica is down the write goes to the nearest (the response's `reason` says
+    /// `nearest`, not `affinity`). `Some(false)`: the nearest replica. `None`
+    /// (default): the app profile's `writes` setting (nearest unless the topology
+    /// file says `writes = "row-affinity"`).
+    pub row_affinity: Option<bool>,
 }
 
 impl WriteOptions {
     /// Writes to the row's affinity replica (see [`WriteOptions::row_affinity`]).
     pub fn with_row_affinity(mut self) -> Self {
-        self.row_affinity = true;
+        self.row_affinity = Some(true);
+        self
+    }
+
+    /// Writes to the nearest replica whatever the app profile's default.
+    pub fn with_nearest(mut self) -> Self {
+        self.row_affinity = Some(false);
         self
     }
 }

@@ -42,6 +42,17 @@ impl Consistency {
             Consistency::BoundedStaleness { .. } => "bounded",
         }
     }
+
+    /// Whether a slow read may be hedged to the plan's next replica. Not a
+    /// row-affinity read: its promise (read-your-writes in the region, no token)
+    /// holds only at the row's affinity replica, and a hedge answered elsewhere could
+    /// miss the caller's write without anyone knowing. It still fails over when the
+    /// affinity replica cannot be reached or refuses. Every other mode may: any
+    /// replica its plan holds answers within its promise (a watermark or bounded
+    /// read is refused where it would not be).
+    pub fn may_hedge(&self) -> bool {
+        !matches!(self, Consistency::RowAffinity)
+    }
 }
 
 /// Whether a replica may answer a read.

@@ -178,6 +178,7 @@ struct RawWorkload {
     mix: Option<RawMix>,
     modes: Option<RawModes>,
     bounded_ms: Option<u64>,
+    read_back: Option<f64>,
     deadline_ms: Option<u64>,
     write_deadline_ms: Option<u64>,
     hedge: Option<bool>,
@@ -818,6 +819,10 @@ fn workload(cx: &mut Ctx<'_>, r: &RawWorkload) -> Workload {
     }
     if let Some(b) = r.bounded_ms {
         w.bounded_ms = b;
+    }
+    if let Some(x) = r.read_back {
+        cx.fraction(&p!["workload", "read_back"], x);
+        w.read_back = x;
     }
     if let Some(ms) = r.deadline_ms {
         w.deadline = SimDuration::from_ms(ms.max(1));

@@ -137,6 +137,13 @@ pub struct Workload {
     pub modes: ModeMix,
     /// The bound of bounded-staleness reads.
     pub bounded_ms: u64,
+    /// Fraction of acknowledged writes the writing frontend reads back at once
+    /// with a row-affinity read and no token (it updates a profile and serves
+    /// from it). The run counts the read-backs answered by a replica that had
+    /// not applied the write (`counters.read_backs_stale`): none while the
+    /// row's affinity replica is up when the app profile writes there
+    /// (`writes = "row-affinity"`). Default 0.
+    pub read_back: f64,
     pub deadline: SimDuration,
     pub write_deadline: SimDuration,
     pub hedge: bool,
@@ -289,6 +296,7 @@ impl Workload {
                 bounded: 0.05,
             },
             bounded_ms: 2_000,
+            read_back: 0.0,
             deadline: SimDuration::from_ms(20),
             write_deadline: SimDuration::from_ms(200),
             hedge: true,

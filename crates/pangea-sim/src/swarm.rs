@@ -156,6 +156,7 @@ pub fn scenario_for_seed(seed: u64) -> Scenario {
             bounded: rng.next_f64() * 0.5,
         },
         bounded_ms: 500 + rng.next_below(3_000) as u64,
+        read_back: 0.0,
         deadline: SimDuration::from_ms(20 + rng.next_below(200) as u64),
         write_deadline: SimDuration::from_ms(200),
         hedge: rng.chance(0.7),

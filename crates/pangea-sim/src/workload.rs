@@ -244,6 +244,12 @@ impl Generator {
         key
     }
 
+    /// True with probability `p`, from the workload's stream (drawn only when a
+    /// caller has a `p` to draw, so runs without it keep their trace).
+    pub fn chance(&mut self, p: f64) -> bool {
+        self.rng.chance(p)
+    }
+
     /// A uniform index below `n` from the workload's stream (client choice).
     pub fn pick(&mut self, n: usize) -> usize {
         self.rng.next_below(n)
@@ -278,6 +284,7 @@ mod tests {
                 bounded: 1.0,
             },
             bounded_ms: 1000,
+            read_back: 0.0,
             deadline: SimDuration::from_ms(20),
             write_deadline: SimDuration::from_ms(200),
             hedge: true,

@@ -41,7 +41,7 @@ pub use ids::{RegionId, ReplicaId, ScopeId};
 pub use placement::{GLOBAL_POLICY, Placement, Policy};
 pub use problems::{Problem, ProblemKind, Problems};
 pub use topology::{
-    Access, AppProfile, LinkClass, Priority, Region, Replica, Role, Routing, Topology,
+    Access, AppProfile, LinkClass, Priority, Region, Replica, Role, Routing, Topology, WriteRouting,
 };
 pub use tree::{Edge, Tree};
 

@@ -71,6 +71,8 @@ pub struct RawAppProfile {
     pub replicas: Vec<String>,
     #[serde(default = "default_priority")]
     pub priority: String,
+    /// Where writes go by default: `"nearest"` (absent) or `"row-affinity"`.
+    pub writes: Option<String>,
     /// Table name → `"read"` or `"read-write"`. Absent: no grant at all, which is
     /// refused (a profile that may touch nothing is a mistake).
     pub tables: Option<BTreeMap<String, String>>,

@@ -94,6 +94,19 @@ pub enum Routing {
     RegionLocal,
 }
 
+/// Where an app profile's writes go by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WriteRouting {
+    /// The nearest healthy allowed replica (the lowest write latency).
+    #[default]
+    Nearest,
+    /// The row's rendezvous replica in the caller's region — the one row-affinity
+    /// reads go to, so they read the write back without a token — or the nearest
+    /// when it is down.
+    RowAffinity,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Priority {
@@ -151,6 +164,9 @@ pub struct AppProfile {
     pub name: String,
     pub routing: Routing,
     pub priority: Priority,
+    /// Where the profile's writes go unless a call says otherwise
+    /// (`writes = "row-affinity"` in the file; default nearest).
+    pub writes: WriteRouting,
     /// Table → access. Keys are `Arc<str>` like the placement's table names (and
     /// [`crate::Deployment::detached`] gives each copy its own); never a system table
     /// (`_*`), never empty in a validated topology.
@@ -496,6 +512,18 @@ impl Topology {
                     Priority::Serving
                 }
             };
+            let writes = match a.writes.as_deref() {
+                None | Some("nearest") => WriteRouting::Nearest,
+                Some("row-affinity") => WriteRouting::RowAffinity,
+                Some(other) => {
+                    p(
+                        ProblemKind::InvalidValue,
+                        &ak.key("writes"),
+                        format!("writes {other:?} is not one of nearest, row-affinity"),
+                    );
+                    WriteRouting::Nearest
+                }
+            };
             let tables = profile_tables(a, &ak, &mut p);
             let policies = profile_policies(a, &ak, &mut p);
             if app_profiles
@@ -505,6 +533,7 @@ impl Topology {
                         name: a.name.clone(),
                         routing,
                         priority,
+                        writes,
                         tables,
                         policies,
                     },

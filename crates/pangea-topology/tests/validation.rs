@@ -747,3 +747,29 @@ fn dot_names_and_oversized_files_are_refused() {
     let _ = std::fs::remove_file(&path);
     assert!(p.to_string().contains("pangea-big-"), "{p}");
 }
+
+#[test]
+fn a_profile_may_send_its_writes_to_the_rows_affinity_replica() -> Result<(), Problems> {
+    use pangea_topology::WriteRouting;
+    assert_eq!(
+        topo(BASE)?.app_profiles["frontend"].writes,
+        WriteRouting::Nearest,
+        "absent: nearest"
+    );
+    let text = BASE.replacen(
+        "routing = \"nearest\"",
+        "routing = \"nearest\"\nwrites = \"row-affinity\"",
+        1,
+    );
+    assert_eq!(
+        topo(&text)?.app_profiles["frontend"].writes,
+        WriteRouting::RowAffinity
+    );
+    let bad = text.replace("\"row-affinity\"", "\"affinity\"");
+    let p = problems(&bad);
+    assert_eq!(p.kinds(), vec![ProblemKind::InvalidValue], "{p}");
+    assert_eq!(p.0[0].key, "app_profiles[0].writes");
+    assert_eq!(p.0[0].line, Some(line_of(&bad, "writes = ", 0)));
+    assert!(p.0[0].message.contains("not one of nearest, row-affinity"));
+    Ok(())
+}

@@ -235,6 +235,10 @@ pub struct Counters {
     pub hedges: u64,
     pub fallback_races: u64,
     pub failovers: u64,
+    /// Affinity reads of a write just acknowledged (`workload.read_back`), and
+    /// those a replica answered before applying the write.
+    pub read_backs: u64,
+    pub read_backs_stale: u64,
     pub messages_delivered: u64,
     pub messages_dropped: u64,
     pub network_in_flight_max: usize,
@@ -261,6 +265,8 @@ impl Counters {
         self.hedges += o.hedges;
         self.fallback_races += o.fallback_races;
         self.failovers += o.failovers;
+        self.read_backs += o.read_backs;
+        self.read_backs_stale += o.read_backs_stale;
         self.messages_delivered += o.messages_delivered;
         self.messages_dropped += o.messages_dropped;
         for (k, v) in o.read_errors {

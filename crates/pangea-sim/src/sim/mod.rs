@@ -280,6 +280,9 @@ struct Op {
     last_err: Option<ErrKind>,
     /// Writes try at most 3 candidates (`Client::mutate`).
     write_candidates_left: u32,
+    /// A read-back (`Workload::read_back`): the token of the write it reads back,
+    /// never sent (the read is a plain affinity read), only checked.
+    read_back: Option<Token>,
     /// The deadline's place in the queue, while it waits for the hedge to queue it
     /// (`start_read`).
     deadline_place: Option<crate::queue::Place>,
@@ -688,6 +691,7 @@ impl Simulation {
                     name: "frontend".into(),
                     routing: pangea_topology::Routing::Nearest,
                     priority: pangea_topology::Priority::Serving,
+                    writes: pangea_topology::WriteRouting::Nearest,
                     // Every table of the placement (system tables are never granted).
                     tables: d
                         .placement

@@ -6,6 +6,7 @@
 use super::*;
 use pangea_core::location::Location;
 use pangea_core::read::{ReadOrder, RouteError, order_read_cached, staleness_ms};
+use pangea_topology::WriteRouting;
 
 impl Simulation {
     /// One-way delay of client traffic between a client region and replica `r`
@@ -91,7 +92,7 @@ impl Simulation {
                     Consistency::Eventual => Mode::Eventual,
                     _ => mode,
                 };
-                self.start_read(client, mode, table, key, consistency);
+                self.start_read(client, mode, table, key, consistency, None);
             }
             OpKind::Write { column, value } => {
                 let m = Mutation::SetCell {
@@ -137,6 +138,7 @@ impl Simulation {
             last_err: None,
             write_candidates_left: 3,
             deadline_place: None,
+            read_back: None,
         }
     }
 
@@ -147,6 +149,7 @@ impl Simulation {
         table: Arc<str>,
         key: Bytes,
         consistency: Consistency,
+        read_back: Option<Token>,
     ) {
         let scope_id = self.views[self.client_view].scope_of(&table, &key).clone();
         let deadline = self.sc.workload.deadline;
@@ -159,6 +162,7 @@ impl Simulation {
             None,
             deadline,
         );
+        op.read_back = read_back;
         self.metrics.reads += 1;
         self.metrics.modes[mode.index()].count += 1;
         let region = self.clients[client].region;
@@ -184,7 +188,8 @@ impl Simulation {
             self.finish_read(op, Err(ErrKind::Unavailable), None);
             return;
         };
-        let hedge_at = self.sc.workload.hedge.then(|| {
+        let hedge = self.sc.workload.hedge && op.consistency.may_hedge();
+        let hedge_at = hedge.then(|| {
             let delay = self.clients[client].hedger.delay(deadline);
             self.now + delay
         });
@@ -225,15 +230,15 @@ impl Simulation {
             Some(mutation),
             deadline,
         );
-        // Writes go to the nearest allowed replica: the order of an eventual plan.
-        let Ok(plan) = self.plan(
-            client,
-            op.scope,
-            &op.scope_id,
-            &table,
-            &op.key,
-            &Consistency::Eventual,
-        ) else {
+        // Writes go to the nearest allowed replica, the order of an eventual plan,
+        // or, for a profile with `writes = "row-affinity"`, to the row's affinity
+        // replica first: the order of an affinity read (`Client::mutate`).
+        let write_plan = match self.profile.writes {
+            WriteRouting::Nearest => Consistency::Eventual,
+            WriteRouting::RowAffinity => Consistency::RowAffinity,
+        };
+        let Ok(plan) = self.plan(client, op.scope, &op.scope_id, &table, &op.key, &write_plan)
+        else {
             self.metrics.writes.errors += 1;
             self.trace([20, client as u64, 0, 0]);
             return;
@@ -637,6 +642,11 @@ impl Simulation {
             }
             Reply::Ok { wm, token } => {
                 client.note_rtt(r, elapsed);
+                if let (Some(t), Some(w)) = (&op.read_back, &wm)
+                    && !w.covers(t)
+                {
+                    self.metrics.counters.read_backs_stale += 1;
+                }
                 if let Some(w) = wm {
                     client.learn(r, scope, w);
                 }
@@ -726,10 +736,23 @@ impl Simulation {
                 let op = self.ops.remove(op_ref).expect("live op");
                 let latency = self.now.saturating_since(op.started);
                 metrics::record(&mut self.metrics.writes.ok, latency.as_us());
-                if let Some(t) = token {
-                    self.clients[op.client].last_write = Some((op.key.clone(), t));
-                }
                 self.trace([21, op.client as u64, r as u64, latency.as_us()]);
+                if let Some(t) = token {
+                    let read_back = self.sc.workload.read_back;
+                    if read_back > 0.0 && self.generator.chance(read_back) {
+                        self.metrics.counters.read_backs += 1;
+                        let table = self.workload_table.clone();
+                        self.start_read(
+                            op.client,
+                            Mode::Affinity,
+                            table,
+                            op.key.clone(),
+                            Consistency::RowAffinity,
+                            Some(t.clone()),
+                        );
+                    }
+                    self.clients[op.client].last_write = Some((op.key, t));
+                }
             }
             Err(e)
                 if e.retryable() && op.write_candidates_left > 0 && self.now < op.deadline_at =>
