@@ -465,26 +465,59 @@ impl Client {
         })
     }
 
-    /// Reads several rows of one table (of one placement policy) in one request.
+    /// Reads several rows of one table (of one placement policy), in key order.
+    /// A replica answers as many rows as fit one response (4 MiB by default): the
+    /// call then asks again for the rest, each request with the call's whole
+    /// options, until every row is read. The response's replica, reason and
+    /// watermarks are those of the first request; `latency` and `attempts` count
+    /// them all.
     pub async fn get_many(
         &self,
         table: &str,
         keys: &[Bytes],
         opts: &ReadOptions,
     ) -> Result<Response<Vec<Row>>, Error> {
-        let first = keys.first().cloned().unwrap_or_default();
-        let req = pb::client_request::Request::GetMany(pb::GetManyRequest {
-            table: table.to_owned(),
-            row_keys: keys.to_vec(),
-            filter: Some(options::filter_to_proto(&opts.filter)),
-            consistency: Some(options::consistency_to_proto(&opts.consistency)),
-        });
-        let r = self
-            .read(Op::GetMany, table, &first, keys.len(), req, opts)
-            .await?;
-        r.map(|resp| match resp {
-            pb::client_response::Response::GetMany(g) => Ok(g.rows),
-            other => Err(Error::Internal(format!("unexpected response {other:?}"))),
+        let started = Instant::now();
+        let mut rows: Vec<Row> = Vec::with_capacity(keys.len());
+        let mut first: Option<Response<()>> = None;
+        let mut attempts = 0;
+        while rows.len() < keys.len() || first.is_none() {
+            let rest = &keys[rows.len()..];
+            let key = rest.first().cloned().unwrap_or_default();
+            let req = pb::client_request::Request::GetMany(pb::GetManyRequest {
+                table: table.to_owned(),
+                row_keys: rest.to_vec(),
+                filter: Some(options::filter_to_proto(&opts.filter)),
+                consistency: Some(options::consistency_to_proto(&opts.consistency)),
+                max_bytes: 0,
+            });
+            let r = self
+                .read(Op::GetMany, table, &key, rest.len(), req, opts)
+                .await?;
+            attempts += r.attempts;
+            let page = r.map(|resp| match resp {
+                pb::client_response::Response::GetMany(g) => Ok(g.rows),
+                other => Err(Error::Internal(format!("unexpected response {other:?}"))),
+            })?;
+            if page.value.len() > rest.len() || (page.value.is_empty() && !rest.is_empty()) {
+                return Err(Error::Internal(format!(
+                    "replica {} answered {} rows for {} keys",
+                    page.replica,
+                    page.value.len(),
+                    rest.len()
+                )));
+            }
+            let page = page.map(|got| {
+                rows.extend(got);
+                Ok(())
+            })?;
+            first.get_or_insert(page);
+        }
+        let first = first.expect("one request at least");
+        first.map(|()| Ok(rows)).map(|r| Response {
+            latency: started.elapsed(),
+            attempts,
+            ..r
         })
     }
 
@@ -504,6 +537,7 @@ impl Client {
             consistency: Some(options::consistency_to_proto(&opts.consistency)),
             limit: scan.limit,
             resume_after: scan.resume_after.clone(),
+            max_bytes: scan.max_bytes,
         });
         let r = self.read(Op::Scan, table, &prefix, 1, req, opts).await?;
         r.map(|resp| match resp {
@@ -828,6 +862,7 @@ impl Client {
                     consistency: Some(options::consistency_to_proto(&Consistency::Eventual)),
                     limit: scan.limit,
                     resume_after: scan.resume_after.clone(),
+                    max_bytes: scan.max_bytes,
                 },
             )),
         };

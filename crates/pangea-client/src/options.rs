@@ -79,6 +79,10 @@ impl WriteOptions {
 pub struct ScanOptions {
     /// Most rows (0: the replica's default, 100; the replica caps it at 1,000).
     pub limit: u32,
+    /// Most bytes of rows in a page, about (0: the replica's default, 4 MiB; the
+    /// replica caps it at 16 MiB). A page ends at `limit` rows or these bytes,
+    /// whichever comes first, and always holds at least one row.
+    pub max_bytes: u32,
     /// Resume after this key (from the previous page).
     pub resume_after: Bytes,
 }

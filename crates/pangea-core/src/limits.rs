@@ -8,6 +8,7 @@ pub enum Limited {
     Value,
     MutationsPerRow,
     RowMutation,
+    Row,
     Token,
 }
 
@@ -19,6 +20,7 @@ impl std::fmt::Display for Limited {
             Limited::Value => "value",
             Limited::MutationsPerRow => "mutations in one row mutation",
             Limited::RowMutation => "row mutation",
+            Limited::Row => "row after the write",
             Limited::Token => "consistency token",
         })
     }
@@ -49,6 +51,11 @@ pub struct Limits {
     /// Largest encoded row mutation in bytes (default 16 MiB); bounds frames and log
     /// entries.
     pub row_mutation_bytes_max: usize,
+    /// Most bytes of columns and values one row may hold, every version counted
+    /// (default 16 MiB). A write that would take its row past it is refused at the
+    /// origin, so that any row can be read in one response and shipped in one
+    /// frame (a snapshot splits rows larger than its chunks).
+    pub row_bytes_max: usize,
 }
 
 impl Default for Limits {
@@ -59,6 +66,7 @@ impl Default for Limits {
             value_bytes_max: 8 << 20,
             mutations_per_row_max: 10_000,
             row_mutation_bytes_max: 16 << 20,
+            row_bytes_max: 16 << 20,
         }
     }
 }
@@ -72,6 +80,7 @@ impl Limits {
         value_bytes_max: usize::MAX,
         mutations_per_row_max: usize::MAX,
         row_mutation_bytes_max: usize::MAX,
+        row_bytes_max: usize::MAX,
     };
 
     /// Fails with [`crate::Error::TooLarge`] when `size > limit`.

@@ -33,10 +33,10 @@ use crate::frame::{
 use crate::hlc::{ClockError, HybridClock, Timestamp};
 use crate::idmap::{IdMap, Roster};
 use crate::ids::{ReplicaId, ScopeId};
-use crate::limits::Limits;
+use crate::limits::{Limited, Limits};
 use crate::location::{InvalidEntry, JOBS_TABLE, LOCATION_TABLE, Location, LocationChange};
-use crate::mutation::RowMutation;
-use crate::row::RowState;
+use crate::mutation::{Mutation, RowMutation};
+use crate::row::{RowState, Version};
 use crate::storage::{Compaction, LogEntry, RowApply, RowWrite, Storage, Watermark, WriteBatch};
 use crate::token::Token;
 use crate::watermark::ScopeWatermarks;
@@ -261,6 +261,8 @@ pub struct Stats {
     pub gap_requests: u64,
     pub snapshots_sent: u64,
     pub snapshots_installed: u64,
+    /// Rows larger than a snapshot chunk sent in parts (`RowState::split`).
+    pub snapshot_rows_split: u64,
     pub dropped_queue_full: u64,
     pub rejected: BTreeMap<Reject, u64>,
 }
@@ -559,6 +561,9 @@ struct Outgoing {
     watermarks: Vec<(ReplicaId, Watermark)>,
     tables: VecDeque<Arc<str>>,
     after: Option<Bytes>,
+    /// The parts of a row larger than a chunk not sent yet (`RowState::split`),
+    /// one chunk each, before any further row.
+    parts: VecDeque<(Bytes, RowState)>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -1308,6 +1313,7 @@ impl<S: Storage> Replica<S> {
         if &**mutation.table() == LOCATION_TABLE {
             crate::location::check_location_write(&mutation, &self.deployment)?;
         }
+        self.check_row_size(&mutation)?;
         let scope = self.scope_of(mutation.table(), mutation.row_key());
         // During a migration writes go to both policies' streams, so only a replica
         // of both may take them (no write can slip past the backfill).
@@ -1327,6 +1333,30 @@ impl<S: Storage> Replica<S> {
         self.append_local(now, &scope, mutation)
     }
 
+    /// Refuses a write that would take its row past [`Limits::row_bytes_max`]
+    /// (`Error::TooLarge` naming the row's size after it and the limit). Only
+    /// writes that add cells can; the row is read only when the sum of what it
+    /// holds and what the write adds exceeds the limit, and then the write is
+    /// applied to a copy (as the newest version, so it replaces what it would) and
+    /// the copy measured.
+    fn check_row_size(&self, m: &RowMutation) -> Result<(), Error> {
+        let adds = |x: &Mutation| matches!(x, Mutation::SetCell { .. } | Mutation::MergeRow(_));
+        if !m.mutations().iter().any(adds) {
+            return Ok(());
+        }
+        let max = self.config.limits.row_bytes_max;
+        let (table, key) = (m.table(), m.row_key());
+        let added = m.payload_bytes() - key.len();
+        if added.saturating_add(self.storage.row_value_bytes(table, key)?) <= max {
+            return Ok(());
+        }
+        let mut row = self.storage.get_row(table, key)?.unwrap_or_default();
+        let version = Version::new(Timestamp::MAX, self.id.clone());
+        let schema = self.deployment.placement.schema.table(table);
+        row.apply(&version, m.mutations(), schema);
+        Limits::check(Limited::Row, row.value_bytes(), max)
+    }
+
     /// A local write into one given scope's stream: the row's own scope, or the
     /// scope a migration moves it to (backfill writes there only).
     pub fn propose_in(
@@ -1339,6 +1369,7 @@ impl<S: Storage> Replica<S> {
         if &**mutation.table() == LOCATION_TABLE {
             crate::location::check_location_write(&mutation, &self.deployment)?;
         }
+        self.check_row_size(&mutation)?;
         let (table, key) = (mutation.table(), mutation.row_key());
         let allowed = self.scope_of(table, key) == *scope
             || self.location.migrating_to(table, key) == Some(scope);
@@ -2051,20 +2082,31 @@ impl<S: Storage> Replica<S> {
                 watermarks,
                 tables,
                 after: None,
+                parts: VecDeque::new(),
             });
         }
     }
 
     /// The next chunk of an outgoing snapshot, reading rows as it goes. A chunk
-    /// holds rows of one table.
+    /// holds rows of one table, at most `snapshot_chunk_bytes_max` of them (about:
+    /// keys and 64 bytes a row are counted besides [`RowState::value_bytes`]), and
+    /// a row larger than that goes in parts, one chunk each, that the receiver's
+    /// merge puts back together.
     #[cold]
     fn next_chunk(&mut self, o: &mut Outgoing) -> Result<SnapshotChunk, StorageError> {
         const SCAN_ROWS: usize = 256;
+        let max = self.config.snapshot_chunk_bytes_max;
         let d = self.deployment.clone();
         let mut rows = Vec::new();
         let mut bytes = 0;
         let mut table: Option<Arc<str>> = None;
-        while bytes < self.config.snapshot_chunk_bytes_max {
+        if let Some(part) = o.parts.pop_front() {
+            rows.push(part);
+            table = o.tables.front().cloned();
+            bytes = max; // a part is a chunk of its own
+        }
+        let mut full = false;
+        while bytes < max && !full {
             let Some(current) = o.tables.front().cloned() else {
                 break;
             };
@@ -2080,14 +2122,29 @@ impl<S: Storage> Replica<S> {
                 continue;
             }
             for (key, row) in batch {
+                let size = key.len() + row.value_bytes() + 64;
+                // A row that would take the chunk past its size waits for the next.
+                if !rows.is_empty() && bytes + size > max {
+                    full = true;
+                    break;
+                }
                 o.after = Some(key.clone());
                 if self.location.scope_of(&d, &current, &key) != o.scope {
                     continue;
                 }
-                bytes += key.len() + row.value_bytes() + 64;
-                rows.push((key, row));
                 table = Some(current.clone());
-                if bytes >= self.config.snapshot_chunk_bytes_max {
+                if size > max {
+                    let mut parts = row.split(max.saturating_sub(key.len() + 64));
+                    let first = parts.remove(0);
+                    self.stats.snapshot_rows_split += 1;
+                    o.parts = parts.into_iter().map(|p| (key.clone(), p)).collect();
+                    rows.push((key, first));
+                    full = true;
+                    break;
+                }
+                bytes += size;
+                rows.push((key, row));
+                if bytes >= max {
                     break;
                 }
             }

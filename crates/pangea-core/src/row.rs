@@ -894,6 +894,67 @@ impl RowState {
             .sum()
     }
 
+    /// The row in parts of at most about `max_bytes` of columns and values each
+    /// ([`RowState::value_bytes`]; a single version larger than that is a part of
+    /// its own), whose [`RowState::merge`] in any order gives the row back: for
+    /// snapshot chunks that must stay under a frame. Each part carries every
+    /// tombstone of the row, its families, and the columns it holds (tombstones
+    /// are idempotent under merge), and a share of the versions. A row within
+    /// `max_bytes` is one part.
+    pub fn split(&self, max_bytes: usize) -> Vec<RowState> {
+        if self.value_bytes() <= max_bytes {
+            return vec![self.clone()];
+        }
+        let skeleton = || RowState {
+            tombstone: self.tombstone.clone(),
+            families: self
+                .families
+                .iter()
+                .filter(|(_, f)| f.tombstone.is_some())
+                .map(|(name, f)| {
+                    let fam = FamilyState {
+                        tombstone: f.tombstone.clone(),
+                        columns: BTreeMap::new(),
+                    };
+                    (name.clone(), fam)
+                })
+                .collect(),
+            hint: CompactHint::default(),
+        };
+        let mut parts = Vec::new();
+        let mut part = skeleton();
+        let mut bytes = 0usize;
+        for (name, fam) in &self.families {
+            for (column, col) in &fam.columns {
+                // Each version, with its column's name (counted again in each part
+                // the column spans); a column of range tombstones only, by its name.
+                let tombstones_only = col.versions.is_empty().then_some(None);
+                for item in col.versions.iter().map(Some).chain(tombstones_only) {
+                    let size = column.len()
+                        + item.map_or(0, |(_, value)| value.as_ref().map_or(0, Bytes::len));
+                    if bytes > 0 && bytes + size > max_bytes {
+                        part.refresh_hint();
+                        parts.push(std::mem::replace(&mut part, skeleton()));
+                        bytes = 0;
+                    }
+                    let f = part.families.entry(name.clone()).or_default();
+                    f.tombstone.clone_from(&fam.tombstone);
+                    let c = f.columns.entry(column.clone()).or_default();
+                    if c.range_tombstones.is_empty() {
+                        c.range_tombstones.clone_from(&col.range_tombstones);
+                    }
+                    if let Some((v, value)) = item {
+                        c.versions.push((v.clone(), value.clone()));
+                    }
+                    bytes += size;
+                }
+            }
+        }
+        part.refresh_hint();
+        parts.push(part);
+        parts
+    }
+
     /// Bytes of keys and values held, for store statistics.
     pub fn value_bytes(&self) -> usize {
         self.families

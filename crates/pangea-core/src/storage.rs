@@ -175,6 +175,13 @@ impl RowApply<'_> {
 pub trait Storage {
     fn get_row(&self, table: &str, key: &[u8]) -> Result<Option<RowState>, StorageError>;
 
+    /// [`RowState::value_bytes`] of a row (0 when absent): what a write's size
+    /// check reads. The default copies the row; a store that holds rows in memory
+    /// looks without copying.
+    fn row_value_bytes(&self, table: &str, key: &[u8]) -> Result<usize, StorageError> {
+        Ok(self.get_row(table, key)?.map_or(0, |r| r.value_bytes()))
+    }
+
     /// Rows of `table` whose key starts with `prefix`, in key order, strictly after
     /// `after` when given, at most `limit`.
     fn scan_rows(
@@ -934,6 +941,10 @@ impl MemStorage {
 impl Storage for MemStorage {
     fn get_row(&self, table: &str, key: &[u8]) -> Result<Option<RowState>, StorageError> {
         Ok(self.row(table, key).cloned())
+    }
+
+    fn row_value_bytes(&self, table: &str, key: &[u8]) -> Result<usize, StorageError> {
+        Ok(self.row(table, key).map_or(0, RowState::value_bytes))
     }
 
     fn scan_rows(

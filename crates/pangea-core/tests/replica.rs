@@ -976,3 +976,68 @@ fn a_failed_flush_advances_nothing_and_the_next_one_does() {
     );
     assert!(r.watermarks(&global).unwrap().covers(&token));
 }
+
+/// A write that would take its row past `Limits::row_bytes_max` is refused at the
+/// origin with an error naming the row's size after it and the limit; one that
+/// replaces cells (`profile` keeps one version) or deletes is measured by what the
+/// row would hold, not by what the write adds.
+#[test]
+fn a_write_that_would_grow_its_row_past_the_limit_is_refused() {
+    let d = deployment();
+    let config = Config {
+        limits: Limits {
+            row_bytes_max: 1_000,
+            ..Limits::default()
+        },
+        ..Config::default()
+    };
+    let mut r = Replica::new(
+        "euw1-a".into(),
+        d,
+        config,
+        MemStorage::new(),
+        7,
+        at(0),
+    )
+    .unwrap();
+    let cell = |column: &str, bytes: usize| {
+        let m = Mutation::SetCell {
+            family: "profile".into(),
+            column: Bytes::from(column.to_owned()),
+            value: Bytes::from(vec![b'x'; bytes]),
+        };
+        RowMutation::new("ad_profiles", "g/big", vec![m], &Limits::default()).unwrap()
+    };
+    r.propose(at(1), cell("a", 599)).unwrap(); // 600 bytes held
+    // Replacing `a` keeps the row at 600 + 0: allowed although 600 + 600 > 1,000.
+    r.propose(at(2), cell("a", 599)).unwrap();
+    let e = r.propose(at(3), cell("b", 599)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "row after the write is 1200 bytes, limit 1000",
+        "{e:?}"
+    );
+    assert_eq!(
+        r.storage()
+            .row_value_bytes("ad_profiles", b"g/big")
+            .unwrap(),
+        600
+    );
+    // Within the limit it goes.
+    r.propose(at(4), cell("b", 399)).unwrap();
+    assert_eq!(
+        r.storage()
+            .row_value_bytes("ad_profiles", b"g/big")
+            .unwrap(),
+        1_000
+    );
+    // Deletes never grow a row: they are not even measured.
+    let del = RowMutation::new(
+        "ad_profiles",
+        "g/big",
+        vec![Mutation::DeleteFromRow],
+        &Limits::default(),
+    )
+    .unwrap();
+    r.propose(at(5), del).unwrap();
+}

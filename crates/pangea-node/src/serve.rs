@@ -23,6 +23,7 @@ use pangea_net::{read_frame_within, write_frame};
 
 /// The code a refused request's stream is stopped with (its answer says why).
 const STOP_REFUSED: u32 = 1;
+use pangea_proto::Message as _;
 use pangea_proto::v1 as pb;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -39,6 +40,23 @@ pub const SCAN_ROWS_MAX: usize = 1_000;
 pub const SCAN_ROWS_DEFAULT: usize = 100;
 /// Most keys in one get-many.
 pub const GET_MANY_KEYS_MAX: usize = 1_000;
+/// Rows a scan reads from the store at a time.
+const SCAN_FETCH_ROWS: usize = 64;
+/// Bytes of rows a get-many response or scan page carries when the client does
+/// not say: a page of large rows stays a few milliseconds of a link's time.
+pub const RESPONSE_BYTES_DEFAULT: usize = 4 << 20;
+/// Most bytes of rows one response carries, whatever the client asks: with the
+/// envelope it stays within a frame ([`CLIENT_FRAME_BYTES_MAX`]). A single row may
+/// be as large (`Limits::row_bytes_max`) and is sent alone.
+pub const RESPONSE_BYTES_MAX: usize = 16 << 20;
+
+/// The response budget a request asks for (`max_bytes`, 0: the default).
+fn response_bytes(asked: u32) -> usize {
+    match asked as usize {
+        0 => RESPONSE_BYTES_DEFAULT,
+        n => n.min(RESPONSE_BYTES_MAX),
+    }
+}
 /// Longest a request frame's body may take to arrive after its header: a peer that
 /// announces a frame and sends it slowly holds budget only this long.
 pub const FRAME_BODY_TIME_MAX: Duration = Duration::from_secs(30);
@@ -814,7 +832,13 @@ async fn execute(
             let mut scope: Option<ScopeId> = None;
             let mut rows = Vec::with_capacity(g.row_keys.len());
             let mut wm = None;
+            let budget = response_bytes(g.max_bytes);
+            let mut bytes = 0;
             for key in &g.row_keys {
+                // Full: the client asks again for the keys not answered.
+                if bytes >= budget {
+                    break;
+                }
                 let s = scope_here(shared, &g.table, key)?;
                 if scope.as_ref().is_some_and(|x| *x != s) {
                     return Err(Failure::new(
@@ -827,12 +851,12 @@ async fn execute(
                     wm = Some(admit(shared, &s, &c)?);
                     scope = Some(s);
                 }
-                rows.push(
-                    read_row(shared, &g.table, key, &f)?.unwrap_or_else(|| pb::Row {
-                        key: key.clone(),
-                        families: vec![],
-                    }),
-                );
+                let row = read_row(shared, &g.table, key, &f)?.unwrap_or_else(|| pb::Row {
+                    key: key.clone(),
+                    families: vec![],
+                });
+                bytes += row.encoded_len();
+                rows.push(row);
             }
             Ok((W::GetMany(pb::GetManyResponse { rows }).into(), wm))
         }
@@ -846,26 +870,45 @@ async fn execute(
             };
             let f = filter(s.filter);
             let d = shared.deployment();
-            let after = (!s.resume_after.is_empty()).then_some(&s.resume_after[..]);
-            let found = shared
-                .scan(&s.table, &s.prefix, after, limit + 1)
-                .map_err(|e| Failure::new(Code::Unavailable, e.to_string()))?;
-            let more = found.len() > limit;
+            let mut after = (!s.resume_after.is_empty()).then(|| s.resume_after.clone());
             let mut rows = Vec::new();
             let mut last = Bytes::new();
             let now = shared.clock.now().wall_ms;
-            for (key, row) in found.into_iter().take(limit) {
-                last = key.clone();
-                // Rows of a policy this replica may not serve never leave it, nor
-                // rows of a policy the caller's app profile does not list.
-                let row_scope = shared.scope_of(&s.table, &key);
-                if !d.allowed(&shared.id, &row_scope)
-                    || auth::authorize_rows(&d, caller, &row_scope).is_err()
-                {
-                    continue;
+            let (budget, mut bytes) = (response_bytes(s.max_bytes), 0);
+            // Rows are read from the store a few at a time: a page of large rows
+            // ends at its bytes long before `limit`, and reads no more than it sends.
+            let (mut visited, mut more) = (0, false);
+            'page: while visited < limit {
+                let want = (limit - visited).min(SCAN_FETCH_ROWS);
+                let found = shared
+                    .scan(&s.table, &s.prefix, after.as_deref(), want + 1)
+                    .map_err(|e| Failure::new(Code::Unavailable, e.to_string()))?;
+                more = found.len() > want;
+                for (key, row) in found.into_iter().take(want) {
+                    if bytes >= budget {
+                        // Full: the page ends, resuming after the last row taken.
+                        more = true;
+                        break 'page;
+                    }
+                    visited += 1;
+                    last = key.clone();
+                    after = Some(key.clone());
+                    // Rows of a policy this replica may not serve never leave it,
+                    // nor rows of a policy the caller's app profile does not list.
+                    let row_scope = shared.scope_of(&s.table, &key);
+                    if !d.allowed(&shared.id, &row_scope)
+                        || auth::authorize_rows(&d, caller, &row_scope).is_err()
+                    {
+                        continue;
+                    }
+                    let schema = d.placement.schema.table(&s.table);
+                    if let Some(r) = row.read(&key, &f, schema, now) {
+                        bytes += r.encoded_len();
+                        rows.push(r);
+                    }
                 }
-                if let Some(r) = row.read(&key, &f, d.placement.schema.table(&s.table), now) {
-                    rows.push(r);
+                if !more {
+                    break;
                 }
             }
             let resume_key = if more { last } else { Bytes::new() };

@@ -447,7 +447,7 @@ async fn scan_all(client: &Client, replica: &ReplicaId, prefix: &str) -> Result<
     let mut cells = Vec::new();
     let mut scan = ScanOptions {
         limit: 1_000,
-        resume_after: Bytes::new(),
+        ..Default::default()
     };
     loop {
         let page = client

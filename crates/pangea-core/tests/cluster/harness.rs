@@ -111,7 +111,17 @@ impl Scenario {
             crashes: r.chance(0.5),
             view_changes: r.chance(0.4),
             safety_ms: 1_500 + r.below(2_000),
-            config,
+            config: Config {
+                // Half the seeds ship snapshots in chunks smaller than many rows,
+                // which then travel in parts (`RowState::split`). Drawn last, so
+                // the draws above are those of the seeds before it.
+                snapshot_chunk_bytes_max: if r.chance(0.5) {
+                    64 + r.below(192) as usize
+                } else {
+                    config.snapshot_chunk_bytes_max
+                },
+                ..config
+            },
         }
     }
 }
@@ -236,6 +246,7 @@ pub(crate) struct Report {
     pub(crate) converged_at_ms: Option<u64>,
     pub(crate) watermark_reads_served: u64,
     pub(crate) snapshots: u64,
+    pub(crate) rows_split: u64,
     pub(crate) gap_requests: u64,
 }
 
@@ -978,10 +989,11 @@ impl Cluster {
                 ));
             }
         }
-        let (mut snapshots, mut gaps) = (0, 0);
+        let (mut snapshots, mut gaps, mut rows_split) = (0, 0, 0);
         for n in self.nodes.values() {
             if let Some(r) = &n.replica {
                 snapshots += r.stats().snapshots_installed;
+                rows_split += r.stats().snapshot_rows_split;
                 gaps += r.stats().gap_requests;
             }
         }
@@ -993,6 +1005,7 @@ impl Cluster {
             converged_at_ms,
             watermark_reads_served: self.checks.watermark_reads_served,
             snapshots,
+            rows_split,
             gap_requests: gaps,
         }
     }

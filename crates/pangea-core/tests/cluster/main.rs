@@ -29,7 +29,7 @@ fn check(seed: u64) -> Result<Report, String> {
 /// Runs `count` seeds from `start` on two threads; fails listing every failing seed.
 fn run_seeds(start: u64, count: u64) {
     let failures = std::sync::Mutex::new(Vec::new());
-    let stats = std::sync::Mutex::new((0usize, 0u64, 0u64, 0u64));
+    let stats = std::sync::Mutex::new((0usize, 0u64, 0u64, 0u64, 0u64));
     std::thread::scope(|s| {
         for lane in 0..2 {
             let (failures, stats) = (&failures, &stats);
@@ -42,6 +42,7 @@ fn run_seeds(start: u64, count: u64) {
                             st.1 += r.snapshots;
                             st.2 += r.gap_requests;
                             st.3 += r.watermark_reads_served;
+                            st.4 += r.rows_split;
                         }
                         Err(e) => failures.lock().unwrap().push(e),
                     }
@@ -49,10 +50,17 @@ fn run_seeds(start: u64, count: u64) {
             });
         }
     });
-    let (acked, snapshots, gaps, reads) = *stats.lock().unwrap();
+    let (acked, snapshots, gaps, reads, rows_split) = *stats.lock().unwrap();
     eprintln!(
-        "{count} seeds from {start}: {acked} acknowledged writes, {gaps} gap requests, {snapshots} snapshots, {reads} covered watermark reads"
+        "{count} seeds from {start}: {acked} acknowledged writes, {gaps} gap requests, {snapshots} snapshots ({rows_split} rows sent in parts), {reads} covered watermark reads"
     );
+    // Every path the seeds are there to check was taken.
+    if count >= 100 {
+        assert!(
+            snapshots > 0 && rows_split > 0 && gaps > 0,
+            "paths not taken"
+        );
+    }
     let failures = failures.into_inner().unwrap();
     assert!(
         failures.is_empty(),
