@@ -6,8 +6,8 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 use clap::Args;
 use pangea_client::{
-    Client, ClientConfig, Consistency, Credential, Mutation, ReadOptions, RowMutation, ScanOptions,
-    Token, WriteOptions,
+    Ack, Client, ClientConfig, Consistency, Credential, Mutation, ReadOptions, RowMutation,
+    ScanOptions, Token, WriteOptions,
 };
 use pangea_topology::cluster::ClusterFile;
 use std::path::PathBuf;
@@ -111,15 +111,45 @@ pub(crate) struct GetArgs {
     row: String,
 }
 
+/// Where a write goes and when it is acknowledged.
 #[derive(Debug, Args)]
-pub(crate) struct PutArgs {
-    #[command(flatten)]
-    connect: Connect,
+pub(crate) struct WriteFlags {
     /// Write at the row's affinity replica in this region (where
     /// `--consistency affinity` reads go), not the nearest (default: the app
     /// profile's `writes` setting).
     #[arg(long)]
     affinity: bool,
+    /// Acknowledge only once replicas in N other regions have durably applied
+    /// the write (default: once durable where it was written).
+    #[arg(long, value_name = "N", conflicts_with = "wait_all_regions")]
+    wait_regions: Option<u32>,
+    /// Acknowledge only once every region of the row's placement policy has
+    /// applied the write.
+    #[arg(long)]
+    wait_all_regions: bool,
+}
+
+impl WriteFlags {
+    fn options(&self, deadline: Duration) -> WriteOptions {
+        WriteOptions {
+            deadline: Some(deadline),
+            // Without the flag, the app profile's `writes` setting.
+            row_affinity: self.affinity.then_some(true),
+            ack: match (self.wait_regions, self.wait_all_regions) {
+                (_, true) => Ack::AllRegions,
+                (Some(n), false) => Ack::Regions(n),
+                (None, false) => Ack::Origin,
+            },
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PutArgs {
+    #[command(flatten)]
+    connect: Connect,
+    #[command(flatten)]
+    write: WriteFlags,
     row: String,
     /// FAMILY:COLUMN=VALUE, one or more.
     #[arg(required = true)]
@@ -130,10 +160,8 @@ pub(crate) struct PutArgs {
 pub(crate) struct DeleteArgs {
     #[command(flatten)]
     connect: Connect,
-    /// Write at the row's affinity replica in this region, not the nearest
-    /// (default: the app profile's `writes` setting).
-    #[arg(long)]
-    affinity: bool,
+    #[command(flatten)]
+    write: WriteFlags,
     row: String,
     /// Delete only this family (default: the whole row).
     #[arg(long)]
@@ -276,7 +304,7 @@ pub(crate) fn put(a: PutArgs) -> Result<()> {
             value: Bytes::from(value.as_bytes().to_vec()),
         });
     }
-    write(&a.connect, &a.row, muts, a.affinity)
+    write(&a.connect, &a.row, muts, &a.write)
 }
 
 pub(crate) fn delete(a: DeleteArgs) -> Result<()> {
@@ -286,10 +314,10 @@ pub(crate) fn delete(a: DeleteArgs) -> Result<()> {
         },
         None => Mutation::DeleteFromRow,
     };
-    write(&a.connect, &a.row, vec![m], a.affinity)
+    write(&a.connect, &a.row, vec![m], &a.write)
 }
 
-fn write(c: &Connect, row: &str, muts: Vec<Mutation>, row_affinity: bool) -> Result<()> {
+fn write(c: &Connect, row: &str, muts: Vec<Mutation>, flags: &WriteFlags) -> Result<()> {
     runtime()?.block_on(async {
         let client = c.client().await?;
         let m = RowMutation::new(
@@ -298,16 +326,7 @@ fn write(c: &Connect, row: &str, muts: Vec<Mutation>, row_affinity: bool) -> Res
             muts,
             &pangea_core::Limits::default(),
         )?;
-        let r = client
-            .mutate(
-                m,
-                &WriteOptions {
-                    deadline: Some(c.deadline()),
-                    // Without the flag, the app profile's `writes` setting.
-                    row_affinity: row_affinity.then_some(true),
-                },
-            )
-            .await?;
+        let r = client.mutate(m, &flags.options(c.deadline())).await?;
         let token = hex(&r.value.encode());
         if c.json {
             println!(

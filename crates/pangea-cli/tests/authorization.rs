@@ -79,6 +79,7 @@ fn merge(
                 })),
             }],
         }),
+        ..Default::default()
     })
 }
 

@@ -312,6 +312,7 @@ fn error_kind(e: &ClientError) -> &'static str {
         ClientError::Unavailable(_) => "unavailable",
         ClientError::InvalidInput(_) => "invalid input",
         ClientError::NotFound(_) => "not found",
+        ClientError::NotReplicated { .. } => "not replicated",
         ClientError::Internal(_) => "internal",
     }
 }

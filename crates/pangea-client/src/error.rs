@@ -33,6 +33,15 @@ pub enum Error {
     /// Unknown table or family.
     #[error("not found: {0}")]
     NotFound(String),
+    /// A write that asked to wait for other regions ([`crate::Ack`]) is durable at
+    /// its origin and replicating, but had not been applied in the regions asked
+    /// by the deadline; `detail` says where it had. The write happened: use its
+    /// token, do not write it again elsewhere.
+    #[error("not replicated in time: {detail}")]
+    NotReplicated {
+        token: Option<pangea_core::Token>,
+        detail: String,
+    },
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -56,6 +65,10 @@ impl Error {
             Code::TooStale => Error::TooStale(msg),
             Code::PolicyForbids => Error::PolicyForbids(msg),
             Code::Unavailable => Error::Unavailable(msg),
+            Code::NotReplicated => Error::NotReplicated {
+                token: pangea_core::Token::decode(&e.token).ok(),
+                detail: msg,
+            },
             Code::Internal | Code::Unspecified => Error::Internal(msg),
         }
     }
@@ -71,6 +84,7 @@ impl Error {
             Error::Unavailable(_) => "unavailable",
             Error::InvalidInput(_) => "invalid_input",
             Error::NotFound(_) => "not_found",
+            Error::NotReplicated { .. } => "not_replicated",
             Error::Internal(_) => "internal",
         }
     }

@@ -27,7 +27,7 @@ mod trace;
 mod transport;
 
 pub use error::Error;
-pub use options::{HedgePolicy, ReadOptions, ScanOptions, WriteOptions};
+pub use options::{Ack, HedgePolicy, ReadOptions, ScanOptions, WriteOptions};
 pub use pangea_core::read::{Consistency, Reason};
 pub use pangea_core::{Mutation, ReadFilter, RowMutation, ScopeWatermarks, TimeRange, Token};
 pub use pangea_net::Credential;
@@ -574,7 +574,10 @@ impl Client {
         traced: &Traced,
     ) -> Result<Response<Token>, Error> {
         let started = Instant::now();
-        let deadline = opts.deadline.unwrap_or(options::WRITE_DEADLINE_DEFAULT);
+        let deadline = opts.deadline.unwrap_or(match opts.ack {
+            Ack::Origin => options::WRITE_DEADLINE_DEFAULT,
+            _ => options::WRITE_DEADLINE_REPLICATED_DEFAULT,
+        });
         let d = &self.inner.config.deployment;
         let location = self.location_snapshot();
         let view = self.view(started);
@@ -602,6 +605,11 @@ impl Client {
         }
         let body = pb::client_request::Request::Mutate(pb::MutateRequest {
             mutation: Some(mutation.to_proto()),
+            wait_regions: match opts.ack {
+                Ack::Regions(n) => n,
+                _ => 0,
+            },
+            wait_all_regions: opts.ack == Ack::AllRegions,
         });
         let mut attempts = 0;
         let mut last_err = None;
@@ -1051,6 +1059,13 @@ impl Inner {
         deadline_at: Instant,
         traceparent: String,
     ) -> Result<(pb::client_response::Response, Served), Error> {
+        // An answer's time is the path's and the replica's, what routing and
+        // hedging learn from, except a write's that waited for other regions: the
+        // WAN's, which would make its replica look far away.
+        let waited = matches!(
+            &body,
+            pb::client_request::Request::Mutate(m) if m.wait_regions > 0 || m.wait_all_regions
+        );
         let req = pb::ClientRequest {
             deadline_us: deadline_at.saturating_duration_since(since).as_micros() as u64,
             app_profile: self.profile.name.clone(),
@@ -1067,7 +1082,9 @@ impl Inner {
         };
         let at = Instant::now();
         let elapsed = at.saturating_duration_since(since);
-        self.note_rtt(&c.replica, elapsed);
+        if !waited {
+            self.note_rtt(&c.replica, elapsed);
+        }
         let served = resp.served_by.take().unwrap_or_default();
         let wm = served.watermarks.as_ref().map(ScopeWatermarks::from_proto);
         if let Some(w) = &wm {
@@ -1091,7 +1108,9 @@ impl Inner {
         match resp.response {
             Some(pb::client_response::Response::Error(e)) => Err(Error::from_wire(&e, &c.replica)),
             Some(r) => {
-                self.hedge.record(at, elapsed);
+                if !waited {
+                    self.hedge.record(at, elapsed);
+                }
                 Ok((r, served))
             }
             None => Err(Error::Internal(format!(

@@ -10,6 +10,25 @@ use std::time::Duration;
 pub const READ_DEADLINE_DEFAULT: Duration = Duration::from_millis(20);
 /// Writes wait for an fsync at the origin: a little more room by default.
 pub const WRITE_DEADLINE_DEFAULT: Duration = Duration::from_millis(200);
+/// Writes that wait for other regions ([`Ack`]) cross the WAN and back, with a
+/// heartbeat each way: more room again.
+pub const WRITE_DEADLINE_REPLICATED_DEFAULT: Duration = Duration::from_secs(2);
+
+/// When a write is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ack {
+    /// Once durable at the replica that took it (default): the lowest latency;
+    /// the write reaches every other region in the background.
+    #[default]
+    Origin,
+    /// Once also durably applied by replicas in this many other regions (as in
+    /// Cassandra's `EACH_QUORUM` spirit, by region): survives the loss of the
+    /// origin's whole region when ≥ 1. More regions than the row's policy spans
+    /// is refused before anything is written.
+    Regions(u32),
+    /// Once durably applied in every region of the row's placement policy.
+    AllRegions,
+}
 
 /// When to send a second request ("The Tail at Scale"); shared with the simulator.
 pub use pangea_core::frontend::HedgePolicy;
@@ -59,12 +78,23 @@ pub struct WriteOptions {
     /// (default): the app profile's `writes` setting (nearest unless the topology
     /// file says `writes = "row-affinity"`).
     pub row_affinity: Option<bool>,
+    /// When the write is acknowledged (default: once durable at its origin). A
+    /// write that waits for other regions and misses the deadline fails with
+    /// `Error::NotReplicated` carrying its token (it happened). Default deadline
+    /// then [`WRITE_DEADLINE_REPLICATED_DEFAULT`].
+    pub ack: Ack,
 }
 
 impl WriteOptions {
     /// Writes to the row's affinity replica (see [`WriteOptions::row_affinity`]).
     pub fn with_row_affinity(mut self) -> Self {
         self.row_affinity = Some(true);
+        self
+    }
+
+    /// Acknowledged only once applied as `ack` says (see [`WriteOptions::ack`]).
+    pub fn with_ack(mut self, ack: Ack) -> Self {
+        self.ack = ack;
         self
     }
 

@@ -56,6 +56,10 @@ pub struct Heartbeat {
     /// The sender is the origin and holds the receiver as a tree neighbour: the
     /// receiver adopts it as an inbound neighbour.
     pub tree_edge: bool,
+    /// The origin asks every replica that has durably applied its stream up to
+    /// this sequence for an applied-watermark report in its next heartbeat (a
+    /// client waits for the write to reach other regions); 0: nobody asks.
+    pub report_after: u64,
 }
 
 /// A heartbeat's applied watermarks, in origin order, with their encoded length
@@ -222,7 +226,8 @@ pub fn heartbeats_encoded_len(hbs: &[Heartbeat]) -> usize {
                     + pb_len::uint64(h.timestamp.as_u64())
                     + h.applied.encoded_len()
                     + pb_len::uint64(h.purge.as_u64())
-                    + pb_len::uint64(u64::from(h.tree_edge)),
+                    + pb_len::uint64(u64::from(h.tree_edge))
+                    + pb_len::uint64(h.report_after),
             )
         })
         .sum();
@@ -299,6 +304,7 @@ impl Frame {
                             applied: watermarks_from(h.applied, fl.applied_max)?.into(),
                             purge: Timestamp::from_u64(h.purge_timestamp),
                             tree_edge: h.tree_edge,
+                            report_after: h.report_after,
                         })
                     })
                     .collect::<Result<_, Error>>()?;
@@ -395,6 +401,7 @@ impl Frame {
                         applied: watermarks_to(&h.applied),
                         purge_timestamp: h.purge.as_u64(),
                         tree_edge: h.tree_edge,
+                        report_after: h.report_after,
                     })
                     .collect(),
             }),
@@ -504,6 +511,7 @@ mod tests {
                 .collect(),
             purge: Timestamp::from_u64(purge),
             tree_edge: seq % 2 == 1,
+            report_after: seq / 3,
         };
         let cases = vec![
             vec![],

@@ -42,7 +42,7 @@ use crate::token::Token;
 use crate::watermark::ScopeWatermarks;
 use crate::{Error, StorageError};
 use bytes::Bytes;
-use pangea_topology::{Deployment, Tree};
+use pangea_topology::{Deployment, RegionId, Tree};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
@@ -407,6 +407,13 @@ struct ScopeState {
     /// and after a few failures entries went out over a near-mesh (15 copies per
     /// apply in the `rolling-restart` drill).
     inbound: BTreeMap<ReplicaId, u64>,
+    /// The highest sequence of this replica's own stream some client waits to see
+    /// applied in other regions ([`Replica::want_reports`]), sent in its
+    /// heartbeats as `report_after`; 0: none.
+    report_after: u64,
+    /// Origins that asked for reports (`Heartbeat::report_after`): per origin, the
+    /// sequence asked and the highest sequence this replica has reported for.
+    reports_asked: BTreeMap<ReplicaId, (u64, u64)>,
 }
 
 /// Whether this replica hears `p`'s applied-watermark reports in a scope.
@@ -1120,6 +1127,51 @@ impl<S: Storage> Replica<S> {
         })
     }
 
+    /// A client waits for this replica's write `sequence` in `scope` to be applied
+    /// in other regions: from now on its heartbeats ask every member to report,
+    /// once it has applied that far, at once rather than at its next periodic
+    /// report ([`Replica::regions_applied`] then reads the answers).
+    pub fn want_reports(&mut self, scope: &ScopeId, sequence: u64) {
+        if let Some(s) = self.scopes.get_mut(scope) {
+            s.report_after = s.report_after.max(sequence);
+        }
+    }
+
+    /// The regions where a replica that stores rows has durably applied `origin`'s
+    /// stream in `scope` up to `sequence`, as far as this replica knows (its own
+    /// durable state and its members' applied-watermark reports), and the regions
+    /// of the scope's members that store rows: what a write waiting for
+    /// replication has reached, out of what it could. `None` for a scope this
+    /// replica is not a member of.
+    pub fn regions_applied(
+        &self,
+        scope: &ScopeId,
+        origin: &ReplicaId,
+        sequence: u64,
+    ) -> Option<(BTreeSet<RegionId>, BTreeSet<RegionId>)> {
+        let s = self.scopes.get(scope)?;
+        let topology = &self.deployment.topology;
+        let (mut reached, mut all) = (BTreeSet::new(), BTreeSet::new());
+        for m in s.members.iter() {
+            let Some(r) = topology.replicas.get(m).filter(|r| r.role.stores_rows()) else {
+                continue;
+            };
+            all.insert(r.region.clone());
+            let applied = if m == &self.id {
+                s.streams.get(origin).map(|st| st.durable.sequence)
+            } else {
+                s.applied_by
+                    .get(m)
+                    .and_then(|w| w.get(origin))
+                    .map(|w| w.sequence)
+            };
+            if applied.is_some_and(|a| a >= sequence) {
+                reached.insert(r.region.clone());
+            }
+        }
+        Some((reached, all))
+    }
+
     /// A one-line-per-stream dump of replication state, for diagnosing a stuck
     /// stream (checkers print it when a run does not converge).
     pub fn debug_state(&self) -> String {
@@ -1229,6 +1281,8 @@ impl<S: Storage> Replica<S> {
                             heartbeat_news: Vec::new(),
                             incoming: None,
                             inbound: BTreeMap::new(),
+                            report_after: 0,
+                            reports_asked: BTreeMap::new(),
                         },
                     );
                 }
@@ -2255,9 +2309,10 @@ impl<S: Storage> Replica<S> {
     // ----- heartbeats -----
 
     fn own_heartbeat(&mut self, now: Now, scope: &ScopeId) -> Option<Heartbeat> {
-        let gossip = self
+        let periodic = self
             .heartbeats_sent
             .is_multiple_of(self.config.applied_gossip_every.max(1));
+        let gossip = self.answer_report_requests(scope) || periodic;
         // The promise: nothing after `durable` will carry a timestamp at or below
         // this. Unflushed local writes (not yet sent) already have timestamps, so
         // promise only below the first of them (I7).
@@ -2317,7 +2372,29 @@ impl<S: Storage> Replica<S> {
             applied,
             purge: s.purge_horizon,
             tree_edge: false,
+            report_after: s.report_after,
         })
+    }
+
+    /// Whether this heartbeat must carry an applied-watermark report: an origin
+    /// asked for one (`Heartbeat::report_after`) up to a sequence this replica now
+    /// holds durably and has not reported yet. Marks those requests answered.
+    fn answer_report_requests(&mut self, scope: &ScopeId) -> bool {
+        let Some(s) = self.scopes.get_mut(scope) else {
+            return false;
+        };
+        let mut due = false;
+        for (origin, (asked, reported)) in &mut s.reports_asked {
+            if *reported < *asked
+                && s.streams
+                    .get(origin)
+                    .is_some_and(|st| st.durable.sequence >= *asked)
+            {
+                *reported = *asked;
+                due = true;
+            }
+        }
+        due
     }
 
     fn send_heartbeats(&mut self, now: Now) {
@@ -2433,6 +2510,10 @@ impl<S: Storage> Replica<S> {
                 self.recovered(now, &hb.origin);
                 from_member = None;
                 s = self.scopes.get_mut(&hb.scope).expect("checked above");
+            }
+            if hb.report_after > 0 && origin_is_writer {
+                let asked = s.reports_asked.entry(hb.origin.clone()).or_default();
+                asked.0 = asked.0.max(hb.report_after);
             }
             if !hb.applied.is_empty() {
                 match s.applied_by.get_mut(&hb.origin) {

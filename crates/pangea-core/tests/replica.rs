@@ -216,6 +216,7 @@ fn hostile_frames_are_refused_counted_and_change_nothing() {
         applied: Default::default(),
         purge: Timestamp::ZERO,
         tree_edge: true,
+        report_after: 0,
     };
     a.handle_frame(at(2), &from, Frame::Heartbeats(vec![hb]))
         .unwrap();
@@ -664,6 +665,7 @@ fn a_replica_whose_clock_disagrees_with_most_peers_refuses_writes() {
         applied: Default::default(),
         purge: Timestamp::ZERO,
         tree_edge: true,
+        report_after: 0,
     };
     let hear = |r: &mut Replica<MemStorage>, now_ms: u64, peer: &str, offset_ms: i64| {
         let wall = (T0 + now_ms) as i64 + offset_ms;
@@ -789,6 +791,7 @@ fn only_a_senders_own_tree_edge_heartbeat_makes_it_an_inbound_neighbour() {
         applied: Default::default(),
         purge: Timestamp::ZERO,
         tree_edge,
+        report_after: 0,
     };
     let mut a = replica(&d, me.as_str());
     // Whether a write proposed at `ms` is sent to `far`.
@@ -991,15 +994,7 @@ fn a_write_that_would_grow_its_row_past_the_limit_is_refused() {
         },
         ..Config::default()
     };
-    let mut r = Replica::new(
-        "euw1-a".into(),
-        d,
-        config,
-        MemStorage::new(),
-        7,
-        at(0),
-    )
-    .unwrap();
+    let mut r = Replica::new("euw1-a".into(), d, config, MemStorage::new(), 7, at(0)).unwrap();
     let cell = |column: &str, bytes: usize| {
         let m = Mutation::SetCell {
             family: "profile".into(),
@@ -1040,4 +1035,71 @@ fn a_write_that_would_grow_its_row_past_the_limit_is_refused() {
     )
     .unwrap();
     r.propose(at(5), del).unwrap();
+}
+
+/// A write whose client waits for other regions: the origin's heartbeats ask for
+/// reports (`want_reports`), and every replica that applied the write says so in
+/// its next heartbeat instead of its next periodic report, here never (applied
+/// gossip every million heartbeats). `regions_applied` reads the answers.
+#[test]
+fn replicas_report_a_write_a_client_waits_for_at_once() {
+    let d = deployment();
+    let config = Config {
+        applied_gossip_every: 1_000_000,
+        ..Config::default()
+    };
+    let mut rs: BTreeMap<String, Replica<MemStorage>> = d
+        .topology
+        .replicas
+        .keys()
+        .map(|id| {
+            let r = Replica::new(
+                id.clone(),
+                d.clone(),
+                config.clone(),
+                MemStorage::new(),
+                7,
+                at(0),
+            );
+            (id.to_string(), r.unwrap())
+        })
+        .collect();
+    // The one periodic report (the first heartbeat) goes by.
+    run(&mut rs, 0, 200);
+    let global = ScopeId::global();
+    let a = rs.get_mut("euw1-a").unwrap();
+    let t = a.propose(at(210), set("us/1", "v")).unwrap();
+    run(&mut rs, 250, 1_000);
+    let a = &rs["euw1-a"];
+    let (reached, all) = a
+        .regions_applied(&global, &a.id().clone(), t.sequence)
+        .unwrap();
+    let regions = |names: &[&str]| names.iter().map(|n| RegionId::new(*n)).collect();
+    assert_eq!(all, regions(&["ap-northeast-1", "eu-west-1", "us-east-1"]));
+    assert_eq!(
+        reached,
+        regions(&["eu-west-1"]),
+        "only the origin knows, unasked"
+    );
+    rs.get_mut("euw1-a")
+        .unwrap()
+        .want_reports(&global, t.sequence);
+    // The request and the reports travel with heartbeats, relayed hop by hop
+    // along the tree (a hop a round here): four rounds, not a periodic report.
+    run(&mut rs, 1_050, 1_250);
+    let a = &rs["euw1-a"];
+    let (reached, _) = a
+        .regions_applied(&global, &a.id().clone(), t.sequence)
+        .unwrap();
+    assert_eq!(reached, all, "asked, every region reported");
+    // Asked for a write not applied anywhere else yet: no region but the origin.
+    let a = rs.get_mut("euw1-a").unwrap();
+    let t2 = a.propose(at(1_160), set("us/2", "v")).unwrap();
+    let (reached, _) = a
+        .regions_applied(&global, &a.id().clone(), t2.sequence)
+        .unwrap();
+    assert!(
+        reached.is_empty(),
+        "not even durable at the origin: {reached:?}"
+    );
 }

@@ -12,8 +12,8 @@ use pangea_core::frame::Frame;
 use pangea_core::replica::{Event, Replica, Transmit};
 use pangea_core::{Error as CoreError, RowMutation, ScopeId, Token};
 use pangea_store::Store;
-use pangea_topology::ReplicaId;
-use std::collections::BTreeMap;
+use pangea_topology::{RegionId, ReplicaId};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
@@ -42,6 +42,14 @@ pub enum Input {
         scope: ScopeId,
         mutation: RowMutation,
         reply: oneshot::Sender<Result<Token, CoreError>>,
+    },
+    /// A client waits for this replica's write `sequence` in `scope` to reach
+    /// other regions: ask the members for prompt reports (`Replica::want_reports`)
+    /// and answer where it has been applied so far (`Replica::regions_applied`).
+    RegionsApplied {
+        scope: ScopeId,
+        sequence: u64,
+        reply: oneshot::Sender<Option<(BTreeSet<RegionId>, BTreeSet<RegionId>)>>,
     },
     /// Has every member of `scope` applied `origin`'s stream up to `sequence`?
     AppliedEverywhere {
@@ -296,6 +304,9 @@ async fn recover(
                 Some(Input::AppliedEverywhere { reply, .. }) => {
                     let _ = reply.send(false);
                 }
+                Some(Input::RegionsApplied { reply, .. }) => {
+                    let _ = reply.send(None);
+                }
                 // Frames: fetched again by gap repair. A new deployment: read from
                 // `shared` when the core is rebuilt.
                 Some(_) => {}
@@ -370,8 +381,12 @@ fn handle(
             shared.metrics.inc_frames_rejected("disk_full");
         }
         Input::Frame { from, frame } => {
+            let heartbeats = matches!(frame, Frame::Heartbeats(_));
             if let Err(e) = replica.handle_frame(now, &from, frame) {
                 tracing::error!(peer = %from, error = %e, "applying a frame failed");
+            }
+            if heartbeats {
+                shared.heartbeats_heard.notify_waiters();
             }
         }
         Input::Malformed { from, reason } => {
@@ -404,6 +419,15 @@ fn handle(
                 let _ = reply.send(Err(e));
             }
         },
+        Input::RegionsApplied {
+            scope,
+            sequence,
+            reply,
+        } => {
+            replica.want_reports(&scope, sequence);
+            let id = replica.id().clone();
+            let _ = reply.send(replica.regions_applied(&scope, &id, sequence));
+        }
         Input::AppliedEverywhere {
             scope,
             origin,

@@ -110,6 +110,9 @@ pub struct Shared {
     pub clock: Arc<clock::Clock>,
     pub core_limits: Limits,
     pub driver: mpsc::Sender<driver::Input>,
+    /// Woken by the driver when heartbeats arrive, which may carry the applied
+    /// reports a write waiting for other regions waits for (`serve.rs`).
+    pub heartbeats_heard: tokio::sync::Notify,
     /// Caps concurrent client requests (`client_requests_max`).
     pub requests: Arc<Semaphore>,
     /// Bytes of client frames being received, over all connections
@@ -564,6 +567,7 @@ pub async fn run_with_sockets(
         clock,
         core_limits,
         driver: tx,
+        heartbeats_heard: tokio::sync::Notify::new(),
         requests: Arc::new(Semaphore::new(config.client_requests_max)),
         frame_budget: pangea_net::FrameBudget::process(mib(config.frame_budget_mib)),
         admission: pangea_net::admission::Admission::new(config.admission()),

@@ -20,12 +20,13 @@ use pangea_core::{
     Error as CoreError, Limits, ReadFilter, RowMutation, ScopeId, ScopeWatermarks, Token,
 };
 use pangea_net::{read_frame_within, write_frame};
+use pangea_proto::Message as _;
 
 /// The code a refused request's stream is stopped with (its answer says why).
 const STOP_REFUSED: u32 = 1;
-use pangea_proto::Message as _;
 use pangea_proto::v1 as pb;
-use std::collections::BTreeMap;
+use pangea_topology::{Deployment, RegionId};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -72,6 +73,8 @@ struct Failure {
     watermarks: Option<Arc<ScopeWatermarks>>,
     /// Refused by authorization (counted apart from placement refusals).
     denied: bool,
+    /// A write's token, sent with `NotReplicated` (the write happened).
+    token: Option<Token>,
 }
 
 impl Failure {
@@ -81,6 +84,7 @@ impl Failure {
             message: message.into(),
             watermarks: None,
             denied: false,
+            token: None,
         }
     }
 
@@ -105,6 +109,7 @@ impl Failure {
             Code::InvalidArgument => "invalid",
             Code::NotFound => "not_found",
             Code::Unavailable => "unavailable",
+            Code::NotReplicated => "not_replicated",
             _ => "internal",
         }
     }
@@ -410,6 +415,7 @@ fn response(
         Err(f) => pb::client_response::Response::Error(pb::Error {
             code: f.code as i32,
             message: f.message,
+            token: f.token.map(|t| t.encode()).unwrap_or_default(),
         }),
     };
     Reply::Message(pb::ClientResponse {
@@ -562,19 +568,21 @@ fn admit(
     match decide(c, &wm, shared.clock.now().wall_ms) {
         Decision::Serve => Ok(wm),
         Decision::NotCovered { origin, have, need } => Err(Failure {
-            code: Code::NotCovered,
-            message: format!(
-                "replica {} has applied {origin}'s writes up to #{have}, the token needs #{need}",
-                shared.id
-            ),
             watermarks: Some(wm),
-            denied: false,
+            ..Failure::new(
+                Code::NotCovered,
+                format!(
+                    "replica {} has applied {origin}'s writes up to #{have}, the token needs #{need}",
+                    shared.id
+                ),
+            )
         }),
         Decision::TooStale { lag_ms, max_ms } => Err(Failure {
-            code: Code::TooStale,
-            message: format!("replica {} lags {lag_ms} ms, bound {max_ms} ms", shared.id),
             watermarks: Some(wm),
-            denied: false,
+            ..Failure::new(
+                Code::TooStale,
+                format!("replica {} lags {lag_ms} ms, bound {max_ms} ms", shared.id),
+            )
         }),
     }
 }
@@ -768,6 +776,105 @@ async fn process(
     result
 }
 
+/// How many regions besides this one a write asked to wait for
+/// (`MutateRequest::wait_regions`, `wait_all_regions`), checked against the regions
+/// the row's placement policy spans before anything is written.
+fn regions_to_wait_for(
+    shared: &Shared,
+    d: &Deployment,
+    scope: &ScopeId,
+    (asked, all): &(u32, bool),
+) -> Result<usize, Failure> {
+    if *asked == 0 && !*all {
+        return Ok(0);
+    }
+    let others: BTreeSet<&RegionId> = d
+        .topology
+        .replicas
+        .values()
+        .filter(|r| r.role.stores_rows() && r.region != shared.region && d.allowed(&r.id, scope))
+        .map(|r| &r.region)
+        .collect();
+    if *all {
+        return Ok(others.len());
+    }
+    if *asked as usize > others.len() {
+        return Err(Failure::new(
+            Code::InvalidArgument,
+            format!(
+                "wait_regions {asked}: policy {scope} spans {} region(s) besides {} ({})",
+                others.len(),
+                shared.region,
+                others
+                    .iter()
+                    .map(|r| r.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    Ok(*asked as usize)
+}
+
+/// Waits until replicas in `regions` regions besides this one have durably applied
+/// the write `token` names (their applied-watermark reports, which the driver asks
+/// for at once), or until `until`: then `NotReplicated`, naming where it has been
+/// applied and where not yet, with the token.
+async fn wait_for_regions(
+    shared: &Shared,
+    token: &Token,
+    regions: usize,
+    until: Instant,
+) -> Result<(), Failure> {
+    loop {
+        // Armed before asking: a report between the answer and the wait wakes it.
+        let heard = shared.heartbeats_heard.notified();
+        tokio::pin!(heard);
+        heard.as_mut().enable();
+        let (reply, answer) = oneshot::channel();
+        let asked = crate::driver::Input::RegionsApplied {
+            scope: token.scope.clone(),
+            sequence: token.sequence,
+            reply,
+        };
+        let gone = || Failure::new(Code::Unavailable, "replica is shutting down");
+        shared.driver.send(asked).await.map_err(|_| gone())?;
+        let (mut reached, all) = answer.await.map_err(|_| gone())?.unwrap_or_default();
+        reached.remove(&shared.region);
+        if reached.len() >= regions {
+            return Ok(());
+        }
+        tokio::select! {
+            () = &mut heard => {}
+            () = tokio::time::sleep_until(until.into()) => {
+                let not_yet: Vec<&str> = all
+                    .iter()
+                    .filter(|r| **r != shared.region && !reached.contains(*r))
+                    .map(|r| r.as_str())
+                    .collect();
+                let reached: Vec<&str> = reached.iter().map(|r| r.as_str()).collect();
+                return Err(Failure {
+                    token: Some(token.clone()),
+                    ..Failure::new(
+                        Code::NotReplicated,
+                        format!(
+                            "write {}#{} is durable at {} and replicating, but by the \
+                             deadline it was applied in {} of the {regions} other region(s) \
+                             asked: applied in [{}], not yet in [{}]",
+                            token.origin,
+                            token.sequence,
+                            shared.id,
+                            reached.len(),
+                            reached.join(", "),
+                            not_yet.join(", ")
+                        ),
+                    )
+                });
+            }
+        }
+    }
+}
+
 /// Runs an authorized request.
 async fn execute(
     shared: &Arc<Shared>,
@@ -776,6 +883,7 @@ async fn execute(
 ) -> Result<Served, Failure> {
     use pb::client_request::Request as R;
     use pb::client_response::Response as W;
+    let received = Instant::now();
     // Data requests obey the app profile's routing (priority class, pinned
     // replicas); watermark probes and operator requests are not routed by it.
     if !matches!(
@@ -799,6 +907,10 @@ async fn execute(
         }
     }
     let limits: Limits = shared.core_limits;
+    let deadline = match req.deadline_us {
+        0 => DEFAULT_DEADLINE,
+        us => Duration::from_micros(us),
+    };
     match req
         .request
         .ok_or_else(|| Failure::new(Code::InvalidArgument, "empty request"))?
@@ -918,6 +1030,7 @@ async fn execute(
             ))
         }
         R::Mutate(m) => {
+            let m_wait = (m.wait_regions, m.wait_all_regions);
             // A full disk (or a store being reopened) refuses writes at once: the
             // client writes at another replica.
             if let Some(state) = shared.disk.refusal() {
@@ -948,6 +1061,7 @@ async fn execute(
             }
             let scope = scope_here(shared, mutation.table(), mutation.row_key())?;
             check_rows(shared, caller, &scope)?;
+            let wait_regions = regions_to_wait_for(shared, &d, &scope, &m_wait)?;
             let (reply, wait) = oneshot::channel();
             shared
                 .driver
@@ -957,6 +1071,13 @@ async fn execute(
             let token = wait
                 .await
                 .map_err(|_| Failure::new(Code::Unavailable, "replica is shutting down"))??;
+            if wait_regions > 0 {
+                // Answer before the request's deadline cuts us off: the client
+                // learns how far the write got, and its token.
+                let margin = (deadline / 10).min(Duration::from_millis(5));
+                let until = received + deadline.saturating_sub(margin);
+                wait_for_regions(shared, &token, wait_regions, until).await?;
+            }
             let wm = shared.watermarks_of(&scope);
             Ok((
                 W::Mutate(pb::MutateResponse {

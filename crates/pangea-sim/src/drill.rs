@@ -9,6 +9,7 @@
 use crate::net::{LinkOverride, NetConfig};
 use crate::scenario::{
     Fault, FaultKind, KeyDistribution, ModeMix, RegionLoad, Scenario, Slo, ValueSize, Workload,
+    WriteAck,
 };
 use crate::time::SimDuration;
 use crate::workload::VALUE_BYTES_MAX;
@@ -163,6 +164,14 @@ struct RawRegionLoad {
     rate: Option<f64>,
 }
 
+/// `write_ack = "origin" | "all-regions" | N` (N other regions).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawAck {
+    Regions(u32),
+    Named(String),
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawWorkload {
@@ -179,6 +188,7 @@ struct RawWorkload {
     modes: Option<RawModes>,
     bounded_ms: Option<u64>,
     read_back: Option<f64>,
+    write_ack: Option<RawAck>,
     deadline_ms: Option<u64>,
     write_deadline_ms: Option<u64>,
     hedge: Option<bool>,
@@ -823,6 +833,19 @@ fn workload(cx: &mut Ctx<'_>, r: &RawWorkload) -> Workload {
     if let Some(x) = r.read_back {
         cx.fraction(&p!["workload", "read_back"], x);
         w.read_back = x;
+    }
+    match &r.write_ack {
+        None => {}
+        Some(RawAck::Regions(0)) => w.write_ack = WriteAck::Origin,
+        Some(RawAck::Regions(n)) => w.write_ack = WriteAck::Regions(*n),
+        Some(RawAck::Named(s)) => match s.as_str() {
+            "origin" => w.write_ack = WriteAck::Origin,
+            "all-regions" => w.write_ack = WriteAck::AllRegions,
+            other => cx.err(
+                &p!["workload", "write_ack"],
+                format!("{other:?} is not origin, all-regions or a number of regions"),
+            ),
+        },
     }
     if let Some(ms) = r.deadline_ms {
         w.deadline = SimDuration::from_ms(ms.max(1));

@@ -108,6 +108,18 @@ pub struct ModeMix {
     pub bounded: f64,
 }
 
+/// When a write is acknowledged, as `pangea_client::Ack` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WriteAck {
+    /// Once durable at its origin (default).
+    #[default]
+    Origin,
+    /// Once replicas in this many other regions have durably applied it.
+    Regions(u32),
+    /// Once every region of the row's placement policy has.
+    AllRegions,
+}
+
 /// Load from one region's frontends.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RegionLoad {
@@ -144,6 +156,8 @@ pub struct Workload {
     /// row's affinity replica is up when the app profile writes there
     /// (`writes = "row-affinity"`). Default 0.
     pub read_back: f64,
+    /// When writes are acknowledged (default: at their origin).
+    pub write_ack: WriteAck,
     pub deadline: SimDuration,
     pub write_deadline: SimDuration,
     pub hedge: bool,
@@ -297,6 +311,7 @@ impl Workload {
             },
             bounded_ms: 2_000,
             read_back: 0.0,
+            write_ack: WriteAck::Origin,
             deadline: SimDuration::from_ms(20),
             write_deadline: SimDuration::from_ms(200),
             hedge: true,

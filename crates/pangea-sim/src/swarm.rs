@@ -157,6 +157,7 @@ pub fn scenario_for_seed(seed: u64) -> Scenario {
         },
         bounded_ms: 500 + rng.next_below(3_000) as u64,
         read_back: 0.0,
+        write_ack: crate::scenario::WriteAck::Origin,
         deadline: SimDuration::from_ms(20 + rng.next_below(200) as u64),
         write_deadline: SimDuration::from_ms(200),
         hedge: rng.chance(0.7),

@@ -285,6 +285,7 @@ mod tests {
             },
             bounded_ms: 1000,
             read_back: 0.0,
+            write_ack: crate::scenario::WriteAck::Origin,
             deadline: SimDuration::from_ms(20),
             write_deadline: SimDuration::from_ms(200),
             hedge: true,

@@ -152,3 +152,55 @@ fn affinity_writes_are_read_back_by_affinity_reads() -> Result<()> {
     );
     Ok(())
 }
+
+/// Writes that wait for other regions (`Workload::write_ack`, the client's `Ack`)
+/// on the reference deployment, every region writing: each wait costs its WAN
+/// round trip and no write fails; a write acknowledged at its origin costs none.
+/// `pangea sim run sim/replicated-writes.toml` gives the release-build figures in
+/// docs/consistency.md.
+#[test]
+fn writes_waiting_for_regions_pay_their_round_trips() -> Result<()> {
+    use pangea_sim::scenario::WriteAck;
+    let run = |ack: WriteAck| -> Result<pangea_sim::sim::metrics::LatencySummary> {
+        let mut sc = Scenario::new("ack", reference()?, 5, SimDuration::from_secs(8));
+        sc.workload.write_ack = ack;
+        sc.workload.write_deadline = SimDuration::from_secs(3);
+        (sc.workload.read, sc.workload.write, sc.workload.delete) = (0.5, 0.5, 0.0);
+        let report = Simulation::new(sc)?.run()?;
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        // Reads unharmed: a waited write's time is the WAN's, and the client must
+        // not take it for its replica's distance (it routed reads away once).
+        assert_eq!(
+            report.availability, 1.0,
+            "{:?}",
+            report.counters.read_errors
+        );
+        Ok(report.writes)
+    };
+    let origin = run(WriteAck::Origin)?;
+    let one = run(WriteAck::Regions(1))?;
+    let all = run(WriteAck::AllRegions)?;
+    for (name, w) in [
+        ("origin", &origin),
+        ("1 region", &one),
+        ("all regions", &all),
+    ] {
+        println!(
+            "ack {name}: {} writes, {} errors, p50 {:.1} ms, p99 {:.1} ms",
+            w.count, w.errors, w.p50_ms, w.p99_ms
+        );
+        assert_eq!(w.errors, 0, "ack {name}");
+        assert!(w.count > 1_000);
+    }
+    assert!(origin.p99_ms < 5.0, "{origin:?}");
+    // One other region: the nearest, a continent's round trip away at most.
+    assert!(
+        one.p50_ms > 5.0 && one.p50_ms < all.p50_ms,
+        "{one:?} {all:?}"
+    );
+    // Every region: the write out along the spanning tree to its farthest replica
+    // and the report back (the tree's diameter, ~450 ms here), plus a heartbeat
+    // each way.
+    assert!(all.p50_ms > 100.0 && all.p99_ms < 1_000.0, "{all:?}");
+    Ok(())
+}

@@ -626,6 +626,7 @@ pub fn set_cell(
                 })),
             }],
         }),
+        ..Default::default()
     })
 }
 

@@ -218,6 +218,7 @@ impl Simulation {
         self.trace([53, r as u64, 0, 0]);
         // Writes it proposed and never committed are not acknowledged.
         self.pending_commits.retain(|k, _| k.0 as usize != r);
+        self.replication_waits.retain(|w| w.r as usize != r);
     }
 
     /// A restart from the crashed storage (C3 across restarts).

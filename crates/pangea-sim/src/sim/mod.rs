@@ -48,7 +48,7 @@ use crate::ids::Interner;
 use crate::net::{NetConfig, Network};
 use crate::queue::EventQueue;
 use crate::rng::SimRng;
-use crate::scenario::{Fault, FaultKind, Scenario};
+use crate::scenario::{Fault, FaultKind, Scenario, WriteAck};
 use crate::time::{SimDuration, SimTime};
 use crate::workload::{Generator, Mode, OpKind};
 use anyhow::{Context, Result};
@@ -482,6 +482,20 @@ struct CatchUp {
 /// the client has given up).
 type PendingCommit = (OpRef, u16, u32, RowMutation);
 
+/// A committed write whose client waits for other regions to apply it
+/// (`Workload::write_ack`), at its origin `r`; answered when the origin's
+/// applied-watermark reports show `regions` other regions, checked as
+/// heartbeats arrive there, as the node's `serve.rs` does.
+#[derive(Debug)]
+struct ReplicationWait {
+    r: u32,
+    op: OpRef,
+    attempt: u16,
+    client: u32,
+    token: Token,
+    regions: usize,
+}
+
 /// A trace hasher with a `Debug` that shows nothing (xxh3's state is opaque).
 struct Trace(Xxh3);
 
@@ -534,6 +548,8 @@ pub struct Simulation {
     /// Writes proposed and waiting for their `Committed` event:
     /// (replica, scope, sequence) → (op, attempt, client, the entry).
     pending_commits: HashMap<(u32, u32, u64), PendingCommit, Xxh3DefaultBuilder>,
+    /// Committed writes waiting for other regions, in commit order.
+    replication_waits: Vec<ReplicationWait>,
     generator: Generator,
     path_rng: SimRng,
     fault_rng: SimRng,
@@ -865,6 +881,7 @@ impl Simulation {
             region_lost: vec![0; n_regions],
             ops: Slab::default(),
             pending_commits: HashMap::default(),
+            replication_waits: Vec::new(),
             generator,
             path_rng,
             fault_rng,
@@ -1212,13 +1229,78 @@ impl Simulation {
         let Some(rep) = node.replica.as_mut() else {
             return;
         };
+        let heartbeats = matches!(frame, Frame::Heartbeats(_));
         if let Err(e) = rep.handle_frame(nw, &from_id, frame) {
             self.checks.other_violations += 1;
             let id = node.id.clone();
             self.checks
                 .violation(format!("{id}: frame from {from_id} failed: {e}"));
         }
+        if heartbeats && !self.replication_waits.is_empty() {
+            self.answer_replication_waits(to);
+        }
         self.settle(to);
+    }
+
+    /// Regions besides `r`'s a write to `scope` at `r` waits for
+    /// (`Workload::write_ack`); `None` when the policy spans fewer than asked
+    /// (the node refuses such a write before writing).
+    fn regions_to_wait_for(&self, r: usize, scope: &ScopeId) -> Option<usize> {
+        let others = || {
+            let rep = self.nodes[r].replica.as_ref()?;
+            let (_, all) = rep.regions_applied(scope, rep.id(), 0)?;
+            let own = &self.views[self.nodes[r].view]
+                .topology
+                .replicas
+                .get(rep.id())?
+                .region;
+            Some(all.len() - usize::from(all.contains(own)))
+        };
+        match self.sc.workload.write_ack {
+            WriteAck::Origin => Some(0),
+            WriteAck::AllRegions => others(),
+            WriteAck::Regions(n) => others().filter(|o| *o >= n as usize).map(|_| n as usize),
+        }
+    }
+
+    /// Acknowledges the writes waiting at `r` that its reports now show applied in
+    /// enough other regions; forgets those whose client gave up.
+    fn answer_replication_waits(&mut self, r: usize) {
+        let mut i = 0;
+        while i < self.replication_waits.len() {
+            let w = &self.replication_waits[i];
+            if w.r as usize != r {
+                i += 1;
+                continue;
+            }
+            if self.ops.get(w.op).is_none() {
+                self.replication_waits.swap_remove(i);
+                continue;
+            }
+            let reached = self.nodes[r].replica.as_ref().and_then(|rep| {
+                let (mut reached, _) =
+                    rep.regions_applied(&w.token.scope, rep.id(), w.token.sequence)?;
+                let view = &self.views[self.nodes[r].view];
+                reached.remove(&view.topology.replicas.get(rep.id())?.region);
+                Some(reached.len())
+            });
+            if reached.is_some_and(|n| n >= w.regions) {
+                let w = self.replication_waits.remove(i);
+                self.reply(
+                    w.op,
+                    w.attempt,
+                    r,
+                    w.client as usize,
+                    Reply::Ok {
+                        wm: None,
+                        token: Some(w.token),
+                    },
+                    ENVELOPE_BYTES,
+                );
+            } else {
+                i += 1;
+            }
+        }
     }
 
     /// I10: bytes of a restricted scope delivered to a replica outside its policy
@@ -1479,6 +1561,21 @@ impl Simulation {
                     self.pending_commits
                         .remove(&(r as u32, s as u32, token.sequence))
                 {
+                    let regions = self.regions_to_wait_for(r, &token.scope).unwrap_or(0);
+                    if regions > 0 {
+                        if let Some(rep) = self.nodes[r].replica.as_mut() {
+                            rep.want_reports(&token.scope, token.sequence);
+                        }
+                        self.replication_waits.push(ReplicationWait {
+                            r: r as u32,
+                            op,
+                            attempt,
+                            client,
+                            token,
+                            regions,
+                        });
+                        return;
+                    }
                     self.reply_after(
                         self.sc.host.commit,
                         op,
@@ -1666,6 +1763,7 @@ rtt_ms = 30.0
             applied: vec![(origin.clone(), Watermark::default())].into(),
             purge: Timestamp::ZERO,
             tree_edge: true,
+            report_after: 0,
         };
         let entry = LogEntry {
             scope: ScopeId::global(),

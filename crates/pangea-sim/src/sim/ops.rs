@@ -4,6 +4,7 @@
 //! event handlers.
 
 use super::*;
+use crate::scenario::WriteAck;
 use pangea_core::location::Location;
 use pangea_core::read::{ReadOrder, RouteError, order_read_cached, staleness_ms};
 use pangea_topology::WriteRouting;
@@ -566,6 +567,17 @@ impl Simulation {
     }
 
     fn serve_write(&mut self, op: OpRef, attempt: u16, r: usize, client: usize, m: RowMutation) {
+        // Waiting for more regions than the row's policy spans: refused unwritten.
+        if self.sc.workload.write_ack != WriteAck::Origin
+            && let Some(rep) = self.nodes[r].replica.as_ref()
+        {
+            let scope = rep.scope_of(m.table(), m.row_key());
+            if self.regions_to_wait_for(r, &scope).is_none() {
+                let refused = Reply::Err(ErrKind::Policy, None);
+                self.reply(op, attempt, r, client, refused, ENVELOPE_BYTES);
+                return;
+            }
+        }
         let node = &mut self.nodes[r];
         let nw = node.now(self.now);
         let Some(rep) = node.replica.as_mut() else {
@@ -634,6 +646,9 @@ impl Simulation {
         let elapsed = now.saturating_since(att.sent_at);
         let (hedged, reason, asked) = (att.hedged, att.reason, att.replica);
         let scope = op.scope;
+        // A write that waited for other regions took the WAN's time, not the
+        // path's: routing and hedging must not learn from it (`Inner::ask`).
+        let learns = op.mode.is_some() || self.sc.workload.write_ack == WriteAck::Origin;
         let client = &mut self.clients[op.client];
         let result: std::result::Result<Option<Token>, ErrKind> = match reply {
             Reply::Refused => {
@@ -641,7 +656,10 @@ impl Simulation {
                 Err(ErrKind::Unavailable)
             }
             Reply::Ok { wm, token } => {
-                client.note_rtt(r, elapsed);
+                if learns {
+                    client.note_rtt(r, elapsed);
+                    client.hedger.record(now, elapsed);
+                }
                 if let (Some(t), Some(w)) = (&op.read_back, &wm)
                     && !w.covers(t)
                 {
@@ -650,11 +668,12 @@ impl Simulation {
                 if let Some(w) = wm {
                     client.learn(r, scope, w);
                 }
-                client.hedger.record(now, elapsed);
                 Ok(token)
             }
             Reply::Err(kind, wm) => {
-                client.note_rtt(r, elapsed);
+                if learns {
+                    client.note_rtt(r, elapsed);
+                }
                 if let Some(w) = wm {
                     client.learn(r, scope, w);
                 }
