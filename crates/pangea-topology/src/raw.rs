@@ -47,6 +47,9 @@ pub struct RawReplica {
     pub address: Option<String>,
     /// Rendezvous weight for row affinity (default 1.0).
     pub weight: Option<f64>,
+    /// Prefer (`true`) or avoid (`false`) this replica as a replication hub;
+    /// default by role (relays, then serving, then batch replicas).
+    pub hub: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -40,6 +40,25 @@ pub struct Replica {
     pub address: Option<String>,
     /// Rendezvous weight for row affinity (> 0).
     pub weight: f64,
+    /// `hub = true | false` in the file: prefer or avoid this replica as a
+    /// replication hub ([`Replica::hub_rank`]); `None`: by its role.
+    pub hub: Option<bool>,
+}
+
+impl Replica {
+    /// How much spanning trees avoid routing through this replica, where edges
+    /// are equally long (the lower, the likelier a hub): `hub = true` 0, relays 1
+    /// (they exist to forward), serving replicas 2, batch replicas 3 (batch loads
+    /// must not sit on every replication path of their region), `hub = false` 4.
+    pub fn hub_rank(&self) -> u8 {
+        match (self.hub, self.role) {
+            (Some(true), _) => 0,
+            (Some(false), _) => 4,
+            (None, Role::Relay) => 1,
+            (None, Role::Serving) => 2,
+            (None, Role::Batch) => 3,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -322,6 +341,7 @@ impl Topology {
                             role,
                             address: rep.address.clone(),
                             weight,
+                            hub: rep.hub,
                         },
                     );
                 }

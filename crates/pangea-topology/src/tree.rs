@@ -35,10 +35,12 @@ impl Edge {
     }
 }
 
-/// Edge weight with the deterministic tie-break: (round trip, endpoints that are not
-/// relays, a, b). Among equally long edges, those touching relays win, so relays
-/// become the hubs that carry traffic between regions and serving replicas forward
-/// less (serving first).
+/// Edge weight with the deterministic tie-break: (round trip, the endpoints'
+/// [`crate::Replica::hub_rank`] summed, a, b). Among equally long edges, those
+/// touching relays win, then serving replicas, then batch replicas (`hub = true |
+/// false` in the file overrides): relays become the hubs that carry traffic
+/// between regions, and a batch-loaded host is a leaf of its region, on no other
+/// replica's path, whenever the tree allows.
 #[derive(Debug, Clone, PartialEq, PartialOrd)]
 struct Weight(f64, u8, ReplicaId, ReplicaId);
 
@@ -134,11 +136,11 @@ impl Topology {
             .iter()
             .map(|id| (*id, g.add_node((*id).clone())))
             .collect();
-        let not_relay = |id: &ReplicaId| u8::from(self.replicas[id].role != Role::Relay);
+        let rank = |id: &ReplicaId| self.replicas[id].hub_rank();
         for e in self.candidate_edges(members) {
             let w = Weight(
                 e.latency_ms,
-                not_relay(&e.a) + not_relay(&e.b),
+                rank(&e.a) + rank(&e.b),
                 e.a.clone(),
                 e.b.clone(),
             );

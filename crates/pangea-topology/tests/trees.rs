@@ -139,3 +139,50 @@ fn affinity_picks_a_serving_replica_of_the_region() {
     // Three serving replicas in us-east-1 (the batch one never wins).
     assert_eq!(seen.len(), 3);
 }
+
+/// Batch replicas are not hubs: where edges are equally long (every pair of two
+/// regions' replicas shares their link's round trip, every pair inside a region the
+/// region's), the tree routes through serving replicas, even when a batch
+/// replica's id sorts first, and leaves the batch replica a leaf; `hub = true`
+/// makes it a hub again, and `hub = false` keeps a serving replica off the paths.
+#[test]
+fn batch_replicas_are_leaves_unless_the_file_says_hub() {
+    let text = |batch_hub: &str, b_hub: &str| {
+        format!(
+            "name = \"h\"\nintra_region_rtt_ms = 1.0\n\
+             [[continents]]\nname = \"c\"\n\
+             [[continents.regions]]\nname = \"east\"\n\
+             [[continents.regions.replicas]]\nid = \"a-batch\"\nrole = \"batch\"\n{batch_hub}\n\
+             [[continents.regions.replicas]]\nid = \"b-serving\"\nrole = \"serving\"\n{b_hub}\n\
+             [[continents.regions.replicas]]\nid = \"c-serving\"\nrole = \"serving\"\n\
+             [[continents.regions]]\nname = \"west\"\n\
+             [[continents.regions.replicas]]\nid = \"w-serving\"\nrole = \"serving\"\n\
+             [[links]]\na = \"east\"\nb = \"west\"\nrtt_ms = 40.0\n"
+        )
+    };
+    let neighbours = |text: String, id: &str| -> Vec<String> {
+        let t = Topology::parse(Path::new("h.toml"), &text).unwrap();
+        let members: BTreeSet<ReplicaId> = t.replicas.keys().cloned().collect();
+        let tree = t.spanning_tree(ScopeId::global(), &members);
+        tree.neighbours(&ReplicaId::new(id))
+            .iter()
+            .map(|r| r.to_string())
+            .collect()
+    };
+    // By role: the batch replica hangs off one serving replica, which is the hub.
+    assert_eq!(neighbours(text("", ""), "a-batch"), ["b-serving"]);
+    assert_eq!(
+        neighbours(text("", ""), "b-serving"),
+        ["a-batch", "c-serving", "w-serving"]
+    );
+    // The file says otherwise: the batch replica is the hub.
+    assert_eq!(
+        neighbours(text("hub = true", ""), "a-batch"),
+        ["b-serving", "c-serving", "w-serving"]
+    );
+    // A serving replica kept off the paths: the other one is the hub.
+    assert_eq!(
+        neighbours(text("", "hub = false"), "c-serving"),
+        ["a-batch", "b-serving", "w-serving"]
+    );
+}
