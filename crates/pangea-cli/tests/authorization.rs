@@ -263,6 +263,10 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
                 }),
             ),
             (
+                "deployment",
+                pb::client_request::Request::Deployment(pb::DeploymentRequest {}),
+            ),
+            (
                 "scan _jobs",
                 pb::client_request::Request::ScanPrefix(pb::ScanPrefixRequest {
                     table: "_jobs".into(),
@@ -299,6 +303,7 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
             /* merge           */ [Denied, Served,     Denied],
             /* merge _location */ [Denied, Denied, Denied],
             /* watermarks      */ [Served,     Served,     Served],
+            /* deployment      */ [Served,     Served,     Served],
             /* scan _jobs      */ [Denied, Denied, Served],
             /* audit           */ [Denied, Denied, Served],
             /* reload          */ [Denied, Denied, Served],
@@ -323,6 +328,11 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
             reason.contains("replica certificates carry replication only"),
             "{reason}"
         );
+        // Nor may it read the deployment's files (the topology names every
+        // replica's address): a peer has its own.
+        let rogue = raw_replica(&c, "use1-a")?.connect(addr, at).await?;
+        let files = pb::client_request::Request::Deployment(pb::DeploymentRequest {});
+        ensure!(ask(&rogue, files).await == Closed);
         // A client certificate opening a replication link (a Hello on a
         // unidirectional stream, as replicas do): closed too.
         let intruder = raw(&c, &Credential::Client("client-frontend".into()))?

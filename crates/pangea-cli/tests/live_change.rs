@@ -1,20 +1,24 @@
 //! Live changes on real processes: `pangea topology apply` adds a replica (it
 //! bootstraps from a neighbour and serves), removes another (it stops once the others
 //! let it go), and applies a placement rule change (a migration job moves the rows),
-//! while a frontend keeps reading: failed reads = 0 throughout. An invalid file
-//! changes nothing.
+//! while a frontend keeps reading: failed reads = 0 throughout. The running
+//! frontends follow the new files without a restart (replicas announce their
+//! files' digest, the client fetches them): the added replica answers their reads
+//! within 5 s, and they stop asking the removed one. An invalid file changes
+//! nothing.
 
 mod common;
 
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
 use common::{Cluster, EU, alive, call, cell_value, eventually, get_request, pangea, request};
-use pangea_client::{Client, Mutation, ReadOptions, RowMutation, WriteOptions};
+use pangea_client::{Client, Consistency, Mutation, ReadOptions, RowMutation, WriteOptions};
 use pangea_proto::v1 as pb;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const ROWS: usize = 200;
 const APPLY_TIME_MAX: Duration = Duration::from_secs(60);
@@ -50,17 +54,30 @@ struct Reader {
     stop: Arc<AtomicBool>,
     reads: Arc<AtomicU64>,
     failures: Arc<std::sync::Mutex<Vec<String>>>,
+    /// When each replica last answered.
+    answered: Arc<std::sync::Mutex<BTreeMap<String, Instant>>>,
+    client: Client,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Reader {
-    fn start(client: Client) -> Reader {
+    fn start(client: Client, consistency: Consistency) -> Reader {
         let stop = Arc::new(AtomicBool::new(false));
         let reads = Arc::new(AtomicU64::new(0));
         let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (s, r, f) = (stop.clone(), reads.clone(), failures.clone());
+        let answered = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let (s, r, f, a) = (
+            stop.clone(),
+            reads.clone(),
+            failures.clone(),
+            answered.clone(),
+        );
+        let reading = client.clone();
         let task = tokio::spawn(async move {
-            let options = ReadOptions::default().with_deadline(Duration::from_secs(2));
+            let client = reading;
+            let options = ReadOptions::default()
+                .with_consistency(consistency)
+                .with_deadline(Duration::from_secs(2));
             let mut i = 0;
             while !s.load(Ordering::Relaxed) {
                 let k = key(i % ROWS);
@@ -71,6 +88,9 @@ impl Reader {
                 let failure = match outcome {
                     Err(e) => Some(format!("{k}: {e}")),
                     Ok(resp) => {
+                        if let Ok(mut a) = a.lock() {
+                            a.insert(resp.replica.to_string(), Instant::now());
+                        }
                         let got = resp
                             .value
                             .as_ref()
@@ -93,8 +113,15 @@ impl Reader {
             stop,
             reads,
             failures,
+            answered,
+            client,
             task,
         }
+    }
+
+    /// When `replica` last answered one of its reads.
+    fn answered_at(&self, replica: &str) -> Option<Instant> {
+        self.answered.lock().ok()?.get(replica).copied()
     }
 
     async fn finish(self) -> Result<(u64, Vec<String>)> {
@@ -160,7 +187,13 @@ async fn add_and_remove_replicas_and_change_placement_with_no_failed_reads() -> 
     let mut cluster = Cluster::up(false)?;
     let writer = cluster.client("us-east-1", "frontend").await?;
     write_rows(&writer).await?;
-    let reader = Reader::start(cluster.client(EU, "frontend").await?);
+    let reader = Reader::start(cluster.client(EU, "frontend").await?, Consistency::Eventual);
+    // Row affinity spreads the rows over the region's serving replicas: a third
+    // of them move to a replica the region gains.
+    let affine = Reader::start(
+        cluster.client(EU, "frontend").await?,
+        Consistency::RowAffinity,
+    );
     let work = tempfile::tempdir()?;
     let original = std::fs::read_to_string(common::repo_file("topology/local-3-regions.toml"))?;
     let euw1_b = "    id = \"euw1-b\"\n    role = \"serving\"\n    zone = \"eu-west-1b\"\n";
@@ -200,6 +233,25 @@ async fn add_and_remove_replicas_and_change_placement_with_no_failed_reads() -> 
         "the diff does not name euw1-c: {out}"
     );
     cluster.reload()?;
+    // The frontends, started before, follow: euw1-c answers their reads within
+    // 5 s of `apply` returning.
+    let applied = Instant::now();
+    eventually(
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        "a running frontend reads from the added euw1-c",
+        || async { Ok(affine.answered_at("euw1-c").filter(|t| *t > applied)) },
+    )
+    .await?;
+    ensure!(
+        reader
+            .client
+            .deployment()
+            .topology
+            .replicas
+            .contains_key("euw1-c"),
+        "the eventual reader did not follow the new files"
+    );
     // The cluster file records the new process, so `cluster down` stops it.
     ensure!(
         common::alive(cluster.pid("euw1-c")?),
@@ -242,6 +294,24 @@ async fn add_and_remove_replicas_and_change_placement_with_no_failed_reads() -> 
         cluster.replica("euw1-b").is_err(),
         "euw1-b is still in the cluster file"
     );
+    // Both frontends route by files without euw1-b within 5 s (the reads'
+    // failures, checked at the end, are none).
+    eventually(
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        "the frontends drop the removed euw1-b",
+        || async {
+            let gone = [&reader, &affine].iter().all(|r| {
+                !r.client
+                    .deployment()
+                    .topology
+                    .replicas
+                    .contains_key("euw1-b")
+            });
+            Ok(gone.then_some(()))
+        },
+    )
+    .await?;
     // The others dropped its gauges (a stale "suspected" would keep an alert firing);
     // counters of what was sent to it stay, as counters do.
     eventually(
@@ -322,8 +392,18 @@ async fn add_and_remove_replicas_and_change_placement_with_no_failed_reads() -> 
         resp.region
     );
 
+    let (affine_reads, affine_failures) = affine.finish().await?;
+    ensure!(
+        affine_failures.is_empty(),
+        "{} of {affine_reads} affinity reads failed, first: {:?}",
+        affine_failures.len(),
+        &affine_failures[..affine_failures.len().min(5)]
+    );
     let (reads, failures) = reader.finish().await?;
-    eprintln!("live changes: {reads} reads, {} failed", failures.len());
+    eprintln!(
+        "live changes: {reads} eventual and {affine_reads} affinity reads, {} failed",
+        failures.len()
+    );
     // Reads ran throughout (a loaded CI machine manages a few hundred).
     ensure!(reads >= 100, "only {reads} reads ran during the changes");
     ensure!(

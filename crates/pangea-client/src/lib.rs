@@ -94,6 +94,10 @@ pub struct ClientConfig {
     /// The deadline of operator calls (placement moves, audits, reloads, watermarks
     /// of one replica); `None`: each call's own (10 s, 60 s, 30 s, 2 s).
     pub operator_deadline: Option<Duration>,
+    /// [`pangea_topology::files_digest`] of the files `deployment` came from (0:
+    /// not known). A replica announcing another digest makes the client fetch
+    /// its files and follow them.
+    pub deployment_digest: u64,
 }
 
 /// [`ClientConfig::connections_per_replica`] by default.
@@ -110,6 +114,13 @@ impl ClientConfig {
     ) -> Result<ClientConfig, Error> {
         let deployment = Deployment::load(&cluster.topology, cluster.placement.as_deref())
             .map_err(|p| Error::InvalidInput(format!("cluster topology: {p}")))?;
+        let read = |p: &std::path::Path| {
+            std::fs::read_to_string(p)
+                .map_err(|e| Error::InvalidInput(format!("{}: {e}", p.display())))
+        };
+        let placement_text = cluster.placement.as_deref().map(read).transpose()?;
+        let deployment_digest =
+            pangea_topology::files_digest(&read(&cluster.topology)?, placement_text.as_deref());
         if !deployment.topology.regions.contains_key(region) {
             return Err(Error::InvalidInput(format!(
                 "region {region:?} is not in topology {:?}",
@@ -135,6 +146,7 @@ impl ClientConfig {
             wan: None,
             connections_per_replica: CONNECTIONS_PER_REPLICA,
             operator_deadline: None,
+            deployment_digest,
         })
     }
 
@@ -183,7 +195,16 @@ pub struct ClientStats {
 
 pub(crate) struct Inner {
     pub(crate) config: ClientConfig,
-    pub(crate) profile: AppProfile,
+    /// The deployment in force and this client's app profile in it: the one it
+    /// connected with until a replica announces other files, then theirs
+    /// (`Client::follow_deployment`). A call takes a snapshot (an `Arc`) and
+    /// keeps it to its end.
+    current: std::sync::RwLock<Arc<Current>>,
+    /// The last other deployment digest a replica announced, and that replica:
+    /// the background task fetches its files (`Client::follow_deployment`).
+    announced: std::sync::Mutex<Option<(ReplicaId, u64)>>,
+    /// Digests whose files did not load here, not fetched again.
+    refused_digests: std::sync::Mutex<Vec<u64>>,
     pub(crate) transport: transport::Transport,
     /// Round-trip EWMA per replica, in ms.
     rtt_ms: DashMap<ReplicaId, f64>,
@@ -198,6 +219,24 @@ pub(crate) struct Inner {
     location: std::sync::RwLock<Arc<Location>>,
     hedge: hedge::Hedger,
     pub stats: ClientStats,
+}
+
+/// The deployment a client routes by, its app profile in it, and the digest of
+/// the files it came from (0: not known).
+#[derive(Debug)]
+pub(crate) struct Current {
+    pub(crate) deployment: Arc<Deployment>,
+    pub(crate) profile: AppProfile,
+    pub(crate) digest: u64,
+}
+
+impl Inner {
+    pub(crate) fn current(&self) -> Arc<Current> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 /// What the shared routing code sees: the client's live state, looked up in place
@@ -241,7 +280,7 @@ impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
             .field("region", &self.inner.config.region)
-            .field("app_profile", &self.inner.profile.name)
+            .field("app_profile", &self.inner.config.app_profile)
             .finish()
     }
 }
@@ -275,8 +314,15 @@ impl Client {
                 Error::InvalidInput(format!("unknown app profile {:?}", config.app_profile))
             })?;
         let transport = transport::Transport::new(&config)?;
-        let inner = Arc::new(Inner {
+        let current = Current {
+            deployment: config.deployment.clone(),
             profile,
+            digest: config.deployment_digest,
+        };
+        let inner = Arc::new(Inner {
+            current: std::sync::RwLock::new(Arc::new(current)),
+            announced: std::sync::Mutex::new(None),
+            refused_digests: std::sync::Mutex::new(Vec::new()),
             transport,
             rtt_ms: DashMap::new(),
             down: DashMap::new(),
@@ -295,11 +341,150 @@ impl Client {
                 tokio::time::sleep(WATERMARK_REFRESH).await;
                 let Some(inner) = weak.upgrade() else { return };
                 let client = Client { inner };
+                client.follow_deployment().await;
                 client.probe_all(PROBE_TIMEOUT).await;
                 let _ = client.refresh_location().await;
             }
         });
         Ok(client)
+    }
+
+    /// Takes up the files a replica announced (another digest than ours in its
+    /// responses' `ServedBy.deployment`): fetches them from it
+    /// (`DeploymentRequest`), checks their digest, loads them, learns the
+    /// addresses of replicas they add and forgets those they remove, and routes by
+    /// them from the next call on; calls in flight finish on the deployment they
+    /// started with. Files that do not load (or drop this client's region or app
+    /// profile) are refused, logged, and not fetched again. Runs in the background
+    /// task, once a [`WATERMARK_REFRESH`] at most.
+    async fn follow_deployment(&self) {
+        let inner = &self.inner;
+        let announced = inner
+            .announced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let Some((replica, digest)) = announced else {
+            return;
+        };
+        let refused = || {
+            inner
+                .refused_digests
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&digest)
+        };
+        if digest == inner.current().digest || refused() {
+            return;
+        }
+        match self.fetch_deployment(&replica, digest).await {
+            Ok(next) => {
+                let before = inner.current();
+                let gone: Vec<&ReplicaId> = before
+                    .deployment
+                    .topology
+                    .replicas
+                    .keys()
+                    .filter(|r| !next.deployment.topology.replicas.contains_key(*r))
+                    .collect();
+                tracing::info!(
+                    from = %replica,
+                    replicas = next.deployment.topology.replicas.len(),
+                    removed = gone.len(),
+                    "following the deployment's new files"
+                );
+                inner.transport.learn_addresses(&next.deployment);
+                for r in &gone {
+                    inner.transport.forget(r);
+                    inner.rtt_ms.remove(*r);
+                    inner.known.remove(*r);
+                }
+                *inner.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+            }
+            Err(e) => {
+                tracing::warn!(from = %replica, error = %e, "not following announced files");
+                if matches!(e, Error::InvalidInput(_)) {
+                    inner
+                        .refused_digests
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(digest);
+                }
+            }
+        }
+    }
+
+    /// The files `replica` runs, loaded: the deployment they make and this
+    /// client's app profile in it. `InvalidInput` when they do not load here.
+    async fn fetch_deployment(&self, replica: &ReplicaId, digest: u64) -> Result<Current, Error> {
+        let inner = &self.inner;
+        let req = pb::ClientRequest {
+            deadline_us: PROBE_TIMEOUT.as_micros() as u64,
+            app_profile: inner.config.app_profile.clone(),
+            traceparent: String::new(),
+            request: Some(pb::client_request::Request::Deployment(
+                pb::DeploymentRequest {},
+            )),
+        };
+        let resp = tokio::time::timeout(PROBE_TIMEOUT, inner.transport.call(replica, &req))
+            .await
+            .map_err(|_| Error::Unavailable(format!("replica {replica}: no answer")))??;
+        let files = match resp.response {
+            Some(pb::client_response::Response::Deployment(f)) => f,
+            Some(pb::client_response::Response::Error(e)) => {
+                return Err(Error::from_wire(&e, replica));
+            }
+            other => return Err(Error::Internal(format!("unexpected response {other:?}"))),
+        };
+        let placement = (!files.placement.is_empty()).then_some(files.placement.as_str());
+        let got = pangea_topology::files_digest(&files.topology, placement);
+        if got != files.digest || got != digest {
+            return Err(Error::Internal(format!(
+                "replica {replica} sent files of digest {got:x}, announced {digest:x}"
+            )));
+        }
+        let name = |what: &str| std::path::PathBuf::from(format!("{what} from replica {replica}"));
+        let deployment = Deployment::parse(
+            &name("topology"),
+            &files.topology,
+            placement
+                .map(|p| (name("placement"), p))
+                .as_ref()
+                .map(|(n, p)| (n.as_path(), *p)),
+        )
+        .map_err(|p| Error::InvalidInput(p.to_string()))?;
+        if !deployment
+            .topology
+            .regions
+            .contains_key(&inner.config.region)
+        {
+            return Err(Error::InvalidInput(format!(
+                "the new topology has no region {}",
+                inner.config.region
+            )));
+        }
+        let profile = deployment
+            .topology
+            .app_profiles
+            .get(&inner.config.app_profile)
+            .cloned()
+            .ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "the new topology has no app profile {:?}",
+                    inner.config.app_profile
+                ))
+            })?;
+        Ok(Current {
+            deployment: Arc::new(deployment),
+            profile,
+            digest,
+        })
+    }
+
+    /// The deployment this client routes by now: the one it connected with, or
+    /// the files a replica announced since (see `follow_deployment`).
+    pub fn deployment(&self) -> Arc<Deployment> {
+        self.inner.current().deployment.clone()
     }
 
     pub fn stats(&self) -> &ClientStats {
@@ -312,15 +497,12 @@ impl Client {
 
     /// Replicas this client may use at all (any row), for probing.
     fn usable(&self) -> Vec<ReplicaId> {
-        let d = &self.inner.config.deployment;
+        let cur = self.inner.current();
+        let d = &cur.deployment;
         let mut out: Vec<ReplicaId> = Vec::new();
         for scope in d.scopes() {
-            for r in pangea_core::read::eligible(
-                d,
-                &self.inner.profile,
-                &self.inner.config.region,
-                scope,
-            ) {
+            for r in pangea_core::read::eligible(d, &cur.profile, &self.inner.config.region, scope)
+            {
                 if !out.contains(r) {
                     out.push(r.clone());
                 }
@@ -338,7 +520,7 @@ impl Client {
             set.spawn(async move {
                 let req = pb::ClientRequest {
                     deadline_us: timeout.as_micros() as u64,
-                    app_profile: inner.profile.name.clone(),
+                    app_profile: inner.config.app_profile.clone(),
                     traceparent: String::new(),
                     request: Some(pb::client_request::Request::Watermarks(
                         pb::WatermarkRequest {
@@ -405,7 +587,8 @@ impl Client {
         };
         // Only entries valid under this client's deployment route reads, as on the
         // replicas (docs/invariants.md, I12).
-        let d = &self.inner.config.deployment;
+        let cur = self.inner.current();
+        let d = &cur.deployment;
         let mut loc = Location::new();
         for row in &rows {
             let cell = row.families.iter().flat_map(|f| f.cells.iter()).next();
@@ -578,19 +761,20 @@ impl Client {
             Ack::Origin => options::WRITE_DEADLINE_DEFAULT,
             _ => options::WRITE_DEADLINE_REPLICATED_DEFAULT,
         });
-        let d = &self.inner.config.deployment;
+        let cur = self.inner.current();
+        let d = &cur.deployment;
         let location = self.location_snapshot();
         let view = self.view(started);
         let req = ReadRequest {
             client_region: &self.inner.config.region,
-            profile: &self.inner.profile,
+            profile: &cur.profile,
             table: mutation.table(),
             key: mutation.row_key(),
             // Affinity writes are planned as affinity reads: the row's rendezvous
             // replica in the region first, the nearest after it.
             consistency: if opts
                 .row_affinity
-                .unwrap_or(self.inner.profile.writes == pangea_topology::WriteRouting::RowAffinity)
+                .unwrap_or(cur.profile.writes == pangea_topology::WriteRouting::RowAffinity)
             {
                 &Consistency::RowAffinity
             } else {
@@ -736,7 +920,8 @@ impl Client {
         if let Err(e) = self.refresh_location().await {
             tracing::debug!(error = %e, "location refresh before a placement move failed");
         }
-        let d = &self.inner.config.deployment;
+        let cur = self.inner.current();
+        let d = &cur.deployment;
         let from = self.location_snapshot().scope_of(d, table, prefix);
         let to_scope = ScopeId::from(to);
         let mut runners: Vec<&ReplicaId> = d
@@ -760,7 +945,7 @@ impl Client {
         })?;
         let req = pb::ClientRequest {
             deadline_us: self.operator_deadline_us(10_000_000),
-            app_profile: self.inner.profile.name.clone(),
+            app_profile: self.inner.config.app_profile.clone(),
             traceparent: String::new(),
             request: Some(pb::client_request::Request::PlacementMove(
                 pb::PlacementMoveRequest {
@@ -811,7 +996,7 @@ impl Client {
     pub async fn audit(&self, replica: &ReplicaId) -> Result<pb::AuditResponse, Error> {
         let req = pb::ClientRequest {
             deadline_us: self.operator_deadline_us(60_000_000),
-            app_profile: self.inner.profile.name.clone(),
+            app_profile: self.inner.config.app_profile.clone(),
             traceparent: String::new(),
             request: Some(pb::client_request::Request::Audit(pb::AuditRequest {})),
         };
@@ -836,7 +1021,7 @@ impl Client {
     pub async fn reload(&self, replica: &ReplicaId) -> Result<Vec<String>, Error> {
         let req = pb::ClientRequest {
             deadline_us: self.operator_deadline_us(30_000_000),
-            app_profile: self.inner.profile.name.clone(),
+            app_profile: self.inner.config.app_profile.clone(),
             traceparent: String::new(),
             request: Some(pb::client_request::Request::Reload(pb::ReloadRequest {})),
         };
@@ -860,7 +1045,7 @@ impl Client {
     ) -> Result<ScanPage, Error> {
         let req = pb::ClientRequest {
             deadline_us: deadline.as_micros() as u64,
-            app_profile: self.inner.profile.name.clone(),
+            app_profile: self.inner.config.app_profile.clone(),
             traceparent: String::new(),
             request: Some(pb::client_request::Request::ScanPrefix(
                 pb::ScanPrefixRequest {
@@ -895,7 +1080,7 @@ impl Client {
     pub async fn watermarks(&self, replica: &ReplicaId) -> Result<Vec<ScopeWatermarks>, Error> {
         let req = pb::ClientRequest {
             deadline_us: self.operator_deadline_us(2_000_000),
-            app_profile: self.inner.profile.name.clone(),
+            app_profile: self.inner.config.app_profile.clone(),
             traceparent: String::new(),
             request: Some(pb::client_request::Request::Watermarks(
                 pb::WatermarkRequest {
@@ -954,12 +1139,13 @@ impl Client {
         // The call's one reading of the clock before its answer: health, deadline
         // and hedge timer all count from here.
         let started = Instant::now();
-        let d = &self.inner.config.deployment;
+        let cur = self.inner.current();
+        let d = &cur.deployment;
         let location = self.location_snapshot();
         let view = self.view(started);
         let req = ReadRequest {
             client_region: &self.inner.config.region,
-            profile: &self.inner.profile,
+            profile: &cur.profile,
             table,
             key,
             consistency: &opts.consistency,
@@ -1068,7 +1254,7 @@ impl Inner {
         );
         let req = pb::ClientRequest {
             deadline_us: deadline_at.saturating_duration_since(since).as_micros() as u64,
-            app_profile: self.profile.name.clone(),
+            app_profile: self.config.app_profile.clone(),
             traceparent,
             request: Some(body),
         };
@@ -1086,6 +1272,10 @@ impl Inner {
             self.note_rtt(&c.replica, elapsed);
         }
         let served = resp.served_by.take().unwrap_or_default();
+        if served.deployment != 0 && served.deployment != self.current().digest {
+            *self.announced.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((c.replica.clone(), served.deployment));
+        }
         let wm = served.watermarks.as_ref().map(ScopeWatermarks::from_proto);
         if let Some(w) = &wm {
             match self.known.get_mut(&c.replica) {
@@ -1297,7 +1487,7 @@ mod read {
                       kind: AttemptKind,
                       asked: &mut Vec<Asked>,
                       now: Instant| {
-            let span = traced.attempt(&inner.config.deployment, &c, kind);
+            let span = traced.attempt(&inner.current().deployment, &c, kind);
             let traceparent = trace::traceparent(&span);
             let index = asked.len();
             asked.push(Asked {
@@ -1328,11 +1518,19 @@ mod read {
             None => return Err(Error::Unavailable("no replica to ask".into())),
         }
         let mut retry_at: Option<Instant> = None;
-        let mut hedge_at = opts
-            .hedge
-            .as_ref()
-            .filter(|_| opts.consistency.may_hedge())
-            .map(|h| deadline_after(started, inner.hedge.delay(h, deadline)));
+        // A read that may not be hedged (`Consistency::may_hedge`) is not left
+        // waiting on a replica gone silent either: after several of its round trips
+        // the next candidate is asked, as if the first were down.
+        let may_hedge = opts.consistency.may_hedge();
+        let mut hedge_at = opts.hedge.as_ref().map(|h| {
+            let after = if may_hedge {
+                inner.hedge.delay(h, deadline)
+            } else {
+                let first = asked.first().map(|a| &a.replica);
+                frontend::gone_after(first.and_then(|r| inner.rtt_ms.get(r).map(|e| *e)))
+            };
+            deadline_after(started, after)
+        });
         let timer = tokio::time::sleep_until(deadline_at.into());
         tokio::pin!(timer);
         let mut now = started;
@@ -1430,7 +1628,12 @@ mod read {
                         } else {
                             primary.pop_front()
                         };
-                        if let Some(c) = next
+                        if !may_hedge {
+                            if let Some(c) = next {
+                                inner.stats.failovers.fetch_add(1, Ordering::Relaxed);
+                                launch(&mut set, c, AttemptKind::Failover, &mut asked, now);
+                            }
+                        } else if let Some(c) = next
                             && inner.hedge.try_spend()
                         {
                             inner.stats.hedges.fetch_add(1, Ordering::Relaxed);

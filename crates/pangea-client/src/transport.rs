@@ -25,7 +25,6 @@ use pangea_net::reload::{LiveTls, RELOAD_INTERVAL_DEFAULT, TlsFiles, spawn_polle
 use pangea_net::{FRAME_BYTES_MAX, PeerIdentity, read_frame, tls, write_frame};
 use pangea_proto::v1 as pb;
 use pangea_topology::ReplicaId;
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -59,9 +58,28 @@ impl Link {
     }
 }
 
+/// Delays traffic to `replica` at `addr` by the topology's round trip from `region`.
+fn emulate_rtt(
+    control: &pangea_net::wan::WanControl,
+    d: &pangea_topology::Deployment,
+    region: &pangea_topology::RegionId,
+    replica: &ReplicaId,
+    addr: SocketAddr,
+) {
+    let rtt_ms = pangea_core::read::estimated_rtt_ms(d, region, replica);
+    if rtt_ms.is_finite() {
+        control.set_delay(addr, Duration::from_micros((rtt_ms * 1_000.0) as u64));
+    }
+}
+
 pub(crate) struct Transport {
     endpoint: quinn::Endpoint,
-    addresses: BTreeMap<ReplicaId, SocketAddr>,
+    /// Where each replica listens: the client's configuration's, then those of
+    /// replicas a newer deployment adds ([`Transport::learn_addresses`]).
+    addresses: DashMap<ReplicaId, SocketAddr>,
+    /// With an emulated WAN, the delay control and the client's region (new
+    /// replicas get their round trip too).
+    emulated: Option<(pangea_net::wan::WanControl, pangea_topology::RegionId)>,
     /// By replica and slot (`0..per_replica`).
     connections: DashMap<(ReplicaId, usize), Arc<Link>>,
     per_replica: usize,
@@ -89,21 +107,20 @@ impl Transport {
         })?;
         let client = live.client_config()?;
         spawn_poller(&live, RELOAD_INTERVAL_DEFAULT, |_| {})?;
-        let wan = (config.emulate_wan || config.wan.is_some()).then(|| {
-            let control = config.wan.clone().unwrap_or_default();
-            if config.emulate_wan {
-                // Replicas do not delay answers to clients: this side carries the
-                // whole round trip from the client's region.
-                for (r, addr) in &config.addresses {
-                    let rtt_ms =
-                        pangea_core::read::estimated_rtt_ms(&config.deployment, &config.region, r);
-                    if rtt_ms.is_finite() {
-                        control.set_delay(*addr, Duration::from_micros((rtt_ms * 1_000.0) as u64));
-                    }
-                }
+        let control = (config.emulate_wan || config.wan.is_some())
+            .then(|| config.wan.clone().unwrap_or_default());
+        // Replicas do not delay answers to clients: this side carries the whole
+        // round trip from the client's region.
+        let emulated = control
+            .clone()
+            .filter(|_| config.emulate_wan)
+            .map(|c| (c, config.region.clone()));
+        if let Some((c, region)) = &emulated {
+            for (r, addr) in &config.addresses {
+                emulate_rtt(c, &config.deployment, region, r, *addr);
             }
-            pangea_net::wan::WanEmulator::new(control, 1)
-        });
+        }
+        let wan = control.map(|c| pangea_net::wan::WanEmulator::new(c, 1));
         let bind: SocketAddr = ([127, 0, 0, 1], 0).into();
         let any = config.addresses.values().any(|a| !a.ip().is_loopback());
         let bind = if any {
@@ -114,7 +131,8 @@ impl Transport {
         let endpoint = pangea_net::bind_endpoint(bind, None, client, wan, None)?;
         Ok(Transport {
             endpoint,
-            addresses: config.addresses.clone(),
+            addresses: config.addresses.clone().into_iter().collect(),
+            emulated,
             connections: DashMap::new(),
             per_replica: config.connections_per_replica.max(1),
             next_slot: std::sync::atomic::AtomicUsize::new(0),
@@ -154,6 +172,23 @@ impl Transport {
         });
         self.connections.insert(at, link.clone());
         Ok(link)
+    }
+
+    /// Adds the addresses of replicas a newer deployment names (its topology's
+    /// `address` fields); those known already stay.
+    pub(crate) fn learn_addresses(&self, d: &pangea_topology::Deployment) {
+        for r in d.topology.replicas.values() {
+            if self.addresses.contains_key(&r.id) {
+                continue;
+            }
+            let Some(addr) = r.address.as_deref().and_then(|a| a.parse().ok()) else {
+                continue;
+            };
+            if let Some((c, region)) = &self.emulated {
+                emulate_rtt(c, d, region, &r.id, addr);
+            }
+            self.addresses.insert(r.id.clone(), addr);
+        }
     }
 
     /// Drops the cached connections to a replica (it looks dead); the next call

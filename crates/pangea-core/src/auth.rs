@@ -101,6 +101,9 @@ pub enum Action<'a> {
     Merge { table: &'a str },
     /// This replica's watermarks (clients probe them to route reads).
     Watermarks,
+    /// The topology and placement files this replica runs (clients follow
+    /// deployment changes with them).
+    Deployment,
     /// Start a placement migration.
     PlacementMove,
     /// Audit this replica's store against placement.
@@ -125,6 +128,7 @@ impl Action<'_> {
             Action::Write { .. } => "write",
             Action::Merge { .. } => "merge",
             Action::Watermarks => "watermarks",
+            Action::Deployment => "deployment",
             Action::PlacementMove => "placement_move",
             Action::PlacementAudit => "placement_audit",
             Action::Reload => "reload",
@@ -139,6 +143,7 @@ impl fmt::Display for Action<'_> {
             Action::Write { table } => write!(f, "write table {table}"),
             Action::Merge { table } => write!(f, "merge pre-versioned rows into table {table}"),
             Action::Watermarks => f.write_str("read watermarks"),
+            Action::Deployment => f.write_str("read the deployment's files"),
             Action::PlacementMove => f.write_str("move placement"),
             Action::PlacementAudit => f.write_str("audit placement"),
             Action::Reload => f.write_str("reload the deployment's files"),
@@ -167,6 +172,7 @@ pub fn action_of(req: &pb::ClientRequest) -> Option<Action<'_>> {
             }
         }
         R::Watermarks(_) => Action::Watermarks,
+        R::Deployment(_) => Action::Deployment,
         R::PlacementMove(_) => Action::PlacementMove,
         R::Audit(_) => Action::PlacementAudit,
         R::Reload(_) => Action::Reload,
@@ -229,7 +235,8 @@ pub fn authorize(d: &Deployment, who: &Principal, action: &Action<'_>) -> Result
                 Action::PlacementMove
                 | Action::PlacementAudit
                 | Action::Reload
-                | Action::Watermarks => Ok(()),
+                | Action::Watermarks
+                | Action::Deployment => Ok(()),
                 Action::Read { table } if is_system(table) => Ok(()),
                 Action::Read { .. } => Err(deny(
                     who,
@@ -262,7 +269,8 @@ pub fn authorize(d: &Deployment, who: &Principal, action: &Action<'_>) -> Result
         Action::PlacementMove | Action::PlacementAudit | Action::Reload => {
             Err(deny(who, action, "an operator certificate is needed"))
         }
-        Action::Watermarks => Ok(()),
+        // What a client needs to route: every client of the deployment may ask.
+        Action::Watermarks | Action::Deployment => Ok(()),
         Action::Read { table } if routing_table(table) => Ok(()),
         Action::Read { table } if is_system(table) => Err(deny(
             who,
@@ -470,13 +478,14 @@ policies = ["global"]
             Action::Merge { table: T },
             Action::Merge { table: "_location" },
             Action::Watermarks,
+            Action::Deployment,
             Action::PlacementMove,
             Action::PlacementAudit,
             Action::Reload,
         ];
         // Expected answers, one column per principal, rows as `actions`.
         #[rustfmt::skip]
-        let expected: [[bool; 5]; 12] = [
+        let expected: [[bool; 5]; 13] = [
             //  replica operator frontend reader loader
             [false, false, true,  true,  true ], // read ad_profiles
             [false, true,  true,  true,  true ], // read _location
@@ -487,6 +496,7 @@ policies = ["global"]
             [false, false, false, false, true ], // merge ad_profiles
             [false, false, false, false, false], // merge _location
             [false, true,  true,  true,  true ], // watermarks
+            [false, true,  true,  true,  true ], // deployment files
             [false, true,  false, false, false], // placement move
             [false, true,  false, false, false], // placement audit
             [false, true,  false, false, false], // reload

@@ -55,6 +55,15 @@ pub fn looks_gone(budget_ms: f64, rtt_ms: Option<f64>) -> bool {
     budget_ms > 4.0 * rtt_ms + 20.0
 }
 
+/// How long a read that may not be hedged ([`crate::read::Consistency::may_hedge`])
+/// waits on a silent replica before it counts as gone and the next candidate is
+/// asked: the budget after which [`looks_gone`] says so (four of its round trips
+/// and 20 ms; 100 ms while its round trip is unknown). A failover, not a hedge.
+pub fn gone_after(rtt_ms: Option<f64>) -> std::time::Duration {
+    let ms = rtt_ms.map_or(100.0, |r| 4.0 * r.min(1e9) + 20.0);
+    std::time::Duration::from_micros((ms * 1_000.0).ceil() as u64)
+}
+
 /// When to hedge a read: after the `percentile` of recent latencies, clamped to
 /// [`floor`, `ceiling`] (and to half the deadline), within a budget of
 /// `budget_fraction` extra requests.

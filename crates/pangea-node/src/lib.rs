@@ -42,7 +42,7 @@ use pangea_topology::{Deployment, RegionId, ReplicaId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
@@ -150,6 +150,37 @@ pub struct Shared {
     /// current policy (`deployment` is what is in force): the residency bound of
     /// placement moves and of the audit.
     pub files: RwLock<Arc<Deployment>>,
+    /// The texts of those files and their digest, which every response announces
+    /// and `DeploymentRequest` returns (clients follow changes with them).
+    pub sources: RwLock<Arc<Sources>>,
+    /// `sources`' digest, read by every response without a lock.
+    pub sources_digest: AtomicU64,
+}
+
+/// A deployment's files as read from disk, and their digest
+/// ([`pangea_topology::files_digest`]).
+#[derive(Debug, Default)]
+pub struct Sources {
+    pub topology: String,
+    pub placement: Option<String>,
+    pub digest: u64,
+}
+
+impl Sources {
+    /// Reads the files `config` names (those a reload just validated).
+    pub fn read(config: &NodeConfig) -> std::io::Result<Sources> {
+        let topology = std::fs::read_to_string(&config.topology)?;
+        let placement = match &config.placement {
+            Some(p) => Some(std::fs::read_to_string(p)?),
+            None => None,
+        };
+        let digest = pangea_topology::files_digest(&topology, placement.as_deref());
+        Ok(Sources {
+            topology,
+            placement,
+            digest,
+        })
+    }
 }
 
 impl std::fmt::Debug for Shared {
@@ -188,6 +219,21 @@ impl Shared {
     /// Records newly loaded files (a validated reload).
     pub fn set_files(&self, d: Arc<Deployment>) {
         *self.files.write().unwrap_or_else(|p| p.into_inner()) = d;
+        match Sources::read(&self.config) {
+            Ok(s) => {
+                self.sources_digest.store(s.digest, Ordering::Relaxed);
+                *self.sources.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(s);
+            }
+            // Clients keep the files they have until the next reload.
+            Err(e) => tracing::warn!(error = %e, "re-reading the deployment's files failed"),
+        }
+    }
+
+    pub fn sources(&self) -> Arc<Sources> {
+        self.sources
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The deployment and its generation (see the field).
@@ -429,6 +475,7 @@ pub async fn run_with_sockets(
         Deployment::load(&config.topology, config.placement.as_deref())
             .map_err(|p| anyhow::anyhow!("{p}"))?,
     );
+    let sources = Sources::read(&config).context("reading the deployment's files")?;
     let id = ReplicaId::from(config.replica.as_str());
     let me = deployment
         .topology
@@ -585,6 +632,8 @@ pub async fn run_with_sockets(
         faults,
         audit: audit_log::AuditLog::open(&config.data_dir, id.as_str())?,
         files: RwLock::new(deployment.clone()),
+        sources_digest: AtomicU64::new(sources.digest),
+        sources: RwLock::new(Arc::new(sources)),
     });
     let mut queues = driver::PeerQueues::new();
     for (peer, addr) in peers {

@@ -358,6 +358,7 @@ fn describe(req: &pb::ClientRequest) -> (&'static str, &'static str) {
         Some(R::ScanPrefix(s)) => ("scan", mode(&s.consistency)),
         Some(R::Mutate(_)) => ("mutate", "none"),
         Some(R::Watermarks(_)) => ("watermarks", "none"),
+        Some(R::Deployment(_)) => ("deployment", "none"),
         Some(R::PlacementMove(_)) => ("placement_move", "none"),
         Some(R::Audit(_)) => ("audit", "none"),
         Some(R::Reload(_)) => ("reload", "none"),
@@ -403,6 +404,9 @@ fn response(
         replica: shared.id.to_string(),
         region: shared.region.to_string(),
         watermarks: wm.map(|w| w.to_proto()),
+        deployment: shared
+            .sources_digest
+            .load(std::sync::atomic::Ordering::Relaxed),
     });
     let response = match result {
         Ok(Body::Message(r)) => r,
@@ -888,7 +892,9 @@ async fn execute(
     // replicas); watermark probes and operator requests are not routed by it.
     if !matches!(
         req.request,
-        Some(R::Watermarks(_) | R::Audit(_) | R::PlacementMove(_) | R::Reload(_))
+        Some(
+            R::Watermarks(_) | R::Deployment(_) | R::Audit(_) | R::PlacementMove(_) | R::Reload(_)
+        )
     ) {
         check_profile(shared, caller, &req.app_profile)?;
     }
@@ -1109,6 +1115,15 @@ async fn execute(
                 .await
                 .map_err(|e| Failure::new(Code::InvalidArgument, e))?;
             Ok((W::Reload(pb::ReloadResponse { changes }).into(), None))
+        }
+        R::Deployment(_) => {
+            let s = shared.sources();
+            let files = pb::DeploymentResponse {
+                topology: s.topology.clone(),
+                placement: s.placement.clone().unwrap_or_default(),
+                digest: s.digest,
+            };
+            Ok((W::Deployment(files).into(), None))
         }
         R::Watermarks(w) => {
             let all = shared

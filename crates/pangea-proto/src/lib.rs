@@ -45,6 +45,7 @@ mod tests {
             replica: "us-east1-a".into(),
             region: "us-east1".into(),
             watermarks: None,
+            deployment: 0x5eed,
         });
         for row in [Some(row), None] {
             let encoded = ClientResponseEncodedGet {

@@ -64,6 +64,17 @@ pub struct Deployment {
     pub placement: Placement,
 }
 
+/// What identifies a deployment's files: xxh3-64 of the topology text, a 0 byte
+/// and the placement text (none: empty), never 0 (0 means "unknown"). Replicas
+/// announce it in every response; a client holding other files fetches theirs.
+pub fn files_digest(topology: &str, placement: Option<&str>) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(topology.as_bytes());
+    h.update(&[0]);
+    h.update(placement.unwrap_or("").as_bytes());
+    h.digest().max(1)
+}
+
 /// Largest topology or placement file read: a deployment of thousands of replicas
 /// fits in a fraction of it, and parsing stays well under a second.
 pub const FILE_BYTES_MAX: u64 = 1 << 20;

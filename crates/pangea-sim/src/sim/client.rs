@@ -122,6 +122,11 @@ impl Client {
         }
     }
 
+    /// The round-trip estimate of replica `r`, in ms.
+    pub(crate) fn rtt_ms_of(&self, r: usize) -> Option<f64> {
+        self.rtt_ms[r]
+    }
+
     /// `Inner::note_rtt`.
     pub(crate) fn note_rtt(&mut self, r: usize, elapsed: SimDuration) {
         self.rtt_ms[r] = Some(frontend::rtt_ewma(self.rtt_ms[r], elapsed.as_ms_f64()));

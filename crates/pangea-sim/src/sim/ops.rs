@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::scenario::WriteAck;
+use pangea_core::frontend;
 use pangea_core::location::Location;
 use pangea_core::read::{ReadOrder, RouteError, order_read_cached, staleness_ms};
 use pangea_topology::WriteRouting;
@@ -189,9 +190,16 @@ impl Simulation {
             self.finish_read(op, Err(ErrKind::Unavailable), None);
             return;
         };
-        let hedge = self.sc.workload.hedge && op.consistency.may_hedge();
-        let hedge_at = hedge.then(|| {
-            let delay = self.clients[client].hedger.delay(deadline);
+        // As the library: a read that may not be hedged fails over once its first
+        // replica has been silent for several round trips (`frontend::gone_after`).
+        let hedge_at = self.sc.workload.hedge.then(|| {
+            let delay = if op.consistency.may_hedge() {
+                self.clients[client].hedger.delay(deadline)
+            } else {
+                let r = self.names.get(first.replica.as_str());
+                let rtt = r.and_then(|r| self.clients[client].rtt_ms_of(r));
+                SimDuration::from_us(frontend::gone_after(rtt).as_micros() as u64)
+            };
             self.now + delay
         });
         let deadline_at = op.deadline_at;
@@ -818,7 +826,13 @@ impl Simulation {
             op.primary.next()
         };
         let client = op.client;
-        if let Some(c) = next
+        if !op.consistency.may_hedge() {
+            // Not a hedge: the first replica looks gone (`start_read`).
+            if let Some(c) = next {
+                self.metrics.counters.failovers += 1;
+                self.launch(op_ref, c, false);
+            }
+        } else if let Some(c) = next
             && self.clients[client].hedger.try_spend()
         {
             self.metrics.counters.hedges += 1;
