@@ -57,6 +57,12 @@ pub const PROFILE_TABLE: &str = "ad_profiles";
 pub const PROFILE_FAMILY: &str = "profile";
 pub const PROFILE_COLUMN: &[u8] = b"p";
 
+/// `_location` entries read in one page ([`Client::refresh_location`]).
+const LOCATION_PAGE_ROWS: u32 = 1_000;
+/// Most `_location` entries a client holds: about 550 MiB of memory at the
+/// footprint measured (580 bytes an entry, docs/benchmarks.md).
+pub const LOCATION_ENTRIES_MAX: usize = 1_000_000;
+
 /// A watermark read nobody covers yet asks again after this long.
 const WATERMARK_RETRY: Duration = Duration::from_millis(10);
 
@@ -555,49 +561,66 @@ impl Client {
         while set.join_next().await.is_some() {}
     }
 
-    /// Re-reads the `_location` table (eventual, nearest replica).
+    /// Re-reads the `_location` table (eventual, nearest replica), page after
+    /// page (1,000 entries, or 4 MiB, a page), keeping at most
+    /// [`LOCATION_ENTRIES_MAX`]: past that, the rest is left out and logged (rows
+    /// under prefixes left out route by the placement file's rules; a replica
+    /// refuses a read or write its row's policy forbids, and the client asks
+    /// elsewhere).
     pub async fn refresh_location(&self) -> Result<(), Error> {
         let opts = ReadOptions {
             hedge: None,
             deadline: Duration::from_millis(500),
             ..Default::default()
         };
-        let scan = ScanOptions {
-            limit: 1_000,
-            ..Default::default()
-        };
         let table = pangea_core::location::LOCATION_TABLE;
-        let body = pb::client_request::Request::ScanPrefix(pb::ScanPrefixRequest {
-            table: table.to_owned(),
-            limit: scan.limit,
-            consistency: Some(options::consistency_to_proto(&Consistency::Eventual)),
-            ..Default::default()
-        });
-        // Not through `read`, which refreshes location metadata on policy errors.
-        let traced = Traced::refresh_location(table);
-        let resp = self
-            .read_once(table, b"", &body, &opts, &traced)
-            .instrument(traced.span.clone())
-            .await;
-        traced.finish(&resp);
-        let resp = resp?;
-        let rows = match resp.value {
-            pb::client_response::Response::ScanPrefix(s) => s.rows,
-            other => return Err(Error::Internal(format!("unexpected response {other:?}"))),
-        };
         // Only entries valid under this client's deployment route reads, as on the
         // replicas (docs/invariants.md, I12).
         let cur = self.inner.current();
         let d = &cur.deployment;
         let mut loc = Location::new();
-        for row in &rows {
-            let cell = row.families.iter().flat_map(|f| f.cells.iter()).next();
-            if let Some(c) = cell
-                && let Ok(e) = pangea_core::location::LocationEntry::from_row(&row.key, &c.value)
-                && e.check(d).is_ok()
-            {
-                loc.set(e.table.clone(), e.prefix.clone(), Some(e));
+        let mut resume_after = Bytes::new();
+        loop {
+            let body = pb::client_request::Request::ScanPrefix(pb::ScanPrefixRequest {
+                table: table.to_owned(),
+                limit: LOCATION_PAGE_ROWS,
+                resume_after: resume_after.clone(),
+                consistency: Some(options::consistency_to_proto(&Consistency::Eventual)),
+                ..Default::default()
+            });
+            // Not through `read`, which refreshes location metadata on policy errors.
+            let traced = Traced::refresh_location(table);
+            let resp = self
+                .read_once(table, b"", &body, &opts, &traced)
+                .instrument(traced.span.clone())
+                .await;
+            traced.finish(&resp);
+            let page = match resp?.value {
+                pb::client_response::Response::ScanPrefix(s) => s,
+                other => return Err(Error::Internal(format!("unexpected response {other:?}"))),
+            };
+            for row in &page.rows {
+                let cell = row.families.iter().flat_map(|f| f.cells.iter()).next();
+                if let Some(c) = cell
+                    && let Ok(e) =
+                        pangea_core::location::LocationEntry::from_row(&row.key, &c.value)
+                    && e.check(d).is_ok()
+                {
+                    loc.set(e.table.clone(), e.prefix.clone(), Some(e));
+                }
             }
+            if page.resume_key.is_empty() {
+                break;
+            }
+            if loc.len() >= LOCATION_ENTRIES_MAX {
+                tracing::error!(
+                    entries = loc.len(),
+                    limit = LOCATION_ENTRIES_MAX,
+                    "location metadata past the client's limit: the rest is left out"
+                );
+                break;
+            }
+            resume_after = page.resume_key;
         }
         if let Ok(mut l) = self.inner.location.write() {
             *l = Arc::new(loc);

@@ -269,6 +269,10 @@ impl Location {
         self.entries.is_empty()
     }
 
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     pub fn entries(&self) -> impl Iterator<Item = &LocationEntry> {
         self.entries.values()
     }

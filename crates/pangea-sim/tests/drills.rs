@@ -48,7 +48,9 @@ fn every_shipped_drill_validates() -> Result<()> {
             "{} has no fault",
             f.display()
         );
-        assert_eq!(d.scenario.deployment.topology.replicas.len(), 27);
+        // The reference deployment, or its five-continent growth (39 replicas).
+        let replicas = d.scenario.deployment.topology.replicas.len();
+        assert!([27, 39].contains(&replicas), "{}: {replicas}", f.display());
         // The workload's rows are the placement's own, so its key prefixes reach
         // the policies the placement's rules give them.
         let w = &d.scenario.workload;
