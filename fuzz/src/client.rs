@@ -91,9 +91,11 @@ pub fn client_frame(data: &[u8]) {
             Ok(Some((req, used))) => {
                 let response = match process(&mut r, &who, now, req) {
                     Ok(resp) => resp,
-                    Err(message) => {
-                        pb::client_response::Response::Error(pb::Error { code: 0, message })
-                    }
+                    Err(message) => pb::client_response::Response::Error(pb::Error {
+                        code: 0,
+                        message,
+                        ..Default::default()
+                    }),
                 };
                 encode_frame(&pb::ClientResponse {
                     served_by: None,
@@ -260,7 +262,9 @@ fn process(
                 .collect();
             Ok(Response::Watermarks(pb::WatermarkResponse { scopes }))
         }
-        R::PlacementMove(_) | R::Audit(_) | R::Reload(_) => Err("not mirrored".into()),
+        R::PlacementMove(_) | R::Audit(_) | R::Reload(_) | R::Deployment(_) => {
+            Err("not mirrored".into())
+        }
     }
 }
 

@@ -118,6 +118,7 @@ fn client_frames() -> Vec<Seed> {
     let mutate = |m: RowMutation| {
         req(R::Mutate(pb::MutateRequest {
             mutation: Some(m.to_proto()),
+            ..Default::default()
         }))
     };
     let get = |key: &str, consistency: Option<pb::consistency::Mode>, filter| {
@@ -173,6 +174,7 @@ fn client_frames() -> Vec<Seed> {
             row_keys: vec![Bytes::from_static(b"eu/7"), Bytes::from_static(b"eu/8")],
             filter: Some(filter),
             consistency: None,
+            ..Default::default()
         })),
         req(R::ScanPrefix(pb::ScanPrefixRequest {
             table: "ad_profiles".into(),
@@ -183,6 +185,7 @@ fn client_frames() -> Vec<Seed> {
             }),
             limit: 1,
             resume_after: Bytes::new(),
+            ..Default::default()
         })),
         req(R::Watermarks(pb::WatermarkRequest {
             scope: String::new(),
@@ -213,6 +216,7 @@ fn client_frames() -> Vec<Seed> {
     let loader = frames(&[
         req(R::Mutate(pb::MutateRequest {
             mutation: Some(merge),
+            ..Default::default()
         })),
         get("us/9", None, None),
     ]);

@@ -68,6 +68,12 @@ pub(crate) struct LoadArgs {
     /// QUIC connections to each replica (the client's `connections_per_replica`).
     #[arg(long, default_value_t = pangea_client::CONNECTIONS_PER_REPLICA)]
     connections: usize,
+    /// Operations per second over all workers, paced (an open loop): each worker
+    /// sends its share on a schedule and latency counts from when a request was
+    /// due, so a stalled replica shows in the tail instead of slowing the load.
+    /// 0 (default): a closed loop, each worker as fast as its answers come.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
 }
 
 /// Latency figures of one kind of operation.
@@ -132,6 +138,8 @@ struct Report {
     region: String,
     value_bytes: usize,
     concurrency: usize,
+    /// Paced operations per second; 0: a closed loop.
+    rate: f64,
     threads: usize,
     duration_s: f64,
     reads: Figures,
@@ -200,18 +208,31 @@ pub(crate) fn run(a: LoadArgs) -> Result<()> {
         let stop = Arc::new(AtomicBool::new(false));
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
+        // Paced: worker `t` sends every `interval`, the workers staggered evenly.
+        let interval = (a.rate > 0.0).then(|| Duration::from_secs_f64(a.concurrency.max(1) as f64 / a.rate));
         for t in 0..a.concurrency {
             let (client, keys, value) = (client.clone(), keys.clone(), value.clone());
             let (reads, writes, errors, stop) = (reads.clone(), writes.clone(), errors.clone(), stop.clone());
             let (op, mode, table, deadline) = (a.op.clone(), a.mode.clone(), a.connect.table.clone(), a.connect.deadline_ms.unwrap_or(2_000));
+            let concurrency = a.concurrency.max(1) as u32;
             tasks.spawn(async move {
                 let mut draws = Draws::new(t);
                 let mut token = None;
+                let mut due = interval.map(|iv| started + iv * t as u32 / concurrency);
                 while !stop.load(Ordering::Relaxed) {
                     let x = draws.next();
                     let key = keys[(x % keys.len() as u64) as usize].clone();
                     let write = op == "put" || (op == "mix" && x.is_multiple_of(10));
-                    let t0 = Instant::now();
+                    // Latency from when the request was due (paced) or sent.
+                    let t0 = match (due.as_mut(), interval) {
+                        (Some(at), Some(iv)) => {
+                            tokio::time::sleep_until((*at).into()).await;
+                            let was = *at;
+                            *at += iv;
+                            was
+                        }
+                        _ => Instant::now(),
+                    };
                     if write {
                         match put(&client, &table, key, value.clone(), &WriteOptions { deadline: Some(Duration::from_millis(deadline)), ..Default::default() }).await {
                             Ok(tok) => {
@@ -252,6 +273,7 @@ pub(crate) fn run(a: LoadArgs) -> Result<()> {
             region: a.connect.region.clone(),
             value_bytes: a.value_bytes,
             concurrency: a.concurrency,
+            rate: a.rate,
             threads: a.threads,
             duration_s: elapsed.as_secs_f64(),
             reads: figures(&reads.lock().expect("not poisoned"), errors.0.load(Ordering::Relaxed), elapsed),

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Serving over replication (docs/benchmarks.md, issue 32 point 6): a frontend reads
+# 1 KiB rows at euw1-a at a steady rate (open loop: `pangea bench --rate`) while a
+# bulk load writes $ROWS rows of 1 KiB at use1-a, an ocean away (emulated WAN,
+# 69.6 ms), which replicate into euw1-a as they are written. Prints euw1-a's read
+# latency idle and during the load, the load's rate, and how long after the load
+# ended euw1-a had every row (the last row readable there). Raw JSON in $OUT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+P=${P:-target/release/pangea}   # cargo build --release -p pangea-cli
+ROWS=${ROWS:-200000}
+RATE=${RATE:-1000}              # reads per second at euw1-a
+SECS=${SECS:-20}                # seconds of reading, idle
+OUT=${OUT:-$(mktemp -d)}
+D=$(mktemp -d)
+$P cluster up topology/two-regions.toml --placement topology/single-replica.placement.toml \
+  --data-dir "$D" --emulate-wan >/dev/null
+trap '$P cluster down --data-dir "$D" >/dev/null' EXIT
+C="$D/cluster.toml"
+awk -v n="$ROWS" 'BEGIN { v = sprintf("%1024s", ""); gsub(/ /, "x", v);
+  for (i = 0; i < n; i++) printf("{\"key\":\"load/%08d\",\"cells\":{\"profile:p\":\"%s\"}}\n", i, v) }' \
+  > "$D/rows.ndjson"
+last=$(printf 'load/%08d' $((ROWS - 1)))
+bench() {
+  $P bench --cluster "$C" --region eu-west-1 --op get --value-bytes 1024 --keys 1000 \
+    --concurrency 16 --rate "$RATE" --duration "$1" --json
+}
+bench "${SECS}s" > "$OUT/idle.json"
+start=$(date +%s.%N)
+$P load --cluster "$C" --region us-east-1 --table ad_profiles "$D/rows.ndjson" > "$OUT/load.txt" 2>&1 &
+load=$!
+# Reading through the load's first $SECS s (the load itself runs longer).
+bench "${SECS}s" > "$OUT/during.json"
+during_end=$(date +%s.%N)
+wait $load
+loaded=$(date +%s.%N)
+until $P get --cluster "$C" --region eu-west-1 --table ad_profiles "$last" >/dev/null 2>&1; do sleep 0.05; done
+caught=$(date +%s.%N)
+python3 - "$OUT" "$start" "$loaded" "$caught" "$ROWS" "$during_end" <<'PY'
+import json, sys
+out, start, loaded, caught, rows, during_end = sys.argv[1], *map(float, sys.argv[2:5]), int(sys.argv[5]), float(sys.argv[6])
+if during_end > loaded:
+    print("warning: the load ended before the reading did: 'during' mixes in idle time")
+for name in ["idle", "during"]:
+    try:
+        r = json.load(open(f"{out}/{name}.json"))["reads"]
+        print(f"{name:>6}: {r['ops_per_s']:.0f} reads/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  p999 {r['p999_ms']:.2f} ms  max {r['max_ms']:.2f} ms  errors {r['errors']}")
+    except Exception as e:
+        print(f"{name:>6}: no report ({e})")
+print(f"load: {rows} rows in {loaded - start:.1f} s ({rows / (loaded - start):.0f} rows/s); "
+      f"euw1-a had the last row {caught - loaded:.2f} s after the load ended")
+PY
+echo "raw: $OUT"
