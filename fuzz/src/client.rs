@@ -236,7 +236,7 @@ fn process(
                 committed |= e == Event::Committed(token.clone());
             }
             assert!(committed, "a flushed write is committed");
-            drive(r, now);
+            drive(r, now, &mut Default::default());
             let encoded = token.encode();
             assert_eq!(
                 Token::decode(&encoded).as_ref(),

@@ -3,20 +3,21 @@
 //! The input's first byte picks the sending peer (any replica of the topology but
 //! the receiver); the rest is the stream. As `pangea-node`'s `peers::read_stream`
 //! does after the Hello: read a length-prefixed `pb::ReplicationFrame`
-//! (`pangea_net::decode_frame` with `FRAME_BYTES_MAX`), parse it with
-//! `Frame::from_proto` under the replica's limits, and hand it to
+//! (`pangea_net::decode_frame` with `FRAME_BYTES_MAX`), parse it with the stream's
+//! `LinkDecoder` (condensed heartbeats) under the replica's limits, and hand it to
 //! `Replica::handle_frame`; a malformed frame is `Replica::note_malformed`, an
-//! oversized prefix ends the stream. Between frames the harness plays the driver:
+//! oversized prefix or malformed heartbeats end the stream. Between frames the harness plays the driver:
 //! time advances, the replica flushes and fires its timers, and what it sends is
 //! drained.
 //!
 //! Checked besides "no panic": with in-memory storage the replica's calls never
 //! fail; durable watermarks never go backwards (I6); every frame the replica sends
-//! encodes within the frame limit and parses back, on the receiving side, to the
-//! same frame.
+//! encodes within the frame limit and parses back, on the receiving side (through a
+//! `LinkEncoder`/`LinkDecoder` pair per receiver), to the same frame.
 
 use crate::{REPLICA, at, deployment};
 use pangea_core::frame::Frame;
+use pangea_core::link::{LinkDecoder, LinkEncoder};
 use pangea_core::replica::{Config, Now, Replica};
 use pangea_core::storage::Watermark;
 use pangea_core::{MemStorage, ReplicaId, ScopeId, Storage};
@@ -47,6 +48,8 @@ pub fn replication_frame(data: &[u8]) {
     .expect("an in-memory replica opens");
     let (limits, frame_limits) = (r.config().limits, r.config().frame_limits);
     let mut durable = BTreeMap::new();
+    let mut decoder = LinkDecoder::default();
+    let mut links = Links::default();
     let mut ms = 0;
     loop {
         ms += STEP_MS;
@@ -55,10 +58,16 @@ pub fn replication_frame(data: &[u8]) {
             // The stream ends inside a frame (or at a boundary).
             Ok(None) => break,
             Ok(Some((p, used))) => {
-                match Frame::from_proto(p, &limits, &frame_limits) {
+                let stateful = matches!(p.frame, Some(pb::replication_frame::Frame::Heartbeats(_)));
+                match decoder.decode(p, &limits, &frame_limits) {
                     Ok(frame) => r
                         .handle_frame(now, &from, frame)
                         .expect("handle_frame on in-memory storage"),
+                    // The node closes the link: the decoder is out of step.
+                    Err(_) if stateful => {
+                        r.note_malformed(&from);
+                        break;
+                    }
                     Err(_) => r.note_malformed(&from),
                 }
                 used
@@ -76,13 +85,13 @@ pub fn replication_frame(data: &[u8]) {
             Err(e) => panic!("decode_frame returned a transport error: {e}"),
         };
         stream = &stream[used..];
-        drive(&mut r, now);
+        drive(&mut r, now, &mut links);
         check_durable_watermarks(&r, &mut durable);
     }
     // Let timers run out (gap requests, suspicion, compaction) once more.
     let now = at(ms + 1_500);
     r.handle_timeout(now).expect("handle_timeout");
-    drive(&mut r, now);
+    drive(&mut r, now, &mut links);
     check_durable_watermarks(&r, &mut durable);
 }
 
@@ -92,13 +101,17 @@ pub(crate) fn frame_len(buf: &[u8]) -> usize {
     4 + u32::from_be_bytes(header) as usize
 }
 
+/// Per receiver, both ends of the stream the replica sends it.
+pub(crate) type Links = BTreeMap<ReplicaId, (LinkEncoder, LinkDecoder)>;
+
 /// One turn of the driver: timers, flush, then what the replica sends and reports.
-pub(crate) fn drive(r: &mut Replica<MemStorage>, now: Now) {
+pub(crate) fn drive(r: &mut Replica<MemStorage>, now: Now, links: &mut Links) {
     r.handle_timeout(now)
         .expect("handle_timeout on in-memory storage");
     r.flush(now).expect("flush on in-memory storage");
     while let Some(t) = r.poll_transmit() {
-        check_outgoing(&t.frame);
+        let link = links.entry(t.to.clone()).or_default();
+        check_outgoing(&t.frame, link);
         r.handle_sent(&t.to, t.bytes);
     }
     while r.poll_event().is_some() {}
@@ -106,15 +119,16 @@ pub(crate) fn drive(r: &mut Replica<MemStorage>, now: Now) {
 
 /// What a replica sends must be what its peers accept: within the byte limit, and
 /// parsed back to the same frame.
-fn check_outgoing(frame: &Frame) {
-    let p = frame.to_proto();
+fn check_outgoing(frame: &Frame, (encoder, decoder): &mut (LinkEncoder, LinkDecoder)) {
+    let p = encoder.encode(frame);
     let bytes = encode_frame(&p).expect("an outgoing frame encodes");
     let (decoded, used) = decode_frame::<pb::ReplicationFrame>(&bytes, FRAME_BYTES_MAX)
         .expect("an outgoing frame is within FRAME_BYTES_MAX")
         .expect("a whole frame");
     assert_eq!(used, bytes.len());
     let config = Config::default();
-    let back = Frame::from_proto(decoded, &config.limits, &config.frame_limits)
+    let back = decoder
+        .decode(decoded, &config.limits, &config.frame_limits)
         .unwrap_or_else(|e| panic!("a peer refuses the frame we send ({e}): {frame:?}"));
     assert_eq!(&back, frame, "an outgoing frame changes on the wire");
 }

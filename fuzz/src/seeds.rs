@@ -294,13 +294,15 @@ fn stream_from(peer: &str, writes: &[RowMutation]) -> Vec<u8> {
     .expect("replica");
     let mut out = vec![sender(peer)];
     let mut ms = 0;
-    let take = |p: &mut Replica<MemStorage>, out: &mut Vec<u8>, ms: u64| {
+    // As the node sends them: heartbeats condensed on the stream.
+    let mut link = pangea_core::link::LinkEncoder::default();
+    let mut take = |p: &mut Replica<MemStorage>, out: &mut Vec<u8>, ms: u64| {
         p.handle_timeout(at(ms)).expect("timeout");
         p.flush(at(ms)).expect("flush");
         while let Some(t) = p.poll_transmit() {
             p.handle_sent(&t.to, t.bytes);
             if t.to.as_str() == REPLICA {
-                out.extend_from_slice(&encode_frame(&t.frame.to_proto()).expect("encodes"));
+                out.extend_from_slice(&encode_frame(&link.encode(&t.frame)).expect("encodes"));
             }
         }
     };

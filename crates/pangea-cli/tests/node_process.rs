@@ -730,6 +730,41 @@ async fn transport_security() -> Result<()> {
         println!("frames_rejected{{reason=hello_mismatch}} on {node}: {mismatches_before} -> {mismatches}");
         ensure!(mismatches >= mismatches_before + 2.0, "hello mismatches not counted");
 
+        // Condensed heartbeats that use a name the stream never defined: the
+        // decoder would be out of step, so the link is closed (CLOSE_MALFORMED)
+        // and the peer must reconnect with a fresh stream.
+        let malformed_before = rejected("malformed")?;
+        let c = peer.connect(addr, node).await?;
+        let mut s = c.open_uni().await?;
+        pangea_net::write_frame(&mut s, &hello("euw1-a", EU)).await?;
+        let bad = pb::ReplicationFrame {
+            frame: Some(pb::replication_frame::Frame::Heartbeats(pb::HeartbeatBatch {
+                heartbeats: vec![],
+                names: vec!["global".into()],
+                packed: vec![0, 7, 0, 1, 1, 0],
+            })),
+        };
+        pangea_net::write_frame(&mut s, &bad).await?;
+        let reason = timeout(Duration::from_secs(5), c.closed())
+            .await
+            .context("the node kept a link whose heartbeats do not decode")?;
+        println!("undefined name in condensed heartbeats: {reason}");
+        match reason {
+            quinn::ConnectionError::ApplicationClosed(a) => ensure!(
+                a.error_code == pangea_node::peers::CLOSE_MALFORMED.into(),
+                "closed with code {}",
+                a.error_code
+            ),
+            other => bail!("expected an application close, got {other}"),
+        }
+        common::eventually(
+            Duration::from_secs(3),
+            Duration::from_millis(20),
+            "malformed heartbeats counted",
+            || async { Ok(Some(()).filter(|_| rejected("malformed").unwrap_or(0.0) > malformed_before)) },
+        )
+        .await?;
+
         // The node still serves its own.
         let resp = common::call(&good.connect(addr, node).await?, &watermarks).await?;
         ensure!(common::error_of(&resp).is_none(), "node stopped serving: {resp:?}");

@@ -190,17 +190,17 @@ fn watermarks_from(
 
 /// Protobuf sizes, field by field (proto3: zero scalars and empty strings are not
 /// encoded; every field number here is below 16, so a tag is one byte).
-mod pb_len {
-    pub(super) fn varint(v: u64) -> usize {
+pub(crate) mod pb_len {
+    pub(crate) fn varint(v: u64) -> usize {
         // 7 bits per byte; zero still takes one byte.
         (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
     }
 
-    pub(super) fn uint64(v: u64) -> usize {
+    pub(crate) fn uint64(v: u64) -> usize {
         if v == 0 { 0 } else { 1 + varint(v) }
     }
 
-    pub(super) fn string(s: &str) -> usize {
+    pub(crate) fn string(s: &str) -> usize {
         if s.is_empty() {
             0
         } else {
@@ -209,15 +209,20 @@ mod pb_len {
     }
 
     /// An embedded message (always encoded, even when empty) of `len` bytes.
-    pub(super) fn message(len: usize) -> usize {
+    pub(crate) fn message(len: usize) -> usize {
         1 + varint(len as u64) + len
     }
 }
 
 /// `Frame::Heartbeats(hbs).encoded_len()`, computed without building the message.
 pub fn heartbeats_encoded_len(hbs: &[Heartbeat]) -> usize {
-    let batch: usize = hbs
-        .iter()
+    // ReplicationFrame { frame: heartbeats (field 3) = HeartbeatBatch { batch } }.
+    pb_len::message(heartbeat_batch_body_len(hbs))
+}
+
+/// The length of `HeartbeatBatch { heartbeats: hbs }` (verbose), without its tag.
+pub(crate) fn heartbeat_batch_body_len(hbs: &[Heartbeat]) -> usize {
+    hbs.iter()
         .map(|h| {
             pb_len::message(
                 pb_len::string(h.scope.as_str())
@@ -230,9 +235,7 @@ pub fn heartbeats_encoded_len(hbs: &[Heartbeat]) -> usize {
                     + pb_len::uint64(h.report_after),
             )
         })
-        .sum();
-    // ReplicationFrame { frame: heartbeats (field 3) = HeartbeatBatch { batch } }.
-    pb_len::message(batch)
+        .sum()
 }
 
 fn watermarks_to(w: &[(ReplicaId, Watermark)]) -> Vec<pb::OriginWatermark> {
@@ -282,6 +285,12 @@ impl Frame {
                 Ok(Frame::Mutations(entries_from(b.mutations, limits, fl)?))
             }
             F::Heartbeats(b) => {
+                if !b.names.is_empty() || !b.packed.is_empty() {
+                    return Err(Error::malformed(
+                        "heartbeat batch",
+                        "condensed heartbeats outside a stream (see link::LinkDecoder)",
+                    ));
+                }
                 if b.heartbeats.len() > fl.heartbeats_max {
                     return Err(Error::malformed(
                         "heartbeat batch",
@@ -404,6 +413,8 @@ impl Frame {
                         report_after: h.report_after,
                     })
                     .collect(),
+                names: Vec::new(),
+                packed: Vec::new(),
             }),
             Frame::GapRequest(g) => F::GapRequest(pb::GapRequest {
                 scope: g.scope.to_string(),

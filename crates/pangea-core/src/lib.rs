@@ -21,6 +21,7 @@
 //! - [`shared_rows`]: rows the in-memory stores of one process share;
 //! - [`watermark`]: a replica's watermarks for one scope;
 //! - [`frame`]: replication frames, parsed and bounded;
+//! - [`link`]: a replication stream's codec (heartbeats condensed per stream);
 //! - [`replica`]: the replica state machine (streams, forwarding, gap repair,
 //!   heartbeats, snapshots, suspicion);
 //! - [`read`]: read decisions and read routing shared by client and simulator;
@@ -39,6 +40,7 @@ pub mod hlc;
 mod idmap;
 pub use pangea_topology::ids;
 pub mod limits;
+pub mod link;
 pub mod location;
 pub mod mutation;
 pub mod read;

@@ -2356,7 +2356,27 @@ impl<S: Storage> Replica<S> {
             .map(|st| st.durable)
             .unwrap_or_default();
         let applied = if gossip {
-            s.durable_watermarks().collect()
+            // Per origin the sequence applied, and one time for all: the scope's
+            // low watermark. Receivers read a report's times only for the purge
+            // horizon, a minimum over every entry, so it means what the entries'
+            // own times would, and condenses to one number (`crate::link`).
+            let low = s
+                .durable_marks
+                .iter()
+                .map(|w| w.timestamp)
+                .min()
+                .unwrap_or_default();
+            s.durable_watermarks()
+                .map(|(o, w)| {
+                    (
+                        o,
+                        Watermark {
+                            sequence: w.sequence,
+                            timestamp: low,
+                        },
+                    )
+                })
+                .collect()
         } else {
             Applied::default()
         };

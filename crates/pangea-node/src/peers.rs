@@ -11,8 +11,10 @@
 use crate::Shared;
 use crate::driver::Input;
 use pangea_core::frame::{Frame, FrameClass};
+use pangea_core::link::{LinkDecoder, LinkEncoder};
 use pangea_core::replica::Transmit;
 use pangea_net::{Backoff, FRAME_BYTES_MAX, PeerIdentity, read_frame, write_frame};
+use pangea_proto::Message;
 use pangea_proto::v1 as pb;
 use pangea_topology::ReplicaId;
 use std::net::SocketAddr;
@@ -30,6 +32,9 @@ pub const CLOSE_SHUTDOWN: u32 = 3;
 /// certificate sending client requests, or a client, loader or operator
 /// certificate opening a replication link. The reason names which.
 pub const CLOSE_WRONG_ROLE: u32 = 6;
+/// A replication stream's condensed heartbeats did not decode: the two ends'
+/// tables are out of step, and a new connection starts them afresh.
+pub const CLOSE_MALFORMED: u32 = 7;
 /// The close reason a replica certificate gets for a client request.
 pub const REPLICA_AS_CLIENT: &[u8] =
     b"replica certificates carry replication only; client requests need a client, loader or operator certificate";
@@ -37,6 +42,8 @@ pub const REPLICA_AS_CLIENT: &[u8] =
 struct Link {
     connection: quinn::Connection,
     main: quinn::SendStream,
+    /// The main stream's codec state (heartbeats go condensed on it).
+    encoder: LinkEncoder,
     bulk: quinn::SendStream,
     /// Re-verified on every certificate reload while the link lives: a peer whose
     /// certificate is revoked (or whose CA is dropped) is disconnected from this side
@@ -80,6 +87,7 @@ async fn connect(
     Ok(Link {
         connection,
         main,
+        encoder: LinkEncoder::default(),
         bulk,
         _tracked: tracked,
     })
@@ -165,25 +173,26 @@ pub async fn run_peer(
                 .await;
             continue;
         }
-        let mut sent = false;
+        // Bytes on the wire (heartbeats condensed), for the metrics.
+        let mut sent = None;
         if let Some(l) = link.as_mut() {
-            let stream = if t.class == FrameClass::Bulk {
-                &mut l.bulk
+            let (stream, wire) = if t.class == FrameClass::Bulk {
+                (&mut l.bulk, t.frame.to_proto())
             } else {
-                &mut l.main
+                (&mut l.main, l.encoder.encode(&t.frame))
             };
-            match write_frame(stream, &t.frame.to_proto()).await {
-                Ok(()) => sent = true,
+            match write_frame(stream, &wire).await {
+                Ok(()) => sent = Some(wire.encoded_len()),
                 Err(e) => {
                     tracing::debug!(%peer, error = %e, "replication link lost");
                     link = None;
                 }
             }
         }
-        if sent {
+        if let Some(bytes) = sent {
             shared
                 .metrics
-                .add_bytes_sent(class_of(&shared.id, &peer), t.bytes as u64);
+                .add_bytes_sent(class_of(&shared.id, &peer), bytes as u64);
             shared
                 .metrics
                 .inc_frames_sent(t.frame.kind(), peer.as_str());
@@ -301,21 +310,40 @@ async fn read_stream(
     }
     let limits = shared.core_limits;
     let frame_limits = pangea_core::frame::FrameLimits::default();
+    // Heartbeats arrive condensed against what this stream carried before.
+    let mut decoder = LinkDecoder::default();
     loop {
         let input = match read_frame::<pb::ReplicationFrame>(&mut recv, FRAME_BYTES_MAX).await {
-            Ok(Some(p)) => match Frame::from_proto(p, &limits, &frame_limits) {
-                Ok(frame) => Input::Frame {
-                    from: peer.clone(),
-                    frame,
-                },
-                Err(e) => {
-                    tracing::debug!(%peer, error = %e, "malformed frame");
-                    Input::Malformed {
+            Ok(Some(p)) => {
+                let stateful = matches!(p.frame, Some(pb::replication_frame::Frame::Heartbeats(_)));
+                match decoder.decode(p, &limits, &frame_limits) {
+                    Ok(frame) => Input::Frame {
                         from: peer.clone(),
-                        reason: "malformed",
+                        frame,
+                    },
+                    Err(e) if stateful => {
+                        // The decoder is out of step with the peer's encoder: only a
+                        // new stream (the peer reconnects) brings them together.
+                        tracing::warn!(%peer, error = %e, "malformed heartbeats; closing the link");
+                        let _ = shared
+                            .driver
+                            .send(Input::Malformed {
+                                from: peer.clone(),
+                                reason: "malformed",
+                            })
+                            .await;
+                        connection.close(CLOSE_MALFORMED.into(), b"malformed heartbeats");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "malformed frame");
+                        Input::Malformed {
+                            from: peer.clone(),
+                            reason: "malformed",
+                        }
                     }
                 }
-            },
+            }
             Ok(None) => return,
             Err(pangea_net::Error::FrameTooLarge { .. }) => {
                 // The length prefix is all we read: the stream cannot be resynchronized.

@@ -17,8 +17,9 @@ pub mod v1 {
 
 pub use prost::{self, Message};
 
-/// The replication protocol version carried in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The replication protocol version carried in `Hello`; replicas of different
+/// versions refuse each other. 2: heartbeats condensed per stream (`HeartbeatBatch`).
+pub const PROTOCOL_VERSION: u32 = 2;
 
 #[cfg(test)]
 mod tests {

@@ -239,6 +239,7 @@ impl Simulation {
             return;
         };
         node.life += 1;
+        node.links.clear();
         let d = self.views[node.view].clone();
         let seed = replica_seed(self.sc.seed, r, node.life);
         let nw = node.now(self.now);

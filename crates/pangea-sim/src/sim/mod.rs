@@ -60,6 +60,7 @@ use metrics::{
 };
 use pangea_core::digest::ContentDigest;
 use pangea_core::frame::Frame;
+use pangea_core::link::LinkEncoder;
 use pangea_core::read::{
     Candidate, Candidates, Consistency, Decision, ReadRequest, Reason, RouteTable, decide,
     estimated_rtt_ms,
@@ -123,6 +124,10 @@ struct Node {
     view: usize,
     /// Run by another shard (`shard.rs`): never up here, never counted down.
     foreign: bool,
+    /// Per receiver (by index, grown on use): the state of the stream this replica
+    /// sends to it, which the wire-byte counts follow (heartbeats condensed, as
+    /// `pangea-node` sends them). A restart starts them afresh, as new connections.
+    links: Vec<LinkEncoder>,
 }
 
 impl Node {
@@ -668,6 +673,7 @@ impl Simulation {
                 skew_ms,
                 view: 0,
                 foreign: false,
+                links: Vec::new(),
             };
             if shard.as_ref().is_some_and(|ctx| ctx.replica[i] != ctx.me) {
                 node.foreign = true;
@@ -1108,10 +1114,16 @@ impl Simulation {
                 continue;
             };
             let kind = t.frame.kind();
+            // What the frame takes on the wire (the replica's own flow control
+            // keeps its estimate, `t.bytes`).
+            if node.links.len() <= to {
+                node.links.resize_with(to + 1, LinkEncoder::default);
+            }
+            let wire_bytes = node.links[to].measure(&t.frame);
             let count = self.metrics.counters.frames_sent.entry(kind).or_default();
             count.frames += 1;
             count.items += t.frame.items() as u64;
-            count.bytes += t.bytes as u64;
+            count.bytes += wire_bytes as u64;
             note_wire(&mut self.checks, &self.scopes, &self.names, &t.frame, now);
             // Frames leave once the turn is committed (`HostModel::commit`).
             let out = self.net.send_idx(
