@@ -4,7 +4,8 @@
 # bulk load writes $ROWS rows of 1 KiB at use1-a, an ocean away (emulated WAN,
 # 69.6 ms), which replicate into euw1-a as they are written. Prints euw1-a's read
 # latency idle and during the load, the load's rate, and how long after the load
-# ended euw1-a had every row (the last row readable there). Raw JSON in $OUT.
+# ended euw1-a had every row (the last row readable there). Raw JSON in $OUT, with
+# euw1-a's own request-duration buckets for gets after each phase (handled-*.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${P:-target/release/pangea}   # cargo build --release -p pangea-cli
@@ -12,26 +13,45 @@ ROWS=${ROWS:-200000}
 RATE=${RATE:-1000}              # reads per second at euw1-a
 SECS=${SECS:-20}                # seconds of reading, idle
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 D=$(mktemp -d)
 $P cluster up topology/two-regions.toml --placement topology/single-replica.placement.toml \
   --data-dir "$D" --emulate-wan >/dev/null
 trap '$P cluster down --data-dir "$D" >/dev/null' EXIT
 C="$D/cluster.toml"
+# PIN=1: euw1-a and the reader on CPU 0 (READER_CPU=1 moves the reader), use1-a
+# and the loader on CPU 1, so that what euw1-a's serving suffers is its own
+# replication work, not the loader's or the origin's. LOAD_CONCURRENCY slows the
+# load (the loader's writes in flight, default 64).
+LOADER=()
+READER=()
+if [ "${PIN:-0}" = 1 ]; then
+  for pid in $(pgrep -f -- "--replica euw1-a"); do taskset -a -p -c 0 "$pid" >/dev/null; done
+  for pid in $(pgrep -f -- "--replica use1-a"); do taskset -a -p -c 1 "$pid" >/dev/null; done
+  LOADER=(taskset -c 1)
+  READER=(taskset -c "${READER_CPU:-0}")
+fi
 awk -v n="$ROWS" 'BEGIN { v = sprintf("%1024s", ""); gsub(/ /, "x", v);
   for (i = 0; i < n; i++) printf("{\"key\":\"load/%08d\",\"cells\":{\"profile:p\":\"%s\"}}\n", i, v) }' \
   > "$D/rows.ndjson"
 last=$(printf 'load/%08d' $((ROWS - 1)))
 bench() {
-  $P bench --cluster "$C" --region eu-west-1 --op get --value-bytes 1024 --keys 1000 \
+  "${READER[@]}" $P bench --cluster "$C" --region eu-west-1 --op get --value-bytes 1024 --keys 1000 \
     --concurrency 16 --rate "$RATE" --duration "$1" --json
 }
+# euw1-a's own view: its request-duration histogram for gets, after each phase.
+ADMIN=$(awk '/^id = "euw1-a"/ { f = 1 } f && /^admin/ { gsub(/"/, "", $3); print $3; exit }' "$C")
+handled() { curl -s "http://$ADMIN/metrics" | grep 'request_duration_seconds_bucket{.*op="get"' > "$1"; }
 bench "${SECS}s" > "$OUT/idle.json"
+handled "$OUT/handled-idle.txt"
 start=$(date +%s.%N)
-$P load --cluster "$C" --region us-east-1 --table ad_profiles "$D/rows.ndjson" > "$OUT/load.txt" 2>&1 &
+"${LOADER[@]}" $P load --cluster "$C" --region us-east-1 --table ad_profiles \
+  --concurrency "${LOAD_CONCURRENCY:-64}" "$D/rows.ndjson" > "$OUT/load.txt" 2>&1 &
 load=$!
 # Reading through the load's first $SECS s (the load itself runs longer).
 bench "${SECS}s" > "$OUT/during.json"
 during_end=$(date +%s.%N)
+handled "$OUT/handled-during.txt"
 wait $load
 loaded=$(date +%s.%N)
 until $P get --cluster "$C" --region eu-west-1 --table ad_profiles "$last" >/dev/null 2>&1; do sleep 0.05; done
