@@ -254,35 +254,229 @@ pub enum LocationChange {
     Refused(InvalidEntry),
 }
 
-/// Every location entry a replica (or client) knows.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Removed entries a [`Location`] remembers for readers that follow its changes
+/// ([`Location::changes_since`]); past this, the oldest are forgotten and a reader
+/// whose cursor is older reads everything again.
+pub const TOMBSTONES_MAX: usize = 100_000;
+
+/// Every location entry a replica (or client) knows, and — for readers that keep a
+/// copy, such as clients and the serving path — the order they changed in.
+///
+/// Each change takes the next *version*; an entry (or the tombstone of a removed
+/// one) is listed under the version of its last change only, so the change index
+/// holds one slot per entry plus at most [`TOMBSTONES_MAX`] tombstones, however
+/// often entries change. Versions count from the Location's *epoch*: a Location
+/// rebuilt (a restart, a new deployment) takes another epoch, and a cursor of an
+/// old one no longer applies.
+#[derive(Debug, Clone, Default)]
 pub struct Location {
-    entries: BTreeMap<(Arc<str>, Bytes), LocationEntry>,
+    /// Per table, entries by prefix, with the version of their last change.
+    tables: BTreeMap<Arc<str>, BTreeMap<Bytes, (LocationEntry, u64)>>,
+    len: usize,
+    /// Every entry, and every remembered tombstone, by the version of its last change.
+    changes: BTreeMap<u64, (Arc<str>, Bytes)>,
+    /// Removed entries still listed in `changes`, with that version.
+    tombstones: BTreeMap<(Arc<str>, Bytes), u64>,
+    tombstone_versions: std::collections::BTreeSet<u64>,
+    version: u64,
+    /// Changes at or below this version may be forgotten (tombstones dropped).
+    floor: u64,
+    epoch: u64,
+    /// Tombstones kept (`None`: [`TOMBSTONES_MAX`]); smaller in tests.
+    tombstones_max: Option<usize>,
+    /// Names many entries share (policies, regions), held once.
+    scopes: std::collections::BTreeSet<ScopeId>,
+    regions: std::collections::BTreeSet<RegionId>,
 }
+
+/// Two Locations are equal when they hold the same entries (versions and epochs
+/// aside).
+impl PartialEq for Location {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.entries().eq(other.entries())
+    }
+}
+
+impl Eq for Location {}
+
+/// A cursor older than what a [`Location`] remembers: read everything again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Forgotten;
 
 impl Location {
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// An empty Location whose versions count in `epoch` (see the type's docs).
+    pub fn with_epoch(epoch: u64) -> Self {
+        Location {
+            epoch,
+            ..Self::default()
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len == 0
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.len
     }
 
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The version of the last change (0: none).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Entries in (table, prefix) order.
     pub fn entries(&self) -> impl Iterator<Item = &LocationEntry> {
-        self.entries.values()
+        self.tables
+            .values()
+            .flat_map(|t| t.values().map(|(e, _)| e))
+    }
+
+    /// Entries after `(table, prefix)` in (table, prefix) order (`None`: from the
+    /// first): how a reader pages through a copy.
+    pub fn entries_after<'a>(
+        &'a self,
+        after: Option<(&'a str, &'a [u8])>,
+    ) -> impl Iterator<Item = &'a LocationEntry> + 'a {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let (first, rest): (Option<&BTreeMap<Bytes, (LocationEntry, u64)>>, _) = match after {
+            None => (None, self.tables.range::<str, _>((Unbounded, Unbounded))),
+            Some((t, _)) => (
+                self.tables.get(t),
+                self.tables.range::<str, _>((Excluded(t), Unbounded)),
+            ),
+        };
+        let prefix = after.map(|(_, p)| p).unwrap_or_default();
+        let first = first
+            .into_iter()
+            .flat_map(move |m| m.range::<[u8], _>((Excluded(prefix), Unbounded)))
+            .map(|(_, (e, _))| e);
+        first.chain(rest.flat_map(|(_, m)| m.values().map(|(e, _)| e)))
+    }
+
+    /// What changed after version `since`, oldest first: each changed (table,
+    /// prefix) once, with its entry now (`None`: removed), and the version of its
+    /// last change. [`Forgotten`] when removals after `since` may have been
+    /// forgotten: the reader must read everything again.
+    #[allow(clippy::type_complexity)]
+    pub fn changes_since(
+        &self,
+        since: u64,
+    ) -> Result<impl Iterator<Item = (u64, &Arc<str>, &Bytes, Option<&LocationEntry>)>, Forgotten>
+    {
+        if since < self.floor {
+            return Err(Forgotten);
+        }
+        Ok(self
+            .changes
+            .range(since + 1..)
+            .map(|(v, (t, p))| (*v, t, p, self.get(t, p))))
+    }
+
+    /// The entry of exactly `(table, prefix)`.
+    pub fn get(&self, table: &str, prefix: &[u8]) -> Option<&LocationEntry> {
+        self.tables.get(table)?.get(prefix).map(|(e, _)| e)
     }
 
     /// Inserts (or, when `None`, removes) the entry of one `_location` row.
     pub fn set(&mut self, table: Arc<str>, prefix: Bytes, entry: Option<LocationEntry>) {
-        match entry {
-            Some(e) => self.entries.insert((table, prefix), e),
-            None => self.entries.remove(&(table, prefix)),
+        if entry.is_none() && self.get(&table, &prefix).is_none() {
+            return; // nothing to remove: no change
+        }
+        let version = self.version + 1;
+        self.put(version, table, prefix, entry);
+    }
+
+    /// Brings this copy up to `source` (the same entries, versions and epoch):
+    /// only what changed since this copy's version when they share an epoch and
+    /// `source` still remembers it, else a whole copy. What the serving path does
+    /// with the core's Location after every turn.
+    pub fn follow(&mut self, source: &Location) {
+        if self.epoch != source.epoch || self.version > source.version {
+            *self = source.clone();
+            return;
+        }
+        let Ok(changes) = source.changes_since(self.version) else {
+            *self = source.clone();
+            return;
         };
+        let changes: Vec<(u64, Arc<str>, Bytes, Option<LocationEntry>)> = changes
+            .map(|(v, t, p, e)| (v, t.clone(), p.clone(), e.cloned()))
+            .collect();
+        for (v, t, p, e) in changes {
+            self.put(v, t, p, e);
+        }
+        self.version = source.version;
+        self.floor = self.floor.max(source.floor);
+    }
+
+    /// Records a change at `version` (above every earlier one).
+    fn put(&mut self, version: u64, table: Arc<str>, prefix: Bytes, entry: Option<LocationEntry>) {
+        debug_assert!(
+            version > self.version,
+            "changes are recorded in version order"
+        );
+        self.version = self.version.max(version);
+        // The change replaces whatever slot this (table, prefix) had in the index.
+        let old = match self.tables.get_mut(&table) {
+            Some(m) => match &entry {
+                Some(_) => m.get(&prefix).map(|(_, v)| *v),
+                None => m.remove(&prefix).map(|(_, v)| {
+                    self.len -= 1;
+                    v
+                }),
+            },
+            None => None,
+        };
+        if let Some(v) = old {
+            self.changes.remove(&v);
+        }
+        if let Some(v) = self.tombstones.remove(&(table.clone(), prefix.clone())) {
+            self.changes.remove(&v);
+            self.tombstone_versions.remove(&v);
+        }
+        let table = match self.tables.get_key_value(&table) {
+            Some((t, _)) => t.clone(),
+            None => table,
+        };
+        self.changes
+            .insert(version, (table.clone(), prefix.clone()));
+        match entry {
+            Some(mut e) => {
+                e.table = table.clone();
+                e.policy = shared(&mut self.scopes, e.policy);
+                e.home = e.home.map(|h| shared(&mut self.regions, h));
+                e.migrating_to = e.migrating_to.map(|m| shared(&mut self.scopes, m));
+                let m = self.tables.entry(table).or_default();
+                if m.insert(prefix, (e, version)).is_none() {
+                    self.len += 1;
+                }
+            }
+            None => {
+                if self.tables.get(&table).is_some_and(BTreeMap::is_empty) {
+                    self.tables.remove(&table);
+                }
+                self.tombstones.insert((table, prefix), version);
+                self.tombstone_versions.insert(version);
+                while self.tombstones.len() > self.tombstones_max.unwrap_or(TOMBSTONES_MAX) {
+                    let Some(v) = self.tombstone_versions.pop_first() else {
+                        break;
+                    };
+                    if let Some(key) = self.changes.remove(&v) {
+                        self.tombstones.remove(&key);
+                    }
+                    self.floor = self.floor.max(v);
+                }
+            }
+        }
     }
 
     /// Updates from the state of one `_location` row (after a write or snapshot),
@@ -338,13 +532,24 @@ impl Location {
         }
     }
 
-    /// The entry governing a row: the longest prefix of `key` in `table`.
+    /// The entry governing a row: the longest prefix of `key` in `table`. A few
+    /// ordered searches, not a walk: the greatest prefix at or below `key` either
+    /// is a prefix of it or bounds where the next candidate can be.
     pub fn lookup(&self, table: &str, key: &[u8]) -> Option<&LocationEntry> {
-        self.entries
-            .iter()
-            .filter(|((t, p), _)| &**t == table && key.starts_with(p))
-            .max_by_key(|((_, p), _)| p.len())
-            .map(|(_, e)| e)
+        use std::ops::Bound::{Included, Unbounded};
+        let m = self.tables.get(table)?;
+        let mut upto = key;
+        loop {
+            let (p, (e, _)) = m
+                .range::<[u8], _>((Unbounded, Included(upto)))
+                .next_back()?;
+            if key.starts_with(p) {
+                return Some(e);
+            }
+            // Every prefix of `key` at or below `p` is a prefix of what the two share.
+            let common = p.iter().zip(upto).take_while(|(a, b)| a == b).count();
+            upto = &key[..common];
+        }
     }
 
     /// The effective policy (scope) of a row.
@@ -394,5 +599,152 @@ impl Location {
     pub fn migrating_to(&self, table: &str, key: &[u8]) -> Option<&ScopeId> {
         self.lookup(table, key)
             .and_then(|e| e.migrating_to.as_ref())
+    }
+}
+
+/// The set's equal name if it has one (held once), else `name`, now in the set.
+fn shared<T: Ord + Clone>(set: &mut std::collections::BTreeSet<T>, name: T) -> T {
+    match set.get(&name) {
+        Some(n) => n.clone(),
+        None => {
+            set.insert(name.clone());
+            name
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn entry(table: &str, prefix: &[u8], policy: u8) -> LocationEntry {
+        LocationEntry {
+            table: table.into(),
+            prefix: Bytes::copy_from_slice(prefix),
+            policy: ScopeId::new(format!("p{policy}")),
+            home: policy.is_multiple_of(2).then(|| RegionId::new("eu-west-1")),
+            version: 1,
+            migrating_to: None,
+            job_id: "job".into(),
+        }
+    }
+
+    /// Changes to a few tables and short prefixes over a tiny alphabet, so that
+    /// prefixes nest and repeat.
+    fn ops() -> impl Strategy<Value = Vec<(u8, Vec<u8>, Option<u8>)>> {
+        prop::collection::vec(
+            (
+                0u8..2,
+                prop::collection::vec(b'a'..b'd', 0..4),
+                prop::option::weighted(0.7, 0u8..4),
+            ),
+            0..80,
+        )
+    }
+
+    fn apply(l: &mut Location, (t, p, policy): &(u8, Vec<u8>, Option<u8>)) {
+        let table = ["t0", "t1"][*t as usize];
+        l.set(
+            table.into(),
+            Bytes::copy_from_slice(p),
+            policy.map(|x| entry(table, p, x)),
+        );
+    }
+
+    /// What a reader holds after following `source` with `changes_since`, reading
+    /// everything again when told its cursor is forgotten.
+    fn catch_up(
+        copy: &mut BTreeMap<(String, Bytes), LocationEntry>,
+        cursor: &mut u64,
+        source: &Location,
+    ) {
+        match source.changes_since(*cursor) {
+            Ok(changes) => {
+                for (_, t, p, e) in changes {
+                    match e {
+                        Some(e) => copy.insert((t.to_string(), p.clone()), e.clone()),
+                        None => copy.remove(&(t.to_string(), p.clone())),
+                    };
+                }
+            }
+            Err(Forgotten) => {
+                *copy = source
+                    .entries()
+                    .map(|e| ((e.table.to_string(), e.prefix.clone()), e.clone()))
+                    .collect();
+            }
+        }
+        *cursor = source.version();
+    }
+
+    proptest! {
+        /// The ordered lookup finds what a walk over every entry finds; a copy
+        /// that follows, a reader that applies changes since its cursor, and a
+        /// reader that pages with `entries_after`, all end with the same entries,
+        /// whatever was forgotten.
+        #[test]
+        fn lookups_changes_and_copies_agree(
+            batches in prop::collection::vec(ops(), 1..6),
+            probes in prop::collection::vec((0u8..2, prop::collection::vec(b'a'..b'd', 0..6)), 1..20),
+            tombstones_max in 1usize..8,
+        ) {
+            let mut source = Location::with_epoch(7);
+            source.tombstones_max = Some(tombstones_max);
+            let mut follower = Location::new();
+            let mut reader = BTreeMap::new();
+            let mut cursor = 0;
+            for batch in &batches {
+                for op in batch {
+                    apply(&mut source, op);
+                }
+                follower.follow(&source);
+                prop_assert_eq!(&follower, &source);
+                prop_assert_eq!(follower.version(), source.version());
+                catch_up(&mut reader, &mut cursor, &source);
+                let want: Vec<&LocationEntry> = source.entries().collect();
+                prop_assert_eq!(reader.values().collect::<Vec<_>>(), want.clone());
+                // Paging two at a time.
+                let mut paged: Vec<&LocationEntry> = Vec::new();
+                loop {
+                    let after = paged.last().map(|e| (&*e.table, &e.prefix[..]));
+                    let page: Vec<&LocationEntry> = source.entries_after(after).take(2).collect();
+                    if page.is_empty() {
+                        break;
+                    }
+                    paged.extend(page);
+                }
+                prop_assert_eq!(paged, want);
+                prop_assert!(source.tombstones.len() <= tombstones_max);
+                prop_assert_eq!(source.changes.len(), source.len() + source.tombstones.len());
+            }
+            for (t, key) in &probes {
+                let table = ["t0", "t1"][*t as usize];
+                let walk = source
+                    .entries()
+                    .filter(|e| &*e.table == table && key.starts_with(&e.prefix))
+                    .max_by_key(|e| e.prefix.len());
+                prop_assert_eq!(source.lookup(table, key), walk);
+            }
+        }
+    }
+
+    #[test]
+    fn a_cursor_from_another_epoch_or_before_the_floor_reads_everything() {
+        let mut l = Location::with_epoch(1);
+        l.tombstones_max = Some(1);
+        for p in [b"a", b"b", b"c"] {
+            l.set("t".into(), Bytes::from_static(p), Some(entry("t", p, 0)));
+        }
+        assert_eq!(l.version(), 3);
+        assert_eq!(l.changes_since(0).map(|c| c.count()), Ok(3));
+        l.set("t".into(), Bytes::from_static(b"a"), None);
+        l.set("t".into(), Bytes::from_static(b"b"), None);
+        // The first tombstone is forgotten: a reader from before it must start over.
+        assert_eq!(l.changes_since(3).map(|c| c.count()), Err(Forgotten));
+        assert_eq!(l.changes_since(4).map(|c| c.count()), Ok(1));
+        // Removing what is not there changes nothing.
+        l.set("t".into(), Bytes::from_static(b"zz"), None);
+        assert_eq!(l.version(), 5);
     }
 }

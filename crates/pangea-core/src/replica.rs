@@ -875,7 +875,7 @@ impl<S: Storage> Replica<S> {
         };
         r.rebuild_scopes(now);
         // Location metadata, as this replica last applied it.
-        r.reload_location()?;
+        r.reload_location(now)?;
         // Restore durable watermarks; the clock never issues below what we wrote (I1).
         for (scope, origin, wm) in r.storage.watermarks()? {
             if origin == r.id {
@@ -1302,7 +1302,7 @@ impl<S: Storage> Replica<S> {
         self.deployment = deployment;
         self.rebuild_scopes(now);
         // Which entries are valid depends on the deployment (policies, tables).
-        if let Err(e) = self.reload_location() {
+        if let Err(e) = self.reload_location(now) {
             self.events.push_back(Event::LocationRefused(InvalidEntry {
                 table: LOCATION_TABLE.into(),
                 prefix: Bytes::new(),
@@ -1313,11 +1313,25 @@ impl<S: Storage> Replica<S> {
 
     /// Rebuilds the location metadata from the `_location` rows in storage, checking
     /// each entry against the current deployment. Purges nothing.
-    fn reload_location(&mut self) -> Result<(), StorageError> {
+    fn reload_location(&mut self, now: Now) -> Result<(), StorageError> {
         let rows = self
             .storage
             .scan_rows(LOCATION_TABLE, b"", None, usize::MAX)?;
-        let mut location = Location::new();
+        // A new epoch, so that no reader takes a cursor of the old Location (or of
+        // this replica's previous life) for one of this.
+        let epoch = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::hash::DefaultHasher::new();
+            (
+                self.id.as_str(),
+                now.wall_ms,
+                now.mono_us,
+                self.location.epoch(),
+            )
+                .hash(&mut h);
+            h.finish()
+        };
+        let mut location = Location::with_epoch(epoch);
         for (key, row) in rows {
             if let LocationChange::Refused(invalid) =
                 location.apply_row(&self.deployment, &key, Some(&row))

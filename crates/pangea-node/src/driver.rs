@@ -576,10 +576,15 @@ fn publish(replica: &Replica<Store>, shared: &Shared) {
         .filter_map(|s| replica.watermarks(s).map(|w| (s.clone(), Arc::new(w))))
         .collect();
     let suspected = replica.suspected().cloned().collect();
-    if let Ok(mut l) = shared.location.write()
-        && *l != *replica.location()
-    {
-        *l = replica.location().clone();
+    // Only what changed since the last turn (a whole copy when the core rebuilt
+    // its Location): a million entries are not compared or copied per turn.
+    let core = replica.location();
+    let behind = shared
+        .location
+        .read()
+        .is_ok_and(|l| l.epoch() != core.epoch() || l.version() != core.version());
+    if behind && let Ok(mut l) = shared.location.write() {
+        l.follow(core);
     }
     if let Ok(mut w) = shared.watermarks.write() {
         *w = wms;
