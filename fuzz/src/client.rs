@@ -262,6 +262,11 @@ fn process(
                 .collect();
             Ok(Response::Watermarks(pb::WatermarkResponse { scopes }))
         }
+        // The node's own call: a page of the replica's location metadata from the
+        // cursor a client sent (any bytes: a foreign or garbage cursor resets).
+        R::LocationChanges(c) => Ok(Response::LocationChanges(
+            pangea_core::location::changes_page(r.location(), &c.cursor, c.limit),
+        )),
         R::PlacementMove(_) | R::Audit(_) | R::Reload(_) | R::Deployment(_) => {
             Err("not mirrored".into())
         }

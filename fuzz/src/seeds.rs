@@ -190,6 +190,10 @@ fn client_frames() -> Vec<Seed> {
         req(R::Watermarks(pb::WatermarkRequest {
             scope: String::new(),
         })),
+        req(R::LocationChanges(pb::LocationChangesRequest {
+            cursor: Bytes::from_static(b"\x02\0\0\0\0\0\0\0\x01\0\0\0\0\0\0\0\x05"),
+            limit: 2,
+        })),
     ]);
     // A loader's merge of a pre-versioned row, then reads of it.
     let mut merged = RowState::default();

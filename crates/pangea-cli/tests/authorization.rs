@@ -267,6 +267,13 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
                 pb::client_request::Request::Deployment(pb::DeploymentRequest {}),
             ),
             (
+                "location changes",
+                pb::client_request::Request::LocationChanges(pb::LocationChangesRequest {
+                    cursor: Default::default(),
+                    limit: 10,
+                }),
+            ),
+            (
                 "scan _jobs",
                 pb::client_request::Request::ScanPrefix(pb::ScanPrefixRequest {
                     table: "_jobs".into(),
@@ -304,6 +311,7 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
             /* merge _location */ [Denied, Denied, Denied],
             /* watermarks      */ [Served,     Served,     Served],
             /* deployment      */ [Served,     Served,     Served],
+            /* location changes*/ [Served,     Served,     Served],
             /* scan _jobs      */ [Denied, Denied, Served],
             /* audit           */ [Denied, Denied, Served],
             /* reload          */ [Denied, Denied, Served],
@@ -333,6 +341,13 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
         let rogue = raw_replica(&c, "use1-a")?.connect(addr, at).await?;
         let files = pb::client_request::Request::Deployment(pb::DeploymentRequest {});
         ensure!(ask(&rogue, files).await == Closed);
+        // Nor the location metadata (a client request like any other).
+        let rogue = raw_replica(&c, "use1-a")?.connect(addr, at).await?;
+        let changes = pb::client_request::Request::LocationChanges(pb::LocationChangesRequest {
+            cursor: Default::default(),
+            limit: 10,
+        });
+        ensure!(ask(&rogue, changes).await == Closed);
         // A client certificate opening a replication link (a Hello on a
         // unidirectional stream, as replicas do): closed too.
         let intruder = raw(&c, &Credential::Client("client-frontend".into()))?

@@ -355,6 +355,9 @@ async fn add_and_remove_replicas_and_change_placement_with_no_failed_reads() -> 
         "the diff does not name the rule: {out}"
     );
     cluster.reload()?;
+    // A frontend that starts now reads the location metadata once, whole; the
+    // migration's entries (migrating, then the flip) reach it as changes.
+    let watcher = cluster.client(EU, "frontend").await?;
     let admin = cluster.operator(EU).await?;
     let job = eventually(
         Duration::from_secs(60),
@@ -376,6 +379,30 @@ async fn add_and_remove_replicas_and_change_placement_with_no_failed_reads() -> 
         job.rows_copied >= ROWS as u64,
         "only {} rows copied",
         job.rows_copied
+    );
+    let moved = eventually(
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        "the watcher's background refresh learns the flip",
+        || async {
+            let l = watcher.location();
+            Ok(l.lookup("ad_profiles", key(0).as_bytes())
+                .filter(|e| e.policy.as_str() == "eu-resident" && e.migrating_to.is_none())
+                .map(|_| ()))
+        },
+    )
+    .await;
+    let (resets, updates) = (
+        watcher.stats().location_resets.load(Ordering::Relaxed),
+        watcher.stats().location_updates.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "watcher: {resets} whole reads of the location metadata, {updates} entries as changes"
+    );
+    moved?;
+    ensure!(
+        updates >= 1,
+        "the migration's entries did not arrive as changes ({resets} whole reads)"
     );
     let frontend = cluster.client(EU, "frontend").await?;
     frontend.refresh_location().await?;

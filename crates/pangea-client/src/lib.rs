@@ -57,10 +57,10 @@ pub const PROFILE_TABLE: &str = "ad_profiles";
 pub const PROFILE_FAMILY: &str = "profile";
 pub const PROFILE_COLUMN: &[u8] = b"p";
 
-/// `_location` entries read in one page ([`Client::refresh_location`]).
+/// `_location` entries asked for in one request ([`Client::refresh_location`]).
 const LOCATION_PAGE_ROWS: u32 = 1_000;
-/// Most `_location` entries a client holds: about 550 MiB of memory at the
-/// footprint measured (580 bytes an entry, docs/benchmarks.md).
+/// Most `_location` entries a client holds: about 540 MiB of memory at the
+/// footprint measured (564 bytes an entry, docs/benchmarks.md).
 pub const LOCATION_ENTRIES_MAX: usize = 1_000_000;
 
 /// A watermark read nobody covers yet asks again after this long.
@@ -197,6 +197,11 @@ pub struct ClientStats {
     pub fallbacks: AtomicU64,
     pub failovers: AtomicU64,
     pub not_covered: AtomicU64,
+    /// Location refreshes that had to read every entry again (the first, after
+    /// another replica answered, a deployment change, or a forgotten cursor).
+    pub location_resets: AtomicU64,
+    /// Location entries learned as changes since the cursor (not in a reset).
+    pub location_updates: AtomicU64,
 }
 
 pub(crate) struct Inner {
@@ -219,12 +224,26 @@ pub(crate) struct Inner {
     /// Last-known watermarks per replica and scope, from every response.
     known: DashMap<ReplicaId, BTreeMap<ScopeId, ScopeWatermarks>>,
     /// Location metadata (`_location`), refreshed in the background: run-time
-    /// placement of rows, their policy and home region. Replaced whole on each
-    /// refresh; a call takes the current snapshot (an `Arc`, not a copy of every
-    /// entry).
-    location: std::sync::RwLock<Arc<Location>>,
+    /// placement of rows, their policy and home region. Updated in place with what
+    /// changed; a call reads it while it plans (never across an await).
+    location: std::sync::RwLock<Location>,
+    /// Where the refresh of `location` stands (one refresh at a time).
+    location_refresh: tokio::sync::Mutex<LocationRefresh>,
     hedge: hedge::Hedger,
     pub stats: ClientStats,
+}
+
+/// Where a client's refresh of its location metadata stands.
+#[derive(Debug, Default)]
+struct LocationRefresh {
+    /// The digest of the deployment the entries were checked against.
+    digest: u64,
+    /// The cursor of the last answer (empty: none), and the replica that gave it.
+    cursor: Bytes,
+    replica: Option<ReplicaId>,
+    /// A copy being built after a reset, until the answer says nothing more
+    /// follows (then it replaces the one in use).
+    building: Option<Location>,
 }
 
 /// The deployment a client routes by, its app profile in it, and the digest of
@@ -333,7 +352,8 @@ impl Client {
             rtt_ms: DashMap::new(),
             down: DashMap::new(),
             known: DashMap::new(),
-            location: std::sync::RwLock::new(Arc::new(Location::new())),
+            location: std::sync::RwLock::new(Location::new()),
+            location_refresh: tokio::sync::Mutex::new(LocationRefresh::default()),
             hedge: hedge::Hedger::new(),
             stats: ClientStats::default(),
             config,
@@ -561,12 +581,15 @@ impl Client {
         while set.join_next().await.is_some() {}
     }
 
-    /// Re-reads the `_location` table (eventual, nearest replica), page after
-    /// page (1,000 entries, or 4 MiB, a page), keeping at most
-    /// [`LOCATION_ENTRIES_MAX`]: past that, the rest is left out and logged (rows
-    /// under prefixes left out route by the placement file's rules; a replica
-    /// refuses a read or write its row's policy forbids, and the client asks
-    /// elsewhere).
+    /// Brings the client's location metadata up to date with the nearest
+    /// replica's: only what changed since the last refresh
+    /// (`LocationChangesRequest` with the replica's cursor), or — the first time,
+    /// after another replica answered, or when the replica no longer remembers the
+    /// cursor — every entry again, a page of 1,000 at a time, into a new copy that
+    /// replaces the one in use once complete. Entries are checked against this
+    /// client's deployment; at most [`LOCATION_ENTRIES_MAX`] are held (past that,
+    /// new ones are left out and logged: their rows route by the placement file's
+    /// rules, and a replica refuses a read or write its row's policy forbids).
     pub async fn refresh_location(&self) -> Result<(), Error> {
         let opts = ReadOptions {
             hedge: None,
@@ -578,66 +601,114 @@ impl Client {
         // replicas (docs/invariants.md, I12).
         let cur = self.inner.current();
         let d = &cur.deployment;
-        let mut loc = Location::new();
-        let mut resume_after = Bytes::new();
-        loop {
-            let body = pb::client_request::Request::ScanPrefix(pb::ScanPrefixRequest {
-                table: table.to_owned(),
-                limit: LOCATION_PAGE_ROWS,
-                resume_after: resume_after.clone(),
-                consistency: Some(options::consistency_to_proto(&Consistency::Eventual)),
+        let mut state = self.inner.location_refresh.lock().await;
+        if state.digest != cur.digest {
+            // Which entries are valid depends on the deployment: read them all again.
+            *state = LocationRefresh {
+                digest: cur.digest,
                 ..Default::default()
+            };
+        }
+        let mut left_out = 0;
+        loop {
+            let body = pb::client_request::Request::LocationChanges(pb::LocationChangesRequest {
+                cursor: state.cursor.clone(),
+                limit: LOCATION_PAGE_ROWS,
             });
             // Not through `read`, which refreshes location metadata on policy errors.
             let traced = Traced::refresh_location(table);
             let resp = self
-                .read_once(table, b"", &body, &opts, &traced)
+                .read_once_preferring(table, b"", &body, &opts, &traced, state.replica.as_ref())
                 .instrument(traced.span.clone())
                 .await;
             traced.finish(&resp);
-            let page = match resp?.value {
-                pb::client_response::Response::ScanPrefix(s) => s,
+            let resp = resp?;
+            // The cursor is that replica's: ask it again next time.
+            state.replica = Some(resp.replica);
+            let page = match resp.value {
+                pb::client_response::Response::LocationChanges(p) => p,
                 other => return Err(Error::Internal(format!("unexpected response {other:?}"))),
             };
-            for row in &page.rows {
-                let cell = row.families.iter().flat_map(|f| f.cells.iter()).next();
-                if let Some(c) = cell
-                    && let Ok(e) =
-                        pangea_core::location::LocationEntry::from_row(&row.key, &c.value)
-                    && e.check(d).is_ok()
-                {
-                    loc.set(e.table.clone(), e.prefix.clone(), Some(e));
+            let stats = &self.inner.stats;
+            if page.reset {
+                state.building = Some(Location::new());
+                stats.location_resets.fetch_add(1, Ordering::Relaxed);
+            } else if state.building.is_none() {
+                stats
+                    .location_updates
+                    .fetch_add(page.updates.len() as u64, Ordering::Relaxed);
+            }
+            let apply = |loc: &mut Location| {
+                for u in page.updates {
+                    let entry = u
+                        .entry
+                        .and_then(|e| {
+                            pangea_core::location::LocationEntry::from_proto(&u.key, e).ok()
+                        })
+                        .filter(|e| e.check(d).is_ok());
+                    let Some(nul) = u.key.iter().position(|&b| b == 0) else {
+                        continue;
+                    };
+                    let Ok(t) = std::str::from_utf8(&u.key[..nul]) else {
+                        continue;
+                    };
+                    let prefix = u.key.slice(nul + 1..);
+                    if entry.is_some()
+                        && loc.len() >= LOCATION_ENTRIES_MAX
+                        && loc.get(t, &prefix).is_none()
+                    {
+                        left_out += 1;
+                        continue;
+                    }
+                    loc.set(t.into(), prefix, entry);
+                }
+            };
+            match state.building.as_mut() {
+                Some(b) => apply(b),
+                None => {
+                    if let Ok(mut l) = self.inner.location.write() {
+                        apply(&mut l);
+                    }
                 }
             }
-            if page.resume_key.is_empty() {
+            state.cursor = page.cursor;
+            if !page.more {
                 break;
             }
-            if loc.len() >= LOCATION_ENTRIES_MAX {
-                tracing::error!(
-                    entries = loc.len(),
-                    limit = LOCATION_ENTRIES_MAX,
-                    "location metadata past the client's limit: the rest is left out"
-                );
-                break;
-            }
-            resume_after = page.resume_key;
         }
-        if let Ok(mut l) = self.inner.location.write() {
-            *l = Arc::new(loc);
+        if let Some(complete) = state.building.take() {
+            let old = self
+                .inner
+                .location
+                .write()
+                .map(|mut l| std::mem::replace(&mut *l, complete));
+            // A million entries take a while to free: not under the lock.
+            drop(old);
+        }
+        if left_out > 0 {
+            tracing::error!(
+                left_out,
+                limit = LOCATION_ENTRIES_MAX,
+                "location metadata past the client's limit: entries left out"
+            );
         }
         Ok(())
     }
 
-    /// Location metadata as this client last read it.
-    pub fn location(&self) -> Location {
-        Location::clone(&self.location_snapshot())
-    }
-
-    fn location_snapshot(&self) -> Arc<Location> {
+    /// The location metadata in use, read-locked: hold it only while planning.
+    fn location_read(&self) -> std::sync::RwLockReadGuard<'_, Location> {
         self.inner
             .location
             .read()
-            .map(|l| Arc::clone(&l))
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Location metadata as this client last read it.
+    pub fn location(&self) -> Location {
+        self.inner
+            .location
+            .read()
+            .map(|l| l.clone())
             .unwrap_or_default()
     }
 
@@ -786,7 +857,6 @@ impl Client {
         });
         let cur = self.inner.current();
         let d = &cur.deployment;
-        let location = self.location_snapshot();
         let view = self.view(started);
         let req = ReadRequest {
             client_region: &self.inner.config.region,
@@ -804,11 +874,19 @@ impl Client {
                 &Consistency::Eventual
             },
         };
-        let mut plan = plan_read_at(d, &location, &req, &view, wall_ms())
-            .map_err(|e| Error::PolicyForbids(e.to_string()))?;
+        let (plan, migrating_to) = {
+            let location = self.location_read();
+            (
+                plan_read_at(d, &location, &req, &view, wall_ms()),
+                location
+                    .migrating_to(mutation.table(), mutation.row_key())
+                    .cloned(),
+            )
+        };
+        let mut plan = plan.map_err(|e| Error::PolicyForbids(e.to_string()))?;
         // During a migration only replicas of both policies take writes.
-        if let Some(b) = location.migrating_to(mutation.table(), mutation.row_key()) {
-            plan.primary.retain(|c| d.allowed(&c.replica, b));
+        if let Some(b) = migrating_to {
+            plan.primary.retain(|c| d.allowed(&c.replica, &b));
         }
         let body = pb::client_request::Request::Mutate(pb::MutateRequest {
             mutation: Some(mutation.to_proto()),
@@ -945,7 +1023,7 @@ impl Client {
         }
         let cur = self.inner.current();
         let d = &cur.deployment;
-        let from = self.location_snapshot().scope_of(d, table, prefix);
+        let from = self.location_read().scope_of(d, table, prefix);
         let to_scope = ScopeId::from(to);
         let mut runners: Vec<&ReplicaId> = d
             .topology
@@ -1159,12 +1237,27 @@ impl Client {
         opts: &ReadOptions,
         traced: &Traced,
     ) -> Result<Response<pb::client_response::Response>, Error> {
+        self.read_once_preferring(table, key, body, opts, traced, None)
+            .await
+    }
+
+    /// [`Client::read_once`], asking `prefer` first when it is one of the
+    /// candidates (a location refresh goes back to the replica whose cursor it
+    /// holds).
+    async fn read_once_preferring(
+        &self,
+        table: &str,
+        key: &[u8],
+        body: &pb::client_request::Request,
+        opts: &ReadOptions,
+        traced: &Traced,
+        prefer: Option<&ReplicaId>,
+    ) -> Result<Response<pb::client_response::Response>, Error> {
         // The call's one reading of the clock before its answer: health, deadline
         // and hedge timer all count from here.
         let started = Instant::now();
         let cur = self.inner.current();
         let d = &cur.deployment;
-        let location = self.location_snapshot();
         let view = self.view(started);
         let req = ReadRequest {
             client_region: &self.inner.config.region,
@@ -1173,8 +1266,12 @@ impl Client {
             key,
             consistency: &opts.consistency,
         };
-        let plan = plan_read_at(d, &location, &req, &view, wall_ms())
+        let mut plan = plan_read_at(d, &self.location_read(), &req, &view, wall_ms())
             .map_err(|e| Error::PolicyForbids(e.to_string()))?;
+        if let Some(i) = prefer.and_then(|p| plan.primary.iter().position(|c| &c.replica == p)) {
+            let c = plan.primary.remove(i);
+            plan.primary.insert(0, c);
+        }
         read::run(&self.inner, plan, body, started, opts, traced).await
     }
 }

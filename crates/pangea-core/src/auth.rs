@@ -158,6 +158,10 @@ pub fn action_of(req: &pb::ClientRequest) -> Option<Action<'_>> {
         R::Get(g) => Action::Read { table: &g.table },
         R::GetMany(g) => Action::Read { table: &g.table },
         R::ScanPrefix(s) => Action::Read { table: &s.table },
+        // The location metadata a replica holds: exactly what a scan of it reads.
+        R::LocationChanges(_) => Action::Read {
+            table: crate::location::LOCATION_TABLE,
+        },
         R::Mutate(m) => {
             let table = m.mutation.as_ref().map_or("", |m| m.table.as_str());
             let merges = m.mutation.as_ref().is_some_and(|m| {
@@ -508,6 +512,24 @@ policies = ["global"]
                 assert_eq!(got.is_ok(), want, "{w} / {a}: {got:?}");
             }
         }
+    }
+
+    /// Asking a replica for its location metadata's changes is authorized as
+    /// what it reveals: a read of `_location`.
+    #[test]
+    fn location_changes_are_a_read_of_the_location_table() {
+        let req = pb::ClientRequest {
+            request: Some(pb::client_request::Request::LocationChanges(
+                pb::LocationChangesRequest::default(),
+            )),
+            ..Default::default()
+        };
+        assert_eq!(
+            action_of(&req),
+            Some(Action::Read {
+                table: crate::location::LOCATION_TABLE
+            })
+        );
     }
 
     #[test]

@@ -135,6 +135,12 @@ impl LocationEntry {
 
     /// Parses the newest value of a `_location` row.
     pub fn from_row(key: &[u8], value: &[u8]) -> Result<LocationEntry, Error> {
+        let p = pb::LocationEntry::decode(value).map_err(|e| Error::decode("LocationEntry", e))?;
+        Self::from_proto(key, p)
+    }
+
+    /// The entry of the `_location` row `key` from its message.
+    pub fn from_proto(key: &[u8], p: pb::LocationEntry) -> Result<LocationEntry, Error> {
         let nul = key
             .iter()
             .position(|&b| b == 0)
@@ -142,7 +148,6 @@ impl LocationEntry {
         let table =
             std::str::from_utf8(&key[..nul]).map_err(|e| Error::decode("location key", e))?;
         pangea_topology::schema::validate_name("table", table)?;
-        let p = pb::LocationEntry::decode(value).map_err(|e| Error::decode("LocationEntry", e))?;
         pangea_topology::schema::validate_name("policy", &p.policy)?;
         Ok(LocationEntry {
             table: table.into(),
@@ -602,6 +607,145 @@ impl Location {
     }
 }
 
+/// Most entries in one `LocationChangesResponse`.
+pub const CHANGES_PAGE_MAX: usize = 1_000;
+
+/// Where a reader of a replica's location metadata stands (the opaque cursor of
+/// `LocationChangesRequest`): paging through every entry since `since` (after the
+/// row key `after`), or following changes after version `since`, both in the
+/// Location of `epoch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Cursor {
+    Everything {
+        epoch: u64,
+        since: u64,
+        after: Bytes,
+    },
+    Changes {
+        epoch: u64,
+        since: u64,
+    },
+}
+
+impl Cursor {
+    fn encode(&self) -> Bytes {
+        let (tag, epoch, since, after) = match self {
+            Cursor::Everything {
+                epoch,
+                since,
+                after,
+            } => (1u8, epoch, since, &after[..]),
+            Cursor::Changes { epoch, since } => (2u8, epoch, since, &[][..]),
+        };
+        let mut b = BytesMut::with_capacity(17 + after.len());
+        b.put_u8(tag);
+        b.put_u64(*epoch);
+        b.put_u64(*since);
+        b.put_slice(after);
+        b.freeze()
+    }
+
+    /// `None` for anything that is not a cursor (then the reader starts over).
+    fn decode(b: &[u8]) -> Option<Cursor> {
+        let (&tag, rest) = b.split_first()?;
+        let epoch = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+        let since = u64::from_be_bytes(rest.get(8..16)?.try_into().ok()?);
+        let after = &rest[16..];
+        match tag {
+            1 => Some(Cursor::Everything {
+                epoch,
+                since,
+                after: Bytes::copy_from_slice(after),
+            }),
+            2 if after.is_empty() => Some(Cursor::Changes { epoch, since }),
+            _ => None,
+        }
+    }
+}
+
+fn update(key: Bytes, entry: Option<&LocationEntry>) -> pb::LocationUpdate {
+    pb::LocationUpdate {
+        key,
+        entry: entry.map(LocationEntry::to_proto),
+    }
+}
+
+/// A replica's answer to `LocationChangesRequest { cursor, limit }` from its copy
+/// `loc`: the changes after the cursor, or, when the cursor is not one of `loc`'s
+/// epoch or is older than what `loc` remembers, every entry from the start (`reset`),
+/// a page at a time, then the changes made while the reader paged.
+pub fn changes_page(loc: &Location, cursor: &[u8], limit: u32) -> pb::LocationChangesResponse {
+    let limit = match limit as usize {
+        0 => CHANGES_PAGE_MAX,
+        n => n.min(CHANGES_PAGE_MAX),
+    };
+    let epoch = loc.epoch();
+    let (reset, since, after) = match Cursor::decode(cursor) {
+        Some(Cursor::Changes { epoch: e, since }) if e == epoch => {
+            if let Ok(changes) = loc.changes_since(since) {
+                let mut updates = Vec::new();
+                let mut last = since;
+                let mut more = false;
+                for (v, t, p, e) in changes {
+                    if updates.len() == limit {
+                        more = true;
+                        break;
+                    }
+                    updates.push(update(location_key(t, p), e));
+                    last = v;
+                }
+                let since = if more { last } else { loc.version() };
+                return pb::LocationChangesResponse {
+                    updates,
+                    cursor: Cursor::Changes { epoch, since }.encode(),
+                    reset: false,
+                    more,
+                };
+            }
+            (true, loc.version(), None)
+        }
+        Some(Cursor::Everything {
+            epoch: e,
+            since,
+            after,
+        }) if e == epoch => (false, since, Some(after)),
+        _ => (true, loc.version(), None),
+    };
+    // Every entry, in key order, after `after`.
+    let split = after.as_ref().and_then(|k| {
+        let nul = k.iter().position(|&b| b == 0)?;
+        Some((std::str::from_utf8(&k[..nul]).ok()?, &k[nul + 1..]))
+    });
+    let mut updates = Vec::new();
+    let mut more = false;
+    for e in loc.entries_after(split) {
+        if updates.len() == limit {
+            more = true;
+            break;
+        }
+        updates.push(update(location_key(&e.table, &e.prefix), Some(e)));
+    }
+    let cursor = match updates.last() {
+        Some(u) if more => Cursor::Everything {
+            epoch,
+            since,
+            after: u.key.clone(),
+        },
+        // The last page: then what changed while the reader paged (nothing left
+        // to ask for when nothing did).
+        _ => {
+            more = loc.version() != since;
+            Cursor::Changes { epoch, since }
+        }
+    };
+    pb::LocationChangesResponse {
+        updates,
+        cursor: cursor.encode(),
+        reset,
+        more,
+    }
+}
+
 /// The set's equal name if it has one (held once), else `name`, now in the set.
 fn shared<T: Ord + Clone>(set: &mut std::collections::BTreeSet<T>, name: T) -> T {
     match set.get(&name) {
@@ -726,6 +870,105 @@ mod tests {
                     .max_by_key(|e| e.prefix.len());
                 prop_assert_eq!(source.lookup(table, key), walk);
             }
+        }
+    }
+
+    /// A reader of `changes_page` as `pangea-client` is: a copy it routes with,
+    /// and one it builds after a reset until the answer says nothing more follows.
+    #[derive(Default)]
+    struct Reader {
+        live: BTreeMap<Bytes, pb::LocationEntry>,
+        building: Option<BTreeMap<Bytes, pb::LocationEntry>>,
+        cursor: Bytes,
+        resets: usize,
+    }
+
+    impl Reader {
+        /// One request; whether more follows.
+        fn ask(&mut self, source: &Location, limit: u32) -> bool {
+            let r = changes_page(source, &self.cursor, limit);
+            if r.reset {
+                self.building = Some(BTreeMap::new());
+                self.resets += 1;
+            }
+            let copy = self.building.as_mut().unwrap_or(&mut self.live);
+            for u in r.updates {
+                match u.entry {
+                    Some(e) => copy.insert(u.key, e),
+                    None => copy.remove(&u.key),
+                };
+            }
+            self.cursor = r.cursor;
+            if !r.more
+                && let Some(b) = self.building.take()
+            {
+                self.live = b;
+            }
+            r.more
+        }
+    }
+
+    fn as_rows(l: &Location) -> BTreeMap<Bytes, pb::LocationEntry> {
+        l.entries()
+            .map(|e| (location_key(&e.table, &e.prefix), e.to_proto()))
+            .collect()
+    }
+
+    proptest! {
+        /// However changes and pages interleave, whatever the page size and however
+        /// many removals are forgotten, a reader that asks until nothing more
+        /// follows holds exactly the source's entries.
+        #[test]
+        fn a_reader_of_pages_ends_with_the_source(
+            steps in prop::collection::vec((ops(), 1u32..4, 0usize..4), 1..8),
+            tombstones_max in 1usize..6,
+        ) {
+            let mut source = Location::with_epoch(3);
+            source.tombstones_max = Some(tombstones_max);
+            let mut reader = Reader::default();
+            for (batch, limit, asks) in &steps {
+                for op in batch {
+                    apply(&mut source, op);
+                }
+                for _ in 0..*asks {
+                    reader.ask(&source, *limit);
+                }
+            }
+            let mut rounds = 0;
+            while reader.ask(&source, 2) {
+                rounds += 1;
+                prop_assert!(rounds < 1_000, "never done");
+            }
+            prop_assert_eq!(&reader.live, &as_rows(&source));
+            // Up to date: the next answer is empty and needs no reset.
+            let r = changes_page(&source, &reader.cursor, 2);
+            prop_assert!(r.updates.is_empty() && !r.reset && !r.more);
+        }
+    }
+
+    #[test]
+    fn a_foreign_or_garbage_cursor_starts_over() {
+        let mut a = Location::with_epoch(1);
+        for p in [b"a", b"b", b"c"] {
+            a.set("t".into(), Bytes::from_static(p), Some(entry("t", p, 0)));
+        }
+        let mut reader = Reader::default();
+        while reader.ask(&a, 2) {}
+        assert_eq!(reader.resets, 1);
+        assert_eq!(reader.live, as_rows(&a));
+        // The same entries in another replica's Location (another epoch).
+        let mut b = Location::with_epoch(2);
+        for e in a.entries() {
+            b.set(e.table.clone(), e.prefix.clone(), Some(e.clone()));
+        }
+        b.set("t".into(), Bytes::from_static(b"b"), None);
+        while reader.ask(&b, 2) {}
+        assert_eq!(reader.resets, 2);
+        assert_eq!(reader.live, as_rows(&b));
+        for garbage in [&b""[..], b"\x02short", b"\x09123456781234567800"] {
+            let r = changes_page(&b, garbage, 10);
+            assert!(r.reset, "{garbage:?}");
+            assert_eq!(r.updates.len(), 2);
         }
     }
 

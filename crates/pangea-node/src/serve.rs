@@ -359,6 +359,7 @@ fn describe(req: &pb::ClientRequest) -> (&'static str, &'static str) {
         Some(R::Mutate(_)) => ("mutate", "none"),
         Some(R::Watermarks(_)) => ("watermarks", "none"),
         Some(R::Deployment(_)) => ("deployment", "none"),
+        Some(R::LocationChanges(_)) => ("location_changes", "none"),
         Some(R::PlacementMove(_)) => ("placement_move", "none"),
         Some(R::Audit(_)) => ("audit", "none"),
         Some(R::Reload(_)) => ("reload", "none"),
@@ -902,7 +903,7 @@ async fn execute(
     // the next candidate (readiness.rs).
     if matches!(
         req.request,
-        Some(R::Get(_) | R::GetMany(_) | R::ScanPrefix(_))
+        Some(R::Get(_) | R::GetMany(_) | R::ScanPrefix(_) | R::LocationChanges(_))
     ) {
         let phase = shared.phase();
         if phase != crate::readiness::Phase::Ready {
@@ -1115,6 +1116,13 @@ async fn execute(
                 .await
                 .map_err(|e| Failure::new(Code::InvalidArgument, e))?;
             Ok((W::Reload(pb::ReloadResponse { changes }).into(), None))
+        }
+        R::LocationChanges(r) => {
+            let page = match shared.location.read() {
+                Ok(l) => pangea_core::location::changes_page(&l, &r.cursor, r.limit),
+                Err(_) => return Err(Failure::new(Code::Internal, "location metadata lock")),
+            };
+            Ok((W::LocationChanges(page).into(), None))
         }
         R::Deployment(_) => {
             let s = shared.sources();
