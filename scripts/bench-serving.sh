@@ -16,7 +16,7 @@ PORT=6399
 
 $P cluster up topology/single-replica.toml --placement topology/single-replica.placement.toml --data-dir "$D" >/dev/null
 redis-server --port $PORT --save '' --appendonly no --daemonize yes >/dev/null
-trap 'redis-cli -p $PORT shutdown nosave >/dev/null 2>&1 || true; $P cluster down --data-dir "$D" >/dev/null' EXIT
+trap 'redis-cli -p $PORT shutdown nosave >/dev/null 2>&1 || true; $P cluster down --data-dir "$D" >/dev/null; rm -rf "$D"' EXIT
 sleep 1
 for round in $(seq "$ROUNDS"); do
   for size in $SIZES; do

@@ -12,12 +12,13 @@ P=${P:-target/release/pangea}   # cargo build --release -p pangea-cli
 ROWS=${ROWS:-200000}
 RATE=${RATE:-1000}              # reads per second at euw1-a
 SECS=${SECS:-20}                # seconds of reading, idle
+DURING_SECS=${DURING_SECS:-10}  # seconds of reading during the load (it must outlast them)
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 D=$(mktemp -d)
+trap '$P cluster down --data-dir "$D" >/dev/null; rm -rf "$D"' EXIT
 $P cluster up topology/two-regions.toml --placement topology/single-replica.placement.toml \
   --data-dir "$D" --emulate-wan >/dev/null
-trap '$P cluster down --data-dir "$D" >/dev/null' EXIT
 C="$D/cluster.toml"
 # PIN=1: euw1-a and the reader on CPU 0 (READER_CPU=1 moves the reader), use1-a
 # and the loader on CPU 1, so that what euw1-a's serving suffers is its own
@@ -45,22 +46,29 @@ handled() { curl -s "http://$ADMIN/metrics" | grep 'request_duration_seconds_buc
 bench "${SECS}s" > "$OUT/idle.json"
 handled "$OUT/handled-idle.txt"
 start=$(date +%s.%N)
-"${LOADER[@]}" $P load --cluster "$C" --region us-east-1 --table ad_profiles \
-  --concurrency "${LOAD_CONCURRENCY:-64}" "$D/rows.ndjson" > "$OUT/load.txt" 2>&1 &
+# The load, then (as soon as it ends) polling euw1-a for its last row.
+(
+  "${LOADER[@]}" $P load --cluster "$C" --region us-east-1 --table ad_profiles \
+    --concurrency "${LOAD_CONCURRENCY:-64}" "$D/rows.ndjson" > "$OUT/load.txt" 2>&1
+  date +%s.%N > "$OUT/load-end"
+  until $P get --cluster "$C" --region eu-west-1 --table ad_profiles "$last" >/dev/null 2>&1; do
+    sleep 0.05
+  done
+  date +%s.%N > "$OUT/caught"
+) &
 load=$!
-# Reading through the load's first $SECS s (the load itself runs longer).
-bench "${SECS}s" > "$OUT/during.json"
+# Reading during the load's first $DURING_SECS s: the load must outlast them.
+bench "${DURING_SECS}s" > "$OUT/during.json"
 during_end=$(date +%s.%N)
 handled "$OUT/handled-during.txt"
 wait $load
-loaded=$(date +%s.%N)
-until $P get --cluster "$C" --region eu-west-1 --table ad_profiles "$last" >/dev/null 2>&1; do sleep 0.05; done
-caught=$(date +%s.%N)
+loaded=$(cat "$OUT/load-end")
+caught=$(cat "$OUT/caught")
 python3 - "$OUT" "$start" "$loaded" "$caught" "$ROWS" "$during_end" <<'PY'
 import json, sys
 out, start, loaded, caught, rows, during_end = sys.argv[1], *map(float, sys.argv[2:5]), int(sys.argv[5]), float(sys.argv[6])
 if during_end > loaded:
-    print("warning: the load ended before the reading did: 'during' mixes in idle time")
+    print(f"warning: the load ended {during_end - loaded:.1f} s before the reading did: 'during' mixes in idle time (lower DURING_SECS)")
 for name in ["idle", "during"]:
     try:
         r = json.load(open(f"{out}/{name}.json"))["reads"]

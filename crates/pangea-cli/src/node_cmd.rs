@@ -123,6 +123,13 @@ pub(crate) fn start(args: StartArgs) -> Result<()> {
     // Before the logging setup, which adds the trace exporter's layer.
     pangea_node::telemetry::configure(config.otlp_endpoint.as_deref(), &config.replica)?;
     crate::init_logging();
+    if !config.huge_pages {
+        // Before the runtime and the store allocate: no 2 MiB page zeroed on a
+        // serving thread's fault (NodeConfig::huge_pages).
+        if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
+            tracing::warn!(error = %e, "cannot turn transparent huge pages off; serving may stall on page faults");
+        }
+    }
     let runtime = config.runtime().build()?;
     let result = runtime.block_on(async move {
         let shutdown = async {

@@ -780,6 +780,11 @@ async fn transport_security() -> Result<()> {
                 fd_inode(pid, 3)? == quic && fd_inode(pid, 4)? == admin,
                 "{id} does not serve on the sockets cluster up handed it"
             );
+            // Transparent huge pages are off (NodeConfig::huge_pages).
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+            if let Some(thp) = status.lines().find(|l| l.starts_with("THP_enabled:")) {
+                ensure!(thp.ends_with('0'), "{id}: {thp}");
+            }
         }
         let wrong = std::net::UdpSocket::bind("127.0.0.1:0")?;
         let wrong_addr = wrong.local_addr()?;

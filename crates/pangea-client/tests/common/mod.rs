@@ -115,6 +115,7 @@ impl LocalCluster {
                 connections_max: 8_192,
                 connections_per_source_max: 1_024,
                 disk_reserve_mib: 256,
+                huge_pages: false,
             };
             let mut rx = stop_rx.clone();
             // Each replica on its own thread and runtime, as separate processes would
