@@ -1,5 +1,22 @@
-//! `pangea`: the operator's command. This file only parses flags; each command group
-//! lives in its own module.
+//! `pangea`: the operator's command. This file parses flags, sets the allocator and
+//! the logging, and hands each command to the module of its group:
+//! - `demo_cmd`: `pangea demo`, the main job on a local multi-region cluster;
+//! - `bench_cmd`: `pangea bench`, closed-loop load with HDR latencies, and
+//!   `pangea bench-echo`, the same sizes over a bare quinn echo server;
+//! - `bench_redis`: `pangea bench-redis`, Redis GET through the same harness;
+//! - `node_cmd`: `pangea start` (run one replica) and `pangea certs`;
+//! - `cluster_cmd`: `pangea cluster`: every replica of a topology as a local process
+//!   (up, down, stop, start, restart, status);
+//! - `nemesis`: `pangea cluster nemesis` and `check-history`: fault injection into a
+//!   running local cluster, a recorded history, and the checkers run on it;
+//! - `data_cmd`: `pangea get | put | delete | scan | watermarks`;
+//! - `load_cmd`: `pangea load`, bulk loading of batch-built rows (docs/bulk-load.md);
+//! - `placement_cmd`: `pangea placement move | status | audit`;
+//! - `store_cmd`: `pangea store inspect | get`, offline reads of a data directory;
+//! - `topology_cmd`: `pangea topology check | plan | diff | apply | rollback`;
+//! - `sim_cmd`: `pangea sim run | check | swarm` (docs/drills.md);
+//! - `calibrate_cmd`: `pangea sim calibrate`, the simulator against a live local cluster;
+//! - `output`: how values and keys are shown to humans.
 
 use clap::{Parser, Subcommand};
 
@@ -9,7 +26,7 @@ use clap::{Parser, Subcommand};
 // `mimalloc::MiMalloc`, every allocation took mimalloc's aligned entry point, whose
 // fast path covers blocks of at most 1 KiB: larger ones (row values, frames, log
 // batches) went through its generic aligned path and were padded by their alignment
-// (docs/plans/sim-speed.md, "malloc itself": 2 % fewer instructions, about 4 % less
+// (docs/drills.md, "Where the time goes": 2 % fewer instructions, about 4 % less
 // wall time on the simulator's reference run). On a platform where a static library
 // cannot replace `malloc` (Windows), `System` is the platform's allocator.
 use mimalloc as _;

@@ -1,5 +1,6 @@
 //! Pangea's transport: QUIC (quinn) with mutual TLS (rustls, *ring*), the frame
-//! codec, cluster certificates, and WAN emulation for local clusters.
+//! codec, cluster certificates, connection admission, and WAN emulation for local
+//! clusters.
 //!
 //! Every connection between Pangea processes — replica to replica, frontend to
 //! replica, operator tool or batch loader to replica — is QUIC with mutual TLS 1.3
@@ -30,13 +31,18 @@
 //!   transport limits.
 //! - [`endpoint`]: [`bind_endpoint`]: a quinn endpoint on a socket with large
 //!   buffers, optionally behind the WAN emulator.
+//! - [`admission`]: which incoming connection attempts a replica takes on: a
+//!   stateless Retry under load, caps on handshakes and connections in total and
+//!   per source address.
 //! - [`frame`]: 4-byte length-prefixed protobuf frames over QUIC streams, with a
-//!   size limit checked before allocation; pure encode/decode for fuzzing.
+//!   size limit checked before allocation and a byte budget per connection and
+//!   process ([`FrameBudget`]); pure encode/decode for fuzzing.
 //! - [`wan`]: per-destination delay, jitter, loss and partitions in the socket
 //!   layer (no root, no netem), changeable at runtime through [`WanControl`].
 //! - [`reset`]: [`ResetKey`], a stateless-reset key kept across restarts so a
 //!   restarted replica resets its old connections instead of leaving them to time out.
 //! - [`backoff`]: seeded exponential backoff with full jitter for reconnects.
+//! - `rng`: the seeded PRNG (splitmix64) behind loss, jitter and backoff.
 //! - [`error`]: the crate's [`Error`].
 //!
 //! # Example

@@ -3,23 +3,44 @@
 //! Failover drills run many replicas over a model of the WAN in virtual time, much
 //! faster than real time and exactly reproducibly: a run is a function of its
 //! topology, its configuration, its seed and its sequence of inputs. Nothing here
-//! reads a clock or draws OS randomness; every order that can show (event ties,
-//! statistics, partitions) is fixed by sequence numbers, `BTreeMap`s or dense
-//! indices, never by a `HashMap`'s iteration.
+//! reads a clock (beyond timing a run for its report) or draws OS randomness; every
+//! order that can show (event ties, statistics, partitions) is fixed by sequence
+//! numbers, `BTreeMap`s or dense indices, never by a `HashMap`'s iteration.
 //!
-//! This crate holds, so far, the network half; the driver that runs `pangea-core`
-//! replicas over it comes later. The network is generic over the message type.
+//! The replicas are `pangea-core`'s own, driven as its `Replica` documentation
+//! prescribes; frontends plan their reads with `pangea_core::read`, as the client
+//! library does; a fault timeline runs beside them and checkers watch every step.
+//! Wherever the topology allows, a run is split into two shards on up to two
+//! threads, with the same result on one thread or two (docs/drills.md).
 //!
 //! Modules:
 //! - [`time`]: [`SimTime`] and [`SimDuration`], virtual microseconds;
 //! - [`queue`]: [`EventQueue`], a min-heap where equal times pop in insertion order;
 //! - [`rng`]: [`SimRng`], the seeded PRNG every random draw comes from;
-//! - [`net`]: [`Network`], the WAN between replicas: latency from the topology,
-//!   jitter, bandwidth as serialization delay, loss as retransmission delay,
-//!   per-connection FIFO, partitions, down replicas, link overrides, accounting;
-//! - [`error`]: the one error type, [`NetError`].
+//! - [`net`]: [`Network`], the WAN between replicas, generic over the message type:
+//!   latency from the topology, jitter, bandwidth as serialization delay, loss as
+//!   retransmission delay, per-connection FIFO, partitions, down replicas, link
+//!   overrides, accounting;
+//! - `ids`: dense indices for replica, region and scope names (the interner);
+//! - [`scenario`]: [`scenario::Scenario`], what one run runs (deployment, workload,
+//!   fault timeline, expected outcomes) as validated data;
+//! - [`workload`]: drawing client operations: arrivals, kinds, consistency modes,
+//!   keys and values;
+//! - [`sim`]: the driver, [`sim::Simulation`]: replicas over the network, the
+//!   frontends ([`sim::client`]), operations, faults, the checkers C1–C7, metrics
+//!   and the report ([`sim::metrics`]), and the split into two shards
+//!   ([`sim::run_scenario`], [`sim::plan_split`]);
+//! - [`drill`]: drill files (`sim/drills/*.toml`), parsed and resolved into a
+//!   `Scenario`;
+//! - [`runner`]: entry points of `pangea sim`: run a drill file, write its outputs,
+//!   tell pass from fail;
+//! - [`charts`]: a drill's report directory: `report.json`, `summary.md` and SVG
+//!   charts;
+//! - [`swarm`]: swarm testing: a random deployment, workload and fault rates per
+//!   seed, checked by the same checkers;
+//! - [`error`]: the crate's one error type, [`NetError`].
 //!
-//! A driver loop looks like this:
+//! The network on its own, driven by hand:
 //!
 //! ```
 //! # use pangea_sim::{net::{NetConfig, Network}, SimTime};

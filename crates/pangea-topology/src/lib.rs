@@ -12,16 +12,25 @@
 //! problem at once with file, line and key ([`Problems`]).
 //!
 //! Modules:
+//! - this file: [`Deployment`] (a topology and a placement validated against each
+//!   other), loading with `PANGEA_*` overrides, and [`files_digest`];
 //! - [`ids`]: replica, region and scope identifiers;
 //! - [`schema`]: tables, families and GC policies;
 //! - [`raw`]: the files as written;
 //! - [`problems`]: problems with file, line and key;
-//! - [`topology`], [`placement`]: the validated types (app profiles and their
-//!   grants live in [`topology`]); `grants` checks grants against the placement;
+//! - [`topology`]: the validated topology: continents, regions, replicas, links, app
+//!   profiles and their grants, the replica round-trip matrix;
+//! - [`placement`]: the validated placement: the schema, placement policies, prefix
+//!   and home-region rules;
+//! - `grants`: app profile grants checked against the placement;
 //! - [`tree`]: minimum spanning trees per scope, over any subset of live replicas;
 //! - [`affinity`]: weighted rendezvous hashing for row affinity;
 //! - [`plan`]: what `pangea topology plan` and `diff` report;
-//! - [`svg`]: a drawing of the topology and its trees.
+//! - [`svg`]: a drawing of the topology and its trees;
+//! - [`cluster`]: the cluster file (`cluster.toml`): where a running deployment's
+//!   replicas listen;
+//! - `detach`: [`Deployment::detached`], a deep copy that shares no `Arc` with the
+//!   original, so each thread of a split simulator run works on its own.
 
 pub mod affinity;
 pub mod cluster;

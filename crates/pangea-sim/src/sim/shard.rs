@@ -167,7 +167,7 @@ pub fn plan_split(sc: &Scenario) -> Option<Split> {
         replicas.iter().sum::<f64>().max(1.0),
         rate.iter().sum::<f64>().max(1e-9),
     );
-    // Replicas do about 60 % of the work, clients the rest (docs/plans/sim-speed.md).
+    // Replicas do about 60 % of the work, clients the rest (docs/drills.md, "Where the time goes").
     let load: Vec<f64> = (0..nr)
         .map(|i| 0.6 * replicas[i] / rt + 0.4 * rate[i] / ratet)
         .collect();
