@@ -17,14 +17,16 @@
 //!   tombstones, deterministic GC);
 //! - [`digest`]: content digests for comparing replicas;
 //! - [`token`]: consistency tokens;
-//! - [`storage`]: the storage trait and the in-memory implementation;
+//! - [`storage`]: the storage trait and the types it takes; `MemStorage` (its `mem`
+//!   module) in memory for tests and the simulator;
 //! - [`shared_rows`]: rows the in-memory stores of one process share;
 //! - [`watermark`]: a replica's watermarks for one scope;
 //! - [`frame`]: replication frames, parsed and bounded;
 //! - [`link`]: a replication stream's codec (heartbeats condensed per stream);
 //! - [`replica`]: the replica state machine (streams, forwarding, gap repair,
 //!   heartbeats, snapshots, suspicion);
-//! - [`read`]: read decisions and read routing shared by client and simulator;
+//! - [`read`]: read decisions (the replica's `decide`) and read routing (`route`,
+//!   the client's plans), shared by client and simulator;
 //! - [`frontend`]: what a frontend remembers between requests (round trips, failed
 //!   replicas, hedging delay and budget) and its constants, shared likewise;
 //! - [`redact`]: how user keys appear in logs, traces and error messages (hashed).

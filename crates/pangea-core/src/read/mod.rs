@@ -1,0 +1,147 @@
+//! Read and routing decisions: pure functions the client library and the simulator
+//! share, so both make exactly the same choices (docs/consistency.md).
+//!
+//! Here, the replica's side — [`decide`]: given a consistency request and a
+//! replica's watermarks, may this replica answer? (serve / not covered / too
+//! stale). In `route`, re-exported here, the client's side:
+//! - [`plan_read`]: given a client's region, app profile, the deployment and what the
+//!   client knows of replicas (RTTs, health, last-known watermarks), which replicas to
+//!   ask, in which order, and which to race as fallbacks.
+//! - [`OrderCache`] with [`order_read_cached`]: the same order, with each scope's
+//!   route keys kept between reads, for a caller that reports every change to its
+//!   view (the simulator's frontends).
+
+use crate::hlc::Timestamp;
+use crate::ids::ReplicaId;
+use crate::token::Token;
+use crate::watermark::ScopeWatermarks;
+use std::fmt;
+
+mod route;
+pub use route::*;
+
+/// How fresh a read must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Consistency {
+    /// The nearest healthy replica; may lag.
+    Eventual,
+    /// The row's rendezvous replica in the caller's region: read-your-writes inside
+    /// a region while that replica is up.
+    RowAffinity,
+    /// Only a replica that has applied the write `Token` names.
+    Watermark(Token),
+    /// Only a replica whose low watermark is at most `max_ms` behind now.
+    BoundedStaleness { max_ms: u64 },
+}
+
+impl Consistency {
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Consistency::Eventual => "eventual",
+            Consistency::RowAffinity => "affinity",
+            Consistency::Watermark(_) => "watermark",
+            Consistency::BoundedStaleness { .. } => "bounded",
+        }
+    }
+
+    /// Whether a slow read may be hedged to the plan's next replica. Not a
+    /// row-affinity read: its promise (read-your-writes in the region, no token)
+    /// holds only at the row's affinity replica, and a hedge answered elsewhere could
+    /// miss the caller's write without anyone knowing. It still fails over when the
+    /// affinity replica cannot be reached or refuses. Every other mode may: any
+    /// replica its plan holds answers within its promise (a watermark or bounded
+    /// read is refused where it would not be).
+    pub fn may_hedge(&self) -> bool {
+        !matches!(self, Consistency::RowAffinity)
+    }
+}
+
+/// Whether a replica may answer a read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Serve,
+    /// A watermark read this replica has not caught up with.
+    NotCovered {
+        origin: ReplicaId,
+        have: u64,
+        need: u64,
+    },
+    /// A bounded-staleness read this replica is too far behind for.
+    TooStale {
+        lag_ms: u64,
+        max_ms: u64,
+    },
+}
+
+/// May a replica whose durable watermarks for the row's scope are `wm` serve a read
+/// with `consistency` at wall time `now_ms`?
+pub fn decide(consistency: &Consistency, wm: &ScopeWatermarks, now_ms: u64) -> Decision {
+    match consistency {
+        Consistency::Eventual | Consistency::RowAffinity => Decision::Serve,
+        Consistency::Watermark(token) => {
+            if wm.covers(token) {
+                Decision::Serve
+            } else {
+                let have = if token.scope == wm.scope {
+                    wm.get(&token.origin).sequence
+                } else {
+                    0
+                };
+                Decision::NotCovered {
+                    origin: token.origin.clone(),
+                    have,
+                    need: token.sequence,
+                }
+            }
+        }
+        Consistency::BoundedStaleness { max_ms } => {
+            let lag_ms = staleness_ms(wm.freshness(), now_ms);
+            if lag_ms <= *max_ms {
+                Decision::Serve
+            } else {
+                Decision::TooStale {
+                    lag_ms,
+                    max_ms: *max_ms,
+                }
+            }
+        }
+    }
+}
+
+/// How far behind `now_ms` a watermark's (or a freshness's) timestamp is.
+pub fn staleness_ms(fresh_as_of: Timestamp, now_ms: u64) -> u64 {
+    now_ms.saturating_sub(fresh_as_of.wall_ms())
+}
+
+/// Why a replica was chosen; every response reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Reason {
+    /// The nearest healthy replica.
+    Nearest,
+    /// A replica of the row's home region.
+    Home,
+    /// The row's rendezvous replica in the region.
+    Affinity,
+    /// Last known to have applied the token (watermark reads).
+    Covered,
+    /// The token's origin, which always covers its own writes.
+    OriginFallback,
+    /// A hedged second request.
+    Hedge,
+    /// Last known to be within the staleness bound.
+    Fresh,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Reason::Nearest => "nearest",
+            Reason::Home => "home",
+            Reason::Affinity => "affinity",
+            Reason::Covered => "covered",
+            Reason::OriginFallback => "origin-fallback",
+            Reason::Hedge => "hedge",
+            Reason::Fresh => "fresh",
+        })
+    }
+}
