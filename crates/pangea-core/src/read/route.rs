@@ -76,7 +76,7 @@ pub trait PeerView {
     /// Whether `replica`'s last-known watermarks cover `token` (false if unknown).
     fn covers(&self, replica: &ReplicaId, token: &Token) -> bool;
     /// `replica`'s last-known freshness in `scope`
-    /// ([`ScopeWatermarks::freshness`]), if any: bounded reads go where it is
+    /// ([`ScopeWatermarks::freshness`](crate::watermark::ScopeWatermarks::freshness)), if any: bounded reads go where it is
     /// within their bound.
     fn freshness(&self, replica: &ReplicaId, scope: &ScopeId) -> Option<Timestamp>;
 

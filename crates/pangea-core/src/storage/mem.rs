@@ -533,7 +533,7 @@ impl MemStorage {
     }
 
     /// [`MemStorage::row`] of a key held as `Bytes`: the search compares keys a
-    /// word at a time ([`RowKey`]).
+    /// word at a time (`RowKey`).
     pub fn row_at(&self, table: &str, key: &Bytes) -> Option<&RowState> {
         self.current
             .rows
