@@ -41,7 +41,7 @@ pub(crate) struct StartArgs {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     emulate_wan: bool,
     /// fsync (default) or os-buffer.
-    #[arg(long)]
+    #[arg(long, value_parser = ["fsync", "os-buffer"])]
     #[serde(skip_serializing_if = "Option::is_none")]
     durability: Option<String>,
     /// Export traces over OTLP/HTTP to this collector (base URL, e.g.

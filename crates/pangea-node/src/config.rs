@@ -37,8 +37,8 @@ pub struct NodeConfig {
     pub wan_seed: u64,
     /// `fsync` (default: acknowledged writes survive power loss) or `os-buffer`
     /// (they survive `kill -9` of the process only).
-    #[serde(default = "default_durability")]
-    pub durability: String,
+    #[serde(default)]
+    pub durability: Durability,
     /// Send traces to this OTLP/HTTP collector, a base URL such as
     /// `http://127.0.0.1:4318` (off by default; `OTEL_EXPORTER_OTLP_ENDPOINT` also
     /// turns it on). See `telemetry` and docs/client.md#traces.
@@ -167,8 +167,24 @@ pub fn runtime(threads: usize) -> tokio::runtime::Builder {
     builder
 }
 
-fn default_durability() -> String {
-    "fsync".into()
+/// When a write is acknowledged (`durability` in a node config, `--durability`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Durability {
+    /// Once fsynced (group commit): acknowledged writes survive power loss.
+    #[default]
+    Fsync,
+    /// Once handed to the OS: they survive `kill -9` of the process only.
+    OsBuffer,
+}
+
+impl From<Durability> for pangea_store::Durability {
+    fn from(d: Durability) -> Self {
+        match d {
+            Durability::Fsync => pangea_store::Durability::Fsync,
+            Durability::OsBuffer => pangea_store::Durability::OsBuffer,
+        }
+    }
 }
 
 fn default_heartbeat_ms() -> u64 {
@@ -322,6 +338,29 @@ mod tests {
         assert_eq!(flavor(&default), RuntimeFlavor::MultiThread);
         assert_eq!(flavor(&load("threads = 1")), RuntimeFlavor::CurrentThread);
         assert_eq!(flavor(&load("threads = 3")), RuntimeFlavor::MultiThread);
+    }
+
+    #[test]
+    fn durability_is_one_of_two_words() {
+        assert_eq!(load("").durability, Durability::Fsync);
+        assert_eq!(
+            load("durability = \"os-buffer\"").durability,
+            Durability::OsBuffer
+        );
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("node.toml");
+        std::fs::write(
+            &file,
+            "topology = \"t\"\nreplica = \"r\"\ndata_dir = \"d\"\ncerts = \"c\"\ndurability = \"fsyncc\"\n",
+        )
+        .expect("write config");
+        let e = NodeConfig::load(Some(&file), &serde_json::json!({}))
+            .expect_err("a misspelt durability is refused")
+            .to_string();
+        assert!(
+            e.contains("fsyncc") && e.contains("os-buffer") && e.contains("durability"),
+            "{e}"
+        );
     }
 
     #[test]

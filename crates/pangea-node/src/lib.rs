@@ -37,7 +37,7 @@ use pangea_core::auth::Principal;
 use pangea_core::replica::{Config as CoreConfig, Replica};
 use pangea_core::{Limits, RowState, ScopeId, ScopeWatermarks, StorageError};
 use pangea_net::PeerIdentity;
-use pangea_store::{Durability, Store, StoreOptions};
+use pangea_store::{Store, StoreOptions};
 use pangea_topology::{Deployment, RegionId, ReplicaId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -875,13 +875,8 @@ fn mib(n: u64) -> usize {
 
 /// How the store is opened, at start and when reopened (`disk`).
 pub(crate) fn store_options(config: &NodeConfig) -> anyhow::Result<StoreOptions> {
-    let durability = match config.durability.as_str() {
-        "fsync" => Durability::Fsync,
-        "os-buffer" => Durability::OsBuffer,
-        other => anyhow::bail!("durability {other:?} is not fsync or os-buffer"),
-    };
     Ok(StoreOptions {
-        durability,
+        durability: config.durability.into(),
         row_cache_bytes: config.row_cache_mib.saturating_mul(1 << 20),
         ..Default::default()
     })

@@ -93,7 +93,7 @@ impl LocalCluster {
                 admin: None,
                 emulate_wan,
                 wan_seed: 7,
-                durability: "fsync".into(),
+                durability: pangea_node::config::Durability::Fsync,
                 otlp_endpoint: None,
                 heartbeat_interval_ms: 50,
                 client_requests_max: 4_096,
