@@ -249,11 +249,7 @@ struct Source {
     doc: Option<toml_edit::ImDocument<String>>,
 }
 
-#[derive(Debug, Clone)]
-enum Seg {
-    Key(String),
-    Index(usize),
-}
+use pangea_topology::problems::{Seg, span_start};
 
 fn path_string(path: &[Seg]) -> String {
     let mut s = String::new();
@@ -280,42 +276,7 @@ impl Source {
 
     /// The line of the deepest part of `path` present in the file.
     fn line_of(&self, path: &[Seg]) -> Option<usize> {
-        use toml_edit::{Item, Value};
-        let doc = self.doc.as_ref()?;
-        let mut span = None;
-        let mut item: Option<&Item> = None;
-        let mut value: Option<&Value> = None;
-        let mut table: Option<&toml_edit::Table> = Some(doc.as_table());
-        for seg in path {
-            match seg {
-                Seg::Key(k) => {
-                    let found = if let Some(t) = table {
-                        t.get_key_value(k)
-                    } else if let Some(Value::InlineTable(t)) = value {
-                        t.get_key_value(k)
-                    } else {
-                        None
-                    };
-                    let Some((key, next)) = found else { break };
-                    span = key.span().or(span);
-                    (item, value, table) = (Some(next), next.as_value(), next.as_table());
-                }
-                Seg::Index(i) => {
-                    if let Some(Item::ArrayOfTables(a)) = item {
-                        let Some(t) = a.get(*i) else { break };
-                        span = t.span().or(span);
-                        (item, value, table) = (None, None, Some(t));
-                    } else if let Some(Value::Array(a)) = value {
-                        let Some(v) = a.get(*i) else { break };
-                        span = v.span().or(span);
-                        (item, value, table) = (None, Some(v), None);
-                    } else {
-                        break;
-                    }
-                }
-            }
-        }
-        span.map(|s| self.line_at(s.start))
+        span_start(self.doc.as_ref()?, path).map(|o| self.line_at(o))
     }
 
     /// The key path of the deepest key or array element whose span holds `offset`.
@@ -412,18 +373,6 @@ macro_rules! p {
     ($($seg:expr),* $(,)?) => {
         [$(Seg::from($seg)),*]
     };
-}
-
-impl From<&str> for Seg {
-    fn from(s: &str) -> Self {
-        Seg::Key(s.to_owned())
-    }
-}
-
-impl From<usize> for Seg {
-    fn from(i: usize) -> Self {
-        Seg::Index(i)
-    }
 }
 
 // ---- validation -----------------------------------------------------------------------

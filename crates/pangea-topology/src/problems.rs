@@ -91,10 +91,64 @@ impl std::error::Error for Problems {}
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyPath(Vec<Seg>);
 
+/// One step of a key path in a TOML file: a key, or an element of an array (of
+/// tables).
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Seg {
+pub enum Seg {
     Key(String),
     Index(usize),
+}
+
+impl From<&str> for Seg {
+    fn from(s: &str) -> Self {
+        Seg::Key(s.to_owned())
+    }
+}
+
+impl From<usize> for Seg {
+    fn from(i: usize) -> Self {
+        Seg::Index(i)
+    }
+}
+
+/// Where the deepest part of `path` present in `doc` starts (the byte offset of its
+/// key, or of its array element): how an operator file's problem, or a drill
+/// file's, names a line.
+pub fn span_start(doc: &ImDocument<String>, path: &[Seg]) -> Option<usize> {
+    let mut span = None;
+    let mut item: Option<&Item> = None;
+    let mut value: Option<&Value> = None;
+    let mut table: Option<&toml_edit::Table> = Some(doc.as_table());
+    for seg in path {
+        match seg {
+            Seg::Key(k) => {
+                let found = if let Some(t) = table {
+                    t.get_key_value(k)
+                } else if let Some(Value::InlineTable(t)) = value {
+                    t.get_key_value(k)
+                } else {
+                    None
+                };
+                let Some((key, next)) = found else { break };
+                span = key.span().or(span);
+                (item, value, table) = (Some(next), next.as_value(), next.as_table());
+            }
+            Seg::Index(i) => {
+                if let Some(Item::ArrayOfTables(a)) = item {
+                    let Some(t) = a.get(*i) else { break };
+                    span = t.span().or(span);
+                    (item, value, table) = (None, None, Some(t));
+                } else if let Some(Value::Array(a)) = value {
+                    let Some(v) = a.get(*i) else { break };
+                    span = v.span().or(span);
+                    (item, value, table) = (None, Some(v), None);
+                } else {
+                    break;
+                }
+            }
+        }
+    }
+    span.map(|s| s.start)
 }
 
 impl KeyPath {
@@ -169,41 +223,7 @@ impl Source {
 
     /// The line of the deepest part of `path` present in the file.
     pub(crate) fn line_of(&self, path: &KeyPath) -> Option<usize> {
-        let doc = self.doc.as_ref()?;
-        let mut span = None;
-        let mut item: Option<&Item> = None;
-        let mut value: Option<&Value> = None;
-        let mut table: Option<&toml_edit::Table> = Some(doc.as_table());
-        for seg in &path.0 {
-            match seg {
-                Seg::Key(k) => {
-                    let found = if let Some(t) = table {
-                        t.get_key_value(k)
-                    } else if let Some(Value::InlineTable(t)) = value {
-                        t.get_key_value(k)
-                    } else {
-                        None
-                    };
-                    let Some((key, next)) = found else { break };
-                    span = key.span().or(span);
-                    (item, value, table) = (Some(next), next.as_value(), next.as_table());
-                }
-                Seg::Index(i) => {
-                    if let Some(Item::ArrayOfTables(a)) = item {
-                        let Some(t) = a.get(*i) else { break };
-                        span = t.span().or(span);
-                        (item, value, table) = (None, None, Some(t));
-                    } else if let Some(Value::Array(a)) = value {
-                        let Some(v) = a.get(*i) else { break };
-                        span = v.span().or(span);
-                        (item, value, table) = (None, Some(v), None);
-                    } else {
-                        break;
-                    }
-                }
-            }
-        }
-        span.map(|s| self.line_at(s.start))
+        span_start(self.doc.as_ref()?, &path.0).map(|o| self.line_at(o))
     }
 
     pub(crate) fn problem(
