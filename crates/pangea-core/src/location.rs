@@ -413,11 +413,8 @@ impl Location {
             *self = source.clone();
             return;
         };
-        let changes: Vec<(u64, Arc<str>, Bytes, Option<LocationEntry>)> = changes
-            .map(|(v, t, p, e)| (v, t.clone(), p.clone(), e.cloned()))
-            .collect();
         for (v, t, p, e) in changes {
-            self.put(v, t, p, e);
+            self.put(v, t.clone(), p.clone(), e.cloned());
         }
         self.version = source.version;
         self.floor = self.floor.max(source.floor);
