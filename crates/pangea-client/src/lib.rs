@@ -65,6 +65,13 @@ pub const LOCATION_ENTRIES_MAX: usize = 1_000_000;
 
 /// A watermark read nobody covers yet asks again after this long.
 const WATERMARK_RETRY: Duration = Duration::from_millis(10);
+/// How often a call refreshes location metadata and plans again after replicas
+/// refused its row. More than once: the replica answering the refresh (the one
+/// holding the client's cursor) may not yet have applied the change the refusing
+/// replica already acts on; it applies it milliseconds later.
+const POLICY_REFRESH_ROUNDS: u32 = 3;
+/// The wait before the second and later refreshes (doubled each time).
+const POLICY_REFRESH_BACKOFF: Duration = Duration::from_millis(10);
 
 /// Everything `Client::connect` needs.
 #[derive(Debug, Clone)]
@@ -695,6 +702,28 @@ impl Client {
         Ok(())
     }
 
+    /// After replicas refused a call's row: refreshes location metadata (waiting a
+    /// little first from the second round on) and says whether to plan again —
+    /// not past [`POLICY_REFRESH_ROUNDS`], the call's deadline, or a failed refresh.
+    async fn refresh_after_refusal(
+        &self,
+        round: u32,
+        started: Instant,
+        deadline: Duration,
+    ) -> bool {
+        if round >= POLICY_REFRESH_ROUNDS {
+            return false;
+        }
+        if round > 0 {
+            let wait = POLICY_REFRESH_BACKOFF * (1 << (round - 1));
+            if started.elapsed() + wait >= deadline {
+                return false;
+            }
+            tokio::time::sleep(wait).await;
+        }
+        self.refresh_location().await.is_ok() && started.elapsed() < deadline
+    }
+
     /// The location metadata in use, read-locked: hold it only while planning.
     fn location_read(&self) -> std::sync::RwLockReadGuard<'_, Location> {
         self.inner
@@ -855,6 +884,34 @@ impl Client {
             Ack::Origin => options::WRITE_DEADLINE_DEFAULT,
             _ => options::WRITE_DEADLINE_REPLICATED_DEFAULT,
         });
+        let mut round = 0;
+        loop {
+            match self
+                .mutate_once(&mutation, opts, traced, started, deadline)
+                .await
+            {
+                // Our location metadata may be stale (a migration moved the row):
+                // refresh it and plan again.
+                Err(Error::PolicyForbids(m))
+                    if self.refresh_after_refusal(round, started, deadline).await =>
+                {
+                    tracing::debug!(round, refused = %m, "location refreshed after a refusal");
+                    round += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One plan of a write and its attempts; a policy refusal ends it.
+    async fn mutate_once(
+        &self,
+        mutation: &RowMutation,
+        opts: &WriteOptions,
+        traced: &Traced,
+        started: Instant,
+        deadline: Duration,
+    ) -> Result<Response<Token>, Error> {
         let cur = self.inner.current();
         let d = &cur.deployment;
         let view = self.view(started);
@@ -942,12 +999,6 @@ impl Client {
                     other => return Err(Error::Internal(format!("unexpected response {other:?}"))),
                 },
                 Err(e) if e.is_retryable() => last_err = Some(e),
-                Err(Error::PolicyForbids(m)) => {
-                    // Our location metadata may be stale (a migration moved the row):
-                    // refresh, then try the next candidate.
-                    let _ = self.refresh_location().await;
-                    last_err = Some(Error::PolicyForbids(m));
-                }
                 Err(e) => return Err(e),
             }
         }
@@ -1212,15 +1263,24 @@ impl Client {
     ) -> Result<Response<pb::client_response::Response>, Error> {
         self.inner.stats.requests.fetch_add(1, Ordering::Relaxed);
         let traced = Traced::call(op, table, key, keys, trace::mode_name(&opts.consistency));
+        let started = Instant::now();
         let result = async {
-            match self.read_once(table, key, &body, opts, &traced).await {
-                // A replica refused the row: our location metadata may be stale (rows
-                // moved). Refresh it and plan once more.
-                Err(Error::PolicyForbids(_)) if !table.starts_with('_') => {
-                    self.refresh_location().await?;
-                    self.read_once(table, key, &body, opts, &traced).await
+            let mut round = 0;
+            loop {
+                match self.read_once(table, key, &body, opts, &traced).await {
+                    // A replica refused the row: our location metadata may be stale
+                    // (rows moved). Refresh it and plan again.
+                    Err(Error::PolicyForbids(m))
+                        if !table.starts_with('_')
+                            && self
+                                .refresh_after_refusal(round, started, opts.deadline)
+                                .await =>
+                    {
+                        tracing::debug!(round, refused = %m, "location refreshed after a refusal");
+                        round += 1;
+                    }
+                    other => return other,
                 }
-                other => other,
             }
         }
         .instrument(traced.span.clone())

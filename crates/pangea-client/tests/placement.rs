@@ -37,6 +37,24 @@ fn set(key: &str, value: &str) -> Result<RowMutation> {
 /// every replica finds nothing out of place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_under_load_fails_no_request() -> Result<()> {
+    migration_under_load().await
+}
+
+/// The same, twenty times over: a refusal right after the flip is a race that one
+/// run rarely hits (`cargo test -p pangea-client --test placement -- --ignored`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "twenty migrations under load: about three minutes"]
+async fn migration_under_load_fails_no_request_20_times() -> Result<()> {
+    for run in 0..20 {
+        eprintln!("migration under load, run {run}");
+        migration_under_load()
+            .await
+            .map_err(|e| e.context(format!("run {run}")))?;
+    }
+    Ok(())
+}
+
+async fn migration_under_load() -> Result<()> {
     let cluster = LocalCluster::start(TOPOLOGY, PLACEMENT, true).await?;
     let us_config = ClientConfig::from_cluster(&cluster.file, "us-east-1", "frontend")?;
     let replicas: Vec<_> = us_config.addresses.keys().cloned().collect();
