@@ -21,8 +21,8 @@
 //! `trace` (spans per call and per attempt; docs/client.md#traces).
 
 pub mod error;
-mod hedge;
 pub mod options;
+mod read;
 mod trace;
 mod transport;
 
@@ -35,6 +35,7 @@ pub use pangea_proto::v1::{AdProfile, FrequencyCap, Row, Segment};
 
 use bytes::Bytes;
 use dashmap::DashMap;
+use pangea_core::frontend::call::{Action, Outcome, WriteCall};
 use pangea_core::frontend::{self, DOWN_FOR, PROBE_DOWN_FOR, PROBE_TIMEOUT, WATERMARK_REFRESH};
 use pangea_core::location::Location;
 use pangea_core::read::{Candidate, PeerView, ReadRequest, plan_read_at};
@@ -63,8 +64,6 @@ const LOCATION_PAGE_ROWS: u32 = 1_000;
 /// footprint measured (564 bytes an entry, docs/benchmarks.md).
 pub const LOCATION_ENTRIES_MAX: usize = 1_000_000;
 
-/// A watermark read nobody covers yet asks again after this long.
-const WATERMARK_RETRY: Duration = Duration::from_millis(10);
 /// How often a call refreshes location metadata and plans again after replicas
 /// refused its row. More than once: the replica answering the refresh (the one
 /// holding the client's cursor) may not yet have applied the change the refusing
@@ -236,7 +235,10 @@ pub(crate) struct Inner {
     location: std::sync::RwLock<Location>,
     /// Where the refresh of `location` stands (one refresh at a time).
     location_refresh: tokio::sync::Mutex<LocationRefresh>,
-    hedge: hedge::Hedger,
+    /// The zero of this client's microsecond clock (`Inner::us`), which the
+    /// hedger and the calls' state machines run on.
+    epoch: Instant,
+    hedger: std::sync::Mutex<frontend::Hedger>,
     pub stats: ClientStats,
 }
 
@@ -361,7 +363,8 @@ impl Client {
             known: DashMap::new(),
             location: std::sync::RwLock::new(Location::new()),
             location_refresh: tokio::sync::Mutex::new(LocationRefresh::default()),
-            hedge: hedge::Hedger::new(),
+            epoch: Instant::now(),
+            hedger: std::sync::Mutex::new(frontend::Hedger::new(0)),
             stats: ClientStats::default(),
             config,
         });
@@ -953,56 +956,53 @@ impl Client {
             },
             wait_all_regions: opts.ack == Ack::AllRegions,
         });
-        let mut attempts = 0;
+        // `WriteCall` decides: no hedge (a write is not idempotent across origins),
+        // failover only when a replica could not be reached or ran out its budget.
+        let mut call = WriteCall::new(plan.primary, self.inner.us(started), deadline);
         let mut last_err = None;
-        // Writes are not hedged (they are not idempotent across origins); they fail
-        // over to the next replica only when the first could not be reached.
-        let candidates: Vec<&Candidate> = plan.primary.iter().take(3).collect();
-        for (i, c) in candidates.iter().enumerate() {
-            let left = deadline.saturating_sub(started.elapsed());
-            if left.is_zero() {
-                break;
-            }
-            // Leave room to fail over: a dead replica must not eat the whole deadline.
-            let budget = if i + 1 < candidates.len() {
-                left / 2
-            } else {
-                left
-            };
-            attempts += 1;
-            let kind = if i == 0 {
-                AttemptKind::Primary
-            } else {
-                AttemptKind::Failover
-            };
-            let span = traced.attempt(d, c, kind);
+        while let Some(Action::Send(n)) = call.poll_action() {
+            let a = call.attempt(n);
+            let c = a.candidate.clone();
+            let budget = self
+                .inner
+                .instant(a.until_us)
+                .saturating_duration_since(Instant::now());
+            let span = traced.attempt(d, &c, a.kind);
             let result = self
                 .inner
-                .attempt(c, body.clone(), budget, trace::traceparent(&span))
+                .attempt(&c, body.clone(), budget, trace::traceparent(&span))
                 .await;
             trace::finish_attempt(span, &result);
+            let now = self.inner.us(Instant::now());
+            call.handle_reply(now, n, read::reply_of(&result));
             match result {
-                Ok((resp, served)) => match resp {
-                    pb::client_response::Response::Mutate(m) => {
-                        let token = Token::decode(&m.token)
-                            .map_err(|e| Error::Internal(format!("bad token from replica: {e}")))?;
-                        return Ok(Response {
-                            value: token,
-                            replica: c.replica.clone(),
-                            region: served.region,
-                            reason: c.reason,
-                            watermarks: served.watermarks,
-                            latency: started.elapsed(),
-                            attempts,
-                        });
-                    }
-                    other => return Err(Error::Internal(format!("unexpected response {other:?}"))),
-                },
-                Err(e) if e.is_retryable() => last_err = Some(e),
-                Err(e) => return Err(e),
+                Ok((pb::client_response::Response::Mutate(m), served)) => {
+                    let token = Token::decode(&m.token)
+                        .map_err(|e| Error::Internal(format!("bad token from replica: {e}")))?;
+                    return Ok(Response {
+                        value: token,
+                        replica: c.replica,
+                        region: served.region,
+                        reason: c.reason,
+                        watermarks: served.watermarks,
+                        latency: started.elapsed(),
+                        attempts: n as u32 + 1,
+                    });
+                }
+                Ok((other, _)) => {
+                    return Err(Error::Internal(format!("unexpected response {other:?}")));
+                }
+                Err(e) => last_err = Some(e),
             }
         }
-        Err(last_err.unwrap_or(Error::DeadlineExceeded { deadline, attempts }))
+        let attempts = call.attempts().len() as u32;
+        Err(match call.outcome() {
+            Some(Outcome::NoCandidate) => Error::Unavailable("no replica to write to".into()),
+            Some(Outcome::Failed { .. } | Outcome::LastError { .. }) => {
+                last_err.unwrap_or(Error::DeadlineExceeded { deadline, attempts })
+            }
+            _ => Error::DeadlineExceeded { deadline, attempts },
+        })
     }
 
     /// The typed profile of `user_key` (table `ad_profiles`, family `profile`, column `p`).
@@ -1360,6 +1360,20 @@ pub(crate) struct Served {
 }
 
 impl Inner {
+    /// `at` on this client's microsecond clock.
+    pub(crate) fn us(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// The instant `us` on this client's microsecond clock names.
+    pub(crate) fn instant(&self, us: u64) -> Instant {
+        deadline_after(self.epoch, Duration::from_micros(us))
+    }
+
+    pub(crate) fn hedger(&self) -> std::sync::MutexGuard<'_, frontend::Hedger> {
+        self.hedger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn note_rtt(&self, r: &ReplicaId, d: Duration) {
         let ms = d.as_secs_f64() * 1e3;
         let mut e = self.rtt_ms.entry(r.clone()).or_insert(ms);
@@ -1479,7 +1493,8 @@ impl Inner {
             Some(pb::client_response::Response::Error(e)) => Err(Error::from_wire(&e, &c.replica)),
             Some(r) => {
                 if !waited {
-                    self.hedge.record(at, elapsed);
+                    let now = self.us(at);
+                    self.hedger().record(now, elapsed);
                 }
                 Ok((r, served))
             }
@@ -1488,361 +1503,5 @@ impl Inner {
                 c.replica
             ))),
         }
-    }
-}
-
-mod read {
-    //! Asking candidates: the first, a hedge after a delay, failover on errors, and
-    //! for watermark reads a race of the origin and every replica known to cover the
-    //! token once the first says "not covered".
-    use super::*;
-    use futures_util::StreamExt as _;
-    use futures_util::stream::FuturesUnordered;
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
-
-    struct Outcome {
-        /// Index into `asked`.
-        index: usize,
-        candidate: Candidate,
-        kind: AttemptKind,
-        result: Result<(pb::client_response::Response, Served), Error>,
-    }
-
-    /// A request sent: to whom, since when, and its span (closed once its answer is
-    /// in, or when the call stops waiting for it).
-    struct Asked {
-        replica: ReplicaId,
-        since: Instant,
-        span: tracing::Span,
-    }
-
-    /// A request in flight, and whom it went to since when (for what its silence
-    /// teaches when the call stops waiting).
-    struct Flight {
-        replica: ReplicaId,
-        since: Instant,
-        answer: Pin<Box<dyn Future<Output = Outcome> + Send>>,
-    }
-
-    impl Future for Flight {
-        type Output = Outcome;
-        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
-            self.answer.as_mut().poll(cx)
-        }
-    }
-
-    /// The requests of one call in flight: one held on its own, any more (hedges,
-    /// fallbacks) in a `FuturesUnordered`, made only when a second goes out. Most
-    /// reads send one request, and the set's allocations and wake-up queue were a
-    /// few % of a 1 KiB get's client CPU.
-    #[derive(Default)]
-    struct Attempts {
-        one: Option<Flight>,
-        more: Option<FuturesUnordered<Flight>>,
-    }
-
-    impl Attempts {
-        fn push(&mut self, flight: Flight) {
-            if self.one.is_none() {
-                self.one = Some(flight);
-            } else {
-                self.more
-                    .get_or_insert_with(FuturesUnordered::new)
-                    .push(flight);
-            }
-        }
-
-        fn is_empty(&self) -> bool {
-            self.one.is_none() && self.more.as_ref().is_none_or(|m| m.is_empty())
-        }
-
-        /// The next answer; `None` once nothing is in flight.
-        fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Outcome>> {
-            if let Some(flight) = &mut self.one
-                && let Poll::Ready(o) = Pin::new(flight).poll(cx)
-            {
-                self.one = None;
-                return Poll::Ready(Some(o));
-            }
-            if let Some(more) = &mut self.more
-                && let Poll::Ready(Some(o)) = more.poll_next_unpin(cx)
-            {
-                return Poll::Ready(Some(o));
-            }
-            if self.is_empty() {
-                Poll::Ready(None)
-            } else {
-                Poll::Pending
-            }
-        }
-
-        fn into_flights(self) -> impl Iterator<Item = Flight> {
-            self.one.into_iter().chain(self.more.into_iter().flatten())
-        }
-    }
-
-    /// Lets the requests still out finish in the background until the call's
-    /// deadline, so their real latency is measured (a slow replica always beaten by
-    /// a hedge would otherwise look fast forever), or their silence.
-    fn detach(inner: &Arc<Inner>, set: Attempts, deadline_at: Instant) {
-        for flight in set.into_flights() {
-            let inner = inner.clone();
-            tokio::spawn(async move {
-                let (replica, since) = (flight.replica.clone(), flight.since);
-                if tokio::time::timeout_at(deadline_at.into(), flight)
-                    .await
-                    .is_err()
-                {
-                    inner.no_answer(&replica, deadline_at.saturating_duration_since(since));
-                }
-            });
-        }
-    }
-
-    /// The call's deadline passed: the requests still out got no answer in time.
-    fn expire(inner: &Inner, set: Attempts, deadline_at: Instant) {
-        for flight in set.into_flights() {
-            inner.no_answer(
-                &flight.replica,
-                deadline_at.saturating_duration_since(flight.since),
-            );
-        }
-    }
-
-    /// The call is over: requests still out are no longer waited for.
-    fn cancel_rest(asked: &mut [Asked]) {
-        for a in asked {
-            let span = std::mem::replace(&mut a.span, tracing::Span::none());
-            if !span.is_none() {
-                trace::cancel_attempt(span);
-            }
-        }
-    }
-
-    /// Runs one read's plan, from `started` (when it was planned) to the answer or
-    /// the deadline of `opts`.
-    ///
-    /// One timer serves the call: it wakes the loop for the hedge, a watermark
-    /// retry or the deadline, whichever is next. Requests carry no timeout of their
-    /// own while the call waits for them (a timer each, set and cancelled per read,
-    /// was a measurable share of a 1 KiB get); those it stops waiting for get one
-    /// in [`detach`], or are judged at once in [`expire`].
-    pub(crate) async fn run(
-        inner: &Arc<Inner>,
-        plan: pangea_core::read::ReadPlan,
-        body: &pb::client_request::Request,
-        started: Instant,
-        opts: &ReadOptions,
-        traced: &Traced,
-    ) -> Result<Response<pb::client_response::Response>, Error> {
-        let deadline = opts.deadline;
-        let watermark = matches!(opts.consistency, Consistency::Watermark(_));
-        let deadline_at = deadline_after(started, deadline);
-        // Watermark reads that found no covered replica poll these again: the
-        // fallbacks and the first replica asked.
-        let mut retry_set: Vec<Candidate> = Vec::new();
-        if watermark {
-            retry_set.clone_from(&plan.fallback);
-            if let Some(first) = plan.primary.first()
-                && !retry_set.iter().any(|c| c.replica == first.replica)
-            {
-                retry_set.push(first.clone());
-            }
-        }
-        let mut primary = std::collections::VecDeque::from(plan.primary);
-        let mut fallback: Vec<Candidate> = plan.fallback;
-        // The attempts race inside this task (no task spawned per attempt, which
-        // was 5 % of a client's CPU on 1 KiB reads); the losers are handed to the
-        // runtime once the race is decided, to finish in the background.
-        let mut set = Attempts::default();
-        // Who has been asked, since when. When one answers first, the slower ones
-        // have taken at least that long, which their round-trip estimates learn
-        // (otherwise a slow replica, always beaten by a hedge, would look fast forever).
-        let mut asked: Vec<Asked> = Vec::new();
-        let mut last_err: Option<Error> = None;
-        let mut raced_fallback = false;
-        let launch = |set: &mut Attempts,
-                      c: Candidate,
-                      kind: AttemptKind,
-                      asked: &mut Vec<Asked>,
-                      now: Instant| {
-            let span = traced.attempt(&inner.current().deployment, &c, kind);
-            let traceparent = trace::traceparent(&span);
-            let index = asked.len();
-            asked.push(Asked {
-                replica: c.replica.clone(),
-                since: now,
-                span,
-            });
-            let replica = c.replica.clone();
-            let inner = inner.clone();
-            let body = body.clone();
-            let answer = Box::pin(async move {
-                let result = inner.ask(&c, body, now, deadline_at, traceparent).await;
-                Outcome {
-                    index,
-                    candidate: c,
-                    kind,
-                    result,
-                }
-            });
-            set.push(Flight {
-                replica,
-                since: now,
-                answer,
-            });
-        };
-        match primary.pop_front() {
-            Some(c) => launch(&mut set, c, AttemptKind::Primary, &mut asked, started),
-            None => return Err(Error::Unavailable("no replica to ask".into())),
-        }
-        let mut retry_at: Option<Instant> = None;
-        // A read that may not be hedged (`Consistency::may_hedge`) is not left
-        // waiting on a replica gone silent either: after several of its round trips
-        // the next candidate is asked, as if the first were down.
-        let may_hedge = opts.consistency.may_hedge();
-        let mut hedge_at = opts.hedge.as_ref().map(|h| {
-            let after = if may_hedge {
-                inner.hedge.delay(h, deadline)
-            } else {
-                let first = asked.first().map(|a| &a.replica);
-                frontend::gone_after(first.and_then(|r| inner.rtt_ms.get(r).map(|e| *e)))
-            };
-            deadline_after(started, after)
-        });
-        let timer = tokio::time::sleep_until(deadline_at.into());
-        tokio::pin!(timer);
-        let mut now = started;
-        while now < deadline_at {
-            // A hedge already due fires now (the timer is then in the past): one
-            // the loop was too busy with answers to send is late, not dropped.
-            let wake = hedge_at
-                .unwrap_or(deadline_at)
-                .min(retry_at.unwrap_or(deadline_at))
-                .min(deadline_at);
-            if timer.deadline() != wake.into() {
-                timer.as_mut().reset(wake.into());
-            }
-            tokio::select! {
-                biased;
-                done = std::future::poll_fn(|cx| set.poll_next(cx)), if !set.is_empty() => {
-                    let Some(o) = done else { continue };
-                    if let Some(a) = asked.get_mut(o.index) {
-                        trace::finish_attempt(std::mem::replace(&mut a.span, tracing::Span::none()), &o.result);
-                    }
-                    match o.result {
-                        Ok((resp, served)) => {
-                            detach(inner, set, deadline_at);
-                            cancel_rest(&mut asked);
-                            // The others have taken at least this long.
-                            for a in asked.iter().filter(|a| a.replica != o.candidate.replica) {
-                                inner.note_slower(&a.replica, served.at.saturating_duration_since(a.since));
-                            }
-                            let attempts = asked.len() as u32;
-                            let reason = if o.kind == AttemptKind::Hedge { Reason::Hedge } else { o.candidate.reason };
-                            let latency = served.at.saturating_duration_since(started);
-                            return Ok(Response { value: resp, replica: o.candidate.replica, region: served.region, reason, watermarks: served.watermarks, latency, attempts });
-                        }
-                        Err(Error::NotCovered { .. }) if watermark && !raced_fallback => {
-                            // Ask the origin and every replica known to cover the token,
-                            // all at once; the first covered answer wins.
-                            inner.stats.not_covered.fetch_add(1, Ordering::Relaxed);
-                            raced_fallback = true;
-                            let now = Instant::now();
-                            for c in fallback.drain(..).filter(|c| c.replica != o.candidate.replica) {
-                                inner.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
-                                launch(&mut set, c, AttemptKind::Fallback, &mut asked, now);
-                            }
-                            last_err = Some(o.result.err().unwrap_or(Error::Internal(String::new())));
-                        }
-                        Err(Error::DeadlineExceeded { .. }) if matches!(last_err, Some(Error::NotCovered { .. })) => {
-                            // Keep the more telling answer: nobody covered the token.
-                        }
-                        Err(e) if e.is_retryable() => {
-                            // Fail over to the next candidate (for watermark reads,
-                            // only replicas that may cover the token).
-                            let next = if watermark && raced_fallback { None } else { primary.pop_front() };
-                            if let Some(c) = next {
-                                inner.stats.failovers.fetch_add(1, Ordering::Relaxed);
-                                launch(&mut set, c, AttemptKind::Failover, &mut asked, Instant::now());
-                            }
-                            last_err = Some(e);
-                        }
-                        Err(e) => {
-                            detach(inner, set, deadline_at);
-                            cancel_rest(&mut asked);
-                            return Err(e);
-                        }
-                    }
-                    if set.is_empty() {
-                        if watermark && raced_fallback {
-                            // Nobody covers the token yet: ask again shortly, until
-                            // the deadline (replicas catch up in milliseconds).
-                            retry_at = Some(Instant::now() + WATERMARK_RETRY);
-                        } else if let Some(c) = primary.pop_front() {
-                            launch(&mut set, c, AttemptKind::Failover, &mut asked, Instant::now());
-                        } else {
-                            break;
-                        }
-                    }
-                }
-                () = &mut timer => {
-                    let now = Instant::now();
-                    if now >= deadline_at {
-                        break;
-                    }
-                    if retry_at.is_some_and(|t| now >= t) && set.is_empty() {
-                        retry_at = None;
-                        for c in retry_set.iter().cloned() {
-                            launch(&mut set, c, AttemptKind::Retry, &mut asked, now);
-                        }
-                    }
-                    if hedge_at.is_some_and(|t| now >= t) {
-                        hedge_at = None;
-                        // Hedge to the next candidate; for watermark reads only to one
-                        // known to cover the token.
-                        let next = if watermark {
-                            let i = fallback.iter().position(|c| c.reason == Reason::Covered);
-                            i.map(|i| fallback.remove(i))
-                        } else {
-                            primary.pop_front()
-                        };
-                        if !may_hedge {
-                            if let Some(c) = next {
-                                inner.stats.failovers.fetch_add(1, Ordering::Relaxed);
-                                launch(&mut set, c, AttemptKind::Failover, &mut asked, now);
-                            }
-                        } else if let Some(c) = next
-                            && inner.hedge.try_spend()
-                        {
-                            inner.stats.hedges.fetch_add(1, Ordering::Relaxed);
-                            launch(&mut set, c, AttemptKind::Hedge, &mut asked, now);
-                        }
-                    }
-                }
-            }
-            now = Instant::now();
-        }
-        expire(inner, set, deadline_at);
-        cancel_rest(&mut asked);
-        let now = Instant::now();
-        for a in &asked {
-            inner.note_slower(&a.replica, now.saturating_duration_since(a.since));
-        }
-        Err(match last_err {
-            Some(Error::NotCovered {
-                replica, detail, ..
-            }) if watermark => Error::NotCovered {
-                replica,
-                detail,
-                deadline_passed: true,
-            },
-            Some(e) if !matches!(e, Error::DeadlineExceeded { .. }) && now < deadline_at => e,
-            _ => Error::DeadlineExceeded {
-                deadline,
-                attempts: asked.len() as u32,
-            },
-        })
     }
 }

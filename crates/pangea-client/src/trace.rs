@@ -26,32 +26,7 @@ pub(crate) enum Op {
 }
 
 /// Why a request was sent (the `kind` attribute of an attempt span).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AttemptKind {
-    /// The first request of the call.
-    Primary,
-    /// A second request after the hedging delay.
-    Hedge,
-    /// A watermark read's request to the origin or a covering replica after the
-    /// first replica said "not covered".
-    Fallback,
-    /// The next candidate after an error.
-    Failover,
-    /// A watermark read asking again while nobody covers the token yet.
-    Retry,
-}
-
-impl AttemptKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            AttemptKind::Primary => "primary",
-            AttemptKind::Hedge => "hedge",
-            AttemptKind::Fallback => "fallback",
-            AttemptKind::Failover => "failover",
-            AttemptKind::Retry => "retry",
-        }
-    }
-}
+pub(crate) use pangea_core::frontend::call::AttemptKind;
 
 /// The consistency mode as spans and the replica's metrics name it.
 pub(crate) fn mode_name(c: &Consistency) -> &'static str {

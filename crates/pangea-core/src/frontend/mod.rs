@@ -14,6 +14,10 @@
 //!   for its watermarks, each probe bounded by [`PROBE_TIMEOUT`].
 //! - Hedging ([`Hedger`], The Tail at Scale): after a delay taken from recent
 //!   latency ([`HedgePolicy`]), a second request, within a token-bucket budget.
+//! - One call ([`call`]): a read's or a write's decisions — hedge, fail over, race
+//!   the fallbacks, give up — as a sans-IO state machine both drivers run.
+
+pub mod call;
 
 use hdrhistogram::Histogram;
 use std::time::Duration;

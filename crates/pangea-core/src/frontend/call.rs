@@ -1,0 +1,784 @@
+//! One client call as a sans-IO state machine (quinn-proto style): the decisions of
+//! a read or a write — whom to ask, when to hedge, fail over, race the fallbacks,
+//! ask again, give up — with no clock, socket or task of its own. `pangea-client`
+//! drives it on tokio; the simulator's frontends drive the same type in virtual
+//! time, so a drill's reads and writes take exactly the library's decisions.
+//!
+//! A driver:
+//! 1. builds the call from a plan ([`ReadCall::new`], [`WriteCall::new`]);
+//! 2. sends what [`ReadCall::poll_action`] asks for (each [`Action::Send`] names an
+//!    attempt; [`ReadCall::attempt`] says to whom and why);
+//! 3. feeds back each answer ([`ReadCall::handle_reply`], classified as a
+//!    [`Reply`]) and wakes the call at [`ReadCall::poll_timeout`]
+//!    ([`ReadCall::handle_timeout`]);
+//! 4. stops once [`ReadCall::outcome`] says how the call ended; the driver holds the
+//!    answers and errors themselves and returns the one the outcome names.
+//!
+//! Time is microseconds on the driver's monotonic clock, as everywhere in this crate.
+
+use super::{HedgePolicy, Hedger, gone_after};
+use crate::read::{Candidate, Consistency, Reason};
+use std::time::Duration;
+
+/// Why an attempt was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptKind {
+    /// The first request of the call.
+    Primary,
+    /// A second request after the hedging delay.
+    Hedge,
+    /// A watermark read's request to the origin or a covering replica after the
+    /// first replica said "not covered".
+    Fallback,
+    /// The next candidate after an error, or after the first replica of a read that
+    /// may not be hedged stayed silent for several round trips.
+    Failover,
+    /// A watermark read asking again while nobody covers the token yet.
+    Retry,
+}
+
+impl AttemptKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptKind::Primary => "primary",
+            AttemptKind::Hedge => "hedge",
+            AttemptKind::Fallback => "fallback",
+            AttemptKind::Failover => "failover",
+            AttemptKind::Retry => "retry",
+        }
+    }
+}
+
+/// An answer, as the call needs to know it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// The replica answered the request.
+    Served,
+    /// A watermark read the replica has not caught up with.
+    NotCovered,
+    /// The replica did not answer within its time (the call's deadline, or a
+    /// write attempt's budget).
+    DeadlineExceeded,
+    /// Another error the next replica may not have (unreachable, unavailable, too
+    /// stale).
+    Retryable,
+    /// An error every replica would give (invalid input, refused by policy or
+    /// authorization): the call ends with it.
+    Final,
+}
+
+/// What the driver should do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Send attempt `n` ([`ReadCall::attempt`]).
+    Send(usize),
+    /// A "not covered" answer started the race of the fallbacks (the `Send`s
+    /// follow); for the driver's counters.
+    FallbackRace,
+}
+
+/// How a call ended; the attempt named is the one whose answer or error the
+/// driver returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Attempt `attempt` was answered; the call's reason is `reason`.
+    Served { attempt: usize, reason: Reason },
+    /// Attempt `attempt` failed with an error every replica would give.
+    Failed { attempt: usize },
+    /// A watermark read no replica covered before the deadline; `attempt` said so.
+    NotCovered { attempt: usize },
+    /// Nothing left to ask before the deadline; `attempt`'s error was the last.
+    LastError { attempt: usize },
+    /// The deadline passed.
+    DeadlineExceeded,
+    /// The plan held no replica to ask.
+    NoCandidate,
+}
+
+/// One request sent, or about to be.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    pub candidate: Candidate,
+    pub kind: AttemptKind,
+    /// When it was (to be) sent.
+    pub since_us: u64,
+    /// When the call stops waiting for it: the call's deadline, or a write
+    /// attempt's budget.
+    pub until_us: u64,
+    /// Its answer is in.
+    pub done: bool,
+}
+
+/// When to hedge a read, or for a read that may not be hedged, when to take its
+/// first replica for gone: `None` without a hedge policy. Earns the read's share of
+/// the hedge budget. `first_rtt_ms`: the first candidate's measured round trip.
+pub fn hedge_delay(
+    hedger: &mut Hedger,
+    policy: Option<&HedgePolicy>,
+    consistency: &Consistency,
+    deadline: Duration,
+    first_rtt_ms: Option<f64>,
+) -> Option<Duration> {
+    let policy = policy?;
+    Some(if consistency.may_hedge() {
+        hedger.delay(policy, deadline)
+    } else {
+        gone_after(first_rtt_ms)
+    })
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// One read: ask the first candidate; hedge to the next after the hedging delay
+/// (within the budget); fail over on errors; for a watermark read, once the first
+/// answer is "not covered", race the origin and every replica known to cover the
+/// token, and while nobody does, ask them again every [`WATERMARK_RETRY`] until the
+/// deadline.
+///
+/// `P`: the plan's primary candidates in order, taken as needed.
+#[derive(Debug)]
+pub struct ReadCall<P> {
+    primary: P,
+    fallback: Vec<Candidate>,
+    /// Watermark reads that found no covered replica ask these again: the
+    /// fallbacks and the first replica asked.
+    retry_set: Vec<Candidate>,
+    watermark: bool,
+    may_hedge: bool,
+    deadline_at: u64,
+    hedge_at: Option<u64>,
+    retry_at: Option<u64>,
+    attempts: Vec<Attempt>,
+    /// Attempts from here on are not yet handed to the driver.
+    unsent: usize,
+    outstanding: usize,
+    raced_fallback: bool,
+    race_note: bool,
+    /// The error the call returns if nothing better comes: the attempt that gave
+    /// it, and what it was.
+    last_err: Option<(usize, Reply)>,
+    outcome: Option<Outcome>,
+}
+
+/// The pause before a watermark read nobody covers asks again.
+pub const WATERMARK_RETRY: Duration = Duration::from_millis(10);
+
+impl<P: Iterator<Item = Candidate>> ReadCall<P> {
+    /// A read planned at `now_us` with `primary` and `fallback` candidates, ending
+    /// at the latest `deadline` later; `hedge_after` from [`hedge_delay`].
+    pub fn new(
+        mut primary: P,
+        fallback: Vec<Candidate>,
+        consistency: &Consistency,
+        now_us: u64,
+        deadline: Duration,
+        hedge_after: Option<Duration>,
+    ) -> Self {
+        let watermark = matches!(consistency, Consistency::Watermark(_));
+        let first = primary.next();
+        let mut retry_set = Vec::new();
+        if watermark {
+            retry_set.clone_from(&fallback);
+            if let Some(f) = &first
+                && !retry_set.iter().any(|c| c.replica == f.replica)
+            {
+                retry_set.push(f.clone());
+            }
+        }
+        let deadline_at = now_us.saturating_add(micros(deadline));
+        let mut call = ReadCall {
+            primary,
+            fallback,
+            retry_set,
+            watermark,
+            may_hedge: consistency.may_hedge(),
+            deadline_at,
+            hedge_at: hedge_after.map(|h| now_us.saturating_add(micros(h))),
+            retry_at: None,
+            attempts: Vec::new(),
+            unsent: 0,
+            outstanding: 0,
+            raced_fallback: false,
+            race_note: false,
+            last_err: None,
+            outcome: None,
+        };
+        match first {
+            Some(c) => call.launch(c, AttemptKind::Primary, now_us),
+            None => call.outcome = Some(Outcome::NoCandidate),
+        }
+        call
+    }
+
+    fn launch(&mut self, candidate: Candidate, kind: AttemptKind, now_us: u64) {
+        self.attempts.push(Attempt {
+            candidate,
+            kind,
+            since_us: now_us,
+            until_us: self.deadline_at,
+            done: false,
+        });
+        self.outstanding += 1;
+    }
+
+    /// The next thing to do, until none is left.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        if self.outcome.is_some() {
+            return None;
+        }
+        if std::mem::take(&mut self.race_note) {
+            return Some(Action::FallbackRace);
+        }
+        (self.unsent < self.attempts.len()).then(|| {
+            self.unsent += 1;
+            Action::Send(self.unsent - 1)
+        })
+    }
+
+    /// When to call [`Self::handle_timeout`]: the hedge, a watermark retry or the
+    /// deadline, whichever is next; `None` once the call is over.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if self.outcome.is_some() {
+            return None;
+        }
+        let mut t = self.deadline_at;
+        if let Some(h) = self.hedge_at {
+            t = t.min(h);
+        }
+        if let Some(r) = self.retry_at {
+            t = t.min(r);
+        }
+        Some(t)
+    }
+
+    /// Attempt `n`: to whom, why, since when.
+    pub fn attempt(&self, n: usize) -> &Attempt {
+        &self.attempts[n]
+    }
+
+    /// Every attempt so far.
+    pub fn attempts(&self) -> &[Attempt] {
+        &self.attempts
+    }
+
+    pub fn deadline_us(&self) -> u64 {
+        self.deadline_at
+    }
+
+    /// How the call ended; `None` while it goes on.
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.outcome
+    }
+
+    /// Attempt `n` was answered at `now_us`.
+    pub fn handle_reply(&mut self, now_us: u64, n: usize, reply: Reply) {
+        if self.outcome.is_some() {
+            return;
+        }
+        let Some(a) = self.attempts.get_mut(n) else {
+            return;
+        };
+        if a.done {
+            return;
+        }
+        a.done = true;
+        self.outstanding -= 1;
+        match reply {
+            Reply::Served => {
+                let a = &self.attempts[n];
+                let reason = if a.kind == AttemptKind::Hedge {
+                    Reason::Hedge
+                } else {
+                    a.candidate.reason
+                };
+                self.finish(Outcome::Served { attempt: n, reason });
+                return;
+            }
+            Reply::NotCovered if self.watermark && !self.raced_fallback => {
+                // Ask the origin and every replica known to cover the token, all at
+                // once; the first covered answer wins.
+                self.raced_fallback = true;
+                self.race_note = true;
+                let asked = self.attempts[n].candidate.replica.clone();
+                for c in std::mem::take(&mut self.fallback) {
+                    if c.replica != asked {
+                        self.launch(c, AttemptKind::Fallback, now_us);
+                    }
+                }
+                self.last_err = Some((n, reply));
+            }
+            Reply::DeadlineExceeded if self.last_is_not_covered() => {
+                // Keep the more telling answer: nobody covered the token.
+            }
+            Reply::Final => {
+                self.finish(Outcome::Failed { attempt: n });
+                return;
+            }
+            Reply::NotCovered | Reply::DeadlineExceeded | Reply::Retryable => {
+                // Fail over to the next candidate (for watermark reads, only
+                // replicas that may cover the token).
+                if !(self.watermark && self.raced_fallback)
+                    && let Some(c) = self.primary.next()
+                {
+                    self.launch(c, AttemptKind::Failover, now_us);
+                }
+                self.last_err = Some((n, reply));
+            }
+        }
+        if self.outstanding == 0 {
+            if self.watermark && self.raced_fallback {
+                // Nobody covers the token yet: ask again shortly, until the
+                // deadline (replicas catch up in milliseconds).
+                self.retry_at = Some(now_us.saturating_add(micros(WATERMARK_RETRY)));
+            } else if let Some(c) = self.primary.next() {
+                self.launch(c, AttemptKind::Failover, now_us);
+            } else {
+                self.give_up(now_us);
+            }
+        }
+    }
+
+    fn last_is_not_covered(&self) -> bool {
+        matches!(self.last_err, Some((_, Reply::NotCovered)))
+    }
+
+    /// Time passed: `now_us` is at or past [`Self::poll_timeout`] (earlier is
+    /// harmless). `hedger` grants the hedge from its budget.
+    pub fn handle_timeout(&mut self, now_us: u64, hedger: &mut Hedger) {
+        if self.outcome.is_some() {
+            return;
+        }
+        if now_us >= self.deadline_at {
+            self.give_up(now_us);
+            return;
+        }
+        if self.retry_at.is_some_and(|t| now_us >= t) && self.outstanding == 0 {
+            self.retry_at = None;
+            for c in self.retry_set.clone() {
+                self.launch(c, AttemptKind::Retry, now_us);
+            }
+        }
+        if self.hedge_at.is_some_and(|t| now_us >= t) {
+            self.hedge_at = None;
+            // Hedge to the next candidate; for watermark reads only to one known to
+            // cover the token. (A candidate taken when the budget is spent is not
+            // asked.)
+            let next = if self.watermark {
+                let i = self
+                    .fallback
+                    .iter()
+                    .position(|c| c.reason == Reason::Covered);
+                i.map(|i| self.fallback.remove(i))
+            } else {
+                self.primary.next()
+            };
+            if !self.may_hedge {
+                // Not a hedge: the first replica looks gone (`hedge_delay`).
+                if let Some(c) = next {
+                    self.launch(c, AttemptKind::Failover, now_us);
+                }
+            } else if let Some(c) = next
+                && hedger.try_spend()
+            {
+                self.launch(c, AttemptKind::Hedge, now_us);
+            }
+        }
+    }
+
+    /// Nothing more to ask, or the deadline passed: the error the call returns.
+    fn give_up(&mut self, now_us: u64) {
+        let outcome = match self.last_err {
+            Some((n, Reply::NotCovered)) if self.watermark => Outcome::NotCovered { attempt: n },
+            Some((n, r)) if r != Reply::DeadlineExceeded && now_us < self.deadline_at => {
+                Outcome::LastError { attempt: n }
+            }
+            _ => Outcome::DeadlineExceeded,
+        };
+        self.finish(outcome);
+    }
+
+    /// The call is over; attempts still out stay not `done` (the driver may still
+    /// learn from their answers, or their silence).
+    fn finish(&mut self, outcome: Outcome) {
+        self.outcome = Some(outcome);
+    }
+}
+
+/// Candidates a write tries at most.
+pub const WRITE_CANDIDATES: usize = 3;
+
+/// One write: not hedged (a write is not idempotent across origins); it fails over
+/// to the next of at most [`WRITE_CANDIDATES`] candidates only when one could not be
+/// reached or did not answer in its budget — half the time left while another
+/// candidate remains, so a dead replica does not eat the whole deadline.
+#[derive(Debug)]
+pub struct WriteCall {
+    /// Not yet asked, the next last.
+    candidates: Vec<Candidate>,
+    deadline_at: u64,
+    attempts: Vec<Attempt>,
+    unsent: usize,
+    last_err: Option<usize>,
+    outcome: Option<Outcome>,
+}
+
+impl WriteCall {
+    /// A write planned at `now_us`, to `candidates` in order, ending at the latest
+    /// `deadline` later.
+    pub fn new(
+        candidates: impl IntoIterator<Item = Candidate>,
+        now_us: u64,
+        deadline: Duration,
+    ) -> Self {
+        let mut candidates: Vec<Candidate> =
+            candidates.into_iter().take(WRITE_CANDIDATES).collect();
+        candidates.reverse();
+        let mut call = WriteCall {
+            candidates,
+            deadline_at: now_us.saturating_add(micros(deadline)),
+            attempts: Vec::new(),
+            unsent: 0,
+            last_err: None,
+            outcome: None,
+        };
+        if call.candidates.is_empty() {
+            call.outcome = Some(Outcome::NoCandidate);
+        } else {
+            call.next(now_us);
+        }
+        call
+    }
+
+    /// Asks the next candidate, or ends the call.
+    fn next(&mut self, now_us: u64) {
+        let left = self.deadline_at.saturating_sub(now_us);
+        let Some(candidate) = self.candidates.pop().filter(|_| left > 0) else {
+            self.outcome = Some(match self.last_err {
+                Some(n) => Outcome::LastError { attempt: n },
+                None => Outcome::DeadlineExceeded,
+            });
+            return;
+        };
+        let budget = if !self.candidates.is_empty() {
+            left / 2
+        } else {
+            left
+        };
+        let kind = if self.attempts.is_empty() {
+            AttemptKind::Primary
+        } else {
+            AttemptKind::Failover
+        };
+        self.attempts.push(Attempt {
+            candidate,
+            kind,
+            since_us: now_us,
+            until_us: now_us + budget,
+            done: false,
+        });
+    }
+
+    /// The next thing to do, until none is left.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        if self.outcome.is_some() || self.unsent == self.attempts.len() {
+            return None;
+        }
+        self.unsent += 1;
+        Some(Action::Send(self.unsent - 1))
+    }
+
+    /// When to call [`Self::handle_timeout`]: the budget of the attempt out.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if self.outcome.is_some() {
+            return None;
+        }
+        self.attempts.last().map(|a| a.until_us)
+    }
+
+    pub fn attempt(&self, n: usize) -> &Attempt {
+        &self.attempts[n]
+    }
+
+    pub fn attempts(&self) -> &[Attempt] {
+        &self.attempts
+    }
+
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.outcome
+    }
+
+    /// Attempt `n` was answered at `now_us`.
+    pub fn handle_reply(&mut self, now_us: u64, n: usize, reply: Reply) {
+        if self.outcome.is_some() {
+            return;
+        }
+        let Some(a) = self.attempts.get_mut(n) else {
+            return;
+        };
+        if a.done {
+            return;
+        }
+        a.done = true;
+        match reply {
+            Reply::Served => {
+                let reason = a.candidate.reason;
+                self.outcome = Some(Outcome::Served { attempt: n, reason });
+            }
+            Reply::Final => self.outcome = Some(Outcome::Failed { attempt: n }),
+            Reply::NotCovered | Reply::DeadlineExceeded | Reply::Retryable => {
+                self.last_err = Some(n);
+                self.next(now_us);
+            }
+        }
+    }
+
+    /// Time passed: the attempt out ran out of its budget (as if it had answered
+    /// "deadline exceeded").
+    pub fn handle_timeout(&mut self, now_us: u64) {
+        let Some(n) = self.attempts.len().checked_sub(1) else {
+            return;
+        };
+        if !self.attempts[n].done && now_us >= self.attempts[n].until_us {
+            self.handle_reply(now_us, n, Reply::DeadlineExceeded);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hlc::Timestamp;
+    use crate::token::Token;
+
+    const MS: u64 = 1_000;
+
+    fn c(name: &str, reason: Reason) -> Candidate {
+        Candidate {
+            replica: name.into(),
+            reason,
+            rtt_ms: 1.0,
+        }
+    }
+
+    fn sends<P: Iterator<Item = Candidate>>(call: &mut ReadCall<P>) -> Vec<(String, AttemptKind)> {
+        let mut out = Vec::new();
+        while let Some(a) = call.poll_action() {
+            if let Action::Send(n) = a {
+                let a = call.attempt(n);
+                out.push((a.candidate.replica.to_string(), a.kind));
+            }
+        }
+        out
+    }
+
+    fn eventual(hedge_after: Option<Duration>) -> ReadCall<std::vec::IntoIter<Candidate>> {
+        let primary = vec![
+            c("a", Reason::Nearest),
+            c("b", Reason::Nearest),
+            c("c", Reason::Nearest),
+        ];
+        ReadCall::new(
+            primary.into_iter(),
+            Vec::new(),
+            &Consistency::Eventual,
+            0,
+            Duration::from_millis(100),
+            hedge_after,
+        )
+    }
+
+    #[test]
+    fn first_answer_wins() {
+        let mut call = eventual(None);
+        assert_eq!(sends(&mut call), [("a".into(), AttemptKind::Primary)]);
+        assert_eq!(call.poll_timeout(), Some(100 * MS));
+        call.handle_reply(MS, 0, Reply::Served);
+        assert_eq!(
+            call.outcome(),
+            Some(Outcome::Served {
+                attempt: 0,
+                reason: Reason::Nearest
+            })
+        );
+        assert_eq!(call.poll_timeout(), None);
+        assert_eq!(call.poll_action(), None);
+    }
+
+    #[test]
+    fn hedges_within_budget_and_a_hedge_answer_says_so() {
+        let mut call = eventual(Some(Duration::from_millis(5)));
+        sends(&mut call);
+        assert_eq!(call.poll_timeout(), Some(5 * MS));
+        let mut hedger = Hedger::new(0);
+        call.handle_timeout(5 * MS, &mut hedger);
+        assert_eq!(sends(&mut call), [("b".into(), AttemptKind::Hedge)]);
+        // The hedge spent the one token a new hedger holds: no second hedge.
+        assert!(!hedger.try_spend());
+        call.handle_reply(7 * MS, 1, Reply::Served);
+        assert_eq!(
+            call.outcome(),
+            Some(Outcome::Served {
+                attempt: 1,
+                reason: Reason::Hedge
+            })
+        );
+        // The first request is still out: the driver learns from its silence.
+        assert!(!call.attempt(0).done);
+    }
+
+    #[test]
+    fn no_budget_no_hedge() {
+        let mut call = eventual(Some(Duration::from_millis(5)));
+        sends(&mut call);
+        let mut hedger = Hedger::new(0);
+        assert!(hedger.try_spend());
+        call.handle_timeout(5 * MS, &mut hedger);
+        assert!(sends(&mut call).is_empty());
+        assert_eq!(call.poll_timeout(), Some(100 * MS));
+        call.handle_timeout(100 * MS, &mut hedger);
+        assert_eq!(call.outcome(), Some(Outcome::DeadlineExceeded));
+    }
+
+    #[test]
+    fn errors_fail_over_then_the_last_error_is_returned() {
+        let mut call = eventual(None);
+        sends(&mut call);
+        call.handle_reply(MS, 0, Reply::Retryable);
+        assert_eq!(sends(&mut call), [("b".into(), AttemptKind::Failover)]);
+        call.handle_reply(2 * MS, 1, Reply::Retryable);
+        call.handle_reply(3 * MS, 2, Reply::Retryable);
+        assert_eq!(call.outcome(), Some(Outcome::LastError { attempt: 2 }));
+        // A final error ends the call at once.
+        let mut call = eventual(None);
+        sends(&mut call);
+        call.handle_reply(MS, 0, Reply::Final);
+        assert_eq!(call.outcome(), Some(Outcome::Failed { attempt: 0 }));
+        assert!(sends(&mut call).is_empty());
+    }
+
+    #[test]
+    fn an_affinity_read_fails_over_from_a_silent_replica_without_spending_budget() {
+        let primary = vec![c("a", Reason::Affinity), c("b", Reason::Nearest)];
+        let consistency = Consistency::RowAffinity;
+        let mut hedger = Hedger::new(0);
+        let after = hedge_delay(
+            &mut hedger,
+            Some(&HedgePolicy::default()),
+            &consistency,
+            Duration::from_millis(100),
+            Some(2.0),
+        );
+        assert_eq!(after, Some(Duration::from_millis(28)));
+        let mut call = ReadCall::new(
+            primary.into_iter(),
+            Vec::new(),
+            &consistency,
+            0,
+            Duration::from_millis(100),
+            after,
+        );
+        sends(&mut call);
+        let mut broke = Hedger::new(0);
+        assert!(broke.try_spend());
+        call.handle_timeout(28 * MS, &mut broke);
+        assert_eq!(sends(&mut call), [("b".into(), AttemptKind::Failover)]);
+    }
+
+    #[test]
+    fn watermark_read_races_fallbacks_retries_then_reports_not_covered() {
+        let token = Token {
+            scope: "global".into(),
+            origin: "o".into(),
+            sequence: 7,
+            timestamp: Timestamp::ZERO,
+        };
+        let primary = vec![c("a", Reason::Nearest), c("b", Reason::Nearest)];
+        let fallback = vec![
+            c("o", Reason::OriginFallback),
+            c("a", Reason::Covered),
+            c("x", Reason::Covered),
+        ];
+        let mut call = ReadCall::new(
+            primary.into_iter(),
+            fallback,
+            &Consistency::Watermark(token),
+            0,
+            Duration::from_millis(100),
+            None,
+        );
+        sends(&mut call);
+        call.handle_reply(MS, 0, Reply::NotCovered);
+        assert_eq!(call.poll_action(), Some(Action::FallbackRace));
+        assert_eq!(
+            sends(&mut call),
+            [
+                ("o".into(), AttemptKind::Fallback),
+                ("x".into(), AttemptKind::Fallback)
+            ]
+        );
+        call.handle_reply(2 * MS, 1, Reply::NotCovered);
+        // A deadline answer does not hide that nobody covered the token.
+        call.handle_reply(3 * MS, 2, Reply::DeadlineExceeded);
+        assert_eq!(call.outcome(), None);
+        assert_eq!(call.poll_timeout(), Some(13 * MS));
+        call.handle_timeout(13 * MS, &mut Hedger::new(0));
+        let retried: Vec<String> = sends(&mut call)
+            .into_iter()
+            .map(|(r, k)| {
+                assert_eq!(k, AttemptKind::Retry);
+                r
+            })
+            .collect();
+        assert_eq!(retried, ["o", "a", "x"]);
+        call.handle_timeout(100 * MS, &mut Hedger::new(0));
+        assert_eq!(call.outcome(), Some(Outcome::NotCovered { attempt: 1 }));
+    }
+
+    #[test]
+    fn no_candidate() {
+        let call = ReadCall::new(
+            Vec::new().into_iter(),
+            Vec::new(),
+            &Consistency::Eventual,
+            0,
+            Duration::from_millis(100),
+            None,
+        );
+        assert_eq!(call.outcome(), Some(Outcome::NoCandidate));
+        let call = WriteCall::new(Vec::new(), 0, Duration::from_millis(100));
+        assert_eq!(call.outcome(), Some(Outcome::NoCandidate));
+    }
+
+    #[test]
+    fn a_write_leaves_room_to_fail_over_and_tries_three_replicas_at_most() {
+        let cands = ["a", "b", "c", "d"].map(|n| c(n, Reason::Nearest));
+        let mut call = WriteCall::new(cands, 0, Duration::from_millis(800));
+        assert_eq!(call.poll_action(), Some(Action::Send(0)));
+        // Half the time while another candidate remains.
+        assert_eq!(call.attempt(0).until_us, 400 * MS);
+        assert_eq!(call.poll_timeout(), Some(400 * MS));
+        call.handle_timeout(400 * MS);
+        assert_eq!(call.poll_action(), Some(Action::Send(1)));
+        assert_eq!(call.attempt(1).kind, AttemptKind::Failover);
+        assert_eq!(call.attempt(1).until_us, 600 * MS);
+        call.handle_reply(450 * MS, 1, Reply::Retryable);
+        assert_eq!(call.poll_action(), Some(Action::Send(2)));
+        // The last candidate gets all that is left; "d" is never asked.
+        assert_eq!(call.attempt(2).until_us, 800 * MS);
+        call.handle_reply(460 * MS, 2, Reply::Retryable);
+        assert_eq!(call.poll_action(), None);
+        assert_eq!(call.outcome(), Some(Outcome::LastError { attempt: 2 }));
+        // A final error is not failed over.
+        let mut call = WriteCall::new(
+            [c("a", Reason::Nearest), c("b", Reason::Nearest)],
+            0,
+            Duration::from_millis(800),
+        );
+        call.poll_action();
+        call.handle_reply(MS, 0, Reply::Final);
+        assert_eq!(call.outcome(), Some(Outcome::Failed { attempt: 0 }));
+        assert_eq!(call.poll_action(), None);
+    }
+}
