@@ -160,24 +160,23 @@ pub(crate) async fn run(
 ) -> Result<Response<pb::client_response::Response>, Error> {
     let deadline = opts.deadline;
     let deadline_at = deadline_after(started, deadline);
-    let hedge_after = {
-        let first = plan.primary.first().map(|c| &c.replica);
-        let rtt = first.and_then(|r| inner.rtt_ms.get(r).map(|e| *e));
-        call::hedge_delay(
-            &mut inner.hedger(),
-            opts.hedge.as_ref(),
-            &opts.consistency,
-            deadline,
-            rtt,
-        )
-    };
     let mut call = ReadCall::new(
         plan.primary.into_iter(),
         plan.fallback,
         &opts.consistency,
         inner.us(started),
         deadline,
-        hedge_after,
+        |first| {
+            let rtt = first.and_then(|c| inner.rtt_ms.get(&c.replica).map(|e| *e));
+            let policy = opts.hedge.as_ref();
+            call::hedge_delay(
+                &mut inner.hedger(),
+                policy,
+                &opts.consistency,
+                deadline,
+                rtt,
+            )
+        },
     );
     // The attempts race inside this task (no task spawned per attempt, which
     // was 5 % of a client's CPU on 1 KiB reads); the losers are handed to the

@@ -167,17 +167,19 @@ pub const WATERMARK_RETRY: Duration = Duration::from_millis(10);
 
 impl<P: Iterator<Item = Candidate>> ReadCall<P> {
     /// A read planned at `now_us` with `primary` and `fallback` candidates, ending
-    /// at the latest `deadline` later; `hedge_after` from [`hedge_delay`].
+    /// at the latest `deadline` later. `hedge_after`, told the first candidate,
+    /// says when to hedge ([`hedge_delay`]).
     pub fn new(
         mut primary: P,
         fallback: Vec<Candidate>,
         consistency: &Consistency,
         now_us: u64,
         deadline: Duration,
-        hedge_after: Option<Duration>,
+        hedge_after: impl FnOnce(Option<&Candidate>) -> Option<Duration>,
     ) -> Self {
         let watermark = matches!(consistency, Consistency::Watermark(_));
         let first = primary.next();
+        let hedge_after = hedge_after(first.as_ref());
         let mut retry_set = Vec::new();
         if watermark {
             retry_set.clone_from(&fallback);
@@ -585,7 +587,7 @@ mod tests {
             &Consistency::Eventual,
             0,
             Duration::from_millis(100),
-            hedge_after,
+            |_| hedge_after,
         )
     }
 
@@ -663,22 +665,24 @@ mod tests {
         let primary = vec![c("a", Reason::Affinity), c("b", Reason::Nearest)];
         let consistency = Consistency::RowAffinity;
         let mut hedger = Hedger::new(0);
-        let after = hedge_delay(
-            &mut hedger,
-            Some(&HedgePolicy::default()),
-            &consistency,
-            Duration::from_millis(100),
-            Some(2.0),
-        );
-        assert_eq!(after, Some(Duration::from_millis(28)));
         let mut call = ReadCall::new(
             primary.into_iter(),
             Vec::new(),
             &consistency,
             0,
             Duration::from_millis(100),
-            after,
+            |first| {
+                assert_eq!(first.map(|c| c.replica.as_str()), Some("a"));
+                hedge_delay(
+                    &mut hedger,
+                    Some(&HedgePolicy::default()),
+                    &consistency,
+                    Duration::from_millis(100),
+                    Some(2.0),
+                )
+            },
         );
+        assert_eq!(call.poll_timeout(), Some(28 * MS));
         sends(&mut call);
         let mut broke = Hedger::new(0);
         assert!(broke.try_spend());
@@ -706,7 +710,7 @@ mod tests {
             &Consistency::Watermark(token),
             0,
             Duration::from_millis(100),
-            None,
+            |_| None,
         );
         sends(&mut call);
         call.handle_reply(MS, 0, Reply::NotCovered);
@@ -744,7 +748,7 @@ mod tests {
             &Consistency::Eventual,
             0,
             Duration::from_millis(100),
-            None,
+            |_| None,
         );
         assert_eq!(call.outcome(), Some(Outcome::NoCandidate));
         let call = WriteCall::new(Vec::new(), 0, Duration::from_millis(100));

@@ -3,22 +3,19 @@
 //! Nothing here is a copy of the library. Every read and write is planned by
 //! `pangea_core::read` over a [`View`] of this state, exactly as the client library
 //! plans over its `Snapshot` (through an `OrderCache`, which gives the same order
-//! and checks so in debug builds); the round-trip average, how long a
-//! failed replica stays last in line, the refresh cadence and the hedging delay and
-//! budget are `pangea_core::frontend`, which the library runs too. What lives here
-//! is only the state those functions keep, indexed densely.
+//! and checks so in debug builds), and run by `pangea_core::frontend::call`'s state
+//! machines, which the library drives too; the round-trip average, how long a
+//! failed replica stays last in line, the refresh cadence and the hedger are
+//! `pangea_core::frontend`. What lives here is only the state those functions
+//! keep, indexed densely.
 
 use crate::ids::Interner;
 use crate::time::{SimDuration, SimTime};
 use bytes::Bytes;
-use pangea_core::frontend::{self, HedgePolicy};
+use pangea_core::frontend;
 use pangea_core::read::{OrderCache, PeerView};
 use pangea_core::{ReplicaId, ScopeId, ScopeWatermarks, Timestamp, Token};
 use std::sync::Arc;
-
-fn sim(d: std::time::Duration) -> SimDuration {
-    SimDuration::from_us(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
 
 /// How long a replica that failed stays last in line (`frontend::DOWN_FOR`).
 pub(crate) const DOWN_FOR: SimDuration = SimDuration::from_secs(frontend::DOWN_FOR.as_secs());
@@ -30,42 +27,6 @@ pub(crate) const PROBE_TIMEOUT: SimDuration =
     SimDuration::from_secs(frontend::PROBE_TIMEOUT.as_secs());
 /// How long a replica a probe could not reach stays last (`PROBE_DOWN_FOR`).
 const PROBE_DOWN_FOR: SimDuration = SimDuration::from_secs(frontend::PROBE_DOWN_FOR.as_secs());
-
-/// The library's hedger, on virtual time.
-#[derive(Debug)]
-pub(crate) struct Hedger {
-    core: frontend::Hedger,
-    policy: HedgePolicy,
-}
-
-impl Hedger {
-    pub(crate) fn new(now: SimTime) -> Self {
-        Hedger {
-            core: frontend::Hedger::new(now.as_us()),
-            // What `ReadOptions::default()` hedges with.
-            policy: HedgePolicy::default(),
-        }
-    }
-
-    pub(crate) fn record(&mut self, now: SimTime, latency: SimDuration) {
-        self.core.record(
-            now.as_us(),
-            std::time::Duration::from_micros(latency.as_us()),
-        );
-    }
-
-    /// The delay before hedging one request; earns the request's share of budget.
-    pub(crate) fn delay(&mut self, deadline: SimDuration) -> SimDuration {
-        sim(self.core.delay(
-            &self.policy,
-            std::time::Duration::from_micros(deadline.as_us()),
-        ))
-    }
-
-    pub(crate) fn try_spend(&mut self) -> bool {
-        self.core.try_spend()
-    }
-}
 
 /// One frontend process.
 #[derive(Debug)]
@@ -88,7 +49,8 @@ pub(crate) struct Client {
     /// Last-known watermarks, `[scope][replica]`, with their freshness computed
     /// once when learnt (planning a bounded read asks it of every candidate).
     known: Vec<Vec<Option<(ScopeWatermarks, Timestamp)>>>,
-    pub(crate) hedger: Hedger,
+    /// The library's hedger, on virtual time (µs).
+    pub(crate) hedger: frontend::Hedger,
     /// The key and token of this frontend's last acknowledged write.
     pub(crate) last_write: Option<(Bytes, Token)>,
     /// Background probes in flight, by replica: when each was sent.
@@ -115,7 +77,7 @@ impl Client {
             orders: OrderCache::new(),
             rank_of,
             known: vec![vec![None; replicas]; scopes],
-            hedger: Hedger::new(now),
+            hedger: frontend::Hedger::new(now.as_us()),
             last_write: None,
             probe_sent: vec![None; replicas],
             probes_pending: 0,
@@ -259,32 +221,5 @@ impl View<'_> {
             Some(r) => self.client.known.get(self.scope)?.get((*r)?)?.as_ref(),
             None => self.known(replica),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The wrapper only converts units: the same samples give the library's delay.
-    #[test]
-    fn hedge_delay_is_the_libraries() {
-        let mut h = Hedger::new(SimTime::ZERO);
-        let mut lib = frontend::Hedger::new(0);
-        let deadline = SimDuration::from_ms(20);
-        for i in 0..100u64 {
-            let latency = SimDuration::from_us(3_000 + 37 * i);
-            h.record(SimTime::ZERO + SimDuration::from_ms(i), latency);
-            lib.record(i * 1_000, std::time::Duration::from_micros(latency.as_us()));
-        }
-        let want = lib.delay(
-            &HedgePolicy::default(),
-            std::time::Duration::from_millis(20),
-        );
-        assert_eq!(h.delay(deadline).as_us(), want.as_micros() as u64);
-        assert!(
-            h.delay(deadline) > SimDuration::from_ms(3),
-            "follows the samples"
-        );
     }
 }

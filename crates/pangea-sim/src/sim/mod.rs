@@ -60,6 +60,7 @@ use metrics::{
 };
 use pangea_core::digest::ContentDigest;
 use pangea_core::frame::Frame;
+use pangea_core::frontend::call::{self, Action, Outcome, ReadCall, Reply as CallReply, WriteCall};
 use pangea_core::link::LinkEncoder;
 use pangea_core::read::{
     Candidate, Candidates, Consistency, Decision, ReadRequest, Reason, RouteTable, decide,
@@ -167,9 +168,14 @@ impl ErrKind {
         }
     }
 
-    /// `pangea_client::Error::is_retryable`.
-    fn retryable(self) -> bool {
-        !matches!(self, ErrKind::Policy)
+    /// How the call's state machine sees it (`pangea_client`'s `reply_of`).
+    fn reply(self) -> CallReply {
+        match self {
+            ErrKind::Deadline => CallReply::DeadlineExceeded,
+            ErrKind::NotCovered => CallReply::NotCovered,
+            ErrKind::TooStale | ErrKind::Unavailable => CallReply::Retryable,
+            ErrKind::Policy => CallReply::Final,
+        }
     }
 }
 
@@ -209,10 +215,8 @@ enum Ev {
         r: u32,
         reply: Box<Reply>,
     },
-    Hedge {
-        op: OpRef,
-    },
-    Deadline {
+    /// An operation's call asked to be woken now (`poll_timeout`).
+    Wake {
         op: OpRef,
     },
     Probe {
@@ -256,11 +260,55 @@ struct RemoteRead {
 
 #[derive(Debug)]
 struct Attempt {
+    /// The replica asked, by index.
     replica: usize,
-    reason: Reason,
-    hedged: bool,
-    sent_at: SimTime,
-    done: bool,
+    /// Its error, once it answered with one.
+    err: Option<ErrKind>,
+}
+
+/// An operation's decisions: `pangea_core`'s state machines, which `pangea-client`
+/// drives too.
+#[derive(Debug)]
+enum Call {
+    Read(ReadCall<Candidates>),
+    Write(WriteCall),
+}
+
+impl Call {
+    fn poll_action(&mut self) -> Option<Action> {
+        match self {
+            Call::Read(c) => c.poll_action(),
+            Call::Write(c) => c.poll_action(),
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<u64> {
+        match self {
+            Call::Read(c) => c.poll_timeout(),
+            Call::Write(c) => c.poll_timeout(),
+        }
+    }
+
+    fn attempt(&self, n: usize) -> Option<&call::Attempt> {
+        match self {
+            Call::Read(c) => c.attempts().get(n),
+            Call::Write(c) => c.attempts().get(n),
+        }
+    }
+
+    fn handle_reply(&mut self, now: SimTime, n: usize, reply: CallReply) {
+        match self {
+            Call::Read(c) => c.handle_reply(now.as_us(), n, reply),
+            Call::Write(c) => c.handle_reply(now.as_us(), n, reply),
+        }
+    }
+
+    fn outcome(&self) -> Option<Outcome> {
+        match self {
+            Call::Read(c) => c.outcome(),
+            Call::Write(c) => c.outcome(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -274,23 +322,14 @@ struct Op {
     consistency: Consistency,
     mutation: Option<RowMutation>,
     started: SimTime,
-    deadline_at: SimTime,
-    /// Built one at a time as they are taken (`pangea_core::read::Candidates`).
-    primary: Candidates,
-    fallback: Vec<Candidate>,
+    call: Call,
+    /// The replicas of `call`'s attempts, in its order.
     attempts: Vec<Attempt>,
-    outstanding: u32,
-    raced_fallback: bool,
-    hedge_fired: bool,
-    last_err: Option<ErrKind>,
-    /// Writes try at most 3 candidates (`Client::mutate`).
-    write_candidates_left: u32,
+    /// The earliest `Ev::Wake` of this operation in the queue.
+    wake_at: Option<SimTime>,
     /// A read-back (`Workload::read_back`): the token of the write it reads back,
     /// never sent (the read is a plain affinity read), only checked.
     read_back: Option<Token>,
-    /// The deadline's place in the queue, while it waits for the hedge to queue it
-    /// (`start_read`).
-    deadline_place: Option<crate::queue::Place>,
 }
 
 /// Operations in flight, by slot; a slot's generation changes when it is reused.
@@ -1058,8 +1097,7 @@ impl Simulation {
                 r,
                 reply,
             } => self.on_response(op, attempt as usize, r as usize, *reply),
-            Ev::Hedge { op } => self.on_hedge(op),
-            Ev::Deadline { op } => self.on_deadline(op),
+            Ev::Wake { op } => self.on_wake(op),
             Ev::Probe { client } => self.on_probe(client as usize),
             Ev::ProbeRequest { client, r, sent_at } => {
                 self.on_probe_request(client as usize, r as usize, sent_at)

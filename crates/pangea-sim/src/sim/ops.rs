@@ -1,14 +1,18 @@
 //! Client operations: issuing, routing (`plan_read`), the request's trip to a
 //! replica and back, serving it there (`decide`, `MemStorage::row`, `propose`), and
-//! the client's reaction to each answer — `pangea-client`'s `read::run` and `mutate` as
-//! event handlers.
+//! the client's reaction to each answer: every decision is taken by
+//! `pangea_core::frontend::call` (`ReadCall`, `WriteCall`), the state machines
+//! `pangea-client`'s `read::run` and `mutate` drive too; this drives them on events
+//! ([`Simulation::drive`], `Ev::Wake`).
 
 use super::*;
 use crate::scenario::WriteAck;
-use pangea_core::frontend;
+use pangea_core::frontend::HedgePolicy;
+use pangea_core::frontend::call::AttemptKind;
 use pangea_core::location::Location;
 use pangea_core::read::{ReadOrder, RouteError, order_read_cached, staleness_ms};
 use pangea_topology::WriteRouting;
+use std::time::Duration;
 
 impl Simulation {
     /// One-way delay of client traffic between a client region and replica `r`
@@ -108,42 +112,6 @@ impl Simulation {
         }
     }
 
-    // The op's fields, all needed: a struct of them would only rename this list.
-    #[allow(clippy::too_many_arguments)]
-    fn new_op(
-        &mut self,
-        client: usize,
-        mode: Option<Mode>,
-        key: Bytes,
-        scope_id: ScopeId,
-        consistency: Consistency,
-        mutation: Option<RowMutation>,
-        deadline: SimDuration,
-    ) -> Op {
-        let _ = client;
-        Op {
-            client,
-            mode,
-            key,
-            scope: self.scopes.get(scope_id.as_str()).unwrap_or(0),
-            scope_id,
-            consistency,
-            mutation,
-            started: self.now,
-            deadline_at: self.now + deadline,
-            primary: Candidates::empty(),
-            fallback: Vec::new(),
-            attempts: Vec::new(),
-            outstanding: 0,
-            raced_fallback: false,
-            hedge_fired: false,
-            last_err: None,
-            write_candidates_left: 3,
-            deadline_place: None,
-            read_back: None,
-        }
-    }
-
     fn start_read(
         &mut self,
         client: usize,
@@ -154,72 +122,60 @@ impl Simulation {
         read_back: Option<Token>,
     ) {
         let scope_id = self.views[self.client_view].scope_of(&table, &key).clone();
+        let scope = self.scopes.get(scope_id.as_str()).unwrap_or(0);
         let deadline = self.sc.workload.deadline;
-        let mut op = self.new_op(
-            client,
-            Some(mode),
-            key,
-            scope_id,
-            consistency,
-            None,
-            deadline,
-        );
-        op.read_back = read_back;
         self.metrics.reads += 1;
         self.metrics.modes[mode.index()].count += 1;
         let region = self.clients[client].region;
         self.metrics.regions[region].count += 1;
         self.metrics.region_modes[region][mode.index()].count += 1;
-        let plan = match self.plan(
-            client,
-            op.scope,
-            &op.scope_id,
-            &table,
-            &op.key,
-            &op.consistency,
-        ) {
+        let plan = match self.plan(client, scope, &scope_id, &table, &key, &consistency) {
             Ok(p) => p,
             Err(_) => {
-                self.finish_read(op, Err(ErrKind::Policy), None);
+                self.finish_read(client, mode, self.now, Err(ErrKind::Policy), None);
                 return;
             }
         };
-        op.primary = plan.primary;
-        op.fallback = plan.fallback;
-        let Some(first) = op.primary.next() else {
-            self.finish_read(op, Err(ErrKind::Unavailable), None);
-            return;
+        // As the library (`read::run`): the hedge after the hedger's delay, or for
+        // a read that may not be hedged, failover once its first replica has been
+        // silent for several round trips.
+        let policy = self.sc.workload.hedge.then(HedgePolicy::default);
+        let (names, c) = (&self.names, &mut self.clients[client]);
+        let call = ReadCall::new(
+            plan.primary,
+            plan.fallback,
+            &consistency,
+            self.now.as_us(),
+            Duration::from_micros(deadline.as_us()),
+            |first| {
+                let rtt = first
+                    .and_then(|f| names.get(f.replica.as_str()))
+                    .and_then(|r| c.rtt_ms_of(r));
+                let deadline = Duration::from_micros(deadline.as_us());
+                call::hedge_delay(&mut c.hedger, policy.as_ref(), &consistency, deadline, rtt)
+            },
+        );
+        let op = Op {
+            client,
+            mode: Some(mode),
+            key,
+            scope,
+            scope_id,
+            consistency,
+            mutation: None,
+            started: self.now,
+            call: Call::Read(call),
+            attempts: Vec::new(),
+            wake_at: None,
+            read_back,
         };
-        // As the library: a read that may not be hedged fails over once its first
-        // replica has been silent for several round trips (`frontend::gone_after`).
-        let hedge_at = self.sc.workload.hedge.then(|| {
-            let delay = if op.consistency.may_hedge() {
-                self.clients[client].hedger.delay(deadline)
-            } else {
-                let r = self.names.get(first.replica.as_str());
-                let rtt = r.and_then(|r| self.clients[client].rtt_ms_of(r));
-                SimDuration::from_us(frontend::gone_after(rtt).as_micros() as u64)
-            };
-            self.now + delay
-        });
-        let deadline_at = op.deadline_at;
-        let hedge_at = hedge_at.filter(|t| *t < deadline_at);
-        // With a hedge, the deadline is queued when the hedge is due, if the read
-        // still waits, in the place it takes now among equal times: most reads end
-        // before their hedge and then leave one stale event in the queue, not two.
-        if hedge_at.is_some() {
-            op.deadline_place = Some(self.queue.reserve());
-        }
         let r = self.ops.insert(op);
-        match hedge_at {
-            Some(t) => self.queue.push(t, Ev::Hedge { op: r }),
-            None => self.queue.push(deadline_at, Ev::Deadline { op: r }),
-        }
-        self.launch(r, first, false);
+        self.drive(r);
     }
 
     fn start_write(&mut self, client: usize, table: Arc<str>, key: Bytes, m: Mutation) {
         let scope_id = self.views[self.client_view].scope_of(&table, &key).clone();
+        let scope = self.scopes.get(scope_id.as_str()).unwrap_or(0);
         self.metrics.writes.count += 1;
         let mutation =
             match RowMutation::new(table.clone(), key.clone(), vec![m], &Limits::default()) {
@@ -229,16 +185,6 @@ impl Simulation {
                     return;
                 }
             };
-        let deadline = self.sc.workload.write_deadline;
-        let mut op = self.new_op(
-            client,
-            None,
-            key,
-            scope_id,
-            Consistency::Eventual,
-            Some(mutation),
-            deadline,
-        );
         // Writes go to the nearest allowed replica, the order of an eventual plan,
         // or, for a profile with `writes = "row-affinity"`, to the row's affinity
         // replica first: the order of an affinity read (`Client::mutate`).
@@ -246,23 +192,97 @@ impl Simulation {
             WriteRouting::Nearest => Consistency::Eventual,
             WriteRouting::RowAffinity => Consistency::RowAffinity,
         };
-        let Ok(plan) = self.plan(client, op.scope, &op.scope_id, &table, &op.key, &write_plan)
-        else {
+        let Ok(plan) = self.plan(client, scope, &scope_id, &table, &key, &write_plan) else {
             self.metrics.writes.errors += 1;
             self.trace([20, client as u64, 0, 0]);
             return;
         };
-        op.primary = plan.primary;
-        op.primary.truncate(3);
-        let Some(first) = op.primary.next() else {
-            self.metrics.writes.errors += 1;
+        let deadline = Duration::from_micros(self.sc.workload.write_deadline.as_us());
+        let call = WriteCall::new(plan.primary, self.now.as_us(), deadline);
+        let op = Op {
+            client,
+            mode: None,
+            key,
+            scope,
+            scope_id,
+            consistency: Consistency::Eventual,
+            mutation: Some(mutation),
+            started: self.now,
+            call: Call::Write(call),
+            attempts: Vec::new(),
+            wake_at: None,
+            read_back: None,
+        };
+        let r = self.ops.insert(op);
+        self.drive(r);
+    }
+
+    /// Does what `op`'s call asks — sends its attempts, ends it, or queues its
+    /// wake-up — as `pangea-client`'s drivers do.
+    fn drive(&mut self, op_ref: OpRef) {
+        loop {
+            let Some(op) = self.ops.get_mut(op_ref) else {
+                return;
+            };
+            match op.call.poll_action() {
+                Some(Action::FallbackRace) => self.metrics.counters.fallback_races += 1,
+                Some(Action::Send(n)) => {
+                    let Some(a) = op.call.attempt(n) else {
+                        return;
+                    };
+                    match a.kind {
+                        AttemptKind::Failover => self.metrics.counters.failovers += 1,
+                        AttemptKind::Hedge => self.metrics.counters.hedges += 1,
+                        _ => {}
+                    }
+                    let c = a.candidate.clone();
+                    self.launch(op_ref, n, c);
+                }
+                None => break,
+            }
+        }
+        let Some(op) = self.ops.get_mut(op_ref) else {
             return;
         };
-        op.write_candidates_left -= 1;
-        let deadline_at = op.deadline_at;
-        let r = self.ops.insert(op);
-        self.queue.push(deadline_at, Ev::Deadline { op: r });
-        self.launch(r, first, false);
+        if let Some(outcome) = op.call.outcome() {
+            let op = self.ops.remove(op_ref).expect("live op");
+            self.end(op, outcome);
+            return;
+        }
+        if let Some(t) = op.call.poll_timeout().map(SimTime::from_us)
+            && op.wake_at.is_none_or(|w| t < w)
+        {
+            op.wake_at = Some(t);
+            self.queue.push(t, Ev::Wake { op: op_ref });
+        }
+    }
+
+    /// `op`'s call ended with `outcome` (a write's acknowledgement is handled where
+    /// it arrives, `on_response`).
+    fn end(&mut self, op: Op, outcome: Outcome) {
+        let err_of = |n: usize| {
+            op.attempts
+                .get(n)
+                .and_then(|a| a.err)
+                .unwrap_or(ErrKind::Deadline)
+        };
+        let result = match outcome {
+            Outcome::Served { attempt, reason } => Ok((
+                op.attempts.get(attempt).map_or(usize::MAX, |a| a.replica),
+                reason,
+            )),
+            Outcome::Failed { attempt } | Outcome::LastError { attempt } => Err(err_of(attempt)),
+            Outcome::NotCovered { .. } => Err(ErrKind::NotCovered),
+            Outcome::DeadlineExceeded => Err(ErrKind::Deadline),
+            Outcome::NoCandidate => Err(ErrKind::Unavailable),
+        };
+        match (op.mode, result) {
+            (Some(mode), Ok(served)) => {
+                self.finish_read(op.client, mode, op.started, Ok(()), Some(served))
+            }
+            (Some(mode), Err(e)) => self.finish_read(op.client, mode, op.started, Err(e), None),
+            (None, _) => self.fail_write(op.client),
+        }
     }
 
     /// Plans a request of `client` as `pangea-client` does (`order_read_routed`, the
@@ -317,24 +337,22 @@ impl Simulation {
         BASE_WALL_MS + self.now.as_us() / 1_000
     }
 
-    /// Sends one attempt of `op` to candidate `c`.
-    fn launch(&mut self, r: OpRef, c: Candidate, hedged: bool) {
-        let Some(replica) = self.names.get(c.replica.as_str()) else {
-            return;
-        };
+    /// Sends attempt `attempt` of `op` to candidate `c`.
+    fn launch(&mut self, r: OpRef, attempt: usize, c: Candidate) {
+        let replica = self.names.get(c.replica.as_str());
         let now = self.now;
         let Some(op) = self.ops.get_mut(r) else {
             return;
         };
-        let attempt = op.attempts.len();
+        debug_assert_eq!(attempt, op.attempts.len(), "attempts are sent in order");
         op.attempts.push(Attempt {
-            replica,
-            reason: c.reason,
-            hedged,
-            sent_at: now,
-            done: false,
+            replica: replica.unwrap_or(usize::MAX),
+            err: None,
         });
-        op.outstanding += 1;
+        // A replica the simulation does not know is never reached.
+        let Some(replica) = replica else {
+            return;
+        };
         let client = op.client;
         let write = op.mutation.clone().map(Box::new);
         let bytes = ENVELOPE_BYTES
@@ -643,16 +661,13 @@ impl Simulation {
         let Some(op) = self.ops.get_mut(op_ref) else {
             return;
         };
-        let Some(att) = op.attempts.get_mut(attempt) else {
+        let Some(att) = op.call.attempt(attempt) else {
             return;
         };
         if att.done {
             return;
         }
-        att.done = true;
-        op.outstanding -= 1;
-        let elapsed = now.saturating_since(att.sent_at);
-        let (hedged, reason, asked) = (att.hedged, att.reason, att.replica);
+        let elapsed = now.saturating_since(SimTime::from_us(att.since_us));
         let scope = op.scope;
         // A write that waited for other regions took the WAN's time, not the
         // path's: routing and hedging must not learn from it (`Inner::ask`).
@@ -666,7 +681,9 @@ impl Simulation {
             Reply::Ok { wm, token } => {
                 if learns {
                     client.note_rtt(r, elapsed);
-                    client.hedger.record(now, elapsed);
+                    client
+                        .hedger
+                        .record(now.as_us(), Duration::from_micros(elapsed.as_us()));
                 }
                 if let (Some(t), Some(w)) = (&op.read_back, &wm)
                     && !w.covers(t)
@@ -688,192 +705,77 @@ impl Simulation {
                 Err(kind)
             }
         };
-        if op.mode.is_none() {
-            self.on_write_result(op_ref, r, result);
-            return;
-        }
-        let watermark = matches!(op.consistency, Consistency::Watermark(_));
-        match result {
-            Ok(_) => {
-                let reason = if hedged { Reason::Hedge } else { reason };
-                let op = self.ops.remove(op_ref).expect("live op");
-                self.finish_read(op, Ok(()), Some((r, reason)));
-                return;
-            }
-            Err(ErrKind::NotCovered) if watermark && !op.raced_fallback => {
-                // Ask the origin and every replica known to cover the token, all at
-                // once; the first covered answer wins.
-                op.raced_fallback = true;
-                let asked = self.names.name(asked).to_owned();
-                let race: Vec<Candidate> = op
-                    .fallback
-                    .drain(..)
-                    .filter(|c| c.replica.as_str() != asked)
-                    .collect();
-                op.last_err = Some(ErrKind::NotCovered);
-                self.metrics.counters.fallback_races += 1;
-                for c in race {
-                    self.launch(op_ref, c, false);
-                }
-            }
-            Err(e) if e.retryable() => {
-                let next = if watermark && op.raced_fallback {
-                    None
-                } else {
-                    op.primary.next()
-                };
-                op.last_err = Some(e);
-                if let Some(c) = next {
-                    self.metrics.counters.failovers += 1;
-                    self.launch(op_ref, c, false);
-                }
-            }
-            Err(e) => {
-                let op = self.ops.remove(op_ref).expect("live op");
-                self.finish_read(op, Err(e), None);
-                return;
-            }
-        }
-        let Some(op) = self.ops.get_mut(op_ref) else {
-            return;
+        let reply = match &result {
+            Ok(_) => CallReply::Served,
+            Err(e) => e.reply(),
         };
-        if op.outstanding == 0 && op.primary.is_empty() && (!watermark || op.raced_fallback) {
-            self.fail_read(op_ref);
-            return;
+        if let (Err(e), Some(a)) = (&result, op.attempts.get_mut(attempt)) {
+            a.err = Some(*e);
         }
-        if op.outstanding == 0 && !(watermark && op.raced_fallback) {
-            match op.primary.next() {
-                Some(c) => self.launch(op_ref, c, false),
-                None => self.fail_read(op_ref),
-            }
-        }
-    }
-
-    fn on_write_result(
-        &mut self,
-        op_ref: OpRef,
-        r: usize,
-        result: std::result::Result<Option<Token>, ErrKind>,
-    ) {
-        let Some(op) = self.ops.get_mut(op_ref) else {
-            return;
-        };
-        match result {
-            Ok(token) => {
-                let op = self.ops.remove(op_ref).expect("live op");
-                let latency = self.now.saturating_since(op.started);
-                metrics::record(&mut self.metrics.writes.ok, latency.as_us());
-                self.trace([21, op.client as u64, r as u64, latency.as_us()]);
-                if let Some(t) = token {
-                    let read_back = self.sc.workload.read_back;
-                    if read_back > 0.0 && self.generator.chance(read_back) {
-                        self.metrics.counters.read_backs += 1;
-                        let table = self.workload_table.clone();
-                        self.start_read(
-                            op.client,
-                            Mode::Affinity,
-                            table,
-                            op.key.clone(),
-                            Consistency::RowAffinity,
-                            Some(t.clone()),
-                        );
-                    }
-                    self.clients[op.client].last_write = Some((op.key, t));
-                }
-            }
-            Err(e)
-                if e.retryable() && op.write_candidates_left > 0 && self.now < op.deadline_at =>
-            {
-                op.last_err = Some(e);
-                if let Some(c) = op.primary.next() {
-                    op.write_candidates_left -= 1;
-                    self.metrics.counters.failovers += 1;
-                    self.launch(op_ref, c, false);
-                } else {
-                    self.fail_write(op_ref);
-                }
-            }
-            Err(_) => self.fail_write(op_ref),
-        }
-    }
-
-    fn fail_write(&mut self, op_ref: OpRef) {
-        if let Some(op) = self.ops.remove(op_ref) {
-            self.metrics.writes.errors += 1;
-            self.trace([22, op.client as u64, 0, 0]);
-        }
-    }
-
-    pub(super) fn on_hedge(&mut self, op_ref: OpRef) {
-        let Some(op) = self.ops.get_mut(op_ref) else {
-            return;
-        };
-        if let Some(place) = op.deadline_place.take() {
-            let deadline = Ev::Deadline { op: op_ref };
-            self.queue.push_at_place(op.deadline_at, place, deadline);
-        }
-        if op.hedge_fired {
-            return;
-        }
-        op.hedge_fired = true;
-        // Hedge to the next candidate; for watermark reads only to one known to
-        // cover the token. (As in the library, a candidate taken when the budget is
-        // spent is not asked.)
-        let next = if matches!(op.consistency, Consistency::Watermark(_)) {
-            let i = op.fallback.iter().position(|c| c.reason == Reason::Covered);
-            i.map(|i| op.fallback.remove(i))
-        } else {
-            op.primary.next()
-        };
-        let client = op.client;
-        if !op.consistency.may_hedge() {
-            // Not a hedge: the first replica looks gone (`start_read`).
-            if let Some(c) = next {
-                self.metrics.counters.failovers += 1;
-                self.launch(op_ref, c, false);
-            }
-        } else if let Some(c) = next
-            && self.clients[client].hedger.try_spend()
+        op.call.handle_reply(now, attempt, reply);
+        if let (Ok(token), None, Some(Outcome::Served { .. })) =
+            (result, op.mode, op.call.outcome())
         {
-            self.metrics.counters.hedges += 1;
-            self.launch(op_ref, c, true);
+            let op = self.ops.remove(op_ref).expect("live op");
+            self.write_acknowledged(op, r, token);
+            return;
+        }
+        self.drive(op_ref);
+    }
+
+    fn write_acknowledged(&mut self, op: Op, r: usize, token: Option<Token>) {
+        let latency = self.now.saturating_since(op.started);
+        metrics::record(&mut self.metrics.writes.ok, latency.as_us());
+        self.trace([21, op.client as u64, r as u64, latency.as_us()]);
+        if let Some(t) = token {
+            let read_back = self.sc.workload.read_back;
+            if read_back > 0.0 && self.generator.chance(read_back) {
+                self.metrics.counters.read_backs += 1;
+                let table = self.workload_table.clone();
+                self.start_read(
+                    op.client,
+                    Mode::Affinity,
+                    table,
+                    op.key.clone(),
+                    Consistency::RowAffinity,
+                    Some(t.clone()),
+                );
+            }
+            self.clients[op.client].last_write = Some((op.key, t));
         }
     }
 
-    pub(super) fn on_deadline(&mut self, op_ref: OpRef) {
+    fn fail_write(&mut self, client: usize) {
+        self.metrics.writes.errors += 1;
+        self.trace([22, client as u64, 0, 0]);
+    }
+
+    /// An operation's call asked to be woken about now.
+    pub(super) fn on_wake(&mut self, op_ref: OpRef) {
+        let now = self.now;
         let Some(op) = self.ops.get_mut(op_ref) else {
             return;
         };
-        if op.mode.is_none() {
-            self.fail_write(op_ref);
-        } else {
-            self.fail_read(op_ref);
+        if op.wake_at == Some(now) {
+            op.wake_at = None;
         }
-    }
-
-    /// The read ends without an answer: the error the library would return.
-    fn fail_read(&mut self, op_ref: OpRef) {
-        let Some(op) = self.ops.remove(op_ref) else {
-            return;
-        };
-        let watermark = matches!(op.consistency, Consistency::Watermark(_));
-        let e = match op.last_err {
-            Some(ErrKind::NotCovered) if watermark => ErrKind::NotCovered,
-            Some(e) if e != ErrKind::Deadline && self.now < op.deadline_at => e,
-            _ => ErrKind::Deadline,
-        };
-        self.finish_read(op, Err(e), None);
+        match &mut op.call {
+            Call::Read(c) => c.handle_timeout(now.as_us(), &mut self.clients[op.client].hedger),
+            Call::Write(c) => c.handle_timeout(now.as_us()),
+        }
+        self.drive(op_ref);
     }
 
     fn finish_read(
         &mut self,
-        op: Op,
+        client: usize,
+        mode: Mode,
+        started: SimTime,
         result: std::result::Result<(), ErrKind>,
         served: Option<(usize, Reason)>,
     ) {
-        let mode = op.mode.unwrap_or(Mode::Eventual);
-        let region = self.clients[op.client].region;
-        let latency = self.now.saturating_since(op.started);
+        let region = self.clients[client].region;
+        let latency = self.now.saturating_since(started);
         let b = self.bucket();
         match result {
             Ok(()) => {
@@ -884,7 +786,7 @@ impl Simulation {
                 metrics::record(&mut self.metrics.region_modes[region][mode.index()].ok, us);
                 self.metrics.series[region][b].0.record(us);
                 let (r, reason) = served.unwrap_or((usize::MAX, Reason::Nearest));
-                self.trace([30 + mode.index() as u64, op.client as u64, r as u64, us]);
+                self.trace([30 + mode.index() as u64, client as u64, r as u64, us]);
                 let _ = reason;
             }
             Err(e) => {
@@ -898,7 +800,7 @@ impl Simulation {
                     .read_errors
                     .entry(e.as_str().to_owned())
                     .or_default() += 1;
-                self.trace([40 + mode.index() as u64, op.client as u64, e as u64, 0]);
+                self.trace([40 + mode.index() as u64, client as u64, e as u64, 0]);
             }
         }
     }
