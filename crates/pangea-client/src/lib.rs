@@ -1,10 +1,11 @@
 //! `pangea-client`: how ad-serving frontends read and write Pangea.
 //!
-//! A tokio driver around the routing and consistency decisions of
-//! `pangea_core::read` (the simulator makes the very same decisions): it keeps QUIC
-//! connections (mutual TLS) to replicas, measures round trips, remembers the
-//! watermarks every response carries, hedges slow requests within a budget, and
-//! turns a deadline into an explicit error rather than a late or stale answer.
+//! A tokio driver of the routing of `pangea_core::read` and of the per-call state
+//! machines of `pangea_core::frontend::call` (the simulator drives the very same
+//! types): it keeps QUIC connections (mutual TLS) to replicas, measures round trips,
+//! remembers the watermarks every response carries, does what a call decides
+//! (hedge within a budget, fail over, race a watermark read's fallbacks), and turns a
+//! deadline into an explicit error rather than a late or stale answer.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), pangea_client::Error> {
@@ -17,8 +18,9 @@
 //! ```
 //!
 //! Modules: [`error`] (the one error enum), [`options`] (per-call settings),
-//! `transport` (connections and one request), `hedge` (hedging delay and budget),
-//! `trace` (spans per call and per attempt; docs/client.md#traces).
+//! `transport` (connections and one request), `read` (a read's requests in
+//! flight, driven by `ReadCall`), `trace` (spans per call and per attempt;
+//! docs/client.md#traces).
 
 pub mod error;
 pub mod options;
@@ -239,7 +241,35 @@ pub(crate) struct Inner {
     /// hedger and the calls' state machines run on.
     epoch: Instant,
     hedger: std::sync::Mutex<frontend::Hedger>,
+    /// Reads whose decisions are being recorded (`Client::record_reads`).
+    recorder: Recorder,
     pub stats: ClientStats,
+}
+
+/// Records of reads' decisions, for replay (`Client::record_reads`).
+#[derive(Debug, Default)]
+struct Recorder {
+    /// Reads still to record (checked on every read: one atomic load).
+    left: std::sync::atomic::AtomicUsize,
+    logs: std::sync::Mutex<Vec<frontend::call::ReadLog>>,
+}
+
+impl Recorder {
+    /// Whether the read starting now is to be recorded (counts it).
+    fn wants_one(&self) -> bool {
+        self.left.load(Ordering::Relaxed) > 0
+            && self
+                .left
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+    }
+
+    fn keep(&self, log: frontend::call::ReadLog) {
+        self.logs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(log);
+    }
 }
 
 /// Where a client's refresh of its location metadata stands.
@@ -365,6 +395,7 @@ impl Client {
             location_refresh: tokio::sync::Mutex::new(LocationRefresh::default()),
             epoch: Instant::now(),
             hedger: std::sync::Mutex::new(frontend::Hedger::new(0)),
+            recorder: Recorder::default(),
             stats: ClientStats::default(),
             config,
         });
@@ -725,6 +756,28 @@ impl Client {
             tokio::time::sleep(wait).await;
         }
         self.refresh_location().await.is_ok() && started.elapsed() < deadline
+    }
+
+    /// Records the decisions of the next `n` reads (what each was told and did,
+    /// as `pangea_core::frontend::call::ReadLog`s, collected by
+    /// [`Client::take_recorded_reads`]): [`ReadLog::replay`] runs such a read's
+    /// state machine again without a network — a read's choices, reproduced in a
+    /// test.
+    ///
+    /// [`ReadLog::replay`]: pangea_core::frontend::call::ReadLog::replay
+    pub fn record_reads(&self, n: usize) {
+        self.inner.recorder.left.store(n, Ordering::Relaxed);
+    }
+
+    /// The reads recorded since [`Client::record_reads`], in the order they ended.
+    pub fn take_recorded_reads(&self) -> Vec<frontend::call::ReadLog> {
+        let mut logs = self
+            .inner
+            .recorder
+            .logs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *logs)
     }
 
     /// The location metadata in use, read-locked: hold it only while planning.

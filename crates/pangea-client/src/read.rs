@@ -159,25 +159,55 @@ pub(crate) async fn run(
     traced: &Traced,
 ) -> Result<Response<pb::client_response::Response>, Error> {
     let deadline = opts.deadline;
+    let hedge_after = |first: Option<&Candidate>| {
+        let rtt = first.and_then(|c| inner.rtt_ms.get(&c.replica).map(|e| *e));
+        let policy = opts.hedge.as_ref();
+        call::hedge_delay(
+            &mut inner.hedger(),
+            policy,
+            &opts.consistency,
+            deadline,
+            rtt,
+        )
+    };
+    let (primary, fallback, now) = (plan.primary.into_iter(), plan.fallback, inner.us(started));
+    let mut call = if inner.recorder.wants_one() {
+        ReadCall::recorded(
+            primary,
+            fallback,
+            &opts.consistency,
+            now,
+            deadline,
+            hedge_after,
+        )
+    } else {
+        ReadCall::new(
+            primary,
+            fallback,
+            &opts.consistency,
+            now,
+            deadline,
+            hedge_after,
+        )
+    };
+    let result = drive(inner, &mut call, body, started, opts, traced).await;
+    if let Some(log) = call.log() {
+        inner.recorder.keep(log.clone());
+    }
+    result
+}
+
+/// [`run`]'s loop: does what `call` asks until it ends.
+async fn drive(
+    inner: &Arc<Inner>,
+    call: &mut ReadCall<std::vec::IntoIter<Candidate>>,
+    body: &pb::client_request::Request,
+    started: Instant,
+    opts: &ReadOptions,
+    traced: &Traced,
+) -> Result<Response<pb::client_response::Response>, Error> {
+    let deadline = opts.deadline;
     let deadline_at = deadline_after(started, deadline);
-    let mut call = ReadCall::new(
-        plan.primary.into_iter(),
-        plan.fallback,
-        &opts.consistency,
-        inner.us(started),
-        deadline,
-        |first| {
-            let rtt = first.and_then(|c| inner.rtt_ms.get(&c.replica).map(|e| *e));
-            let policy = opts.hedge.as_ref();
-            call::hedge_delay(
-                &mut inner.hedger(),
-                policy,
-                &opts.consistency,
-                deadline,
-                rtt,
-            )
-        },
-    );
     // The attempts race inside this task (no task spawned per attempt, which
     // was 5 % of a client's CPU on 1 KiB reads); the losers are handed to the
     // runtime once the race is decided, to finish in the background.
@@ -274,7 +304,7 @@ pub(crate) async fn run(
             }
             () = &mut timer => {
                 let now = inner.us(Instant::now());
-                call.handle_timeout(now, &mut inner.hedger());
+                call.handle_timeout(now, &mut *inner.hedger());
             }
         }
     };

@@ -9,6 +9,7 @@ use common::LocalCluster;
 use pangea_client::{
     Client, ClientConfig, Consistency, Error, Mutation, ReadOptions, RowMutation, WriteOptions,
 };
+use pangea_core::frontend::call::{AttemptKind, Step};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -195,6 +196,9 @@ async fn hedging_bounds_the_tail_when_a_replica_is_slow() -> Result<()> {
     // hedge to use1-b (~1 ms away).
     let opts = ReadOptions::default().with_deadline(Duration::from_millis(200));
     let mut errors = 0;
+    // Every read's decisions are the core's state machine's: a recorded read,
+    // replayed without the network, takes the very same steps.
+    client.record_reads(2_000);
     for n in 0..2_000 {
         let t0 = Instant::now();
         match client
@@ -230,6 +234,22 @@ async fn hedging_bounds_the_tail_when_a_replica_is_slow() -> Result<()> {
         "{hedges} hedges for {requests} requests"
     );
     assert_eq!(errors, 0, "{errors} of 2000 reads failed");
+    let recorded = client.take_recorded_reads();
+    assert_eq!(recorded.len(), 2_000);
+    let mut hedged = 0;
+    for log in &recorded {
+        assert_eq!(log.replay(), log.steps, "a read's replay differs: {log:?}");
+        hedged += log.steps.iter().any(|s| {
+            matches!(
+                s,
+                Step::Send {
+                    kind: AttemptKind::Hedge,
+                    ..
+                }
+            )
+        }) as usize;
+    }
+    assert!(hedged > 0, "no recorded read hedged");
     drop(client);
     cluster.stop().await?;
     Ok(())

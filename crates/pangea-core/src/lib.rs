@@ -28,7 +28,9 @@
 //! - [`read`]: read decisions (the replica's `decide`) and read routing (`route`,
 //!   the client's plans), shared by client and simulator;
 //! - [`frontend`]: what a frontend remembers between requests (round trips, failed
-//!   replicas, hedging delay and budget) and its constants, shared likewise;
+//!   replicas, hedging delay and budget) and its constants, shared likewise, and
+//!   [`frontend::call`]: one read's or write's decisions as a sans-IO state machine
+//!   (`ReadCall`, `WriteCall`) that `pangea-client` and the simulator both drive;
 //! - [`redact`]: how user keys appear in logs, traces and error messages (hashed).
 //!
 //! Invariants cited as `I<n>` are numbered in `docs/invariants.md`.

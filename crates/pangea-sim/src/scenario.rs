@@ -161,6 +161,9 @@ pub struct Workload {
     pub deadline: SimDuration,
     pub write_deadline: SimDuration,
     pub hedge: bool,
+    /// The first this many reads keep a record of their call's decisions
+    /// (`RunReport::recorded_reads`, for replay tests). Default 0.
+    pub record_reads: usize,
     /// The app profile every client acts for.
     pub app_profile: String,
     /// Key prefix of each continent's users (`eu/`, `apac/`, `us/`): placement rules
@@ -315,6 +318,7 @@ impl Workload {
             deadline: SimDuration::from_ms(20),
             write_deadline: SimDuration::from_ms(200),
             hedge: true,
+            record_reads: 0,
             app_profile: "frontend".into(),
             prefixes: BTreeMap::new(),
             global_prefix: "g/".into(),

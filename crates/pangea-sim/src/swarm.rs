@@ -161,6 +161,7 @@ pub fn scenario_for_seed(seed: u64) -> Scenario {
         deadline: SimDuration::from_ms(20 + rng.next_below(200) as u64),
         write_deadline: SimDuration::from_ms(200),
         hedge: rng.chance(0.7),
+        record_reads: 0,
         app_profile: "frontend".into(),
         prefixes: BTreeMap::new(),
         global_prefix: "k/".into(),

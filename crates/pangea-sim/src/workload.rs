@@ -289,6 +289,7 @@ mod tests {
             deadline: SimDuration::from_ms(20),
             write_deadline: SimDuration::from_ms(200),
             hedge: true,
+            record_reads: 0,
             app_profile: "frontend".into(),
             prefixes: BTreeMap::new(),
             global_prefix: "g/".into(),

@@ -204,3 +204,47 @@ fn writes_waiting_for_regions_pay_their_round_trips() -> Result<()> {
     assert!(all.p50_ms > 100.0 && all.p99_ms < 1_000.0, "{all:?}");
     Ok(())
 }
+
+/// The simulator's frontends leave every decision to the state machine the client
+/// library drives: each recorded read of randomized, faulty runs, replayed without
+/// the simulation, takes the very same steps — hedges, failovers and watermark
+/// fallback races among them.
+#[test]
+fn recorded_reads_replay_to_the_same_decisions() -> Result<()> {
+    use pangea_core::frontend::call::{AttemptKind, Step};
+    let (mut reads, mut hedges, mut failovers, mut races) = (0, 0, 0, 0);
+    for seed in 0..40 {
+        let mut sc = pangea_sim::swarm::scenario_for_seed(seed);
+        sc.workload.record_reads = 1_000;
+        let report = Simulation::new(sc)?.run()?;
+        for log in &report.recorded_reads {
+            assert_eq!(log.replay(), log.steps, "seed {seed}: {log:?}");
+            reads += 1;
+            for s in &log.steps {
+                match s {
+                    Step::Send {
+                        kind: AttemptKind::Hedge,
+                        ..
+                    } => hedges += 1,
+                    Step::Send {
+                        kind: AttemptKind::Failover,
+                        ..
+                    } => failovers += 1,
+                    Step::FallbackRace => races += 1,
+                    _ => {}
+                }
+            }
+        }
+        if hedges > 0 && failovers > 0 && races > 0 {
+            break;
+        }
+    }
+    eprintln!(
+        "{reads} reads replayed: {hedges} hedges, {failovers} failovers, {races} fallback races"
+    );
+    assert!(
+        hedges > 0 && failovers > 0 && races > 0,
+        "{reads} reads: {hedges} hedges, {failovers} failovers, {races} races"
+    );
+    Ok(())
+}

@@ -160,6 +160,8 @@ pub struct ReadCall<P> {
     /// it, and what it was.
     last_err: Option<(usize, Reply)>,
     outcome: Option<Outcome>,
+    /// What this call was told and decided, when recorded ([`ReadCall::recorded`]).
+    log: Option<Box<ReadLog>>,
 }
 
 /// The pause before a watermark read nobody covers asks again.
@@ -170,16 +172,69 @@ impl<P: Iterator<Item = Candidate>> ReadCall<P> {
     /// at the latest `deadline` later. `hedge_after`, told the first candidate,
     /// says when to hedge ([`hedge_delay`]).
     pub fn new(
-        mut primary: P,
+        primary: P,
         fallback: Vec<Candidate>,
         consistency: &Consistency,
         now_us: u64,
         deadline: Duration,
         hedge_after: impl FnOnce(Option<&Candidate>) -> Option<Duration>,
     ) -> Self {
+        Self::build(
+            primary,
+            fallback,
+            consistency,
+            now_us,
+            deadline,
+            hedge_after,
+            false,
+        )
+    }
+
+    /// [`Self::new`], keeping a [`ReadLog`] of what the call is told and decides
+    /// ([`Self::log`]): a driver's record of one call, which [`ReadLog::replay`]
+    /// runs again without the driver.
+    pub fn recorded(
+        primary: P,
+        fallback: Vec<Candidate>,
+        consistency: &Consistency,
+        now_us: u64,
+        deadline: Duration,
+        hedge_after: impl FnOnce(Option<&Candidate>) -> Option<Duration>,
+    ) -> Self {
+        Self::build(
+            primary,
+            fallback,
+            consistency,
+            now_us,
+            deadline,
+            hedge_after,
+            true,
+        )
+    }
+
+    fn build(
+        mut primary: P,
+        fallback: Vec<Candidate>,
+        consistency: &Consistency,
+        now_us: u64,
+        deadline: Duration,
+        hedge_after: impl FnOnce(Option<&Candidate>) -> Option<Duration>,
+        record: bool,
+    ) -> Self {
         let watermark = matches!(consistency, Consistency::Watermark(_));
         let first = primary.next();
         let hedge_after = hedge_after(first.as_ref());
+        let log = record.then(|| {
+            Box::new(ReadLog {
+                primary: first.iter().cloned().collect(),
+                fallback: fallback.clone(),
+                consistency: consistency.clone(),
+                start_us: now_us,
+                deadline,
+                hedge_after,
+                steps: Vec::new(),
+            })
+        });
         let mut retry_set = Vec::new();
         if watermark {
             retry_set.clone_from(&fallback);
@@ -206,12 +261,33 @@ impl<P: Iterator<Item = Candidate>> ReadCall<P> {
             race_note: false,
             last_err: None,
             outcome: None,
+            log,
         };
         match first {
             Some(c) => call.launch(c, AttemptKind::Primary, now_us),
-            None => call.outcome = Some(Outcome::NoCandidate),
+            None => call.finish(Outcome::NoCandidate),
         }
         call
+    }
+
+    /// The next primary candidate (recorded, when the call is).
+    fn next_primary(&mut self) -> Option<Candidate> {
+        let c = self.primary.next();
+        if let (Some(log), Some(c)) = (&mut self.log, &c) {
+            log.primary.push(c.clone());
+        }
+        c
+    }
+
+    fn note(&mut self, step: Step) {
+        if let Some(log) = &mut self.log {
+            log.steps.push(step);
+        }
+    }
+
+    /// The record of this call, if it is recorded ([`Self::recorded`]).
+    pub fn log(&self) -> Option<&ReadLog> {
+        self.log.as_deref()
     }
 
     fn launch(&mut self, candidate: Candidate, kind: AttemptKind, now_us: u64) {
@@ -230,13 +306,29 @@ impl<P: Iterator<Item = Candidate>> ReadCall<P> {
         if self.outcome.is_some() {
             return None;
         }
-        if std::mem::take(&mut self.race_note) {
-            return Some(Action::FallbackRace);
-        }
-        (self.unsent < self.attempts.len()).then(|| {
+        let action = if std::mem::take(&mut self.race_note) {
+            Action::FallbackRace
+        } else if self.unsent < self.attempts.len() {
             self.unsent += 1;
             Action::Send(self.unsent - 1)
-        })
+        } else {
+            return None;
+        };
+        if self.log.is_some() {
+            let step = match action {
+                Action::Send(n) => {
+                    let a = &self.attempts[n];
+                    Step::Send {
+                        attempt: n,
+                        replica: a.candidate.replica.clone(),
+                        kind: a.kind,
+                    }
+                }
+                Action::FallbackRace => Step::FallbackRace,
+            };
+            self.note(step);
+        }
+        Some(action)
     }
 
     /// When to call [`Self::handle_timeout`]: the hedge, a watermark retry or the
@@ -276,16 +368,15 @@ impl<P: Iterator<Item = Candidate>> ReadCall<P> {
 
     /// Attempt `n` was answered at `now_us`.
     pub fn handle_reply(&mut self, now_us: u64, n: usize, reply: Reply) {
-        if self.outcome.is_some() {
+        if self.outcome.is_some() || self.attempts.get(n).is_none_or(|a| a.done) {
             return;
         }
-        let Some(a) = self.attempts.get_mut(n) else {
-            return;
-        };
-        if a.done {
-            return;
-        }
-        a.done = true;
+        self.note(Step::Reply {
+            now_us,
+            attempt: n,
+            reply,
+        });
+        self.attempts[n].done = true;
         self.outstanding -= 1;
         match reply {
             Reply::Served => {
@@ -322,7 +413,7 @@ impl<P: Iterator<Item = Candidate>> ReadCall<P> {
                 // Fail over to the next candidate (for watermark reads, only
                 // replicas that may cover the token).
                 if !(self.watermark && self.raced_fallback)
-                    && let Some(c) = self.primary.next()
+                    && let Some(c) = self.next_primary()
                 {
                     self.launch(c, AttemptKind::Failover, now_us);
                 }
@@ -334,7 +425,7 @@ impl<P: Iterator<Item = Candidate>> ReadCall<P> {
                 // Nobody covers the token yet: ask again shortly, until the
                 // deadline (replicas catch up in milliseconds).
                 self.retry_at = Some(now_us.saturating_add(micros(WATERMARK_RETRY)));
-            } else if let Some(c) = self.primary.next() {
+            } else if let Some(c) = self.next_primary() {
                 self.launch(c, AttemptKind::Failover, now_us);
             } else {
                 self.give_up(now_us);
@@ -348,9 +439,16 @@ impl<P: Iterator<Item = Candidate>> ReadCall<P> {
 
     /// Time passed: `now_us` is at or past [`Self::poll_timeout`] (earlier is
     /// harmless). `hedger` grants the hedge from its budget.
-    pub fn handle_timeout(&mut self, now_us: u64, hedger: &mut Hedger) {
+    pub fn handle_timeout(&mut self, now_us: u64, hedger: &mut impl HedgeBudget) {
         if self.outcome.is_some() {
             return;
+        }
+        if self.log.is_some() {
+            // What the budget grants is recorded where it is asked (below).
+            self.note(Step::Timeout {
+                now_us,
+                granted: None,
+            });
         }
         if now_us >= self.deadline_at {
             self.give_up(now_us);
@@ -374,17 +472,23 @@ impl<P: Iterator<Item = Candidate>> ReadCall<P> {
                     .position(|c| c.reason == Reason::Covered);
                 i.map(|i| self.fallback.remove(i))
             } else {
-                self.primary.next()
+                self.next_primary()
             };
             if !self.may_hedge {
                 // Not a hedge: the first replica looks gone (`hedge_delay`).
                 if let Some(c) = next {
                     self.launch(c, AttemptKind::Failover, now_us);
                 }
-            } else if let Some(c) = next
-                && hedger.try_spend()
-            {
-                self.launch(c, AttemptKind::Hedge, now_us);
+            } else if let Some(c) = next {
+                let granted = hedger.try_spend();
+                if let Some(Step::Timeout { granted: g, .. }) =
+                    self.log.as_mut().and_then(|l| l.steps.last_mut())
+                {
+                    *g = Some(granted);
+                }
+                if granted {
+                    self.launch(c, AttemptKind::Hedge, now_us);
+                }
             }
         }
     }
@@ -405,6 +509,99 @@ impl<P: Iterator<Item = Candidate>> ReadCall<P> {
     /// learn from their answers, or their silence).
     fn finish(&mut self, outcome: Outcome) {
         self.outcome = Some(outcome);
+        self.note(Step::Outcome(outcome));
+    }
+}
+
+/// Grants hedges: the frontend's [`Hedger`], or a replay's record of what it granted.
+pub trait HedgeBudget {
+    /// Spends one hedge, if the budget has one.
+    fn try_spend(&mut self) -> bool;
+}
+
+impl HedgeBudget for Hedger {
+    fn try_spend(&mut self) -> bool {
+        Hedger::try_spend(self)
+    }
+}
+
+/// One thing a recorded call was told (`Reply`, `Timeout`) or decided (the rest).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    Reply {
+        now_us: u64,
+        attempt: usize,
+        reply: Reply,
+    },
+    /// The driver woke the call; `granted`: what the hedge budget said, if asked.
+    Timeout {
+        now_us: u64,
+        granted: Option<bool>,
+    },
+    Send {
+        attempt: usize,
+        replica: crate::ids::ReplicaId,
+        kind: AttemptKind,
+    },
+    FallbackRace,
+    Outcome(Outcome),
+}
+
+/// A read call's record: what it started from, and every step in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadLog {
+    /// The primary candidates the call took, in order.
+    pub primary: Vec<Candidate>,
+    pub fallback: Vec<Candidate>,
+    pub consistency: Consistency,
+    pub start_us: u64,
+    pub deadline: Duration,
+    pub hedge_after: Option<Duration>,
+    pub steps: Vec<Step>,
+}
+
+/// A replay's hedge budget: grants what the record says it granted, in order.
+struct Granted(std::vec::IntoIter<bool>);
+
+impl HedgeBudget for Granted {
+    fn try_spend(&mut self) -> bool {
+        self.0.next().unwrap_or(false)
+    }
+}
+
+impl ReadLog {
+    /// Runs the call again from this record's start, feeding it the recorded
+    /// replies and wake-ups (and hedge grants) in order, polling it as a driver
+    /// does after each: the steps it takes. Equal to [`Self::steps`] when the
+    /// recording driver left every decision to the call.
+    pub fn replay(&self) -> Vec<Step> {
+        let hedge_after = self.hedge_after;
+        let mut call = ReadCall::recorded(
+            self.primary.clone().into_iter(),
+            self.fallback.clone(),
+            &self.consistency,
+            self.start_us,
+            self.deadline,
+            |_| hedge_after,
+        );
+        let drain = |call: &mut ReadCall<_>| while call.poll_action().is_some() {};
+        drain(&mut call);
+        for step in &self.steps {
+            match *step {
+                Step::Reply {
+                    now_us,
+                    attempt,
+                    reply,
+                } => call.handle_reply(now_us, attempt, reply),
+                Step::Timeout { now_us, granted } => {
+                    let mut budget = Granted(granted.into_iter().collect::<Vec<_>>().into_iter());
+                    call.handle_timeout(now_us, &mut budget);
+                }
+                _ => continue,
+            }
+            drain(&mut call);
+        }
+        call.log.map(|l| l.steps).unwrap_or_default()
     }
 }
 
@@ -784,5 +981,55 @@ mod tests {
         call.handle_reply(MS, 0, Reply::Final);
         assert_eq!(call.outcome(), Some(Outcome::Failed { attempt: 0 }));
         assert_eq!(call.poll_action(), None);
+    }
+
+    #[test]
+    fn a_recorded_call_replays_to_the_same_steps_and_a_changed_record_does_not() {
+        let primary = vec![
+            c("a", Reason::Nearest),
+            c("b", Reason::Nearest),
+            c("c", Reason::Nearest),
+        ];
+        let mut call = ReadCall::recorded(
+            primary.into_iter(),
+            Vec::new(),
+            &Consistency::Eventual,
+            0,
+            Duration::from_millis(100),
+            |_| Some(Duration::from_millis(5)),
+        );
+        sends(&mut call);
+        let mut hedger = Hedger::new(0);
+        call.handle_timeout(5 * MS, &mut hedger);
+        sends(&mut call);
+        call.handle_reply(6 * MS, 1, Reply::Retryable);
+        sends(&mut call);
+        call.handle_reply(9 * MS, 2, Reply::Served);
+        let log = call.log().expect("recorded").clone();
+        assert_eq!(
+            log.primary.len(),
+            3,
+            "every candidate taken is in the record"
+        );
+        assert!(log.steps.contains(&Step::Timeout {
+            now_us: 5 * MS,
+            granted: Some(true)
+        }));
+        assert_eq!(
+            log.steps.last(),
+            Some(&Step::Outcome(Outcome::Served {
+                attempt: 2,
+                reason: Reason::Nearest
+            }))
+        );
+        assert_eq!(log.replay(), log.steps);
+        // Had the budget refused the hedge, the call would have decided otherwise.
+        let mut refused = log;
+        for s in &mut refused.steps {
+            if let Step::Timeout { granted, .. } = s {
+                *granted = Some(false);
+            }
+        }
+        assert_ne!(refused.replay(), refused.steps);
     }
 }

@@ -367,6 +367,10 @@ pub struct RunReport {
     pub shards: u32,
     /// A split run's window: the shortest latency between its shards, ms.
     pub lookahead_ms: Option<f64>,
+    /// The records of the first `Workload::record_reads` reads' calls (a whole
+    /// run's only), for replay; not in the JSON.
+    #[serde(skip)]
+    pub recorded_reads: Vec<pangea_core::frontend::call::ReadLog>,
 }
 
 impl RunReport {

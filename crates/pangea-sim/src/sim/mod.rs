@@ -600,6 +600,9 @@ pub struct Simulation {
     faults: Vec<FaultState>,
     checks: Checks,
     metrics: Metrics,
+    /// Records of reads' calls (`Workload::record_reads`), and how many more to keep.
+    recorded_reads: Vec<call::ReadLog>,
+    record_reads_left: usize,
     trace: Trace,
     workload_on: bool,
     catch_up: Option<CatchUp>,
@@ -933,6 +936,8 @@ impl Simulation {
             faults,
             checks,
             metrics,
+            recorded_reads: Vec::new(),
+            record_reads_left: 0,
             trace: Trace(Xxh3::new()),
             workload_on: true,
             catch_up: None,
@@ -948,6 +953,9 @@ impl Simulation {
         };
         for r in 0..n {
             sim.settle(r);
+        }
+        if sim.shard.is_none() {
+            sim.record_reads_left = sim.sc.workload.record_reads;
         }
         Ok(sim)
     }

@@ -141,20 +141,34 @@ impl Simulation {
         // silent for several round trips.
         let policy = self.sc.workload.hedge.then(HedgePolicy::default);
         let (names, c) = (&self.names, &mut self.clients[client]);
-        let call = ReadCall::new(
-            plan.primary,
-            plan.fallback,
-            &consistency,
-            self.now.as_us(),
-            Duration::from_micros(deadline.as_us()),
-            |first| {
-                let rtt = first
-                    .and_then(|f| names.get(f.replica.as_str()))
-                    .and_then(|r| c.rtt_ms_of(r));
-                let deadline = Duration::from_micros(deadline.as_us());
-                call::hedge_delay(&mut c.hedger, policy.as_ref(), &consistency, deadline, rtt)
-            },
-        );
+        let hedge_after = |first: Option<&Candidate>| {
+            let rtt = first
+                .and_then(|f| names.get(f.replica.as_str()))
+                .and_then(|r| c.rtt_ms_of(r));
+            let deadline = Duration::from_micros(deadline.as_us());
+            call::hedge_delay(&mut c.hedger, policy.as_ref(), &consistency, deadline, rtt)
+        };
+        let (now, deadline) = (self.now.as_us(), Duration::from_micros(deadline.as_us()));
+        let call = if self.record_reads_left > 0 {
+            self.record_reads_left -= 1;
+            ReadCall::recorded(
+                plan.primary,
+                plan.fallback,
+                &consistency,
+                now,
+                deadline,
+                hedge_after,
+            )
+        } else {
+            ReadCall::new(
+                plan.primary,
+                plan.fallback,
+                &consistency,
+                now,
+                deadline,
+                hedge_after,
+            )
+        };
         let op = Op {
             client,
             mode: Some(mode),
@@ -260,6 +274,11 @@ impl Simulation {
     /// `op`'s call ended with `outcome` (a write's acknowledgement is handled where
     /// it arrives, `on_response`).
     fn end(&mut self, op: Op, outcome: Outcome) {
+        if let Call::Read(c) = &op.call
+            && let Some(log) = c.log()
+        {
+            self.recorded_reads.push(log.clone());
+        }
         let err_of = |n: usize| {
             op.attempts
                 .get(n)

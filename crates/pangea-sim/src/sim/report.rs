@@ -206,6 +206,7 @@ impl Simulation {
             })
             .collect();
         let mut report = RunReport {
+            recorded_reads: std::mem::take(&mut self.recorded_reads),
             drill: self.sc.name.clone(),
             seed: self.sc.seed,
             topology: self.sc.topology_path.clone(),
