@@ -88,11 +88,14 @@ pub async fn run(
         // A store this replica does not trust may lack the replica's own writes.
         replica.relearn_own_streams(shared.clock.now());
     }
+    // The gate's clock: time since the driver started.
+    let epoch = std::time::Instant::now();
     let mut gate = crate::readiness::Gate::new(
-        std::time::Instant::now(),
+        std::time::Duration::ZERO,
         std::time::Duration::from_millis(replica.config().heartbeat_interval_ms),
         record.is_some(),
     );
+    let mut gate_log = crate::readiness::PhaseLog::new(epoch);
     loop {
         publish(&replica, &shared);
         let failed = turns(
@@ -101,7 +104,7 @@ pub async fn run(
             &shared,
             &mut peers,
             &mut waiters,
-            &mut gate,
+            (&mut gate, &mut gate_log, epoch),
             &mut record,
         )
         .await;
@@ -118,6 +121,52 @@ pub async fn run(
     }
 }
 
+/// The store failed (`e`): nothing of this turn is acknowledged, and the writers
+/// are told why (a full disk, most often). Returns `e` for the caller to reopen.
+fn store_failed(shared: &Shared, waiters: &mut Waiters, e: CoreError) -> CoreError {
+    shared.disk.failed(
+        e.to_string(),
+        crate::disk::free_bytes(&shared.config.data_dir).ok(),
+    );
+    let told = told(shared);
+    for (_, w) in std::mem::take(waiters) {
+        let _ = w.send(Err(told.clone()));
+    }
+    e
+}
+
+/// Whether a write's error means the store itself failed (fjall poisons itself
+/// after a failed write or fsync, a full disk most often, possibly in one of its
+/// own threads before the driver's next flush sees it).
+fn store_broke(e: &CoreError) -> bool {
+    matches!(e, CoreError::Storage(pangea_core::StorageError::Io(_)))
+}
+
+/// A write met a failed store (`e`): it is refused with the store's state, and
+/// `e` goes back to the turn loop, which reopens the store.
+fn refuse_broken(
+    shared: &Shared,
+    reply: oneshot::Sender<Result<Token, CoreError>>,
+    e: CoreError,
+) -> CoreError {
+    tracing::error!(error = %e, "a write found the store failed; refusing writes");
+    shared.disk.failed(
+        e.to_string(),
+        crate::disk::free_bytes(&shared.config.data_dir).ok(),
+    );
+    let _ = reply.send(Err(told(shared)));
+    e
+}
+
+/// What a writer is told while the store is failed.
+fn told(shared: &Shared) -> CoreError {
+    CoreError::Storage(pangea_core::StorageError::Io(format!(
+        "replica {}: {}",
+        shared.id,
+        shared.disk.state()
+    )))
+}
+
 /// Turns until the node stops (`None`) or the store fails (`Some`, every waiting
 /// write told so).
 async fn turns(
@@ -126,7 +175,11 @@ async fn turns(
     shared: &Arc<Shared>,
     peers: &mut PeerQueues,
     waiters: &mut Waiters,
-    gate: &mut crate::readiness::Gate,
+    (gate, gate_log, epoch): (
+        &mut crate::readiness::Gate,
+        &mut crate::readiness::PhaseLog,
+        std::time::Instant,
+    ),
     record: &mut Option<crate::readiness::Record>,
 ) -> Option<CoreError> {
     let mut shutdown: Option<oneshot::Sender<()>> = None;
@@ -143,8 +196,8 @@ async fn turns(
                 while let Some(input) = next.take() {
                     if let Input::View(d) = input {
                         view(replica, shared, d, peers);
-                    } else {
-                        handle(replica, shared, input, waiters, &mut shutdown);
+                    } else if let Some(e) = handle(replica, shared, input, waiters, &mut shutdown) {
+                        return Some(store_failed(shared, waiters, e));
                     }
                     handled += 1;
                     if handled >= INPUTS_PER_TURN_MAX || shutdown.is_some() {
@@ -162,22 +215,8 @@ async fn turns(
         }
         let now = shared.clock.now();
         if let Err(e) = replica.flush(now) {
-            // Storage failed: nothing of this turn is acknowledged, and the writers
-            // are told why (a full disk, most often).
             tracing::error!(error = %e, "flush failed; refusing writes");
-            shared.disk.failed(
-                e.to_string(),
-                crate::disk::free_bytes(&shared.config.data_dir).ok(),
-            );
-            let told = CoreError::Storage(pangea_core::StorageError::Io(format!(
-                "replica {}: {}",
-                shared.id,
-                shared.disk.state()
-            )));
-            for (_, w) in std::mem::take(waiters) {
-                let _ = w.send(Err(told.clone()));
-            }
-            return Some(e);
+            return Some(store_failed(shared, waiters, e));
         }
         // Gauges owned by the core, and the clock fence, at most ten times a second.
         if gauges_at.elapsed() >= std::time::Duration::from_millis(100) {
@@ -206,13 +245,16 @@ async fn turns(
         } else if gate.phase() == &crate::readiness::Phase::Ready {
             None
         } else {
-            gate.update(
-                std::time::Instant::now(),
+            let at = std::time::Instant::now();
+            let changed = gate.update(
+                at - epoch,
                 replica.stats().frames_received,
                 replica.stream_progress(),
                 &replica.unheard_scopes(),
                 &replica.relearning_scopes().cloned().collect::<Vec<_>>(),
-            )
+            );
+            gate_log.note(at, gate, changed.as_ref());
+            changed
         };
         // Caught up once: from now on this replica trusts its store.
         if phase == Some(crate::readiness::Phase::Ready)
@@ -369,7 +411,7 @@ fn handle(
     input: Input,
     waiters: &mut Waiters,
     shutdown: &mut Option<oneshot::Sender<()>>,
-) {
+) -> Option<CoreError> {
     let now = shared.clock.now();
     match input {
         // With the disk full, replicated rows wait (`disk`): the peer's gap repair
@@ -400,6 +442,7 @@ fn handle(
                     reply,
                 );
             }
+            Err(e) if store_broke(&e) => return Some(refuse_broken(shared, reply, e)),
             Err(e) => {
                 let _ = reply.send(Err(e));
             }
@@ -415,6 +458,7 @@ fn handle(
                     reply,
                 );
             }
+            Err(e) if store_broke(&e) => return Some(refuse_broken(shared, reply, e)),
             Err(e) => {
                 let _ = reply.send(Err(e));
             }
@@ -440,6 +484,7 @@ fn handle(
         Input::View(_) => {}
         Input::Shutdown { done } => *shutdown = Some(done),
     }
+    None
 }
 
 fn drain_events(replica: &mut Replica<Store>, shared: &Shared, waiters: &mut Waiters) {
