@@ -31,6 +31,8 @@
 //!   replicas, hedging delay and budget) and its constants, shared likewise, and
 //!   [`frontend::call`]: one read's or write's decisions as a sans-IO state machine
 //!   (`ReadCall`, `WriteCall`) that `pangea-client` and the simulator both drive;
+//! - [`readiness`]: the gate that keeps a restarted or new replica from serving
+//!   reads until it has caught up with its peers, driven by node and simulator;
 //! - [`redact`]: how user keys appear in logs, traces and error messages (hashed).
 //!
 //! Invariants cited as `I<n>` are numbered in `docs/invariants.md`.
@@ -48,6 +50,7 @@ pub mod link;
 pub mod location;
 pub mod mutation;
 pub mod read;
+pub mod readiness;
 pub mod redact;
 pub mod replica;
 pub mod rng;

@@ -15,7 +15,7 @@ use crate::driver::Input;
 use bytes::Bytes;
 use pangea_core::auth::{self, Action, Principal};
 use pangea_core::digest::ContentDigest;
-use pangea_core::read::{Consistency, Decision, decide};
+use pangea_core::read::{Consistency, Decision, decide, vouching_scope};
 use pangea_core::{
     Error as CoreError, Limits, ReadFilter, RowMutation, ScopeId, ScopeWatermarks, Token,
 };
@@ -559,17 +559,8 @@ fn admit(
     scope: &ScopeId,
     c: &Consistency,
 ) -> Result<Arc<ScopeWatermarks>, Failure> {
-    // A token is checked against its own scope's stream: after a row changed
-    // placement, a token from its old scope is still a valid promise wherever that
-    // stream is applied.
-    let wm = match c {
-        Consistency::Watermark(t)
-            if &t.scope != scope && shared.deployment().allowed(&shared.id, &t.scope) =>
-        {
-            shared.watermarks_of(&t.scope)
-        }
-        _ => shared.watermarks_of(scope),
-    };
+    let vouching = vouching_scope(scope, c, |s| shared.deployment().allowed(&shared.id, s));
+    let wm = shared.watermarks_of(vouching);
     match decide(c, &wm, shared.clock.now().wall_ms) {
         Decision::Serve => Ok(wm),
         Decision::NotCovered { origin, have, need } => Err(Failure {

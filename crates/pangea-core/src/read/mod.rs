@@ -1,9 +1,9 @@
 //! Read and routing decisions: pure functions the client library and the simulator
 //! share, so both make exactly the same choices (docs/consistency.md).
 //!
-//! Here, the replica's side — [`decide`]: given a consistency request and a
-//! replica's watermarks, may this replica answer? (serve / not covered / too
-//! stale). In `route`, re-exported here, the client's side:
+//! Here, the replica's side — [`vouching_scope`] and [`decide`]: given a
+//! consistency request and a replica's watermarks, may this replica answer?
+//! (serve / not covered / too stale). In `route`, re-exported here, the client's side:
 //! - [`plan_read`]: given a client's region, app profile, the deployment and what the
 //!   client knows of replicas (RTTs, health, last-known watermarks), which replicas to
 //!   ask, in which order, and which to race as fallbacks.
@@ -12,7 +12,7 @@
 //!   view (the simulator's frontends).
 
 use crate::hlc::Timestamp;
-use crate::ids::ReplicaId;
+use crate::ids::{ReplicaId, ScopeId};
 use crate::token::Token;
 use crate::watermark::ScopeWatermarks;
 use std::fmt;
@@ -108,6 +108,23 @@ pub fn decide(consistency: &Consistency, wm: &ScopeWatermarks, now_ms: u64) -> D
     }
 }
 
+/// Which scope's watermarks vouch for a read at a replica that holds the row's
+/// scope, `row_scope` — one rule for the node and the simulator. A watermark read's
+/// token is checked against its own scope's stream when the replica `holds` that
+/// scope too: after a row changed placement, a token from its old scope is still a
+/// valid promise wherever that stream is applied. Every other read, against the
+/// row's scope. [`decide`] then runs against that scope's watermarks.
+pub fn vouching_scope<'a>(
+    row_scope: &'a ScopeId,
+    consistency: &'a Consistency,
+    holds: impl FnOnce(&ScopeId) -> bool,
+) -> &'a ScopeId {
+    match consistency {
+        Consistency::Watermark(t) if t.scope != *row_scope && holds(&t.scope) => &t.scope,
+        _ => row_scope,
+    }
+}
+
 /// How far behind `now_ms` a watermark's (or a freshness's) timestamp is.
 pub fn staleness_ms(fresh_as_of: Timestamp, now_ms: u64) -> u64 {
     now_ms.saturating_sub(fresh_as_of.wall_ms())
@@ -143,5 +160,36 @@ impl fmt::Display for Reason {
             Reason::Hedge => "hedge",
             Reason::Fresh => "fresh",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_vouched_for_by_its_own_scope_where_that_scope_is_held() {
+        let row: ScopeId = "eu-resident".into();
+        let token = Token {
+            scope: "global".into(),
+            origin: "use1-a".into(),
+            sequence: 3,
+            timestamp: Timestamp::ZERO,
+        };
+        let watermark = Consistency::Watermark(token);
+        // The row moved from `global` to `eu-resident`: an EU replica holds both.
+        assert_eq!(
+            vouching_scope(&row, &watermark, |_| true).as_str(),
+            "global"
+        );
+        // A replica without the token's scope checks the row's (and will not cover).
+        assert_eq!(vouching_scope(&row, &watermark, |_| false), &row);
+        // Other modes: always the row's scope.
+        for c in [
+            Consistency::Eventual,
+            Consistency::BoundedStaleness { max_ms: 5 },
+        ] {
+            assert_eq!(vouching_scope(&row, &c, |_| true), &row);
+        }
     }
 }

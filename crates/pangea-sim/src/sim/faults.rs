@@ -260,6 +260,11 @@ impl Simulation {
             }
         };
         let restored = rep.storage().watermarks().unwrap_or_default();
+        // Its store is trusted (it caught up before, or started with the cluster):
+        // the gate listens, then catches up with what its peers say exists.
+        let heartbeat = std::time::Duration::from_millis(rep.config().heartbeat_interval_ms);
+        let at = std::time::Duration::from_micros(self.now.as_us());
+        node.gate = Some(Box::new(Gate::new(at, heartbeat, true)));
         node.replica = Some(rep);
         let _ = self.net.set_down_idx(crate::net::ReplicaIdx::new(r), false);
         // C3: what survived must cover what was advertised; applied restarts there.

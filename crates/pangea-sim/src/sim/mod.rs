@@ -66,6 +66,7 @@ use pangea_core::read::{
     Candidate, Candidates, Consistency, Decision, ReadRequest, Reason, RouteTable, decide,
     estimated_rtt_ms,
 };
+use pangea_core::readiness::{Gate, Phase as GatePhase};
 use pangea_core::replica::{Event, Now, Replica};
 use pangea_core::storage::{LogEntry, Storage};
 use pangea_core::{
@@ -129,6 +130,10 @@ struct Node {
     /// sends to it, which the wire-byte counts follow (heartbeats condensed, as
     /// `pangea-node` sends them). A restart starts them afresh, as new connections.
     links: Vec<LinkEncoder>,
+    /// After a restart, the readiness gate (`pangea_core::readiness`, as the node
+    /// runs it) until it opens: reads are refused `unavailable` meanwhile. Replicas
+    /// that start with the run start open (a new cluster, empty for all).
+    gate: Option<Box<Gate>>,
 }
 
 impl Node {
@@ -716,6 +721,7 @@ impl Simulation {
                 view: 0,
                 foreign: false,
                 links: Vec::new(),
+                gate: None,
             };
             if shard.as_ref().is_some_and(|ctx| ctx.replica[i] != ctx.me) {
                 node.foreign = true;
@@ -1228,6 +1234,28 @@ impl Simulation {
             self.on_replica_event(r, e);
         }
         self.events_buf = events;
+        self.update_gate(r);
+    }
+
+    /// After a flush of a restarted replica: advances its readiness gate, and
+    /// drops it once open.
+    fn update_gate(&mut self, r: usize) {
+        let node = &mut self.nodes[r];
+        let (Some(gate), Some(rep)) = (node.gate.as_mut(), node.replica.as_ref()) else {
+            return;
+        };
+        let relearning: Vec<ScopeId> = rep.relearning_scopes().cloned().collect();
+        gate.update(
+            std::time::Duration::from_micros(self.now.as_us()),
+            rep.stats().frames_received,
+            rep.stream_progress(),
+            &rep.unheard_scopes(),
+            &relearning,
+        );
+        if *gate.phase() == GatePhase::Ready {
+            node.gate = None;
+            self.trace([55, r as u64, 0, 0]);
+        }
     }
 
     fn on_timer(&mut self, r: usize, generation: u64) {

@@ -10,7 +10,7 @@ use crate::scenario::WriteAck;
 use pangea_core::frontend::HedgePolicy;
 use pangea_core::frontend::call::AttemptKind;
 use pangea_core::location::Location;
-use pangea_core::read::{ReadOrder, RouteError, order_read_cached, staleness_ms};
+use pangea_core::read::{ReadOrder, RouteError, order_read_cached, staleness_ms, vouching_scope};
 use pangea_topology::WriteRouting;
 use std::time::Duration;
 
@@ -499,6 +499,13 @@ impl Simulation {
         client: usize,
         remote: Option<Box<RemoteRead>>,
     ) {
+        if self.nodes[r].gate.is_some() {
+            // Still catching up after its restart (the readiness gate): the client
+            // asks the next candidate.
+            let refused = Reply::Err(ErrKind::Unavailable, None);
+            self.reply(op_ref, attempt, r, client, refused, ENVELOPE_BYTES);
+            return;
+        }
         let (reply, bytes) = {
             let (scope_id, key, consistency) = match remote.as_deref() {
                 Some(x) => (&x.scope_id, &x.key, &x.consistency),
@@ -514,7 +521,10 @@ impl Simulation {
             let Some(rep) = node.replica.as_ref() else {
                 return;
             };
-            match rep.watermarks(scope_id) {
+            // The node's admission rule: a token is checked against its own
+            // scope's stream where this replica holds it.
+            let vouching = vouching_scope(scope_id, consistency, |s| rep.tree(s).is_some());
+            match rep.tree(scope_id).and_then(|_| rep.watermarks(vouching)) {
                 // Not a member of the row's scope (a stale plan after a placement change).
                 None => (Reply::Err(ErrKind::Policy, None), ENVELOPE_BYTES),
                 Some(wm) => match decide(consistency, &wm, nw.wall_ms) {
