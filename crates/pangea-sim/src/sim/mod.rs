@@ -22,11 +22,20 @@
 //! a partitioned or paused one is silent (the attempt runs into the deadline).
 //! Client traffic has no bandwidth limit.
 //!
-//! Reads are served from `replica.storage().row` (`get_row` without the copy) after
-//! `pangea_core::read::decide` against the replica's durable `watermarks(scope)`;
-//! every answer carries those watermarks back to the client, which remembers them
-//! for later plans. Reads, hedging, failover and the watermark fallback race follow
-//! `pangea-client`'s `read::run` step by step; writes follow `Client::mutate`.
+//! Reads are served from `replica.storage().row` (`get_row` without the copy) once
+//! the replica's readiness gate is open (after a restart) and
+//! `pangea_core::read::decide` admits them against the replica's durable
+//! `watermarks` of the scope `vouching_scope` picks; every answer carries those
+//! watermarks back to the client, which remembers them for later plans. Every
+//! decision of a read or write (hedging, failover, the watermark fallback race,
+//! retries, deadlines) is taken by `pangea_core::frontend::call`, the state machines
+//! `pangea-client` drives too (`ops`).
+//!
+//! # Files
+//! `ops` (client operations and serving them), `client` (what a frontend keeps),
+//! `faults` (the timeline), `checks` (the checkers' state and what they learn from
+//! the wire), `metrics` and `report` (what is measured and reported), `shard` (a run
+//! split across two threads).
 //!
 //! # Phases
 //! The workload runs for the scenario's duration while faults come and go (the
@@ -35,6 +44,7 @@
 //! clock jumps and placement changes stay), and the run waits until every replica
 //! has converged (the liveness phase), at most `drain_max`.
 
+mod checks;
 pub mod client;
 mod faults;
 pub mod metrics;
@@ -53,6 +63,7 @@ use crate::time::{SimDuration, SimTime};
 use crate::workload::{Generator, Mode, OpKind};
 use anyhow::{Context, Result};
 use bytes::Bytes;
+use checks::{Checks, Fingerprint, note_durable, note_wire};
 use client::{Client, PROBE_INTERVAL, PROBE_TIMEOUT, View};
 use hdrhistogram::Histogram;
 use metrics::{
@@ -85,11 +96,6 @@ const ENVELOPE_BYTES: usize = 96;
 /// How often convergence is checked after a heal, and during the drain.
 const CATCH_UP_CHECK: SimDuration = SimDuration::from_ms(50);
 const DRAIN_CHECK: SimDuration = SimDuration::from_ms(250);
-/// Most violations kept in words (all are counted).
-const VIOLATIONS_KEPT: usize = 50;
-/// How far back C7 can ask what a replica held durably: longer than any bound
-/// drills use plus the clocks' allowed offset.
-const DURABLE_HISTORY: SimDuration = SimDuration::from_ms(10_000);
 /// Latency-over-time charts use at most this many buckets.
 const SERIES_BUCKETS_MAX: u64 = 300;
 
@@ -385,103 +391,6 @@ impl Slab {
         self.gens[r.slot as usize] = self.gens[r.slot as usize].wrapping_add(1);
         self.free.push(r.slot);
         Some(op)
-    }
-}
-
-/// One durable write as the checkers know it: its timestamp and a hash of its row
-/// key, enough to tell a reused sequence (C1) from a second copy of the same write.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Fingerprint {
-    timestamp: u64,
-    key_hash: u64,
-}
-
-/// C1–C5 state, in dense tables.
-#[derive(Debug)]
-struct Checks {
-    replicas: usize,
-    scopes: usize,
-    /// `[(replica × scopes + scope) × replicas + origin]`: highest applied sequence.
-    applied: Vec<u64>,
-    /// Same index: highest advertised (durable) watermark.
-    advertised: Vec<(u64, Timestamp)>,
-    /// `[scope × replicas + origin]`: the durable writes of each stream, by
-    /// sequence − 1 (the oracle's membership test and C1's reuse detector).
-    streams: Vec<Vec<Fingerprint>>,
-    /// `[scope × replicas + origin]`: proposal time of each write, by sequence − 1.
-    proposed_us: Vec<Vec<u64>>,
-    /// `[scope × replicas + origin]`: highest acknowledged sequence.
-    acked_max: Vec<u64>,
-    /// Every durable write applied to empty rows (C5's oracle).
-    oracle: BTreeMap<(Arc<str>, Bytes), RowState>,
-    lost_writes: u64,
-    watermark_violations: u64,
-    token_violations: u64,
-    staleness_violations: u64,
-    other_violations: u64,
-    /// Same index as `applied`: (time µs, durable sequence) at each change of the
-    /// durable watermark within the last `DURABLE_HISTORY`, after the last change
-    /// before it (C7 asks what a replica held durably some seconds ago).
-    durable_history: Vec<VecDeque<(u64, u64)>>,
-    violations: Vec<String>,
-    /// Tables and GC policies, which the oracle applies exactly as replicas do.
-    schema: pangea_topology::schema::Schema,
-}
-
-impl Checks {
-    fn idx(&self, r: usize, s: usize, o: usize) -> usize {
-        (r * self.scopes + s) * self.replicas + o
-    }
-
-    fn stream(&self, s: usize, o: usize) -> usize {
-        s * self.replicas + o
-    }
-
-    /// Records that `k`'s durable watermark reached `sequence` at `now_us` (C7).
-    fn note_durable(&mut self, k: usize, sequence: u64, now_us: u64) {
-        let h = &mut self.durable_history[k];
-        match h.back_mut() {
-            Some(last) if last.0 == now_us => last.1 = sequence,
-            _ => h.push_back((now_us, sequence)),
-        }
-        // Keep one change at or before the horizon: the value at any later time.
-        let horizon = now_us.saturating_sub(DURABLE_HISTORY.as_us());
-        while h.len() > 1 && h[1].0 <= horizon {
-            h.pop_front();
-        }
-    }
-
-    /// C7: of the replicas `heard` by reader `r` (each with the virtual time its
-    /// clock read the read's claim), the first that held durably, by then, more of
-    /// origin `o`'s stream in scope `s` than `have`, and how much.
-    fn lacked(
-        &self,
-        r: usize,
-        s: usize,
-        o: usize,
-        have: u64,
-        heard: &[(usize, u64)],
-    ) -> Option<(usize, u64)> {
-        heard
-            .iter()
-            .filter(|(p, _)| *p != o && *p != r)
-            .map(|&(p, then_us)| (p, self.durable_at(self.idx(p, s, o), then_us)))
-            .find(|(_, had)| *had > have)
-    }
-
-    /// What `k` held durably at time `at_us` (0 before anything; callers stay
-    /// within `DURABLE_HISTORY`).
-    fn durable_at(&self, k: usize, at_us: u64) -> u64 {
-        let h = &self.durable_history[k];
-        let i = h.partition_point(|(t, _)| *t <= at_us);
-        if i == 0 { 0 } else { h[i - 1].1 }
-    }
-
-    #[cold]
-    fn violation(&mut self, what: String) {
-        if self.violations.len() < VIOLATIONS_KEPT {
-            self.violations.push(what);
-        }
     }
 }
 
@@ -1476,60 +1385,6 @@ fn pin_views(names: &mut Interner, scopes: &mut Interner, views: &[Arc<Deploymen
             scopes.pin(s);
         }
     }
-}
-
-/// Entries on the wire are durable at their origin (I11): they join the oracle, and
-/// a sequence seen twice with different writes is a C1 violation.
-fn note_wire(checks: &mut Checks, scopes: &Interner, names: &Interner, f: &Frame, now: SimTime) {
-    let entries: &[LogEntry] = match f {
-        Frame::Mutations(es) => es,
-        Frame::GapFill(g) => &g.entries,
-        _ => return,
-    };
-    let _ = now;
-    for e in entries {
-        note_durable(checks, scopes, names, e);
-    }
-}
-
-fn note_durable(checks: &mut Checks, scopes: &Interner, names: &Interner, e: &LogEntry) {
-    let (Some(s), Some(o)) = (scopes.get(e.scope.as_str()), names.get(e.origin.as_str())) else {
-        return;
-    };
-    let st = checks.stream(s, o);
-    let i = (e.sequence - 1) as usize;
-    let fp = Fingerprint {
-        timestamp: e.timestamp.as_u64(),
-        key_hash: xxh3_64(e.mutation.row_key()),
-    };
-    let known = checks.streams[st].get(i).copied().unwrap_or_default();
-    if known == fp {
-        return;
-    }
-    if known != Fingerprint::default() {
-        checks.lost_writes += 1;
-        checks.violation(format!(
-            "C1: {}/{} #{} carries two different writes",
-            e.scope, e.origin, e.sequence
-        ));
-        return;
-    }
-    let v = &mut checks.streams[st];
-    if v.len() <= i {
-        v.resize(i + 1, Fingerprint::default());
-    }
-    v[i] = fp;
-    let _ = names;
-    let table: Arc<str> = e.mutation.table().clone();
-    let row = checks
-        .oracle
-        .entry((table, e.mutation.row_key().clone()))
-        .or_default();
-    row.apply(
-        &Version::new(e.timestamp, e.origin.clone()),
-        e.mutation.mutations(),
-        checks.schema.table(e.mutation.table()),
-    );
 }
 
 impl Simulation {
