@@ -31,6 +31,10 @@
 //!   replicas, hedging delay and budget) and its constants, shared likewise, and
 //!   [`frontend::call`]: one read's or write's decisions as a sans-IO state machine
 //!   (`ReadCall`, `WriteCall`) that `pangea-client` and the simulator both drive;
+//! - [`location`]: location metadata (the `_location` table: per-prefix policy,
+//!   home and migration state) and the residency rule for moves;
+//! - [`migration`]: a placement migration job (dual write, backfill, flip) as a
+//!   state machine the runner's driver steps with its replica;
 //! - [`readiness`]: the gate that keeps a restarted or new replica from serving
 //!   reads until it has caught up with its peers, driven by node and simulator;
 //! - [`redact`]: how user keys appear in logs, traces and error messages (hashed).
@@ -48,6 +52,7 @@ pub use pangea_topology::ids;
 pub mod limits;
 pub mod link;
 pub mod location;
+pub mod migration;
 pub mod mutation;
 pub mod read;
 pub mod readiness;

@@ -4,11 +4,14 @@
 //! Each turn: take every queued input (frames from peers, local writes, send reports),
 //! or the timer if it fired; then `flush` — one fsync for the whole turn (group
 //! commit) — and only then acknowledge local writes, hand frames to the peer tasks
-//! and publish the new durable watermarks for the serving path.
+//! and publish the new durable watermarks for the serving path. The placement
+//! migration jobs this replica runs (`pangea_core::migration::Job`) are stepped
+//! each turn before the flush, with the core.
 
 use crate::Shared;
 use crate::metrics::NodeMetrics;
 use pangea_core::frame::Frame;
+use pangea_core::migration::{self, Job, Progress};
 use pangea_core::replica::{Event, Replica, Transmit};
 use pangea_core::{Error as CoreError, RowMutation, ScopeId, Token};
 use pangea_store::Store;
@@ -37,11 +40,11 @@ pub enum Input {
         mutation: RowMutation,
         reply: oneshot::Sender<Result<Token, CoreError>>,
     },
-    /// A write into one given scope (migration backfill), acknowledged once durable.
-    ProposeIn {
-        scope: ScopeId,
-        mutation: RowMutation,
-        reply: oneshot::Sender<Result<Token, CoreError>>,
+    /// An operator's placement move: checked, then run here; the reply (the job's
+    /// id, or why the move was refused) comes once the job is recorded durably.
+    StartMigration {
+        request: migration::Request,
+        reply: oneshot::Sender<Result<String, String>>,
     },
     /// A client waits for this replica's write `sequence` in `scope` to reach
     /// other regions: ask the members for prompt reports (`Replica::want_reports`)
@@ -50,13 +53,6 @@ pub enum Input {
         scope: ScopeId,
         sequence: u64,
         reply: oneshot::Sender<Option<(BTreeSet<RegionId>, BTreeSet<RegionId>)>>,
-    },
-    /// Has every member of `scope` applied `origin`'s stream up to `sequence`?
-    AppliedEverywhere {
-        scope: ScopeId,
-        origin: ReplicaId,
-        sequence: u64,
-        reply: oneshot::Sender<bool>,
     },
     /// A peer task wrote (or dropped) a frame of this many bytes.
     Sent {
@@ -75,6 +71,64 @@ pub enum Input {
 pub type PeerQueues = BTreeMap<ReplicaId, mpsc::Sender<Transmit>>;
 
 type Waiters = BTreeMap<(ScopeId, ReplicaId, u64), oneshot::Sender<Result<Token, CoreError>>>;
+
+/// The migration jobs this replica runs, each with the operator waiting to hear
+/// that it started (none for a resumed job).
+type Jobs = Vec<(Job, Option<oneshot::Sender<Result<String, String>>>)>;
+
+/// The unfinished jobs this replica was running, from its store.
+fn resume(replica: &Replica<Store>) -> Jobs {
+    match migration::resumable(replica) {
+        Ok(jobs) => jobs
+            .into_iter()
+            .map(|job| {
+                let r = job.record();
+                tracing::info!(job = %r.id, phase = %r.phase, rows = r.rows_copied, "resuming migration job");
+                (job, None)
+            })
+            .collect(),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read migration jobs");
+            Vec::new()
+        }
+    }
+}
+
+/// Steps every job (before the turn's flush). `true`: one of them wants another
+/// turn as soon as this one's flush is done. `Err`: the store failed.
+fn step_jobs(
+    replica: &mut Replica<Store>,
+    shared: &Shared,
+    jobs: &mut Jobs,
+) -> Result<bool, CoreError> {
+    let now = shared.clock.now();
+    let mut again = false;
+    let mut i = 0;
+    while i < jobs.len() {
+        let (job, started) = &mut jobs[i];
+        let progress = job.step(replica, now)?;
+        if job.is_recorded()
+            && let Some(reply) = started.take()
+        {
+            let _ = reply.send(Ok(job.id().to_owned()));
+        }
+        match progress {
+            Progress::Again => again = true,
+            Progress::Waiting => {}
+            Progress::Finished => {
+                let r = job.record();
+                match r.phase.as_str() {
+                    "done" => tracing::info!(job = %r.id, rows = r.rows_copied, "migration done"),
+                    _ => tracing::error!(job = %r.id, error = %r.error, "migration job failed"),
+                }
+                jobs.swap_remove(i);
+                continue;
+            }
+        }
+        i += 1;
+    }
+    Ok(again)
+}
 
 pub async fn run(
     mut replica: Replica<Store>,
@@ -98,12 +152,13 @@ pub async fn run(
     let mut gate_log = crate::readiness::PhaseLog::new(epoch);
     loop {
         publish(&replica, &shared);
+        let mut jobs = resume(&replica);
         let failed = turns(
             &mut replica,
             &mut rx,
             &shared,
             &mut peers,
-            &mut waiters,
+            (&mut waiters, &mut jobs),
             (&mut gate, &mut gate_log, epoch),
             &mut record,
         )
@@ -174,7 +229,7 @@ async fn turns(
     rx: &mut mpsc::Receiver<Input>,
     shared: &Arc<Shared>,
     peers: &mut PeerQueues,
-    waiters: &mut Waiters,
+    (waiters, jobs): (&mut Waiters, &mut Jobs),
     (gate, gate_log, epoch): (
         &mut crate::readiness::Gate,
         &mut crate::readiness::PhaseLog,
@@ -184,10 +239,15 @@ async fn turns(
 ) -> Option<CoreError> {
     let mut shutdown: Option<oneshot::Sender<()>> = None;
     let mut gauges_at = std::time::Instant::now();
+    let mut jobs_again = false;
     loop {
-        let deadline = replica
-            .poll_timeout()
-            .map(|t| tokio::time::Instant::from_std(shared.clock.instant_of(t)));
+        let deadline = if jobs_again {
+            Some(tokio::time::Instant::now())
+        } else {
+            replica
+                .poll_timeout()
+                .map(|t| tokio::time::Instant::from_std(shared.clock.instant_of(t)))
+        };
         tokio::select! {
             input = rx.recv() => {
                 let input = input?;
@@ -196,7 +256,7 @@ async fn turns(
                 while let Some(input) = next.take() {
                     if let Input::View(d) = input {
                         view(replica, shared, d, peers);
-                    } else if let Some(e) = handle(replica, shared, input, waiters, &mut shutdown) {
+                    } else if let Some(e) = handle(replica, shared, input, (waiters, jobs), &mut shutdown) {
                         return Some(store_failed(shared, waiters, e));
                     }
                     handled += 1;
@@ -213,6 +273,13 @@ async fn turns(
                 }
             }
         }
+        jobs_again = match step_jobs(replica, shared, jobs) {
+            Ok(again) => again,
+            Err(e) => {
+                tracing::error!(error = %e, "a migration job found the store failed");
+                return Some(store_failed(shared, waiters, e));
+            }
+        };
         let now = shared.clock.now();
         if let Err(e) = replica.flush(now) {
             tracing::error!(error = %e, "flush failed; refusing writes");
@@ -340,11 +407,11 @@ async fn recover(
                     let _ = done.send(());
                     return None;
                 }
-                Some(Input::Propose { reply, .. } | Input::ProposeIn { reply, .. }) => {
+                Some(Input::Propose { reply, .. }) => {
                     let _ = reply.send(Err(unavailable()));
                 }
-                Some(Input::AppliedEverywhere { reply, .. }) => {
-                    let _ = reply.send(false);
+                Some(Input::StartMigration { reply, .. }) => {
+                    let _ = reply.send(Err(unavailable().to_string()));
                 }
                 Some(Input::RegionsApplied { reply, .. }) => {
                     let _ = reply.send(None);
@@ -409,7 +476,7 @@ fn handle(
     replica: &mut Replica<Store>,
     shared: &Shared,
     input: Input,
-    waiters: &mut Waiters,
+    (waiters, jobs): (&mut Waiters, &mut Jobs),
     shutdown: &mut Option<oneshot::Sender<()>>,
 ) -> Option<CoreError> {
     let now = shared.clock.now();
@@ -447,22 +514,14 @@ fn handle(
                 let _ = reply.send(Err(e));
             }
         },
-        Input::ProposeIn {
-            scope,
-            mutation,
-            reply,
-        } => match replica.propose_in(now, &scope, mutation) {
-            Ok(token) => {
-                waiters.insert(
-                    (token.scope.clone(), token.origin.clone(), token.sequence),
-                    reply,
-                );
+        Input::StartMigration { request, reply } => {
+            match Job::plan(replica, &shared.files(), request, now) {
+                Ok(job) => jobs.push((job, Some(reply))),
+                Err(refused) => {
+                    let _ = reply.send(Err(refused.to_string()));
+                }
             }
-            Err(e) if store_broke(&e) => return Some(refuse_broken(shared, reply, e)),
-            Err(e) => {
-                let _ = reply.send(Err(e));
-            }
-        },
+        }
         Input::RegionsApplied {
             scope,
             sequence,
@@ -471,14 +530,6 @@ fn handle(
             replica.want_reports(&scope, sequence);
             let id = replica.id().clone();
             let _ = reply.send(replica.regions_applied(&scope, &id, sequence));
-        }
-        Input::AppliedEverywhere {
-            scope,
-            origin,
-            sequence,
-            reply,
-        } => {
-            let _ = reply.send(replica.applied_everywhere(&scope, &origin, sequence));
         }
         Input::Sent { to, bytes } => replica.handle_sent(&to, bytes),
         Input::View(_) => {}

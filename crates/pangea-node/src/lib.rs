@@ -5,7 +5,11 @@
 //! future; the `pangea start` binary only parses flags. Inside:
 //!
 //! - [`driver`]: one task owns the core; every turn ends with one fsync (group
-//!   commit) before writes are acknowledged and frames leave;
+//!   commit) before writes are acknowledged and frames leave; it also steps the
+//!   placement migration jobs this replica runs (`pangea_core::migration`) and
+//!   the readiness gate (`pangea_core::readiness`; [`readiness`] keeps its record
+//!   on disk and its phase log);
+//! - [`migration`]: an operator's move handed to the driver;
 //! - [`peers`]: a task per peer sends its frames over a long-lived connection
 //!   (reconnecting with backoff); incoming peer streams are checked (hello against
 //!   certificate) and read into the driver;
@@ -688,7 +692,6 @@ pub async fn run_with_sockets(
         });
     }
     tracing::info!(replica = %id, region = %me.region, %listen, admin = ?admin_addr, "replica serving");
-    migration::resume(shared.clone());
     watch_disk(&shared);
     reload::on_sighup(shared.clone());
     reload::poll_certificates(&shared);

@@ -116,7 +116,7 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<Vec<String>, String> {
         let runner = runner_for(&effective, &from, &to);
         match runner {
             Some(r) if r == shared.id => {
-                match crate::migration::start(shared.clone(), table.clone(), prefix.clone().into(), to.to_string(), home.unwrap_or_default()).await {
+                match crate::migration::start(shared, table.clone(), prefix.clone().into(), to.to_string(), home.unwrap_or_default()).await {
                     Ok(job) => lines.push(format!("started migration job {job}")),
                     Err(e) => lines.push(format!("cannot start the migration of {table}/{prefix:?}: {e}")),
                 }

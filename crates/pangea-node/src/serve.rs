@@ -1086,15 +1086,9 @@ async fn execute(
             ))
         }
         R::PlacementMove(m) => {
-            let id = crate::migration::start(
-                shared.clone(),
-                m.table,
-                m.prefix,
-                m.to_policy,
-                m.home_region,
-            )
-            .await
-            .map_err(|e| Failure::new(Code::InvalidArgument, e))?;
+            let id = crate::migration::start(shared, m.table, m.prefix, m.to_policy, m.home_region)
+                .await
+                .map_err(|e| Failure::new(Code::InvalidArgument, e))?;
             Ok((
                 W::PlacementMove(pb::PlacementMoveResponse { job_id: id }).into(),
                 None,

@@ -1119,6 +1119,14 @@ impl<S: Storage> Replica<S> {
             .is_some_and(|b| self.scopes.contains_key(b))
     }
 
+    /// Whether this replica's write `token` is durable here.
+    pub fn is_durable(&self, token: &Token) -> bool {
+        self.scopes
+            .get(&token.scope)
+            .and_then(|s| s.streams.get(&token.origin))
+            .is_some_and(|st| st.durable.sequence >= token.sequence)
+    }
+
     /// Whether every member of `scope` has reported applying `origin`'s stream up to
     /// `sequence` (from the applied-watermark gossip of heartbeats).
     pub fn applied_everywhere(&self, scope: &ScopeId, origin: &ReplicaId, sequence: u64) -> bool {

@@ -1,0 +1,231 @@
+//! Placement migration jobs (`pangea_core::migration::Job`) stepped on in-memory
+//! replicas of the local three-region deployment, frames moved by hand, time
+//! passed in: the job moves `us/` rows from `global` to `eu-resident` (a narrowing
+//! the placement file allows), through a restart of its runner, and refuses the
+//! moves it must refuse.
+
+use bytes::Bytes;
+use pangea_core::migration::{Job, Progress, Refused, Request, resumable};
+use pangea_core::replica::{Now, Replica};
+use pangea_core::storage::Storage;
+use pangea_core::{Limits, MemStorage, Mutation, RowMutation, ScopeId};
+use pangea_topology::{Deployment, ReplicaId};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+mod common;
+use common::{at, deployment, replica};
+
+type Cluster = BTreeMap<String, Replica<MemStorage>>;
+
+const RUNNER: &str = "euw1-a";
+
+fn cluster(d: &Arc<Deployment>) -> Cluster {
+    d.topology
+        .replicas
+        .keys()
+        .map(|id| (id.to_string(), replica(d, id.as_str())))
+        .collect()
+}
+
+fn set(key: &str) -> RowMutation {
+    let m = Mutation::SetCell {
+        family: "profile".into(),
+        column: Bytes::from_static(b"p"),
+        value: Bytes::from(format!("value of {key}")),
+    };
+    RowMutation::new("ad_profiles", key.to_owned(), vec![m], &Limits::default()).unwrap()
+}
+
+fn move_us(to: &str) -> Request {
+    Request {
+        table: "ad_profiles".into(),
+        prefix: Bytes::from_static(b"us/"),
+        to: to.into(),
+        home: String::new(),
+    }
+}
+
+fn rows(r: &Replica<MemStorage>, prefix: &[u8]) -> usize {
+    r.storage()
+        .scan_rows("ad_profiles", prefix, None, usize::MAX)
+        .unwrap()
+        .len()
+}
+
+/// One millisecond of the cluster: due timers, the job's step (when given), every
+/// flush, every frame delivered, and the purges a flip allows.
+fn tick(c: &mut Cluster, job: Option<&mut Job>, now: Now) -> Option<Progress> {
+    for r in c.values_mut() {
+        if r.poll_timeout().is_some_and(|t| t <= now.mono_us) {
+            r.handle_timeout(now).unwrap();
+        }
+    }
+    let progress = job.map(|j| j.step(c.get_mut(RUNNER).unwrap(), now).unwrap());
+    loop {
+        let mut moved = false;
+        let ids: Vec<String> = c.keys().cloned().collect();
+        for id in &ids {
+            let r = c.get_mut(id).unwrap();
+            r.flush(now).unwrap();
+            let out: Vec<_> = std::iter::from_fn(|| r.poll_transmit()).collect();
+            for t in out {
+                c.get_mut(id).unwrap().handle_sent(&t.to, t.bytes);
+                if let Some(to) = c.get_mut(t.to.as_str()) {
+                    to.handle_frame(now, &ReplicaId::from(id.as_str()), t.frame)
+                        .unwrap();
+                    moved = true;
+                }
+            }
+        }
+        if !moved {
+            break;
+        }
+    }
+    for r in c.values_mut() {
+        r.purge_moved_rows().unwrap();
+        while r.poll_event().is_some() {}
+    }
+    progress
+}
+
+/// Steps `job` from `from_ms` until it finishes; returns the time it did.
+fn run_to_end(c: &mut Cluster, job: &mut Job, from_ms: u64) -> u64 {
+    for ms in from_ms..from_ms + 60_000 {
+        if tick(c, Some(job), at(ms)) == Some(Progress::Finished) {
+            return ms;
+        }
+    }
+    panic!("job {} still at {:?} after 60 s", job.id(), job.record());
+}
+
+/// A cluster holding `n` rows under `us/`, written at use1-a and everywhere.
+fn loaded(n: usize) -> (Arc<Deployment>, Cluster) {
+    let d = deployment();
+    let mut c = cluster(&d);
+    for i in 0..n {
+        c.get_mut("use1-a")
+            .unwrap()
+            .propose(at(0), set(&format!("us/{i:04}")))
+            .unwrap();
+    }
+    for ms in 0..1_000 {
+        tick(&mut c, None, at(ms));
+    }
+    assert!(
+        c.values()
+            .all(|r| rows(r, b"us/") == n || r.id().as_str() == "use1-batch")
+    );
+    (d, c)
+}
+
+#[test]
+fn a_job_moves_rows_to_the_new_policy_and_they_leave_the_others() {
+    let (d, mut c) = loaded(250);
+    let mut job = Job::plan(&c[RUNNER], &d, move_us("eu-resident"), at(1_000)).unwrap();
+    // A write while the rows migrate, taken by a replica of both policies: it
+    // reaches the new policy by the dual write, not the backfill.
+    let mut wrote_during = false;
+    let mut end = None;
+    for ms in 1_000..61_000 {
+        if !wrote_during && job.record().phase == "backfill" {
+            c.get_mut("euw1-b")
+                .unwrap()
+                .propose(at(ms), set("us/written-during"))
+                .unwrap();
+            wrote_during = true;
+        }
+        if tick(&mut c, Some(&mut job), at(ms)) == Some(Progress::Finished) {
+            end = Some(ms);
+            break;
+        }
+    }
+    assert!(end.is_some(), "job stuck at {:?}", job.record());
+    assert!(wrote_during);
+    let r = job.record();
+    assert_eq!(r.phase, "done", "{r:?}");
+    // Counted before the write; copied too (it sorts after the first batch), which
+    // is harmless: the copy merges with the dual write's own versions.
+    assert_eq!((r.rows_total, r.rows_copied), (250, 251));
+    let eu = ScopeId::from("eu-resident");
+    for (id, rep) in &c {
+        assert_eq!(rep.scope_of("ad_profiles", b"us/0001"), eu, "{id}");
+        let expected = if id.starts_with("euw1") { 251 } else { 0 };
+        assert_eq!(rows(rep, b"us/"), expected, "{id}");
+    }
+    // The job is recorded done: nothing to resume.
+    assert!(resumable(&c[RUNNER]).unwrap().is_empty());
+}
+
+#[test]
+fn a_job_resumes_from_its_checkpoint_after_its_runner_restarts() {
+    let (d, mut c) = loaded(250);
+    let mut job = Job::plan(&c[RUNNER], &d, move_us("eu-resident"), at(1_000)).unwrap();
+    let mut ms = 1_000;
+    // Until the first backfill batch is checkpointed.
+    while !(job.record().phase == "backfill" && job.record().rows_copied > 0) {
+        tick(&mut c, Some(&mut job), at(ms));
+        ms += 1;
+        assert!(ms < 30_000, "no backfill: {:?}", job.record());
+    }
+    tick(&mut c, None, at(ms));
+    // The runner's process goes; its store (and the checkpoint in it) stays.
+    drop(job);
+    let mut resumed = resumable(&c[RUNNER]).unwrap();
+    assert_eq!(resumed.len(), 1);
+    let mut job = resumed.pop().unwrap();
+    assert_eq!(job.record().phase, "backfill");
+    assert!(job.record().rows_copied >= 100);
+    run_to_end(&mut c, &mut job, ms + 1);
+    assert_eq!(job.record().phase, "done");
+    for (id, rep) in &c {
+        let expected = if id.starts_with("euw1") { 250 } else { 0 };
+        assert_eq!(rows(rep, b"us/"), expected, "{id}");
+    }
+}
+
+#[test]
+fn a_job_waits_for_a_replica_that_is_down_and_finishes_when_it_is_back() {
+    let (d, mut c) = loaded(20);
+    let mut job = Job::plan(&c[RUNNER], &d, move_us("eu-resident"), at(1_000)).unwrap();
+    // apne1-b is down from the start: nothing reaches it, it reports nothing.
+    let down = c.remove("apne1-b").unwrap();
+    for ms in 1_000..11_000 {
+        assert_ne!(
+            tick(&mut c, Some(&mut job), at(ms)),
+            Some(Progress::Finished)
+        );
+    }
+    // It waits on the dual-write entry reaching apne1-b; nothing moved yet.
+    assert_eq!(job.record().phase, "planned");
+    assert_eq!(rows(&c["use1-a"], b"us/"), 20);
+    c.insert("apne1-b".into(), down);
+    run_to_end(&mut c, &mut job, 11_000);
+    assert_eq!(job.record().phase, "done");
+    assert_eq!(rows(&c["apne1-b"], b"us/"), 0);
+}
+
+#[test]
+fn moves_that_would_widen_residency_or_run_outside_a_policy_are_refused() {
+    let (d, c) = loaded(0);
+    let widen = Request {
+        prefix: Bytes::from_static(b"eu/"),
+        ..move_us("global")
+    };
+    assert!(matches!(
+        Job::plan(&c[RUNNER], &d, widen, at(0)),
+        Err(Refused::EscapesResidency { .. })
+    ));
+    assert!(matches!(
+        Job::plan(&c["use1-a"], &d, move_us("eu-resident"), at(0)),
+        Err(Refused::RunnerOutside { .. })
+    ));
+    assert!(matches!(
+        Job::plan(&c[RUNNER], &d, move_us("global"), at(0)),
+        Err(Refused::AlreadyThere { .. })
+    ));
+    assert!(matches!(
+        Job::plan(&c[RUNNER], &d, move_us("nowhere"), at(0)),
+        Err(Refused::UnknownPolicy(_))
+    ));
+}
