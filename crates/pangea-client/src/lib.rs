@@ -66,14 +66,6 @@ const LOCATION_PAGE_ROWS: u32 = 1_000;
 /// footprint measured (564 bytes an entry, docs/benchmarks.md).
 pub const LOCATION_ENTRIES_MAX: usize = 1_000_000;
 
-/// How often a call refreshes location metadata and plans again after replicas
-/// refused its row. More than once: the replica answering the refresh (the one
-/// holding the client's cursor) may not yet have applied the change the refusing
-/// replica already acts on; it applies it milliseconds later.
-const POLICY_REFRESH_ROUNDS: u32 = 3;
-/// The wait before the second and later refreshes (doubled each time).
-const POLICY_REFRESH_BACKOFF: Duration = Duration::from_millis(10);
-
 /// Everything `Client::connect` needs.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -738,18 +730,17 @@ impl Client {
 
     /// After replicas refused a call's row: refreshes location metadata (waiting a
     /// little first from the second round on) and says whether to plan again —
-    /// not past [`POLICY_REFRESH_ROUNDS`], the call's deadline, or a failed refresh.
+    /// not past [`frontend::POLICY_REFRESH_ROUNDS`], the call's deadline, or a failed refresh.
     async fn refresh_after_refusal(
         &self,
         round: u32,
         started: Instant,
         deadline: Duration,
     ) -> bool {
-        if round >= POLICY_REFRESH_ROUNDS {
+        let Some(wait) = frontend::policy_refresh_wait(round) else {
             return false;
-        }
-        if round > 0 {
-            let wait = POLICY_REFRESH_BACKOFF * (1 << (round - 1));
+        };
+        if !wait.is_zero() {
             if started.elapsed() + wait >= deadline {
                 return false;
             }

@@ -475,6 +475,18 @@ impl Job {
     }
 }
 
+/// The replica that runs a move from policy `from` to `to`: the smallest id of a
+/// row-storing replica of both, so that every replica agrees without talking
+/// (`None`: no replica is in both; the rows move through `global` in two steps).
+pub fn runner_for(d: &Deployment, from: &ScopeId, to: &ScopeId) -> Option<ReplicaId> {
+    d.topology
+        .replicas
+        .values()
+        .filter(|r| r.role.stores_rows() && d.allowed(&r.id, from) && d.allowed(&r.id, to))
+        .map(|r| r.id.clone())
+        .min()
+}
+
 /// The unfinished jobs `replica` was running, from its `_jobs` table (after a
 /// restart, or after its store was reopened).
 pub fn resumable<S: Storage>(replica: &Replica<S>) -> Result<Vec<Job>, Error> {

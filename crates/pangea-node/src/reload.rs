@@ -22,7 +22,7 @@ use crate::Shared;
 use crate::audit_log::Outcome;
 use crate::driver::Input;
 use pangea_topology::placement::PrefixRule;
-use pangea_topology::{Deployment, ReplicaId, ScopeId};
+use pangea_topology::{Deployment, ScopeId};
 use std::sync::Arc;
 
 /// Re-reads the files this node started with and applies them. Returns what changed,
@@ -113,7 +113,7 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<Vec<String>, String> {
     // replica agrees without talking.
     for (table, prefix, to, home) in moves {
         let from = location.scope_of(&old, &table, prefix.as_bytes());
-        let runner = runner_for(&effective, &from, &to);
+        let runner = pangea_core::migration::runner_for(&effective, &from, &to);
         match runner {
             Some(r) if r == shared.id => {
                 match crate::migration::start(shared, table.clone(), prefix.clone().into(), to.to_string(), home.unwrap_or_default()).await {
@@ -203,15 +203,6 @@ fn keeps_every_row(
         }
     }
     Ok(())
-}
-
-fn runner_for(d: &Deployment, from: &ScopeId, to: &ScopeId) -> Option<ReplicaId> {
-    d.topology
-        .replicas
-        .values()
-        .filter(|r| r.role.stores_rows() && d.allowed(&r.id, from) && d.allowed(&r.id, to))
-        .map(|r| r.id.clone())
-        .min()
 }
 
 /// Re-reads the certificate files now (SIGHUP), whether or not they changed. A

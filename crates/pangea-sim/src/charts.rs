@@ -465,6 +465,26 @@ pub fn summary_md(sc: &Scenario, description: &str, r: &RunReport) -> String {
         r.counters.snapshots_installed,
         r.counters.peer_suspicions,
     );
+    if !r.migrations.is_empty() {
+        let _ = writeln!(
+            s,
+            "## Migrations\n\n| job | runner | phase | rows counted / copied | start (s) | end (s) |\n|---|---|---|---:|---:|---:|"
+        );
+        for m in &r.migrations {
+            let end = m.end_s.map_or("running".to_owned(), |e| format!("{e:.1}"));
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} / {} | {:.1} | {end} |",
+                m.label, m.runner, m.phase, m.rows_total, m.rows_copied, m.start_s
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nRows purged by replicas outside the new policy: {}; calls that refreshed \
+             location metadata after a refusal: {}.\n",
+            r.counters.rows_purged, r.counters.policy_refreshes
+        );
+    }
     if !r.counters.read_errors.is_empty() {
         let _ = writeln!(s, "Read errors by kind: {:?}\n", r.counters.read_errors);
     }

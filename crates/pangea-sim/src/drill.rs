@@ -15,7 +15,7 @@ use crate::time::SimDuration;
 use crate::workload::VALUE_BYTES_MAX;
 use pangea_core::replica::Config as ReplicaConfig;
 use pangea_topology::placement::parse_duration_ms;
-use pangea_topology::{Deployment, Placement, RegionId, ReplicaId};
+use pangea_topology::{Deployment, Placement, RegionId, ReplicaId, ScopeId};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -225,6 +225,11 @@ struct RawFault {
     rollout: Option<String>,
     interval: Option<String>,
     down_for: Option<String>,
+    /// A placement move: the rows of `table` under `prefix` go to policy `to`.
+    table: Option<String>,
+    prefix: Option<String>,
+    to: Option<String>,
+    home: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -876,6 +881,7 @@ fn allowed_keys(kind: &str) -> Option<&'static [&'static str]> {
         "pause-replica" => &["replica", "replicas"],
         "change-placement" => &["placement", "rollout"],
         "rolling-restart" => &["regions", "interval", "down_for"],
+        "migrate" => &["table", "prefix", "to", "home"],
         _ => return None,
     })
 }
@@ -888,7 +894,7 @@ fn fault(cx: &mut Ctx<'_>, i: usize, f: &RawFault, base: &Path, run: SimDuration
             format!(
                 "unknown fault kind {:?}; expected lose-replica, lose-region, lose-continent, \
                  isolate-region, partition, degrade-link, clock-skew, clock-jump, pause-replica, \
-                 change-placement or rolling-restart",
+                 change-placement, rolling-restart or migrate",
                 f.kind
             ),
         );
@@ -911,6 +917,10 @@ fn fault(cx: &mut Ctx<'_>, i: usize, f: &RawFault, base: &Path, run: SimDuration
         ("rollout", f.rollout.is_some()),
         ("interval", f.interval.is_some()),
         ("down_for", f.down_for.is_some()),
+        ("table", f.table.is_some()),
+        ("prefix", f.prefix.is_some()),
+        ("to", f.to.is_some()),
+        ("home", f.home.is_some()),
     ];
     for (k, there) in present {
         if there && !keys.contains(&k) {
@@ -1152,6 +1162,39 @@ fn fault(cx: &mut Ctx<'_>, i: usize, f: &RawFault, base: &Path, run: SimDuration
                     deployment,
                     path: path.clone(),
                     rollout,
+                },
+                l,
+            )
+        }
+        "migrate" => {
+            if duration.is_some() {
+                cx.err(&here("for"), "a placement move is permanent");
+            }
+            let (Some(table), Some(prefix), Some(to)) = (&f.table, &f.prefix, &f.to) else {
+                cx.err(&here("kind"), "migrate needs `table`, `prefix` and `to`");
+                return Vec::new();
+            };
+            if d.placement.schema.table(table).is_none() {
+                cx.err(
+                    &here("table"),
+                    format!("no table {table:?} in the placement"),
+                );
+            }
+            if d.placement.policy(&ScopeId::from(to.as_str())).is_none() {
+                cx.err(&here("to"), format!("no placement policy {to:?}"));
+            }
+            if let Some(home) = &f.home {
+                cx.region(&here("home"), home);
+            }
+            let l = label(format!("migrate {table}/{prefix} → {to}"));
+            return_fault(
+                at,
+                None,
+                FaultKind::Migrate {
+                    table: table.clone(),
+                    prefix: prefix.clone(),
+                    to: to.clone(),
+                    home: f.home.clone().unwrap_or_default(),
                 },
                 l,
             )

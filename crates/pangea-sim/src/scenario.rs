@@ -236,6 +236,17 @@ pub enum FaultKind {
         path: String,
         rollout: SimDuration,
     },
+    /// An operator's placement move (`pangea placement move`): a migration job
+    /// (`pangea_core::migration::Job`) moving the rows of `table` under `prefix` to
+    /// policy `to`, run by the replica the node would pick
+    /// (`migration::runner_for`) and stepped by its driver here. Permanent.
+    Migrate {
+        table: String,
+        prefix: String,
+        to: String,
+        /// The rows' new home region (empty: kept where the policy has it).
+        home: String,
+    },
 }
 
 /// Expected outcomes; a violated one is listed in `slo_failures`.
@@ -372,6 +383,7 @@ impl Scenario {
                 FaultKind::ChangePlacement { deployment, .. } => {
                     *deployment = Arc::new(deployment.detached());
                 }
+                FaultKind::Migrate { .. } => {}
             }
         }
         sc.deployment = d;

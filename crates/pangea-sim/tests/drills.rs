@@ -33,6 +33,7 @@ fn every_shipped_drill_validates() -> Result<()> {
         "clock-skew",
         "relay-loss",
         "placement-migration-under-load",
+        "placement-move-under-load",
         "rolling-restart",
     ] {
         assert!(
@@ -238,6 +239,13 @@ rollout = "1s"
 at = "3s"
 kind = "lose-replica"
 replica = "aps1-relay"
+
+[[faults]]
+at = "1s"
+kind = "migrate"
+table = "ad_profiles"
+prefix = "us/"
+to = "eu-resident"
 "#
     );
     let d = drill("all-faults.toml", &text)?;
@@ -248,7 +256,10 @@ replica = "aps1-relay"
             .any(|f| matches!(f.kind, FaultKind::ChangePlacement { .. }))
     );
     let r = Simulation::new(d.scenario)?.run()?;
-    assert_eq!(r.faults.len(), 8);
+    assert_eq!(r.faults.len(), 9);
+    // The move ran (its runner, euc1-a, is the smallest id in both policies).
+    assert_eq!(r.migrations.len(), 1, "{:?}", r.violations);
+    assert_eq!(r.migrations[0].runner, "euc1-a");
     assert_eq!(r.lost_writes, 0, "{:?}", r.violations);
     assert_eq!(r.watermark_violations, 0, "{:?}", r.violations);
     assert_eq!(r.token_violations, 0, "{:?}", r.violations);

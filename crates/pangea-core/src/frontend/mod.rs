@@ -35,6 +35,24 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// reaches it, or for this long.
 pub const PROBE_DOWN_FOR: Duration = Duration::from_secs(3);
 
+/// How often a call refreshes location metadata and plans again after replicas
+/// refused its row. More than once: the replica answering the refresh (the one
+/// holding the client's cursor) may not yet have applied the change the refusing
+/// replica already acts on; it applies it milliseconds later.
+pub const POLICY_REFRESH_ROUNDS: u32 = 3;
+/// The wait before the second and later refreshes (doubled each time).
+pub const POLICY_REFRESH_BACKOFF: Duration = Duration::from_millis(10);
+
+/// The wait before refresh `round` (0-based) after a refusal, or `None` past
+/// [`POLICY_REFRESH_ROUNDS`].
+pub fn policy_refresh_wait(round: u32) -> Option<Duration> {
+    match round {
+        r if r >= POLICY_REFRESH_ROUNDS => None,
+        0 => Some(Duration::ZERO),
+        r => Some(POLICY_REFRESH_BACKOFF * (1 << (r - 1))),
+    }
+}
+
 /// The round-trip average after a new sample (the first sample is taken as is).
 pub fn rtt_ewma(current: Option<f64>, sample_ms: f64) -> f64 {
     match current {

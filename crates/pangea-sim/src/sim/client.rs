@@ -57,6 +57,10 @@ pub(crate) struct Client {
     pub(crate) probe_sent: Vec<Option<SimTime>>,
     /// Probes of the current round not yet answered or timed out.
     pub(crate) probes_pending: usize,
+    /// Location metadata as this frontend last read it, and the replica it reads
+    /// it from (the first row-storing replica of its region).
+    pub(crate) location: pangea_core::location::Location,
+    pub(crate) location_source: Option<usize>,
 }
 
 impl Client {
@@ -81,6 +85,8 @@ impl Client {
             last_write: None,
             probe_sent: vec![None; replicas],
             probes_pending: 0,
+            location: pangea_core::location::Location::default(),
+            location_source: None,
         }
     }
 

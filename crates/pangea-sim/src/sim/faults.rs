@@ -1,6 +1,7 @@
 //! The fault timeline, the end of the workload, and convergence.
 
 use super::*;
+use pangea_core::location::{LOCATION_TABLE, Location};
 
 impl Simulation {
     pub(super) fn fault_start(&mut self, i: usize) {
@@ -81,11 +82,19 @@ impl Simulation {
                     );
                 }
             }
+            FaultKind::Migrate {
+                table,
+                prefix,
+                to,
+                home,
+            } => self.start_migration(i, table, prefix, to, home),
         }
         self.release_dropped();
         let permanent = matches!(
             f.kind,
-            FaultKind::ChangePlacement { .. } | FaultKind::ClockSkew { .. }
+            FaultKind::ChangePlacement { .. }
+                | FaultKind::ClockSkew { .. }
+                | FaultKind::Migrate { .. }
         ) && f.duration.is_none();
         if permanent {
             self.faults[i].ended = true;
@@ -148,7 +157,7 @@ impl Simulation {
                     }
                 }
             }
-            FaultKind::ChangePlacement { .. } => {}
+            FaultKind::ChangePlacement { .. } | FaultKind::Migrate { .. } => {}
         }
         // (Split, the coordinator measures catch-up over both shards.)
         if self.workload_on && self.shard.is_none() {
@@ -206,6 +215,8 @@ impl Simulation {
         let Some(rep) = node.replica.take() else {
             return;
         };
+        // Its migration jobs go with the process; a restart resumes them.
+        node.jobs.clear();
         let mut storage = rep.into_storage();
         storage.crash();
         node.parked = Some(storage);
@@ -297,6 +308,7 @@ impl Simulation {
             }
         }
         self.trace([54, r as u64, 0, 0]);
+        self.resume_jobs(r);
         self.settle(r);
     }
 
@@ -463,30 +475,53 @@ impl Simulation {
         &self,
         oracle_rows: &BTreeMap<(Arc<str>, Bytes), RowState>,
     ) -> std::result::Result<(), String> {
-        self.replicas_match(&self.oracle_digests(oracle_rows))
+        let (oracle, location) = self.oracle_digests(oracle_rows);
+        self.replicas_match(&oracle, &location)
     }
 
-    /// The digest of each scope's rows in `oracle_rows`, by scope index.
+    /// The digest of each scope's rows in `oracle_rows`, by scope index, and the
+    /// location metadata they hold (rows classified by it: a migration moves rows
+    /// between scopes).
     pub(super) fn oracle_digests(
         &self,
         oracle_rows: &BTreeMap<(Arc<str>, Bytes), RowState>,
-    ) -> Vec<ContentDigest> {
+    ) -> (Vec<ContentDigest>, Location) {
         let d = &self.views[self.client_view];
         let schema = &d.placement.schema;
         let now_ms = self.now_wall_ms();
+        let mut location = Location::new();
+        for ((table, key), row) in oracle_rows {
+            if &**table == LOCATION_TABLE {
+                location.apply_row(d, key, Some(row));
+            }
+        }
         let mut oracle = vec![ContentDigest::new(); self.scopes.len()];
         for ((table, key), row) in oracle_rows {
-            if let Some(s) = self.scopes.get(d.scope_of(table, key).as_str()) {
+            if let Some(s) = self.scope_index(&location, table, key) {
                 oracle[s].add(schema, table, key, row, now_ms);
             }
         }
-        oracle
+        (oracle, location)
     }
 
-    /// C5 for the replicas this run (or shard) runs, against `oracle`'s digests.
+    /// A row's scope, by index: its location entry's policy, else the newest
+    /// deployment's.
+    fn scope_index(&self, location: &Location, table: &str, key: &[u8]) -> Option<usize> {
+        let d = &self.views[self.client_view];
+        if location.is_empty() {
+            self.scopes.get(d.scope_of(table, key).as_str())
+        } else {
+            self.scopes.get(location.scope_of(d, table, key).as_str())
+        }
+    }
+
+    /// C5 for the replicas this run (or shard) runs, against `oracle`'s digests,
+    /// rows classified by `location`; and I10 at rest: no replica still holds a
+    /// row a migration's flip moved to a policy without it.
     pub(super) fn replicas_match(
         &self,
         oracle: &[ContentDigest],
+        location: &Location,
     ) -> std::result::Result<(), String> {
         let d = &self.views[self.client_view];
         let schema = &d.placement.schema;
@@ -509,9 +544,22 @@ impl Simulation {
             };
             let mut mine = vec![ContentDigest::new(); ns];
             for (table, key, row) in rep.storage().row_arcs() {
+                if !location.is_empty()
+                    && let Some(e) = location.lookup(table, key)
+                    && e.migrating_to.is_none()
+                    && !d.allowed(&node.id, &e.policy)
+                {
+                    return Err(format!(
+                        "{}: holds a row of {table} under {} that a migration moved to \
+                         policy {}, which does not include it (I10 at rest)",
+                        node.id,
+                        pangea_core::redact::RedactedKey(&e.prefix),
+                        e.policy
+                    ));
+                }
                 if Arc::strong_count(row) == 1 {
                     // Held here alone: met once.
-                    if let Some(s) = self.scopes.get(d.scope_of(table, key).as_str()) {
+                    if let Some(s) = self.scope_index(location, table, key) {
                         mine[s].add(schema, table, key, row, now_ms);
                     }
                     continue;
@@ -520,7 +568,7 @@ impl Simulation {
                 let (scope, digest) = match seen.get(&at) {
                     Some(&(t, k, scope, digest)) if t == &**table && k == key => (scope, digest),
                     _ => {
-                        let scope = self.scopes.get(d.scope_of(table, key).as_str());
+                        let scope = self.scope_index(location, table, key);
                         let digest = row.visible_digest(key, schema.table(table), now_ms);
                         seen.insert(at, (table, key, scope, digest));
                         (scope, digest)

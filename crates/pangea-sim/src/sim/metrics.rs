@@ -249,6 +249,11 @@ pub struct Counters {
     /// Replication frames replicas sent, by kind (`mutations`, `heartbeats`, ...):
     /// frames, the entries or heartbeats they carried, and bytes on the wire.
     pub frames_sent: BTreeMap<&'static str, FrameCount>,
+    /// Rows replicas purged after a migration's flip moved them away.
+    pub rows_purged: u64,
+    /// Calls that refreshed location metadata and planned again after replicas
+    /// refused their row (a stale placement).
+    pub policy_refreshes: u64,
 }
 
 impl Counters {
@@ -259,6 +264,8 @@ impl Counters {
         self.gap_requests += o.gap_requests;
         self.snapshots_installed += o.snapshots_installed;
         self.peer_suspicions += o.peer_suspicions;
+        self.rows_purged += o.rows_purged;
+        self.policy_refreshes += o.policy_refreshes;
         for (k, v) in o.frames_rejected {
             *self.frames_rejected.entry(k).or_default() += v;
         }
@@ -288,6 +295,23 @@ pub struct FrameCount {
     pub frames: u64,
     pub items: u64,
     pub bytes: u64,
+}
+
+/// What became of one migration job (`RunReport::migrations`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MigrationSummary {
+    pub label: String,
+    pub job: String,
+    pub runner: String,
+    /// `done` or `failed` once finished; else the phase it stood at when the run
+    /// ended.
+    pub phase: String,
+    pub rows_total: u64,
+    pub rows_copied: u64,
+    /// Virtual seconds: started, and finished (`None`: still running at the end).
+    pub start_s: f64,
+    pub end_s: Option<f64>,
+    pub error: String,
 }
 
 /// The result of one run; `pangea sim run --json` writes it.
@@ -352,6 +376,8 @@ pub struct RunReport {
     pub violations: Vec<String>,
     pub slo_failures: Vec<String>,
     pub faults: Vec<FaultMarker>,
+    /// The placement migration jobs `migrate` faults started, in start order.
+    pub migrations: Vec<MigrationSummary>,
     pub counters: Counters,
     /// Latency of answered reads over time, per client region.
     pub series_by_region: BTreeMap<String, Vec<SeriesPoint>>,

@@ -47,6 +47,7 @@
 mod checks;
 pub mod client;
 mod faults;
+mod jobs;
 pub mod metrics;
 mod ops;
 mod report;
@@ -140,6 +141,10 @@ struct Node {
     /// runs it) until it opens: reads are refused `unavailable` meanwhile. Replicas
     /// that start with the run start open (a new cluster, empty for all).
     gate: Option<Box<Gate>>,
+    /// The placement migration jobs it runs (`jobs.rs`), and when its next turn
+    /// for them is queued.
+    jobs: Vec<pangea_core::migration::Job>,
+    jobs_at: Option<SimTime>,
 }
 
 impl Node {
@@ -230,6 +235,10 @@ enum Ev {
     Wake {
         op: OpRef,
     },
+    /// A replica's migration jobs want another turn (`jobs.rs`).
+    Jobs {
+        r: u32,
+    },
     Probe {
         client: u32,
     },
@@ -265,7 +274,6 @@ enum Ev {
 #[derive(Debug)]
 struct RemoteRead {
     key: Bytes,
-    scope_id: ScopeId,
     consistency: Consistency,
 }
 
@@ -283,6 +291,8 @@ struct Attempt {
 enum Call {
     Read(ReadCall<Candidates>),
     Write(WriteCall),
+    /// Not planned yet, or waiting to be planned again after a refusal.
+    Unplanned,
 }
 
 impl Call {
@@ -290,6 +300,7 @@ impl Call {
         match self {
             Call::Read(c) => c.poll_action(),
             Call::Write(c) => c.poll_action(),
+            Call::Unplanned => None,
         }
     }
 
@@ -297,6 +308,7 @@ impl Call {
         match self {
             Call::Read(c) => c.poll_timeout(),
             Call::Write(c) => c.poll_timeout(),
+            Call::Unplanned => None,
         }
     }
 
@@ -304,6 +316,7 @@ impl Call {
         match self {
             Call::Read(c) => c.attempts().get(n),
             Call::Write(c) => c.attempts().get(n),
+            Call::Unplanned => None,
         }
     }
 
@@ -311,6 +324,7 @@ impl Call {
         match self {
             Call::Read(c) => c.handle_reply(now.as_us(), n, reply),
             Call::Write(c) => c.handle_reply(now.as_us(), n, reply),
+            Call::Unplanned => {}
         }
     }
 
@@ -318,6 +332,7 @@ impl Call {
         match self {
             Call::Read(c) => c.outcome(),
             Call::Write(c) => c.outcome(),
+            Call::Unplanned => None,
         }
     }
 }
@@ -329,7 +344,6 @@ struct Op {
     mode: Option<Mode>,
     key: Bytes,
     scope: usize,
-    scope_id: ScopeId,
     consistency: Consistency,
     mutation: Option<RowMutation>,
     started: SimTime,
@@ -341,6 +355,10 @@ struct Op {
     /// A read-back (`Workload::read_back`): the token of the write it reads back,
     /// never sent (the read is a plain affinity read), only checked.
     read_back: Option<Token>,
+    /// Location refreshes after refusals so far (`Simulation::refused`), and when
+    /// the next plan is due.
+    round: u32,
+    replan_at: Option<SimTime>,
 }
 
 /// Operations in flight, by slot; a slot's generation changes when it is reused.
@@ -517,6 +535,8 @@ pub struct Simulation {
     /// Records of reads' calls (`Workload::record_reads`), and how many more to keep.
     recorded_reads: Vec<call::ReadLog>,
     record_reads_left: usize,
+    /// The migration jobs `migrate` faults started (`jobs.rs`).
+    migrations: Vec<metrics::MigrationSummary>,
     trace: Trace,
     workload_on: bool,
     catch_up: Option<CatchUp>,
@@ -631,6 +651,8 @@ impl Simulation {
                 foreign: false,
                 links: Vec::new(),
                 gate: None,
+                jobs: Vec::new(),
+                jobs_at: None,
             };
             if shard.as_ref().is_some_and(|ctx| ctx.replica[i] != ctx.me) {
                 node.foreign = true;
@@ -719,15 +741,20 @@ impl Simulation {
                 format!("workload region {} is not in the topology", load.region)
             })?;
             region_rate[ri] += load.rate;
+            // Where its frontends read location metadata: the region's first
+            // replica that stores rows.
+            let source = nodes.iter().position(|n| n.region == ri && n.stores_rows);
             for _ in 0..load.clients.max(1) {
                 region_clients[ri].push(clients.len());
-                clients.push(Client::new(
+                let mut c = Client::new(
                     ri,
                     regions[ri].clone(),
                     rank_of.clone(),
                     scopes.len(),
                     SimTime::ZERO,
-                ));
+                );
+                c.location_source = source;
+                clients.push(c);
             }
         }
         let routes = views
@@ -852,6 +879,7 @@ impl Simulation {
             checks,
             metrics,
             recorded_reads: Vec::new(),
+            migrations: Vec::new(),
             record_reads_left: 0,
             trace: Trace(Xxh3::new()),
             workload_on: true,
@@ -1021,6 +1049,7 @@ impl Simulation {
                 reply,
             } => self.on_response(op, attempt as usize, r as usize, *reply),
             Ev::Wake { op } => self.on_wake(op),
+            Ev::Jobs { r } => self.on_jobs(r as usize),
             Ev::Probe { client } => self.on_probe(client as usize),
             Ev::ProbeRequest { client, r, sent_at } => {
                 self.on_probe_request(client as usize, r as usize, sent_at)
@@ -1057,6 +1086,9 @@ impl Simulation {
     /// After any input to replica `r`: flush, send what it transmits, handle its
     /// events, re-arm its timer.
     fn settle(&mut self, r: usize) {
+        if !self.nodes[r].jobs.is_empty() {
+            self.step_jobs(r);
+        }
         let now = self.now;
         let node = &mut self.nodes[r];
         let nw = node.now(now);
@@ -1068,6 +1100,20 @@ impl Simulation {
             self.checks.other_violations += 1;
             self.checks
                 .violation(format!("{}: flush failed: {e}", node.id));
+        }
+        // As the node's turn: rows a migration's flip moved away go once the new
+        // placement is in force here.
+        match rep.purge_moved_rows() {
+            Ok(purged) => {
+                for p in purged {
+                    self.metrics.counters.rows_purged += p.rows;
+                }
+            }
+            Err(e) => {
+                self.checks.other_violations += 1;
+                self.checks
+                    .violation(format!("{}: purge failed: {e}", node.id));
+            }
         }
         while let Some(t) = rep.poll_transmit() {
             let Some(to) = self.names.get(t.to.as_str()) else {
@@ -1573,11 +1619,24 @@ impl Simulation {
             Event::TreeChanged { .. } | Event::SnapshotNeeded { .. } => {
                 self.trace([8, r as u64, 0, 0]);
             }
-            // Drills run no migrations and write no location entries; simulated
-            // replicas restart on their stores and never relearn their streams.
-            Event::LocationRefused(_)
-            | Event::PurgeWithheld { .. }
-            | Event::OwnStreamLearned { .. } => {}
+            // Location entries come from migration jobs alone, which write valid
+            // entries and flip only after their checkpoint says so.
+            Event::LocationRefused(invalid) => {
+                self.checks.other_violations += 1;
+                let id = self.nodes[r].id.clone();
+                self.checks
+                    .violation(format!("{id}: location entry not in force: {invalid}"));
+            }
+            Event::PurgeWithheld { table, policy, .. } => {
+                self.checks.other_violations += 1;
+                let id = self.nodes[r].id.clone();
+                self.checks.violation(format!(
+                    "{id}: an entry moved rows of {table} to {policy} without a migration flip"
+                ));
+            }
+            // Simulated replicas restart on their stores and never relearn their
+            // streams.
+            Event::OwnStreamLearned { .. } => {}
         }
     }
 
@@ -1776,7 +1835,6 @@ rtt_ms = 30.0
             write: None,
             remote: Some(Box::new(RemoteRead {
                 key: key.clone(),
-                scope_id: ScopeId::global(),
                 consistency: Consistency::Watermark(token.clone()),
             })),
         };
@@ -1796,6 +1854,88 @@ rtt_ms = 30.0
             unreachable!()
         };
         assert_eq!(t.origin.as_str().as_ptr(), own);
+    }
+
+    /// `small` with a policy `r1` (region r1 alone) and, at 1 s, a migration of
+    /// every row the workload writes (`g/`) from `global` into it.
+    fn small_moving_to_r1() -> Scenario {
+        let base = small();
+        let p = pangea_topology::Placement::parse(
+            Path::new("p.toml"),
+            "[[tables]]\nname = \"t\"\n[[tables.families]]\nname = \"f\"\nmax_versions = 1\n\
+             [[policies]]\nname = \"r1\"\nregions = [\"r1\"]\n",
+            &base.deployment.topology,
+        )
+        .unwrap();
+        let d = Arc::new(Deployment {
+            topology: base.deployment.topology.clone(),
+            placement: p,
+        });
+        let mut sc = Scenario::new("moving", d.clone(), 3, SimDuration::from_secs(4));
+        sc.workload = crate::scenario::Workload::ad_serving(&d, 200.0);
+        sc.faults.push(Fault {
+            at: SimDuration::from_secs(1),
+            duration: None,
+            label: "migrate g/ to r1".into(),
+            kind: FaultKind::Migrate {
+                table: "t".into(),
+                prefix: "g/".into(),
+                to: "r1".into(),
+                home: String::new(),
+            },
+        });
+        sc
+    }
+
+    /// A migration runs to its end on its runner; the replica outside the new
+    /// policy purges the rows, its frontends, refused after the flip, refresh
+    /// their location metadata and plan again; and the convergence check catches
+    /// a moved row left behind (I10 at rest).
+    #[test]
+    fn a_migration_moves_rows_and_the_check_catches_a_row_left_behind() {
+        let mut sim = Simulation::new(small_moving_to_r1()).unwrap();
+        sim.queue.push(SimTime::from_secs(1), Ev::FaultStart(0));
+        run_to(&mut sim, SimTime::from_secs(4));
+        assert_eq!(sim.migrations.len(), 1);
+        let m = &sim.migrations[0];
+        assert_eq!(
+            (m.runner.as_str(), m.phase.as_str()),
+            ("a", "done"),
+            "{m:?}"
+        );
+        assert!(m.rows_copied > 0 && m.rows_copied >= m.rows_total, "{m:?}");
+        let c = sim.nodes[2].replica.as_ref().unwrap();
+        assert_eq!(c.storage().rows().filter(|(t, ..)| &***t == "t").count(), 0);
+        assert!(sim.metrics.counters.rows_purged > 0);
+        assert!(sim.metrics.counters.policy_refreshes > 0);
+        assert!(
+            sim.checks.violations.is_empty(),
+            "{:?}",
+            sim.checks.violations
+        );
+        assert_eq!(sim.digests_agree(), Ok(()));
+        // c keeps one moved row after all.
+        let (table, key, row) = {
+            let a = sim.nodes[0].replica.as_ref().unwrap();
+            let (t, k, r) = a.storage().rows().find(|(t, ..)| &***t == "t").unwrap();
+            (t.clone(), k.clone(), r.clone())
+        };
+        let c = sim.nodes[2].replica.as_mut().unwrap();
+        c.storage_mut()
+            .write(WriteBatch {
+                rows: vec![RowWrite {
+                    table,
+                    key,
+                    row: Some(row),
+                }],
+                ..WriteBatch::default()
+            })
+            .unwrap();
+        let err = sim.digests_agree().unwrap_err();
+        assert!(
+            err.starts_with("c: holds a row") && err.contains("I10 at rest"),
+            "{err}"
+        );
     }
 
     #[test]

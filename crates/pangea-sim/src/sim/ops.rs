@@ -7,9 +7,9 @@
 
 use super::*;
 use crate::scenario::WriteAck;
+use pangea_core::frontend;
 use pangea_core::frontend::HedgePolicy;
 use pangea_core::frontend::call::AttemptKind;
-use pangea_core::location::Location;
 use pangea_core::read::{ReadOrder, RouteError, order_read_cached, staleness_ms, vouching_scope};
 use pangea_topology::WriteRouting;
 use std::time::Duration;
@@ -121,114 +121,203 @@ impl Simulation {
         consistency: Consistency,
         read_back: Option<Token>,
     ) {
-        let scope_id = self.views[self.client_view].scope_of(&table, &key).clone();
-        let scope = self.scopes.get(scope_id.as_str()).unwrap_or(0);
-        let deadline = self.sc.workload.deadline;
+        let _ = table; // the workload's table (`workload_table`)
         self.metrics.reads += 1;
         self.metrics.modes[mode.index()].count += 1;
         let region = self.clients[client].region;
         self.metrics.regions[region].count += 1;
         self.metrics.region_modes[region][mode.index()].count += 1;
-        let plan = match self.plan(client, scope, &scope_id, &table, &key, &consistency) {
-            Ok(p) => p,
-            Err(_) => {
-                self.finish_read(client, mode, self.now, Err(ErrKind::Policy), None);
-                return;
-            }
-        };
-        // As the library (`read::run`): the hedge after the hedger's delay, or for
-        // a read that may not be hedged, failover once its first replica has been
-        // silent for several round trips.
-        let policy = self.sc.workload.hedge.then(HedgePolicy::default);
-        let (names, c) = (&self.names, &mut self.clients[client]);
-        let hedge_after = |first: Option<&Candidate>| {
-            let rtt = first
-                .and_then(|f| names.get(f.replica.as_str()))
-                .and_then(|r| c.rtt_ms_of(r));
-            let deadline = Duration::from_micros(deadline.as_us());
-            call::hedge_delay(&mut c.hedger, policy.as_ref(), &consistency, deadline, rtt)
-        };
-        let (now, deadline) = (self.now.as_us(), Duration::from_micros(deadline.as_us()));
-        let call = if self.record_reads_left > 0 {
-            self.record_reads_left -= 1;
-            ReadCall::recorded(
-                plan.primary,
-                plan.fallback,
-                &consistency,
-                now,
-                deadline,
-                hedge_after,
-            )
-        } else {
-            ReadCall::new(
-                plan.primary,
-                plan.fallback,
-                &consistency,
-                now,
-                deadline,
-                hedge_after,
-            )
-        };
         let op = Op {
             client,
             mode: Some(mode),
             key,
-            scope,
-            scope_id,
+            scope: 0,
             consistency,
             mutation: None,
             started: self.now,
-            call: Call::Read(call),
+            call: Call::Unplanned,
             attempts: Vec::new(),
             wake_at: None,
             read_back,
+            round: 0,
+            replan_at: None,
         };
         let r = self.ops.insert(op);
-        self.drive(r);
+        self.begin(r);
     }
 
     fn start_write(&mut self, client: usize, table: Arc<str>, key: Bytes, m: Mutation) {
-        let scope_id = self.views[self.client_view].scope_of(&table, &key).clone();
-        let scope = self.scopes.get(scope_id.as_str()).unwrap_or(0);
         self.metrics.writes.count += 1;
-        let mutation =
-            match RowMutation::new(table.clone(), key.clone(), vec![m], &Limits::default()) {
-                Ok(m) => m,
-                Err(_) => {
-                    self.metrics.writes.errors += 1;
-                    return;
-                }
-            };
-        // Writes go to the nearest allowed replica, the order of an eventual plan,
-        // or, for a profile with `writes = "row-affinity"`, to the row's affinity
-        // replica first: the order of an affinity read (`Client::mutate`).
-        let write_plan = match self.profile.writes {
-            WriteRouting::Nearest => Consistency::Eventual,
-            WriteRouting::RowAffinity => Consistency::RowAffinity,
+        let mutation = match RowMutation::new(table, key.clone(), vec![m], &Limits::default()) {
+            Ok(m) => m,
+            Err(_) => {
+                self.metrics.writes.errors += 1;
+                return;
+            }
         };
-        let Ok(plan) = self.plan(client, scope, &scope_id, &table, &key, &write_plan) else {
-            self.metrics.writes.errors += 1;
-            self.trace([20, client as u64, 0, 0]);
-            return;
-        };
-        let deadline = Duration::from_micros(self.sc.workload.write_deadline.as_us());
-        let call = WriteCall::new(plan.primary, self.now.as_us(), deadline);
         let op = Op {
             client,
             mode: None,
             key,
-            scope,
-            scope_id,
+            scope: 0,
             consistency: Consistency::Eventual,
             mutation: Some(mutation),
             started: self.now,
-            call: Call::Write(call),
+            call: Call::Unplanned,
             attempts: Vec::new(),
             wake_at: None,
             read_back: None,
+            round: 0,
+            replan_at: None,
         };
         let r = self.ops.insert(op);
-        self.drive(r);
+        self.begin(r);
+    }
+
+    /// Plans `op` on its client's deployment and location metadata, as the
+    /// library plans a call (or plans it again after a refusal), and starts its
+    /// call with the time left to its deadline.
+    fn begin(&mut self, op_ref: OpRef) {
+        let Some(op) = self.ops.get_mut(op_ref) else {
+            return;
+        };
+        let (client, key) = (op.client, op.key.clone());
+        let table = self.workload_table.clone();
+        let scope_id =
+            self.clients[client]
+                .location
+                .scope_of(&self.views[self.client_view], &table, &key);
+        let scope = self.scopes.get(scope_id.as_str()).unwrap_or(0);
+        op.scope = scope;
+        let is_read = op.mode.is_some();
+        // Writes go to the nearest allowed replica, the order of an eventual plan,
+        // or, for a profile with `writes = "row-affinity"`, to the row's affinity
+        // replica first: the order of an affinity read (`Client::mutate`).
+        let consistency = match (is_read, self.profile.writes) {
+            (true, _) => op.consistency.clone(),
+            (false, WriteRouting::Nearest) => Consistency::Eventual,
+            (false, WriteRouting::RowAffinity) => Consistency::RowAffinity,
+        };
+        let started = op.started;
+        let Ok(plan) = self.plan(client, scope, &scope_id, &table, &key, &consistency) else {
+            // No replica may take the row: as a replica's refusal.
+            self.refused(op_ref);
+            return;
+        };
+        let budget = if is_read {
+            self.sc.workload.deadline
+        } else {
+            self.sc.workload.write_deadline
+        };
+        let left = SimDuration::from_us(
+            budget
+                .as_us()
+                .saturating_sub(self.now.saturating_since(started).as_us()),
+        );
+        let (now, left) = (self.now.as_us(), Duration::from_micros(left.as_us()));
+        let call = if is_read {
+            // As the library (`read::run`): the hedge after the hedger's delay, or
+            // for a read that may not be hedged, failover once its first replica
+            // has been silent for several round trips.
+            let policy = self.sc.workload.hedge.then(HedgePolicy::default);
+            let deadline = Duration::from_micros(budget.as_us());
+            let (names, c) = (&self.names, &mut self.clients[client]);
+            let hedge_after = |first: Option<&Candidate>| {
+                let rtt = first
+                    .and_then(|f| names.get(f.replica.as_str()))
+                    .and_then(|r| c.rtt_ms_of(r));
+                call::hedge_delay(&mut c.hedger, policy.as_ref(), &consistency, deadline, rtt)
+            };
+            let record = self.record_reads_left > 0;
+            if record {
+                self.record_reads_left -= 1;
+            }
+            let new = if record {
+                ReadCall::recorded
+            } else {
+                ReadCall::new
+            };
+            Call::Read(new(
+                plan.primary,
+                plan.fallback,
+                &consistency,
+                now,
+                left,
+                hedge_after,
+            ))
+        } else {
+            Call::Write(WriteCall::new(plan.primary, now, left))
+        };
+        let Some(op) = self.ops.get_mut(op_ref) else {
+            return;
+        };
+        op.call = call;
+        op.attempts.clear();
+        self.drive(op_ref);
+    }
+
+    /// Replicas refused `op`'s row, or no replica may take it: as the library,
+    /// refresh location metadata and plan again (`frontend::policy_refresh_wait`:
+    /// at once, then after 10 and 20 ms, within the deadline), else fail it.
+    fn refused(&mut self, op_ref: OpRef) {
+        let Some(op) = self.ops.get_mut(op_ref) else {
+            return;
+        };
+        let budget = if op.mode.is_some() {
+            self.sc.workload.deadline
+        } else {
+            self.sc.workload.write_deadline
+        };
+        let elapsed = self.now.saturating_since(op.started);
+        let wait = frontend::policy_refresh_wait(op.round)
+            .map(|w| SimDuration::from_us(w.as_micros() as u64))
+            .filter(|w| elapsed + *w < budget);
+        let Some(wait) = wait else {
+            let op = self.ops.remove(op_ref).expect("live op");
+            match op.mode {
+                Some(mode) => {
+                    self.finish_read(op.client, mode, op.started, Err(ErrKind::Policy), None)
+                }
+                None => {
+                    self.metrics.writes.errors += 1;
+                    self.trace([20, op.client as u64, 0, 0]);
+                }
+            }
+            return;
+        };
+        op.round += 1;
+        op.call = Call::Unplanned;
+        self.metrics.counters.policy_refreshes += 1;
+        if wait == SimDuration::ZERO {
+            let client = op.client;
+            self.refresh_location(client);
+            self.begin(op_ref);
+            return;
+        }
+        let at = self.now + wait;
+        op.replan_at = Some(at);
+        op.wake_at = Some(at);
+        self.queue.push(at, Ev::Wake { op: op_ref });
+    }
+
+    /// Brings `client`'s location metadata up to its source replica's (the
+    /// library's refresh, every [`frontend::WATERMARK_REFRESH`] and after a
+    /// refusal). Modelled as instant: in a deployment it is one round trip to a
+    /// replica of the client's region. A source that is down (or run by another
+    /// shard) leaves it as it is.
+    pub(super) fn refresh_location(&mut self, client: usize) {
+        let c = &mut self.clients[client];
+        let Some(rep) = c
+            .location_source
+            .and_then(|r| self.nodes[r].replica.as_ref())
+        else {
+            return;
+        };
+        if rep.location().version() != c.location.version()
+            || rep.location().epoch() != c.location.epoch()
+        {
+            c.location.follow(rep.location());
+        }
     }
 
     /// Does what `op`'s call asks — sends its attempts, ends it, or queues its
@@ -285,6 +374,17 @@ impl Simulation {
                 .and_then(|a| a.err)
                 .unwrap_or(ErrKind::Deadline)
         };
+        let refused = match outcome {
+            Outcome::Failed { attempt } | Outcome::LastError { attempt } => {
+                err_of(attempt) == ErrKind::Policy
+            }
+            _ => false,
+        };
+        if refused {
+            let r = self.ops.insert(op);
+            self.refused(r);
+            return;
+        }
         let result = match outcome {
             Outcome::Served { attempt, reason } => Ok((
                 op.attempts.get(attempt).map_or(usize::MAX, |a| a.replica),
@@ -322,6 +422,7 @@ impl Simulation {
         let c = &mut self.clients[client];
         c.expire_down_marks(self.now);
         let mut orders = std::mem::take(&mut c.orders);
+        let location = std::mem::take(&mut c.location);
         let c = &self.clients[client];
         let view = View {
             client: c,
@@ -342,12 +443,13 @@ impl Simulation {
             &self.routes[self.client_view][c.region],
             &mut orders,
             scope_id.clone(),
-            &Location::default(),
+            &location,
             &req,
             &view,
             now_wall_ms,
         );
         self.clients[client].orders = orders;
+        self.clients[client].location = location;
         order
     }
 
@@ -387,7 +489,6 @@ impl Simulation {
                 .map(|op| {
                     Box::new(RemoteRead {
                         key: op.key.clone(),
-                        scope_id: op.scope_id.clone(),
                         consistency: op.consistency.clone(),
                     })
                 });
@@ -507,13 +608,13 @@ impl Simulation {
             return;
         }
         let (reply, bytes) = {
-            let (scope_id, key, consistency) = match remote.as_deref() {
-                Some(x) => (&x.scope_id, &x.key, &x.consistency),
+            let (key, consistency) = match remote.as_deref() {
+                Some(x) => (&x.key, &x.consistency),
                 None => {
                     let Some(op) = self.ops.get(op_ref) else {
                         return; // the client gave up; a read has no effect
                     };
-                    (&op.scope_id, &op.key, &op.consistency)
+                    (&op.key, &op.consistency)
                 }
             };
             let node = &self.nodes[r];
@@ -521,6 +622,10 @@ impl Simulation {
             let Some(rep) = node.replica.as_ref() else {
                 return;
             };
+            // As the node: the row's scope as this replica's location metadata has
+            // it, whatever the client planned with (the client's may be stale).
+            let row_scope = rep.scope_of(&self.workload_table, key);
+            let scope_id = &row_scope;
             // The node's admission rule: a token is checked against its own
             // scope's stream where this replica holds it.
             let vouching = vouching_scope(scope_id, consistency, |s| rep.tree(s).is_some());
@@ -788,9 +893,17 @@ impl Simulation {
         if op.wake_at == Some(now) {
             op.wake_at = None;
         }
+        if op.replan_at == Some(now) {
+            op.replan_at = None;
+            let client = op.client;
+            self.refresh_location(client);
+            self.begin(op_ref);
+            return;
+        }
         match &mut op.call {
             Call::Read(c) => c.handle_timeout(now.as_us(), &mut self.clients[op.client].hedger),
             Call::Write(c) => c.handle_timeout(now.as_us()),
+            Call::Unplanned => {}
         }
         self.drive(op_ref);
     }
@@ -848,6 +961,8 @@ impl Simulation {
             self.next_probe_round(client);
             return;
         }
+        // The library's refresh task reads location metadata with each round.
+        self.refresh_location(client);
         let d = self.views[self.client_view].clone();
         let mut usable: Vec<usize> = Vec::new();
         for scope in d.scopes() {

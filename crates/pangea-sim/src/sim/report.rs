@@ -207,6 +207,7 @@ impl Simulation {
             .collect();
         let mut report = RunReport {
             recorded_reads: std::mem::take(&mut self.recorded_reads),
+            migrations: self.migrations.clone(),
             drill: self.sc.name.clone(),
             seed: self.sc.seed,
             topology: self.sc.topology_path.clone(),

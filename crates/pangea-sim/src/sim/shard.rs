@@ -887,7 +887,6 @@ impl Simulation {
                 if let Some(r) = remote {
                     let own = Bytes::copy_from_slice(&r.key);
                     p.keys.push(std::mem::replace(&mut r.key, own));
-                    self.own_scope(&mut r.scope_id, p);
                     if let Consistency::Watermark(t) = &mut r.consistency {
                         self.own_scope(&mut t.scope, p);
                         self.own_replica(&mut t.origin, p);
@@ -989,19 +988,21 @@ fn digests_agree(shards: &[Simulation], threads: usize) -> std::result::Result<(
         }
     }
     // Digested once: the shards meet at the same instant with equal deployments.
-    let oracle = shards[0].oracle_digests(&oracle);
+    let (oracle, location) = shards[0].oracle_digests(&oracle);
     if threads < 2 {
-        return shards.iter().try_for_each(|s| s.replicas_match(&oracle));
+        return shards
+            .iter()
+            .try_for_each(|s| s.replicas_match(&oracle, &location));
     }
     // A shard per thread: at the end of a long run this is a few hundred ms each.
     // The first error in shard order, as on one thread.
     std::thread::scope(|scope| {
-        let oracle = &oracle;
+        let (oracle, location) = (&oracle, &location);
         let rest: Vec<_> = shards[1..]
             .iter()
-            .map(|s| scope.spawn(move || s.replicas_match(oracle)))
+            .map(|s| scope.spawn(move || s.replicas_match(oracle, location)))
             .collect();
-        let first = shards[0].replicas_match(oracle);
+        let first = shards[0].replicas_match(oracle, location);
         let rest = rest
             .into_iter()
             .map(|h| h.join().expect("a digest thread does not panic"));
@@ -1062,6 +1063,8 @@ impl Simulation {
             a.absorb(b);
         }
         m.counters.absorb(om.counters);
+        // A job runs in its runner's shard alone.
+        self.migrations.extend(o.migrations);
         m.client_cross_region_bytes += om.client_cross_region_bytes;
         let c = &mut self.checks;
         c.lost_writes += o.checks.lost_writes;
