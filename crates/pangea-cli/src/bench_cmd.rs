@@ -76,17 +76,8 @@ pub(crate) struct LoadArgs {
     rate: f64,
 }
 
-/// Latency figures of one kind of operation.
-#[derive(Debug, Serialize)]
-pub(crate) struct Figures {
-    pub count: u64,
-    pub errors: u64,
-    pub ops_per_s: f64,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub p999_ms: f64,
-    pub max_ms: f64,
-}
+/// Latency figures of one kind of operation (the bulk loader's, as it reports them).
+pub(crate) use pangea_client::bulk::Latency as Figures;
 
 pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds are valid")

@@ -18,10 +18,12 @@
 //! ```
 //!
 //! Modules: [`error`] (the one error enum), [`options`] (per-call settings),
+//! [`bulk`] (bulk loads of batch-built rows, what `pangea load` runs),
 //! `transport` (connections and one request), `read` (a read's requests in
 //! flight, driven by `ReadCall`), `trace` (spans per call and per attempt;
 //! docs/client.md#traces).
 
+pub mod bulk;
 pub mod error;
 pub mod options;
 mod read;
