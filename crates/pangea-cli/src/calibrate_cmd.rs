@@ -13,12 +13,13 @@
 //! report it in `GET /watermarks` as `apply_lag`).
 
 use crate::bench_cmd::{histogram, machine, parse_duration};
-use crate::cluster_cmd::{self, UpOptions};
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use clap::Args;
 use hdrhistogram::Histogram;
 use pangea_client::{Client, ClientConfig, Consistency, ReadOptions, RowMutation, Token};
+use pangea_ops::admin::Admin;
+use pangea_ops::local::{self, UpOptions};
 use pangea_sim::SimDuration;
 use pangea_sim::scenario::{KeyDistribution, ModeMix, Scenario, ValueSize, Workload};
 use pangea_sim::sim::Simulation;
@@ -186,7 +187,8 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
         "Starting the live cluster with emulated WAN in {} ...",
         dir.display()
     );
-    let cluster = cluster_cmd::up(&UpOptions {
+    let cluster = local::up(&UpOptions {
+        binary: crate::pangea_binary()?,
         topology: a.topology.clone(),
         placement: Some(a.placement.clone()),
         data_dir: dir.clone(),
@@ -236,7 +238,7 @@ struct StopOnDrop {
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
-        if let Err(e) = cluster_cmd::down(&self.dir, Duration::from_secs(10)) {
+        if let Err(e) = local::down(&self.dir, Duration::from_secs(10)) {
             eprintln!("stopping the live cluster in {}: {e:#}", self.dir.display());
         } else if self.remove {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -328,12 +330,11 @@ async fn live_run(
         .map(|c| c.stats().hedges.load(std::sync::atomic::Ordering::Relaxed))
         .sum();
     for r in &cluster.replicas {
-        let (code, body) = cluster_cmd::http_get(&r.admin, "/watermarks")
+        let w = Admin::new(&r.admin)
+            .and_then(|a| a.watermarks())
             .with_context(|| format!("watermarks of {}", r.id))?;
-        anyhow::ensure!(code == 200, "GET /watermarks on {}: {code}", r.id);
-        let v: serde_json::Value = serde_json::from_str(&body)?;
         let lag = figures.apply_lag.entry(r.id.clone()).or_default();
-        for (origin, o) in v["apply_lag"].as_object().into_iter().flatten() {
+        for (origin, o) in w.apply_lag.as_object().into_iter().flatten() {
             if let (Some(n), Some(p50), Some(p99)) = (
                 o["count"].as_u64(),
                 o["p50_ms"].as_f64(),

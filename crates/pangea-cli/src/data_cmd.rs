@@ -43,7 +43,7 @@ pub(crate) struct Connect {
 }
 
 /// The operator certificate `pangea cluster up` issues, and operator commands use.
-pub(crate) const CLUSTER_OPERATOR: &str = "operator";
+pub(crate) use pangea_ops::local::CLUSTER_OPERATOR;
 
 impl Connect {
     /// A client acting with `--credential`, else the app profile's client

@@ -4,7 +4,6 @@
 //! mode, hedges, fallbacks, replication lag — until Ctrl-C or `--duration`.
 
 use crate::bench_cmd::{figures, histogram, machine, parse_duration};
-use crate::cluster_cmd::{self, UpOptions};
 use anyhow::{Context, Result};
 use clap::Args;
 use hdrhistogram::Histogram;
@@ -12,6 +11,8 @@ use pangea_client::{
     AdProfile, Client, ClientConfig, Consistency, FrequencyCap, ReadOptions, Segment, Token,
     WriteOptions,
 };
+use pangea_ops::admin::Admin;
+use pangea_ops::local::{self, UpOptions};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -114,7 +115,8 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
         dir.display()
     );
     let started = Instant::now();
-    let cluster = cluster_cmd::up(&UpOptions {
+    let cluster = local::up(&UpOptions {
+        binary: crate::pangea_binary()?,
         topology,
         placement,
         data_dir: dir.clone(),
@@ -144,7 +146,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
             dir.display()
         );
     } else {
-        cluster_cmd::down(&dir, Duration::from_secs(10))?;
+        local::down(&dir, Duration::from_secs(10))?;
         if a.data_dir.is_none() {
             let _ = std::fs::remove_dir_all(&dir);
         }
@@ -215,7 +217,7 @@ async fn workload(a: &DemoArgs, cluster: &pangea_topology::cluster::ClusterFile)
     );
     println!(
         "Point a client at it, e.g.:\n  pangea get --cluster {} --region ap-northeast-1 us/00042 --consistency affinity",
-        cluster_cmd::cluster_path(
+        local::cluster_path(
             cluster
                 .topology
                 .parent()
@@ -437,15 +439,11 @@ async fn print_report(
     // behind now, from the admin endpoints.
     let mut lags: Vec<u64> = Vec::new();
     for r in &cluster.replicas {
-        if let Ok((200, body)) = cluster_cmd::http_get(&r.admin, "/watermarks")
-            && let Ok(v) = serde_json::from_str::<serde_json::Value>(&body)
-        {
-            for s in v["scopes"].as_array().into_iter().flatten() {
-                for (origin, w) in s["origins"].as_object().into_iter().flatten() {
-                    if origin != &r.id
-                        && let Some(l) = w["lag_ms"].as_u64()
-                    {
-                        lags.push(l);
+        if let Ok(w) = Admin::new(&r.admin).and_then(|a| a.watermarks()) {
+            for s in &w.scopes {
+                for (origin, o) in &s.origins {
+                    if origin != &r.id {
+                        lags.push(o.lag_ms);
                     }
                 }
             }

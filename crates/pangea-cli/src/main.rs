@@ -6,14 +6,15 @@
 //! - `bench_redis`: `pangea bench-redis`, Redis GET through the same harness;
 //! - `node_cmd`: `pangea start` (run one replica) and `pangea certs`;
 //! - `cluster_cmd`: `pangea cluster`: every replica of a topology as a local process
-//!   (up, down, stop, start, restart, status);
+//!   (up, down, stop, start, restart, status), over `pangea_ops::local`;
 //! - `nemesis`: `pangea cluster nemesis` and `check-history`: fault injection into a
 //!   running local cluster, a recorded history, and the checkers run on it;
 //! - `data_cmd`: `pangea get | put | delete | scan | watermarks`;
 //! - `load_cmd`: `pangea load`, bulk loading of batch-built rows (docs/bulk-load.md);
 //! - `placement_cmd`: `pangea placement move | status | audit`;
 //! - `store_cmd`: `pangea store inspect | get`, offline reads of a data directory;
-//! - `topology_cmd`: `pangea topology check | plan | diff | apply | rollback`;
+//! - `topology_cmd`: `pangea topology check | plan | diff | apply | rollback` (apply
+//!   and rollback edit a running local cluster's files and reload its replicas);
 //! - `sim_cmd`: `pangea sim run | check | swarm` (docs/drills.md);
 //! - `calibrate_cmd`: `pangea sim calibrate`, the simulator against a live local cluster;
 //! - `output`: how values and keys are shown to humans.
@@ -33,6 +34,12 @@ use mimalloc as _;
 
 #[global_allocator]
 static ALLOCATOR: std::alloc::System = std::alloc::System;
+
+/// The `pangea` binary the replicas of a local cluster run: this one.
+pub(crate) fn pangea_binary() -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context as _;
+    std::env::current_exe().context("cannot find the pangea binary")
+}
 
 mod bench_cmd;
 mod bench_redis;

@@ -7,7 +7,7 @@ mod common;
 
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
-use common::{Cluster, US, eventually, http_request};
+use common::{Cluster, US, eventually, http_post};
 use pangea_client::{Consistency, ReadOptions, WriteOptions};
 use std::time::Duration;
 
@@ -29,8 +29,7 @@ async fn a_new_replica_that_hears_no_peer_never_serves_emptiness() -> Result<()>
     std::fs::remove_dir_all(&data)?;
     for id in c.ids().into_iter().filter(|id| id != LONELY) {
         let admin = c.replica(&id)?.admin.clone();
-        let (code, body) = http_request(
-            "POST",
+        let (code, body) = http_post(
             &admin,
             &format!("/fault/link?peers={LONELY}&partitioned=true"),
         )?;
@@ -69,7 +68,7 @@ async fn a_new_replica_that_hears_no_peer_never_serves_emptiness() -> Result<()>
     // Healed: it hears its peers, catches up, and serves what exists.
     for id in c.ids().into_iter().filter(|id| id != LONELY) {
         let admin = c.replica(&id)?.admin.clone();
-        http_request("POST", &admin, "/fault/heal")?;
+        http_post(&admin, "/fault/heal")?;
     }
     eventually(
         Duration::from_secs(30),

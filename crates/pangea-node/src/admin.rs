@@ -78,8 +78,8 @@ pub trait AdminState: Send + Sync + 'static {
     fn metrics_text(&self) -> String;
     /// Whether the replica is healthy; `/health` answers 200 if so, else 503.
     fn health(&self) -> Health;
-    /// The replica's watermarks, as JSON (operator names and numbers only).
-    fn watermarks(&self) -> serde_json::Value;
+    /// The replica's watermarks (operator names and numbers only).
+    fn watermarks(&self) -> Watermarks;
     /// A `/fault` route (`action` is the path after `/fault`, `query` the query
     /// string): drills only, see [`crate::fault`]. By default fault injection is off.
     fn fault(&self, action: &str, query: &str) -> Result<serde_json::Value, FaultError> {
@@ -100,6 +100,51 @@ pub struct Health {
     pub region: String,
     /// Free-form detail for operators (why it is unhealthy, peers suspected, ...).
     pub detail: serde_json::Value,
+}
+
+/// The body of `/watermarks`: how far this replica has durably applied each
+/// origin's stream, per scope.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Watermarks {
+    pub replica: String,
+    pub region: String,
+    pub scopes: Vec<ScopeMarks>,
+    /// Apply lag per origin over recent writes (`lag::ApplyLag::summary`).
+    pub apply_lag: serde_json::Value,
+}
+
+/// One scope's watermarks.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScopeMarks {
+    pub scope: String,
+    /// The lowest origin watermark's hybrid timestamp, and its age on this
+    /// replica's clock.
+    pub low_watermark: u64,
+    pub low_watermark_age_ms: u64,
+    /// By origin replica id.
+    pub origins: std::collections::BTreeMap<String, OriginMark>,
+}
+
+/// How far one origin's stream is applied.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OriginMark {
+    pub sequence: u64,
+    /// The hybrid timestamp of the write at `sequence`, and its age.
+    pub timestamp: u64,
+    pub lag_ms: u64,
+}
+
+impl Watermarks {
+    /// Per scope, the sequence of `origin`'s stream applied here (0 where none).
+    pub fn sequences_of(&self, origin: &str) -> std::collections::BTreeMap<String, u64> {
+        self.scopes
+            .iter()
+            .map(|s| {
+                let seq = s.origins.get(origin).map_or(0, |o| o.sequence);
+                (s.scope.clone(), seq)
+            })
+            .collect()
+    }
 }
 
 /// Serves the admin endpoint on `listener` until `shutdown` resolves, then stops

@@ -376,43 +376,38 @@ impl admin::AdminState for Shared {
             .handle(action, query)
     }
 
-    fn watermarks(&self) -> serde_json::Value {
+    fn watermarks(&self) -> admin::Watermarks {
         let now_ms = self.clock.now().wall_ms;
         let all = self
             .watermarks
             .read()
             .map(|m| m.clone())
             .unwrap_or_default();
-        let scopes: Vec<serde_json::Value> = all
+        let scopes = all
             .values()
-            .map(|wm| {
-                let origins: serde_json::Map<String, serde_json::Value> = wm
+            .map(|wm| admin::ScopeMarks {
+                scope: wm.scope.to_string(),
+                low_watermark: wm.low_watermark().as_u64(),
+                low_watermark_age_ms: now_ms.saturating_sub(wm.low_watermark().wall_ms()),
+                origins: wm
                     .iter()
                     .map(|(o, w)| {
-                        (
-                            o.to_string(),
-                            serde_json::json!({
-                                "sequence": w.sequence,
-                                "timestamp": w.timestamp.as_u64(),
-                                "lag_ms": now_ms.saturating_sub(w.timestamp.wall_ms()),
-                            }),
-                        )
+                        let mark = admin::OriginMark {
+                            sequence: w.sequence,
+                            timestamp: w.timestamp.as_u64(),
+                            lag_ms: now_ms.saturating_sub(w.timestamp.wall_ms()),
+                        };
+                        (o.to_string(), mark)
                     })
-                    .collect();
-                serde_json::json!({
-                    "scope": wm.scope.as_str(),
-                    "low_watermark": wm.low_watermark().as_u64(),
-                    "low_watermark_age_ms": now_ms.saturating_sub(wm.low_watermark().wall_ms()),
-                    "origins": origins,
-                })
+                    .collect(),
             })
             .collect();
-        serde_json::json!({
-            "replica": self.id.as_str(),
-            "region": self.region.as_str(),
-            "scopes": scopes,
-            "apply_lag": self.apply_lag.summary(),
-        })
+        admin::Watermarks {
+            replica: self.id.to_string(),
+            region: self.region.to_string(),
+            scopes,
+            apply_lag: self.apply_lag.summary(),
+        }
     }
 }
 

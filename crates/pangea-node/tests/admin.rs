@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use pangea_node::admin::{ADMIN_CONNECTIONS_MAX, AdminState, Health, SHUTDOWN_DRAIN_MAX, serve};
+use pangea_node::admin::{
+    ADMIN_CONNECTIONS_MAX, AdminState, Health, OriginMark, SHUTDOWN_DRAIN_MAX, ScopeMarks,
+    Watermarks, serve,
+};
 use pangea_node::metrics::{
     METRIC_NAMES, NodeMetrics, OPENMETRICS_CONTENT_TYPE, is_exported_series,
 };
@@ -48,11 +51,22 @@ impl AdminState for FakeState {
         }
     }
 
-    fn watermarks(&self) -> serde_json::Value {
-        serde_json::json!({
-            "replica": "eu-west-1a",
-            "scopes": { "eu": { "us-east-1a": { "sequence": 42, "timestamp": 1_700_000_000_000_u64 } } }
-        })
+    fn watermarks(&self) -> Watermarks {
+        let origin = OriginMark {
+            sequence: 42,
+            timestamp: 1_700_000_000_000,
+            lag_ms: 3,
+        };
+        Watermarks {
+            replica: "eu-west-1a".to_owned(),
+            region: "eu-west-1".to_owned(),
+            scopes: vec![ScopeMarks {
+                scope: "eu".to_owned(),
+                origins: [("us-east-1a".to_owned(), origin)].into(),
+                ..ScopeMarks::default()
+            }],
+            apply_lag: serde_json::json!({}),
+        }
     }
 }
 
@@ -334,7 +348,8 @@ async fn watermarks_are_served_as_json() -> Result<()> {
         ensure!(reply.status == 200, "{reply:?}");
         let body = reply.json()?;
         ensure!(
-            body["scopes"]["eu"]["us-east-1a"]["sequence"] == 42,
+            body["scopes"][0]["scope"] == "eu"
+                && body["scopes"][0]["origins"]["us-east-1a"]["sequence"] == 42,
             "{body}"
         );
         // Query strings do not change the route.

@@ -27,12 +27,13 @@ pub(crate) mod check;
 pub(crate) mod history;
 mod workload;
 
-use crate::cluster_cmd::{self, alive, signal};
 use anyhow::{Context, Result};
 use clap::Args;
 use history::{Event, Phase, Recorder};
 use nix::sys::signal::Signal;
 use pangea_core::rng::Rng;
+use pangea_ops::admin::Admin;
+use pangea_ops::local::{self, alive, signal};
 use pangea_topology::cluster::{ClusterFile, ClusterReplica};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -129,7 +130,7 @@ pub(crate) fn nemesis(a: NemesisArgs) -> Result<()> {
         "cluster file {} lists no replicas",
         a.cluster.display()
     );
-    let deployment = crate::topology_cmd::load(&cluster.topology, cluster.placement.as_deref())?;
+    let deployment = local::load(&cluster.topology, cluster.placement.as_deref())?;
     let history_path = a.history.clone().unwrap_or_else(|| {
         a.cluster
             .with_file_name(format!("nemesis-{}.jsonl", a.seed))
@@ -266,6 +267,8 @@ struct Timing {
 /// Injects faults into the cluster of one cluster file.
 struct Nemesis {
     path: PathBuf,
+    /// The `pangea` binary a restarted replica runs.
+    binary: PathBuf,
     rec: Arc<Recorder>,
     rng: Rng,
     /// Replicas currently stopped (SIGSTOP).
@@ -276,6 +279,7 @@ impl Nemesis {
     fn new(path: &Path, rec: Arc<Recorder>, seed: u64) -> Result<Nemesis> {
         Ok(Nemesis {
             path: path.to_path_buf(),
+            binary: crate::pangea_binary()?,
             rec,
             rng: Rng::new(seed),
             paused: Vec::new(),
@@ -520,9 +524,10 @@ impl Nemesis {
         for o in &others {
             fault_post(o, &format!("/fault/link?peers={}&partitioned=true", r.id))?;
         }
-        cluster_cmd::restart_replica(&self.path, &r.id)?;
+        local::restart_replica(&self.binary, &self.path, &r.id)?;
         std::thread::sleep(hold);
-        let (code, body) = cluster_cmd::health(&r.admin)?;
+        let a = Admin::new(&r.admin)?.get("/health")?;
+        let (code, body) = (a.status, a.body);
         let closed = code == 503 && body.contains("waiting to hear a peer");
         for o in &others {
             fault_post(o, "/fault/heal")?;
@@ -532,7 +537,7 @@ impl Nemesis {
         let restarted = cluster
             .replica(&r.id)
             .context("replaced replica vanished")?;
-        cluster_cmd::wait_healthy(restarted, RESTART_HEALTHY_MAX, false)?;
+        local::wait_healthy(restarted, RESTART_HEALTHY_MAX, &mut |_| {})?;
         self.log(
             kind,
             Phase::End,
@@ -568,12 +573,12 @@ impl Nemesis {
         std::thread::sleep(hold);
         let restarted = Instant::now();
         for r in replicas {
-            cluster_cmd::restart_replica(&self.path, &r.id)?;
+            local::restart_replica(&self.binary, &self.path, &r.id)?;
         }
         let cluster = self.cluster()?;
         for id in &ids {
             let r = cluster.replica(id).context("restarted replica vanished")?;
-            cluster_cmd::wait_healthy(r, RESTART_HEALTHY_MAX, false)?;
+            local::wait_healthy(r, RESTART_HEALTHY_MAX, &mut |_| {})?;
         }
         self.log(
             kind,
@@ -598,12 +603,12 @@ impl Nemesis {
         self.paused.clear();
         for r in &cluster.replicas {
             if !r.pid.is_some_and(alive) {
-                cluster_cmd::restart_replica(&self.path, &r.id)?;
+                local::restart_replica(&self.binary, &self.path, &r.id)?;
             }
         }
         let cluster = self.cluster()?;
         for r in &cluster.replicas {
-            cluster_cmd::wait_healthy(r, RESTART_HEALTHY_MAX, false)?;
+            local::wait_healthy(r, RESTART_HEALTHY_MAX, &mut |_| {})?;
             fault_post(r, "/fault/heal")?;
         }
         Ok(())
@@ -617,17 +622,10 @@ fn own_sequences(r: &ClusterReplica) -> Result<BTreeMap<String, u64>> {
 
 /// Per scope, how far replica `at` has applied `origin`'s stream.
 fn watermarks_of(at: &ClusterReplica, origin: &str) -> Result<BTreeMap<String, u64>> {
-    let (code, body) = cluster_cmd::http_get(&at.admin, "/watermarks")?;
-    anyhow::ensure!(code == 200, "{}: /watermarks answered {code}", at.id);
-    let v: serde_json::Value = serde_json::from_str(&body)?;
-    let mut out = BTreeMap::new();
-    for s in v["scopes"].as_array().into_iter().flatten() {
-        let seq = s["origins"][origin]["sequence"].as_u64().unwrap_or(0);
-        if let Some(scope) = s["scope"].as_str() {
-            out.insert(scope.to_owned(), seq);
-        }
-    }
-    Ok(out)
+    let w = Admin::new(&at.admin)?
+        .watermarks()
+        .with_context(|| format!("watermarks of {}", at.id))?;
+    Ok(w.sequences_of(origin))
 }
 
 /// Sends `n` QUIC Initials to replica `r` over `over`, from 100 source ports: what
@@ -639,7 +637,7 @@ fn flood(cluster: &ClusterFile, r: &ClusterReplica, n: usize, over: Duration) ->
     let ca = pangea_net::certs::load_ca(&cluster.certs)?;
     let own = pangea_net::certs::load_credential(
         &cluster.certs,
-        &pangea_net::Credential::Operator(crate::data_cmd::CLUSTER_OPERATOR.into()),
+        &pangea_net::Credential::Operator(local::CLUSTER_OPERATOR.into()),
     )?;
     let config = pangea_net::tls::client_config(&ca, own)?;
     let mut ep = quinn_proto::Endpoint::new(
@@ -677,9 +675,16 @@ fn flood(cluster: &ClusterFile, r: &ClusterReplica, n: usize, over: Duration) ->
 
 /// A `/fault` POST to one replica's admin endpoint; anything but 200 is an error.
 fn fault_post(r: &ClusterReplica, path: &str) -> Result<()> {
-    let (code, body) = cluster_cmd::http_request("POST", &r.admin, path)
+    let a = Admin::new(&r.admin)?
+        .post(path)
         .with_context(|| format!("{}: POST {path}", r.id))?;
-    anyhow::ensure!(code == 200, "{}: POST {path}: {code} {}", r.id, body.trim());
+    anyhow::ensure!(
+        a.status == 200,
+        "{}: POST {path}: {} {}",
+        r.id,
+        a.status,
+        a.body.trim()
+    );
     Ok(())
 }
 

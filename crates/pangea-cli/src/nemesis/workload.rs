@@ -347,7 +347,7 @@ pub(crate) async fn settle(
         .context("no app profile may use the first replica")?;
     let config = ClientConfig::from_cluster(cluster, first.region.as_str(), &profile.name)?
         .with_credential(pangea_client::Credential::Operator(
-            crate::data_cmd::CLUSTER_OPERATOR.into(),
+            pangea_ops::local::CLUSTER_OPERATOR.into(),
         ));
     let client = Client::connect(config).await?;
     let healed = Instant::now();

@@ -15,6 +15,7 @@
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use pangea_net::{FRAME_BYTES_MAX, certs, read_frame, tls, write_frame};
+use pangea_ops::local;
 use pangea_proto::v1 as pb;
 use pangea_topology::cluster::{ClusterFile, ClusterReplica};
 use std::io::{Read, Write};
@@ -78,35 +79,12 @@ pub fn pangea_env(args: &[&str], env: &[(String, String)], limit: Duration) -> R
     }
 }
 
-/// Whether `pid` is a live (not zombie) process.
-pub fn alive(pid: u32) -> bool {
-    let Ok(p) = i32::try_from(pid) else {
-        return false;
-    };
-    if nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_err() {
-        return false;
-    }
-    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false);
-    // A killed process's main thread can be a zombie while its other threads are
-    // still exiting, and their shared file table (its sockets) is closed only once
-    // the last one is gone: alive until the leader is the only task left.
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
-    !zombie || tasks > 1
-}
+/// Whether process `pid` is running (not a zombie): `pangea_ops::local::alive`.
+pub use pangea_ops::local::alive;
 
+/// SIGKILL to `pid`.
 pub fn sigkill(pid: u32) {
-    if let Ok(p) = i32::try_from(pid) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(p),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+    local::signal(pid, nix::sys::signal::Signal::SIGKILL);
 }
 
 /// A local cluster of topology/local-3-regions.toml in a temporary directory. Dropping
@@ -297,58 +275,26 @@ impl Cluster {
     /// only (e.g. `PANGEA_CLOCK_OFFSET_MS` to skew its clock).
     pub fn restart_with_env(&mut self, id: &str, extra: &[(&str, &str)]) -> Result<u32> {
         let r = self.replica(id)?.clone();
-        let log = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(r.log.as_ref().context("no log file")?)?;
-        let mut cmd = Command::new(PANGEA);
-        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
-        cmd.envs(extra.iter().copied());
-        cmd.arg("start")
-            .arg("--topology")
-            .arg(&self.file.topology)
-            .arg("--replica")
-            .arg(&r.id)
-            .arg("--data-dir")
-            .arg(&r.data_dir)
-            .arg("--certs")
-            .arg(&self.file.certs)
-            .arg("--admin")
-            .arg(&r.admin)
-            .arg("--durability")
-            .arg("fsync");
-        if let Some(p) = &self.file.placement {
-            cmd.arg("--placement").arg(p);
-        }
-        if self.file.emulate_wan {
-            cmd.arg("--emulate-wan");
-        }
-        if self.file.fault_injection {
-            cmd.arg("--fault-injection");
-        }
         // Its sockets bound here and handed down, as `cluster up` does: the ports it
         // had are taken back at once (a clear error if another process got one).
-        let quic = pangea_net::bind_udp_socket(r.address.parse()?)
-            .with_context(|| format!("{id}: its QUIC address {} is taken", r.address))?;
-        let admin = std::net::TcpListener::bind(&r.admin)
-            .with_context(|| format!("{id}: its admin address {} is taken", r.admin))?;
-        use command_fds::{CommandFdExt, FdMapping};
-        cmd.env("LISTEN_FDS", "2").fd_mappings(vec![
-            FdMapping {
-                parent_fd: quic.into(),
-                child_fd: 3,
-            },
-            FdMapping {
-                parent_fd: admin.into(),
-                child_fd: 4,
-            },
-        ])?;
-        use std::os::unix::process::CommandExt;
-        cmd.process_group(0)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        let child = cmd.spawn().with_context(|| format!("restarting {id}"))?;
+        let sockets = local::ReplicaSockets::bind(&r.address, &r.admin, id)?;
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .chain(extra.iter().copied())
+            .collect();
+        let child = local::spawn_replica(
+            Path::new(PANGEA),
+            &self.file.topology,
+            self.file.placement.as_deref(),
+            &self.file.certs,
+            &r,
+            sockets,
+            local::StartFlags::of(&self.file),
+            &env,
+        )
+        .with_context(|| format!("restarting {id}"))?;
         let pid = child.id();
         self.restarted.push(child);
         if let Some(rep) = self.file.replicas.iter_mut().find(|x| x.id == id) {
@@ -468,32 +414,16 @@ impl Drop for Cluster {
     }
 }
 
-/// `GET path` over HTTP/1.1 on `addr`: (status, body).
+/// `GET path` on an admin endpoint (`pangea_ops::admin`): (status, body).
 pub fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
-    http_request("GET", addr, path)
+    let a = pangea_ops::admin::Admin::new(addr)?.get(path)?;
+    Ok((a.status, a.body))
 }
 
-/// `METHOD path` (no body) on an admin endpoint: the status and the body.
-pub fn http_request(method: &str, addr: &str, path: &str) -> Result<(u16, String)> {
-    let addr: SocketAddr = addr.parse()?;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    let code = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("no HTTP status")?;
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((code, body))
+/// `POST path` (no body) on an admin endpoint: the status and the body.
+pub fn http_post(addr: &str, path: &str) -> Result<(u16, String)> {
+    let a = pangea_ops::admin::Admin::new(addr)?.post(path)?;
+    Ok((a.status, a.body))
 }
 
 /// The value of one series in a Prometheus exposition (0 when absent).
@@ -511,18 +441,13 @@ pub fn admin_watermarks(
     admin: &str,
     scope: &str,
 ) -> Result<std::collections::BTreeMap<String, u64>> {
-    let (code, body) = http_get(admin, "/watermarks")?;
-    ensure!(code == 200, "/watermarks answered {code}");
-    let v: serde_json::Value = serde_json::from_str(&body)?;
-    let mut out = std::collections::BTreeMap::new();
-    for s in v["scopes"].as_array().into_iter().flatten() {
-        if s["scope"] == scope {
-            for (origin, w) in s["origins"].as_object().into_iter().flatten() {
-                out.insert(origin.clone(), w["sequence"].as_u64().unwrap_or(0));
-            }
-        }
-    }
-    Ok(out)
+    let w = pangea_ops::admin::Admin::new(admin)?.watermarks()?;
+    Ok(w.scopes
+        .into_iter()
+        .filter(|s| s.scope == scope)
+        .flat_map(|s| s.origins)
+        .map(|(origin, o)| (origin, o.sequence))
+        .collect())
 }
 
 /// A QUIC endpoint that dials replicas with a configuration the test chooses and
