@@ -67,9 +67,9 @@ pub(crate) enum ClusterCommand {
     },
     /// Inject faults into a running cluster while checker workloads run, record a
     /// history and check it (C1, C4, C5, residency); see docs/reliability.md.
-    Nemesis(crate::nemesis::NemesisArgs),
+    Nemesis(crate::nemesis_cmd::NemesisArgs),
     /// Run the checkers on a history recorded by `nemesis`.
-    CheckHistory(crate::nemesis::CheckArgs),
+    CheckHistory(crate::nemesis_cmd::CheckArgs),
     /// Process and health of every replica.
     Status {
         #[arg(long, conflicts_with = "cluster")]
@@ -145,8 +145,8 @@ pub(crate) fn run(cmd: ClusterCommand) -> Result<()> {
             }
             Ok(())
         }
-        ClusterCommand::Nemesis(a) => crate::nemesis::nemesis(a),
-        ClusterCommand::CheckHistory(a) => crate::nemesis::check_history(a),
+        ClusterCommand::Nemesis(a) => crate::nemesis_cmd::nemesis(a),
+        ClusterCommand::CheckHistory(a) => crate::nemesis_cmd::check_history(a),
         ClusterCommand::Status {
             data_dir,
             cluster,

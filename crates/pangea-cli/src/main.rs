@@ -7,8 +7,9 @@
 //! - `node_cmd`: `pangea start` (run one replica) and `pangea certs`;
 //! - `cluster_cmd`: `pangea cluster`: every replica of a topology as a local process
 //!   (up, down, stop, start, restart, status), over `pangea_ops::local`;
-//! - `nemesis`: `pangea cluster nemesis` and `check-history`: fault injection into a
-//!   running local cluster, a recorded history, and the checkers run on it;
+//! - `nemesis_cmd`: `pangea cluster nemesis` and `check-history`: the flags and
+//!   report of `pangea_ops::nemesis` (fault injection into a running local cluster,
+//!   a recorded history, the checkers run on it);
 //! - `data_cmd`: `pangea get | put | delete | scan | watermarks`;
 //! - `load_cmd`: `pangea load`, bulk loading of batch-built rows (docs/bulk-load.md);
 //! - `placement_cmd`: `pangea placement move | status | audit`;
@@ -48,7 +49,7 @@ mod cluster_cmd;
 mod data_cmd;
 mod demo_cmd;
 mod load_cmd;
-mod nemesis;
+mod nemesis_cmd;
 mod node_cmd;
 mod output;
 mod placement_cmd;

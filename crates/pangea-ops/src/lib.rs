@@ -6,10 +6,14 @@
 //!   waits, stop and restart);
 //! - [`admin`]: a typed client of a replica's admin endpoint (`/health`,
 //!   `/watermarks`, `/metrics`, `/fault`) over hyper, with the body types
-//!   `pangea_node::admin` serves.
+//!   `pangea_node::admin` serves;
+//! - [`nemesis`]: Jepsen-style fault injection into a running local cluster while
+//!   checker workloads run, a recorded history, and the checkers run on it
+//!   (docs/reliability.md).
 //!
-//! Not here yet (still in `pangea-cli`, issue 33): the nemesis and its history
-//! checkers, the simulator calibration and the bench harnesses.
+//! Not here yet (still in `pangea-cli`, issue 33): the simulator calibration and
+//! the bench harnesses.
 
 pub mod admin;
 pub mod local;
+pub mod nemesis;

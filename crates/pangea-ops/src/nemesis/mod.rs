@@ -23,17 +23,16 @@
 //! no peer can reach, then reached again: it must not serve until caught up).
 //! The cluster must run with fault injection (`pangea cluster up --fault-injection`).
 
-pub(crate) mod check;
-pub(crate) mod history;
+pub mod check;
+pub mod history;
 mod workload;
 
+use crate::admin::Admin;
+use crate::local::{self, alive, signal};
 use anyhow::{Context, Result};
-use clap::Args;
-use history::{Event, Phase, Recorder};
+use history::{Event, Phase, Recorder, Say};
 use nix::sys::signal::Signal;
 use pangea_core::rng::Rng;
-use pangea_ops::admin::Admin;
-use pangea_ops::local::{self, alive, signal};
 use pangea_topology::cluster::{ClusterFile, ClusterReplica};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,7 +40,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Every fault the nemesis knows, in the order `--faults` lists them by default.
-pub(crate) const FAULTS: [&str; 9] = [
+pub const FAULTS: [&str; 9] = [
     "kill",
     "pause",
     "partition",
@@ -59,104 +58,94 @@ const FLOOD_PER_SECOND: u64 = 4_000;
 /// How long a restarted replica may take to report healthy.
 const RESTART_HEALTHY_MAX: Duration = Duration::from_secs(60);
 
-#[derive(Debug, Args)]
-pub(crate) struct NemesisArgs {
+/// What a nemesis run does (`pangea cluster nemesis` flags).
+#[derive(Debug, Clone)]
+pub struct Options {
     /// The cluster file (`pangea cluster up --fault-injection` writes DIR/cluster.toml).
-    #[arg(long)]
-    cluster: PathBuf,
-    /// Faults to inject, comma-separated: kill, pause, partition, loss, skew,
-    /// restart-region, disk-full, flood, new-replica.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "kill,pause,partition,loss,skew,restart-region,disk-full,flood,new-replica"
-    )]
-    faults: Vec<String>,
-    /// Workloads, comma-separated: register, ryw, set.
-    #[arg(long, value_delimiter = ',', default_value = "register,ryw,set")]
-    workloads: Vec<String>,
-    /// How long to inject faults (like 60s, 5m).
-    #[arg(long, default_value = "60s")]
-    duration: String,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    pub cluster: PathBuf,
+    /// Faults to inject ([`FAULTS`]).
+    pub faults: Vec<String>,
+    /// Workloads (`workload::WORKLOADS`: register, ryw, set).
+    pub workloads: Vec<String>,
+    /// How long to inject faults.
+    pub duration: Duration,
+    pub seed: u64,
     /// Where to write the history (default: nemesis-SEED.jsonl next to the cluster file).
-    #[arg(long)]
-    history: Option<PathBuf>,
-    /// How long each fault lasts.
-    #[arg(long, default_value_t = 4_000)]
-    fault_ms: u64,
-    /// Quiet time between faults.
-    #[arg(long, default_value_t = 2_000)]
-    calm_ms: u64,
+    pub history: Option<PathBuf>,
+    /// How long each fault lasts, and the quiet time between faults.
+    pub fault: Duration,
+    pub calm: Duration,
     /// Longest wait for replicas to converge after the heal (C5).
-    #[arg(long, default_value_t = 60_000)]
-    converge_limit_ms: u64,
-    /// Print the report as JSON.
-    #[arg(long)]
-    json: bool,
+    pub converge_limit: Duration,
+    /// The `pangea` binary restarted replicas run.
+    pub binary: PathBuf,
 }
 
-pub(crate) fn nemesis(a: NemesisArgs) -> Result<()> {
-    for f in &a.faults {
+/// The workloads a run may ask for.
+pub use workload::WORKLOADS;
+
+/// Runs the nemesis on a running local cluster; progress lines go to `say`.
+/// Returns the checkers' report and where the history was written.
+pub fn run(o: &Options, say: Say) -> Result<(check::Report, PathBuf)> {
+    for f in &o.faults {
         anyhow::ensure!(
             FAULTS.contains(&f.as_str()),
             "--faults: unknown fault {f:?} (known: {})",
             FAULTS.join(", ")
         );
     }
-    anyhow::ensure!(!a.faults.is_empty(), "--faults: name at least one fault");
+    anyhow::ensure!(!o.faults.is_empty(), "--faults: name at least one fault");
     anyhow::ensure!(
-        !a.workloads.is_empty(),
+        !o.workloads.is_empty(),
         "--workloads: name at least one workload"
     );
-    for w in &a.workloads {
+    for w in &o.workloads {
         anyhow::ensure!(
-            workload::WORKLOADS.contains(&w.as_str()),
+            WORKLOADS.contains(&w.as_str()),
             "--workloads: unknown workload {w:?} (known: {})",
-            workload::WORKLOADS.join(", ")
+            WORKLOADS.join(", ")
         );
     }
-    let duration = crate::bench_cmd::parse_duration(&a.duration)?;
-    let cluster = ClusterFile::load(&a.cluster).map_err(anyhow::Error::msg)?;
+    let duration = o.duration;
+    let cluster = ClusterFile::load(&o.cluster).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(
         cluster.fault_injection,
         "cluster {} runs without fault injection: start it with `pangea cluster up \
          --fault-injection`",
-        a.cluster.display()
+        o.cluster.display()
     );
     anyhow::ensure!(
         !cluster.replicas.is_empty(),
         "cluster file {} lists no replicas",
-        a.cluster.display()
+        o.cluster.display()
     );
     let deployment = local::load(&cluster.topology, cluster.placement.as_deref())?;
-    let history_path = a.history.clone().unwrap_or_else(|| {
-        a.cluster
-            .with_file_name(format!("nemesis-{}.jsonl", a.seed))
+    let history_path = o.history.clone().unwrap_or_else(|| {
+        o.cluster
+            .with_file_name(format!("nemesis-{}.jsonl", o.seed))
     });
-    let rec = Arc::new(Recorder::create(&history_path)?);
+    let rec = Arc::new(Recorder::create(&history_path, say)?);
     let unix_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     // The run's key namespace: seed and start time.
-    let tag = format!("s{}-{unix_ms:x}", a.seed);
+    let tag = format!("s{}-{unix_ms:x}", o.seed);
     rec.record(Event::Start {
         unix_ms,
         cluster: cluster.name.clone(),
-        seed: a.seed,
-        faults: a.faults.clone(),
-        workloads: a.workloads.clone(),
+        seed: o.seed,
+        faults: o.faults.clone(),
+        workloads: o.workloads.clone(),
         duration_ms: duration.as_millis() as u64,
     });
-    println!(
-        "nemesis on {:?}: faults {} for {duration:?}, workloads {}, seed {}",
+    rec.say(&format!(
+        "nemesis on {:?}: faults {} for {duration:?}, workloads {}, seed {}; history {}",
         cluster.name,
-        a.faults.join(","),
-        a.workloads.join(","),
-        a.seed
-    );
-    println!("  history: {}", history_path.display());
+        o.faults.join(","),
+        o.workloads.join(","),
+        o.seed,
+        history_path.display()
+    ));
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -166,23 +155,23 @@ pub(crate) fn nemesis(a: NemesisArgs) -> Result<()> {
         let load = workload::start(
             &cluster,
             &deployment,
-            &a.workloads,
+            &o.workloads,
             rec.clone(),
-            a.seed,
+            o.seed,
             &tag,
         )
         .await?;
         // Faults on a blocking thread: signals, restarts and admin calls block.
         let faults = {
-            let (rec, path, kinds) = (rec.clone(), a.cluster.clone(), a.faults.clone());
+            let (rec, path, kinds) = (rec.clone(), o.cluster.clone(), o.faults.clone());
             let timing = Timing {
                 duration,
-                fault: Duration::from_millis(a.fault_ms),
-                calm: Duration::from_millis(a.calm_ms),
+                fault: o.fault,
+                calm: o.calm,
             };
-            let seed = a.seed;
+            let (seed, binary) = (o.seed, o.binary.clone());
             tokio::task::spawn_blocking(move || {
-                let mut nemesis = Nemesis::new(&path, rec, seed)?;
+                let mut nemesis = Nemesis::new(&path, binary, rec, seed);
                 let result = nemesis.run(&kinds, timing);
                 // Whatever happened, leave every replica running and healed.
                 let healed = nemesis.heal_all();
@@ -193,68 +182,20 @@ pub(crate) fn nemesis(a: NemesisArgs) -> Result<()> {
         rec.record(Event::Heal {
             at_us: rec.now_us(),
         });
-        println!("{} healed; stopping the workloads", stamp(&rec));
+        rec.say("healed; stopping the workloads");
         load.stop().await;
         fault_result?;
-        let cluster = ClusterFile::load(&a.cluster).map_err(anyhow::Error::msg)?;
-        workload::settle(
-            &cluster,
-            &deployment,
-            &rec,
-            Duration::from_millis(a.converge_limit_ms),
-            &tag,
-        )
-        .await
+        let cluster = ClusterFile::load(&o.cluster).map_err(anyhow::Error::msg)?;
+        workload::settle(&cluster, &deployment, &rec, o.converge_limit, &tag).await
     });
     let events = rec.finish()?;
     run?;
-    report(&check::check(&events), a.json, &history_path)
+    Ok((check::check(&events), history_path))
 }
 
-#[derive(Debug, Args)]
-pub(crate) struct CheckArgs {
-    /// A history written by `pangea cluster nemesis`.
-    history: PathBuf,
-    #[arg(long)]
-    json: bool,
-}
-
-pub(crate) fn check_history(a: CheckArgs) -> Result<()> {
-    let events = history::load(&a.history)?;
-    report(&check::check(&events), a.json, &a.history)
-}
-
-fn report(r: &check::Report, json: bool, path: &Path) -> Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(r)?);
-    } else {
-        println!("history {}", path.display());
-        println!("  operations (ok / fail / unknown):");
-        for (what, c) in &r.ops {
-            println!("    {what:<16} {:>7} / {:>5} / {:>5}", c.ok, c.fail, c.info);
-        }
-        let faults: Vec<String> = r.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
-        println!("  faults injected: {}", faults.join(", "));
-        match r.convergence_ms {
-            Some(ms) => println!("  converged {ms} ms after the heal"),
-            None => println!("  did not converge"),
-        }
-        println!("  violations: {}", r.violations.len());
-        for v in &r.violations {
-            println!("    [{}] {} (ops {:?})", v.checker, v.message, v.ops);
-        }
-    }
-    anyhow::ensure!(
-        r.violations.is_empty(),
-        "{} violation(s) in {}",
-        r.violations.len(),
-        path.display()
-    );
-    Ok(())
-}
-
-fn stamp(rec: &Recorder) -> String {
-    format!("[{:>7.1}s]", rec.now_us() as f64 / 1e6)
+/// The checkers run on a history a nemesis run wrote.
+pub fn check_history(path: &Path) -> Result<check::Report> {
+    Ok(check::check(&history::load(path)?))
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -276,14 +217,14 @@ struct Nemesis {
 }
 
 impl Nemesis {
-    fn new(path: &Path, rec: Arc<Recorder>, seed: u64) -> Result<Nemesis> {
-        Ok(Nemesis {
+    fn new(path: &Path, binary: PathBuf, rec: Arc<Recorder>, seed: u64) -> Nemesis {
+        Nemesis {
             path: path.to_path_buf(),
-            binary: crate::pangea_binary()?,
+            binary,
             rec,
             rng: Rng::new(seed),
             paused: Vec::new(),
-        })
+        }
     }
 
     fn cluster(&self) -> Result<ClusterFile> {
@@ -295,9 +236,8 @@ impl Nemesis {
     }
 
     fn log(&self, fault: &str, phase: Phase, targets: &[String], detail: String) {
-        println!(
-            "{} {fault} {} {}{}",
-            stamp(&self.rec),
+        self.rec.say(&format!(
+            "{fault} {} {}{}",
             match phase {
                 Phase::Start => "start",
                 Phase::End => "end  ",
@@ -308,7 +248,7 @@ impl Nemesis {
             } else {
                 format!(" ({detail})")
             }
-        );
+        ));
         self.rec.record(Event::Fault {
             at_us: self.rec.now_us(),
             fault: fault.to_owned(),
@@ -689,7 +629,7 @@ fn fault_post(r: &ClusterReplica, path: &str) -> Result<()> {
 }
 
 /// The regions of a cluster and their replicas.
-pub(crate) fn regions(cluster: &ClusterFile) -> BTreeMap<String, Vec<String>> {
+pub fn regions(cluster: &ClusterFile) -> BTreeMap<String, Vec<String>> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for r in &cluster.replicas {
         out.entry(r.region.clone()).or_default().push(r.id.clone());

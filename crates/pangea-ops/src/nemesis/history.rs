@@ -14,7 +14,7 @@ use std::time::Instant;
 /// One line of a history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub(crate) enum Event {
+pub enum Event {
     /// The first line: what the run was asked to do.
     Start {
         /// Wall-clock start, ms since the Unix epoch (every `*_us` is relative to it).
@@ -62,7 +62,7 @@ pub(crate) enum Event {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum Phase {
+pub enum Phase {
     Start,
     End,
 }
@@ -71,7 +71,7 @@ pub(crate) enum Phase {
 /// it certainly did not, `Info` unknown (a write that timed out may still apply).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum Outcome {
+pub enum Outcome {
     Ok,
     Fail,
     Info,
@@ -79,13 +79,13 @@ pub(crate) enum Outcome {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum Kind {
+pub enum Kind {
     Write,
     Read,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Op {
+pub struct Op {
     /// Unique within the history.
     pub id: u64,
     pub workload: String,
@@ -118,7 +118,7 @@ pub(crate) struct Op {
 impl Op {
     /// An operation that started at `start_us`, so far without a result: outcome
     /// `Ok` until the caller says otherwise, ending when it started.
-    pub(crate) fn begun(
+    pub fn begun(
         id: u64,
         workload: &str,
         region: &str,
@@ -147,20 +147,20 @@ impl Op {
 
 /// A cell's version in merge order: the later timestamp wins, ties by origin.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub(crate) struct Version {
+pub struct Version {
     pub ts: u64,
     pub origin: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Cell {
+pub struct Cell {
     pub key: String,
     pub value: String,
     pub version: Version,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct ScopeDigest {
+pub struct ScopeDigest {
     pub scope: String,
     pub rows: u64,
     /// 128-bit digest, hex.
@@ -169,10 +169,22 @@ pub(crate) struct ScopeDigest {
 
 /// Appends events to a file as they happen (so a crash of the nemesis itself keeps
 /// what was recorded) and keeps them for the checkers.
-#[derive(Debug)]
-pub(crate) struct Recorder {
+pub struct Recorder {
     started: Instant,
     inner: Mutex<Inner>,
+    /// Where the run's progress lines go (the `pangea` command prints them).
+    say: Say,
+}
+
+/// Receives a run's progress lines, one at a time.
+pub type Say = Box<dyn Fn(&str) + Send + Sync>;
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder")
+            .field("started", &self.started)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
@@ -184,7 +196,8 @@ struct Inner {
 }
 
 impl Recorder {
-    pub(crate) fn create(path: &Path) -> Result<Recorder> {
+    /// Records into the file at `path`; progress lines go to `say`.
+    pub fn create(path: &Path, say: Say) -> Result<Recorder> {
         let file = std::fs::File::create(path)
             .with_context(|| format!("creating the history file {}", path.display()))?;
         Ok(Recorder {
@@ -195,22 +208,28 @@ impl Recorder {
                 next_id: 0,
                 error: None,
             }),
+            say,
         })
     }
 
+    /// A progress line, stamped with the run's time.
+    pub fn say(&self, line: &str) {
+        (self.say)(&format!("[{:>7.1}s] {line}", self.now_us() as f64 / 1e6));
+    }
+
     /// Microseconds since the recorder was created.
-    pub(crate) fn now_us(&self) -> u64 {
+    pub fn now_us(&self) -> u64 {
         self.started.elapsed().as_micros() as u64
     }
 
     /// A fresh operation id.
-    pub(crate) fn next_id(&self) -> u64 {
+    pub fn next_id(&self) -> u64 {
         let mut inner = self.lock();
         inner.next_id += 1;
         inner.next_id
     }
 
-    pub(crate) fn record(&self, event: Event) {
+    pub fn record(&self, event: Event) {
         let mut inner = self.lock();
         let line = serde_json::to_string(&event).expect("history events serialize");
         if let Err(e) = writeln!(inner.out, "{line}")
@@ -222,7 +241,7 @@ impl Recorder {
     }
 
     /// Flushes the file and returns every event recorded.
-    pub(crate) fn finish(&self) -> Result<Vec<Event>> {
+    pub fn finish(&self) -> Result<Vec<Event>> {
         let mut inner = self.lock();
         if let Some(e) = inner.error.take() {
             anyhow::bail!("writing the history: {e}");
@@ -239,7 +258,7 @@ impl Recorder {
 }
 
 /// Reads a history file; a malformed line is an error naming its line number.
-pub(crate) fn load(path: &Path) -> Result<Vec<Event>> {
+pub fn load(path: &Path) -> Result<Vec<Event>> {
     let file = std::fs::File::open(path)
         .with_context(|| format!("opening the history file {}", path.display()))?;
     let mut events = Vec::new();
@@ -253,4 +272,20 @@ pub(crate) fn load(path: &Path) -> Result<Vec<Event>> {
         events.push(event);
     }
     Ok(events)
+}
+
+/// Bytes as lower-case hex (keys and tokens in the history file).
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// [`hex`] read back (`None`: not hex).
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }

@@ -15,8 +15,8 @@
 //! After the heal, [`settle`] waits for convergence, audits every replica and reads
 //! what each one holds under every workload prefix.
 
+use super::history::hex;
 use super::history::{Cell, Event, Kind, Op, Outcome, Recorder, ScopeDigest, Version};
-use crate::output::hex;
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use pangea_client::{
@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
-pub(crate) const WORKLOADS: [&str; 3] = ["register", "ryw", "set"];
+pub const WORKLOADS: [&str; 3] = ["register", "ryw", "set"];
 
 const TABLE: &str = "ad_profiles";
 const FAMILY: &str = "profile";
@@ -47,7 +47,7 @@ const READ_DEADLINE: Duration = Duration::from_secs(1);
 const PREFIXES: [&str; 4] = ["reg/", "ryw/", "set/", "eu/set/"];
 
 /// The running workloads.
-pub(crate) struct Load {
+pub(super) struct Load {
     stop: Arc<AtomicBool>,
     tasks: JoinSet<()>,
 }
@@ -55,7 +55,7 @@ pub(crate) struct Load {
 impl Load {
     /// Stops every worker after its current operation (each is bounded by its
     /// deadline) and waits for them.
-    pub(crate) async fn stop(mut self) {
+    pub(super) async fn stop(mut self) {
         self.stop.store(true, Ordering::Relaxed);
         while self.tasks.join_next().await.is_some() {}
     }
@@ -70,7 +70,7 @@ struct Ctx {
     latest: Mutex<HashMap<String, Token>>,
 }
 
-pub(crate) async fn start(
+pub(super) async fn start(
     cluster: &ClusterFile,
     deployment: &Deployment,
     workloads: &[String],
@@ -302,7 +302,7 @@ async fn set(ctx: Arc<Ctx>, region: String, client: Arc<Client>) {
 /// After the heal: waits until every replica's digest of each scope agrees (at most
 /// `limit`), records it, records every replica's audit, then what each replica holds
 /// under the workload prefixes its placement allows.
-pub(crate) async fn settle(
+pub(super) async fn settle(
     cluster: &ClusterFile,
     deployment: &Deployment,
     rec: &Recorder,
@@ -347,7 +347,7 @@ pub(crate) async fn settle(
         .context("no app profile may use the first replica")?;
     let config = ClientConfig::from_cluster(cluster, first.region.as_str(), &profile.name)?
         .with_credential(pangea_client::Credential::Operator(
-            pangea_ops::local::CLUSTER_OPERATOR.into(),
+            crate::local::CLUSTER_OPERATOR.into(),
         ));
     let client = Client::connect(config).await?;
     let healed = Instant::now();
@@ -368,16 +368,15 @@ pub(crate) async fn settle(
         }
     };
     let after_heal_ms = healed.elapsed().as_millis() as u64;
-    println!(
-        "{} {} {after_heal_ms} ms after the heal{}",
-        super::stamp(rec),
+    rec.say(&format!(
+        "{} {after_heal_ms} ms after the heal{}",
         if ok { "converged" } else { "NOT converged" },
         if ok {
             String::new()
         } else {
             format!(": {detail}")
         }
-    );
+    ));
     rec.record(Event::Converged {
         ok,
         after_heal_ms,

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 const UNIQUE_KEY_WORKLOADS: [&str; 2] = ["set", "ryw"];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub(crate) struct Violation {
+pub struct Violation {
     pub checker: &'static str,
     pub message: String,
     /// The operations involved (ids in the history).
@@ -30,14 +30,14 @@ pub(crate) struct Violation {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub(crate) struct Counts {
+pub struct Counts {
     pub ok: u64,
     pub fail: u64,
     pub info: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub(crate) struct Report {
+pub struct Report {
     /// Per workload and kind ("register write"): outcomes.
     pub ops: BTreeMap<String, Counts>,
     /// Faults started, per kind.
@@ -46,7 +46,7 @@ pub(crate) struct Report {
     pub violations: Vec<Violation>,
 }
 
-pub(crate) fn check(events: &[Event]) -> Report {
+pub fn check(events: &[Event]) -> Report {
     let mut report = Report::default();
     let ops: Vec<&Op> = events
         .iter()
@@ -370,7 +370,7 @@ fn check_convergence(events: &[Event], v: &mut Vec<Violation>) -> Option<u64> {
 }
 
 fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    crate::output::parse_key(&format!("0x{s}")).ok()
+    super::history::unhex(s)
 }
 
 #[cfg(test)]
@@ -386,7 +386,7 @@ mod tests {
             sequence: seq,
             timestamp: Timestamp::from_u64(ts),
         };
-        crate::output::hex(&t.encode())
+        super::super::history::hex(&t.encode())
     }
 
     fn write(id: u64, workload: &str, key: &str, value: &str, tok: &str, outcome: Outcome) -> Op {
