@@ -96,6 +96,20 @@ impl ReplicaSockets {
         Ok(ReplicaSockets { quic, admin })
     }
 
+    /// The recorded addresses of replica `id`, just stopped: as [`ReplicaSockets::bind`],
+    /// retrying for up to 5 s while the stopped process's sockets are still being
+    /// released by the kernel.
+    pub fn rebind(address: &str, admin: &str, id: &str) -> Result<ReplicaSockets> {
+        let started = Instant::now();
+        loop {
+            match ReplicaSockets::bind(address, admin, id) {
+                Ok(s) => return Ok(s),
+                Err(e) if started.elapsed() > Duration::from_secs(5) => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
     pub fn addresses(&self) -> Result<(String, String)> {
         Ok((
             self.quic.local_addr()?.to_string(),
@@ -365,14 +379,7 @@ pub fn restart_replica(binary: &Path, path: &Path, id: &str) -> Result<u32> {
         .replica(id)
         .with_context(|| format!("replica {id} is not in {}", path.display()))?
         .clone();
-    let started = Instant::now();
-    let sockets = loop {
-        match ReplicaSockets::bind(&r.address, &r.admin, id) {
-            Ok(s) => break s,
-            Err(e) if started.elapsed() > Duration::from_secs(5) => return Err(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
-        }
-    };
+    let sockets = ReplicaSockets::rebind(&r.address, &r.admin, id)?;
     let pid = spawn_replica(
         binary,
         &cluster.topology,
@@ -448,14 +455,20 @@ pub fn alive(pid: u32) -> bool {
     kill(Pid::from_raw(pid), None).is_ok() && !is_zombie(pid)
 }
 
+/// Whether `pid` has exited and only its exit status is left. The leader of a
+/// threaded process turns `Z` as soon as *it* exits, while its other threads may
+/// still be tearing down and holding the shared file table (its sockets, its
+/// ports); the process is gone only when no thread but the leader is listed.
 fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+    let leader_exited = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {
             s.rsplit_once(')')
                 .map(|(_, rest)| rest.trim_start().starts_with('Z'))
         })
-        .unwrap_or(false)
+        .unwrap_or(false);
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    leader_exited && threads <= 1
 }
 
 pub fn signal(pid: u32, sig: nix::sys::signal::Signal) {

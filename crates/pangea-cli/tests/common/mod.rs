@@ -276,8 +276,9 @@ impl Cluster {
     pub fn restart_with_env(&mut self, id: &str, extra: &[(&str, &str)]) -> Result<u32> {
         let r = self.replica(id)?.clone();
         // Its sockets bound here and handed down, as `cluster up` does: the ports it
-        // had are taken back at once (a clear error if another process got one).
-        let sockets = local::ReplicaSockets::bind(&r.address, &r.admin, id)?;
+        // had are taken back as soon as the kernel has released them (a clear error
+        // if another process got one).
+        let sockets = local::ReplicaSockets::rebind(&r.address, &r.admin, id)?;
         let env: Vec<(&str, &str)> = self
             .env
             .iter()
