@@ -58,9 +58,18 @@ pub enum Error {
 /// What a storage engine reports. `pangea-store` maps its engine's errors here.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StorageError {
-    /// The engine failed (I/O, poisoned after a failed fsync…); nothing was applied.
-    #[error("storage I/O: {0}")]
-    Io(String),
+    /// The engine failed (I/O, poisoned after a failed fsync…) while `doing`
+    /// something; nothing was applied. The engine's own error is the source.
+    #[error("storage engine failed while {doing}")]
+    Io {
+        doing: &'static str,
+        #[source]
+        source: EngineError,
+    },
+    /// The store is closed after a failure and not reopened yet (a full disk most
+    /// often): writes are refused, `state` says why and since when.
+    #[error("replica {replica}: {state}")]
+    Closed { replica: String, state: String },
     /// Stored bytes do not decode: the store is damaged. Names the entry.
     #[error("corrupt {what} at key {key}: {detail}")]
     Corrupt {
@@ -68,6 +77,61 @@ pub enum StorageError {
         key: String,
         detail: String,
     },
+}
+
+/// A storage engine's error, kept whole (its own source chain included) and
+/// shareable, so that [`Error`] stays `Clone`. Two are equal only if they are the
+/// same failure.
+#[derive(Clone)]
+pub struct EngineError(std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl EngineError {
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        EngineError(std::sync::Arc::new(e))
+    }
+}
+
+impl std::fmt::Debug for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for EngineError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for EngineError {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for EngineError {}
+
+/// An error and its sources, each after a `: ` — for messages that leave the
+/// process (a client's error reply, a health detail) or one log field.
+#[derive(Debug)]
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            write!(f, ": {e}")?;
+            next = e.source();
+        }
+        Ok(())
+    }
 }
 
 impl Error {

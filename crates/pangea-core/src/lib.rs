@@ -65,7 +65,7 @@ pub mod storage;
 pub mod token;
 pub mod watermark;
 
-pub use error::{Error, StorageError};
+pub use error::{Chain, EngineError, Error, StorageError};
 pub use hlc::{HybridClock, Timestamp};
 pub use ids::{ReplicaId, ScopeId};
 pub use limits::Limits;

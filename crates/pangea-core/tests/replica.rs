@@ -890,7 +890,10 @@ impl Storage for FlakySync {
 
     fn sync(&mut self) -> Result<(), pangea_core::StorageError> {
         if self.failing {
-            return Err(pangea_core::StorageError::Io("fsync refused".into()));
+            return Err(pangea_core::StorageError::Io {
+                doing: "syncing the journal",
+                source: pangea_core::EngineError::new(std::io::Error::other("fsync refused")),
+            });
         }
         self.inner.sync()
     }

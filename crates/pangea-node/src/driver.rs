@@ -88,7 +88,7 @@ fn resume(replica: &Replica<Store>) -> Jobs {
             })
             .collect(),
         Err(e) => {
-            tracing::error!(error = %e, "cannot read migration jobs");
+            tracing::error!(error = %pangea_core::Chain(&e), "cannot read migration jobs");
             Vec::new()
         }
     }
@@ -180,7 +180,7 @@ pub async fn run(
 /// are told why (a full disk, most often). Returns `e` for the caller to reopen.
 fn store_failed(shared: &Shared, waiters: &mut Waiters, e: CoreError) -> CoreError {
     shared.disk.failed(
-        e.to_string(),
+        pangea_core::Chain(&e).to_string(),
         crate::disk::free_bytes(&shared.config.data_dir).ok(),
     );
     let told = told(shared);
@@ -194,7 +194,7 @@ fn store_failed(shared: &Shared, waiters: &mut Waiters, e: CoreError) -> CoreErr
 /// after a failed write or fsync, a full disk most often, possibly in one of its
 /// own threads before the driver's next flush sees it).
 fn store_broke(e: &CoreError) -> bool {
-    matches!(e, CoreError::Storage(pangea_core::StorageError::Io(_)))
+    matches!(e, CoreError::Storage(pangea_core::StorageError::Io { .. }))
 }
 
 /// A write met a failed store (`e`): it is refused with the store's state, and
@@ -204,9 +204,9 @@ fn refuse_broken(
     reply: oneshot::Sender<Result<Token, CoreError>>,
     e: CoreError,
 ) -> CoreError {
-    tracing::error!(error = %e, "a write found the store failed; refusing writes");
+    tracing::error!(error = %pangea_core::Chain(&e), "a write found the store failed; refusing writes");
     shared.disk.failed(
-        e.to_string(),
+        pangea_core::Chain(&e).to_string(),
         crate::disk::free_bytes(&shared.config.data_dir).ok(),
     );
     let _ = reply.send(Err(told(shared)));
@@ -215,11 +215,10 @@ fn refuse_broken(
 
 /// What a writer is told while the store is failed.
 fn told(shared: &Shared) -> CoreError {
-    CoreError::Storage(pangea_core::StorageError::Io(format!(
-        "replica {}: {}",
-        shared.id,
-        shared.disk.state()
-    )))
+    CoreError::Storage(pangea_core::StorageError::Closed {
+        replica: shared.id.to_string(),
+        state: shared.disk.state().to_string(),
+    })
 }
 
 /// Turns until the node stops (`None`) or the store fails (`Some`, every waiting
@@ -269,20 +268,20 @@ async fn turns(
             _ = sleep_until(deadline) => {
                 let now = shared.clock.now();
                 if let Err(e) = replica.handle_timeout(now) {
-                    tracing::error!(error = %e, "replication timer failed");
+                    tracing::error!(error = %pangea_core::Chain(&e), "replication timer failed");
                 }
             }
         }
         jobs_again = match step_jobs(replica, shared, jobs) {
             Ok(again) => again,
             Err(e) => {
-                tracing::error!(error = %e, "a migration job found the store failed");
+                tracing::error!(error = %pangea_core::Chain(&e), "a migration job found the store failed");
                 return Some(store_failed(shared, waiters, e));
             }
         };
         let now = shared.clock.now();
         if let Err(e) = replica.flush(now) {
-            tracing::error!(error = %e, "flush failed; refusing writes");
+            tracing::error!(error = %pangea_core::Chain(&e), "flush failed; refusing writes");
             return Some(store_failed(shared, waiters, e));
         }
         // Gauges owned by the core, and the clock fence, at most ten times a second.
@@ -329,7 +328,9 @@ async fn turns(
         {
             match crate::readiness::Record::CaughtUp.write(&shared.config.data_dir) {
                 Ok(()) => *record = Some(crate::readiness::Record::CaughtUp),
-                Err(e) => tracing::error!(error = %e, "cannot record that this replica caught up"),
+                Err(e) => {
+                    tracing::error!(error = %pangea_core::Chain(&e), "cannot record that this replica caught up")
+                }
             }
         }
         if let Some(phase) = phase
@@ -355,7 +356,7 @@ async fn turns(
                     );
                 }
             }
-            Err(e) => tracing::error!(error = %e, "purging moved rows failed"),
+            Err(e) => tracing::error!(error = %pangea_core::Chain(&e), "purging moved rows failed"),
         }
         drain_events(replica, shared, waiters);
         drain_transmits(replica, shared, peers);
@@ -391,13 +392,7 @@ async fn recover(
         .store(false, std::sync::atomic::Ordering::Relaxed);
     tracing::error!(%error, "storage failed: store closed; it is reopened once the disk has room");
     let failed_at = std::time::Instant::now();
-    let unavailable = || {
-        CoreError::Storage(pangea_core::StorageError::Io(format!(
-            "replica {}: {}",
-            shared.id,
-            shared.disk.state()
-        )))
-    };
+    let unavailable = || told(shared);
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tokio::select! {
@@ -428,14 +423,14 @@ async fn recover(
                 }
                 // The last handle goes, so that fjall lets the directory be opened.
                 shared.set_store(None);
-                let opened = crate::store_options(&shared.config)
-                    .map_err(|e| e.to_string())
-                    .and_then(|o| Store::open(&shared.config.data_dir, o).map_err(|e| e.to_string()));
+                let opened =
+                    Store::open(&shared.config.data_dir, crate::store_options(&shared.config));
                 let store = match opened {
                     Ok(s) => s,
                     Err(e) => {
                         // Locked while fjall's own threads let go of the old one.
-                        tracing::warn!(error = %e, "reopening the store failed; retrying");
+                        let error = pangea_core::Chain(&e);
+                        tracing::warn!(%error, "reopening the store failed; retrying");
                         continue;
                     }
                 };
@@ -458,7 +453,7 @@ async fn recover(
                         );
                         return Some(r);
                     }
-                    Err(e) => tracing::error!(error = %e, "rebuilding the core on the reopened store failed; retrying"),
+                    Err(e) => tracing::error!(error = %pangea_core::Chain(&e), "rebuilding the core on the reopened store failed; retrying"),
                 }
             }
         }
@@ -492,7 +487,7 @@ fn handle(
         Input::Frame { from, frame } => {
             let heartbeats = matches!(frame, Frame::Heartbeats(_));
             if let Err(e) = replica.handle_frame(now, &from, frame) {
-                tracing::error!(peer = %from, error = %e, "applying a frame failed");
+                tracing::error!(peer = %from, error = %pangea_core::Chain(&e), "applying a frame failed");
             }
             if heartbeats {
                 shared.heartbeats_heard.notify_waiters();

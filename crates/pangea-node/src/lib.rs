@@ -290,11 +290,10 @@ impl Shared {
     ) -> Result<T, StorageError> {
         match &*self.store.read().unwrap_or_else(|p| p.into_inner()) {
             Some(s) => f(s),
-            None => Err(StorageError::Io(format!(
-                "replica {}: {}",
-                self.id,
-                self.disk.state()
-            ))),
+            None => Err(StorageError::Closed {
+                replica: self.id.to_string(),
+                state: self.disk.state().to_string(),
+            }),
         }
     }
 
@@ -492,7 +491,7 @@ pub async fn run_with_sockets(
         (None, Some(a)) => parse_addr("topology address", a)?,
         (None, None) => anyhow::bail!("replica {id} has no address in the topology; pass --listen"),
     };
-    let store = Store::open(&config.data_dir, store_options(&config)?)?;
+    let store = Store::open(&config.data_dir, store_options(&config))?;
 
     // Whether this replica trusts its store (readiness.rs): a replica created with
     // a new cluster records it on its first start, while its store is empty.
@@ -872,12 +871,12 @@ fn mib(n: u64) -> usize {
 }
 
 /// How the store is opened, at start and when reopened (`disk`).
-pub(crate) fn store_options(config: &NodeConfig) -> anyhow::Result<StoreOptions> {
-    Ok(StoreOptions {
+pub(crate) fn store_options(config: &NodeConfig) -> StoreOptions {
+    StoreOptions {
         durability: config.durability.into(),
         row_cache_bytes: config.row_cache_mib.saturating_mul(1 << 20),
         ..Default::default()
-    })
+    }
 }
 
 /// Reads the data directory's free space every second ([`disk`]): below the

@@ -127,7 +127,7 @@ impl From<CoreError> for Failure {
             | CoreError::Clock(pangea_core::hlc::ClockError::Fenced { .. }) => Code::Unavailable,
             _ => Code::InvalidArgument,
         };
-        Failure::new(code, e.to_string())
+        Failure::new(code, pangea_core::Chain(&e).to_string())
     }
 }
 
@@ -592,7 +592,7 @@ fn read_row(
     let d = shared.deployment();
     let row = shared
         .store_row(table, key)
-        .map_err(|e| Failure::new(Code::Unavailable, e.to_string()))?;
+        .map_err(|e| Failure::new(Code::Unavailable, pangea_core::Chain(&e).to_string()))?;
     Ok(row.and_then(|r| {
         r.read(
             key,
@@ -609,7 +609,7 @@ fn read_row_encoded(shared: &Shared, table: &str, key: &Bytes) -> Result<Option<
     let (d, generation) = shared.deployment_and_generation();
     let row = shared
         .store_row(table, key)
-        .map_err(|e| Failure::new(Code::Unavailable, e.to_string()))?;
+        .map_err(|e| Failure::new(Code::Unavailable, pangea_core::Chain(&e).to_string()))?;
     Ok(row.and_then(|r| {
         r.latest_encoded(
             key,
@@ -655,7 +655,7 @@ async fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
         loop {
             let rows = shared
                 .scan(table, b"", after.as_deref(), 10_000)
-                .map_err(|e| Failure::new(Code::Unavailable, e.to_string()))?;
+                .map_err(|e| Failure::new(Code::Unavailable, pangea_core::Chain(&e).to_string()))?;
             let Some((last, _)) = rows.last() else { break };
             after = Some(last.clone());
             tokio::task::yield_now().await;
@@ -992,7 +992,9 @@ async fn execute(
                 let want = (limit - visited).min(SCAN_FETCH_ROWS);
                 let found = shared
                     .scan(&s.table, &s.prefix, after.as_deref(), want + 1)
-                    .map_err(|e| Failure::new(Code::Unavailable, e.to_string()))?;
+                    .map_err(|e| {
+                        Failure::new(Code::Unavailable, pangea_core::Chain(&e).to_string())
+                    })?;
                 more = found.len() > want;
                 for (key, row) in found.into_iter().take(want) {
                     if bytes >= budget {

@@ -69,7 +69,10 @@ impl GroupCommit {
                     state.syncs += 1;
                 }
                 self.synced.notify_all();
-                result.map_err(|e| StorageError::Io(format!("fsync: {e}")))?;
+                result.map_err(|e| StorageError::Io {
+                    doing: "syncing the journal",
+                    source: pangea_core::EngineError::new(e),
+                })?;
             } else {
                 state = self.synced.wait(state).unwrap_or_else(|p| p.into_inner());
             }

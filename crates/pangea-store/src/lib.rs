@@ -32,18 +32,39 @@ use std::sync::Arc;
 
 pub use group_commit::GroupCommit;
 
-/// Errors of this crate. Engine failures carry fjall's message; damaged entries name
-/// the keyspace entry.
+/// Errors of this crate. Engine failures keep fjall's error as their source;
+/// damaged entries name the keyspace entry.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot open store at {path}: {detail}")]
-    Open { path: PathBuf, detail: String },
+    #[error("cannot create the store directory {path}")]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open the store at {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: fjall::Error,
+    },
+    #[error("cannot open keyspace {name:?} of the store at {path}")]
+    Keyspace {
+        path: PathBuf,
+        name: &'static str,
+        #[source]
+        source: fjall::Error,
+    },
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
 
-fn io(e: fjall::Error) -> StorageError {
-    StorageError::Io(e.to_string())
+/// fjall's error `e`, met while `doing` something, as the core sees it.
+fn io(doing: &'static str) -> impl FnOnce(fjall::Error) -> StorageError {
+    move |e| StorageError::Io {
+        doing,
+        source: pangea_core::EngineError::new(e),
+    }
 }
 
 /// When a write counts as durable.
@@ -110,20 +131,26 @@ impl Store {
     /// after a crash.
     pub fn open(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store, Error> {
         let path = path.as_ref();
-        let open_err = |detail: String| Error::Open {
+        std::fs::create_dir_all(path).map_err(|source| Error::CreateDir {
             path: path.to_owned(),
-            detail,
-        };
-        std::fs::create_dir_all(path).map_err(|e| open_err(e.to_string()))?;
+            source,
+        })?;
         let db = Database::builder(path)
             .cache_size(options.cache_bytes)
             // We decide when to fsync (group commit), not fjall.
             .manual_journal_persist(true)
             .open()
-            .map_err(|e| open_err(e.to_string()))?;
-        let keyspace = |name: &str| {
+            .map_err(|source| Error::Open {
+                path: path.to_owned(),
+                source,
+            })?;
+        let keyspace = |name: &'static str| {
             db.keyspace(name, KeyspaceCreateOptions::default)
-                .map_err(|e| open_err(format!("keyspace {name}: {e}")))
+                .map_err(|source| Error::Keyspace {
+                    path: path.to_owned(),
+                    name,
+                    source,
+                })
         };
         let (rows, log, meta) = (keyspace("rows")?, keyspace("log")?, keyspace("meta")?);
         let persist = match options.durability {
@@ -193,7 +220,7 @@ impl Store {
             let start = keys::log_key(scope.as_str(), origin.as_str(), 0);
             let end = keys::log_key(scope.as_str(), origin.as_str(), *below);
             for kv in self.log.range(start..end) {
-                b.remove(&self.log, kv.key().map_err(io)?);
+                b.remove(&self.log, kv.key().map_err(io("purging the log"))?);
             }
         }
         for (name, value) in batch.meta {
@@ -202,7 +229,7 @@ impl Store {
                 None => b.remove(&self.meta, keys::meta_key(&name)),
             }
         }
-        let committed = b.commit().map_err(io);
+        let committed = b.commit().map_err(io("committing a batch"));
         // Before returning, so before anyone can learn of this commit (row_cache).
         if let Some(cache) = &self.row_cache {
             for key in &written {
@@ -221,7 +248,7 @@ impl Store {
             let Some(first) = self.log.range(from.clone()..).next() else {
                 break;
             };
-            let k = first.key().map_err(io)?;
+            let k = first.key().map_err(io("listing the log's streams"))?;
             let (scope, origin, first_seq) = split_log(&k)?;
             let prefix = keys::log_prefix(&scope, &origin);
             let last = self
@@ -230,7 +257,7 @@ impl Store {
                 .next_back()
                 .map(|g| g.key())
                 .transpose()
-                .map_err(io)?;
+                .map_err(io("listing the log's streams"))?;
             let last_seq = last
                 .as_deref()
                 .map(split_log)
@@ -252,7 +279,7 @@ impl Store {
     pub fn table_stats(&self) -> Result<Vec<TableStats>, StorageError> {
         let mut out: Vec<TableStats> = Vec::new();
         for kv in self.rows.iter() {
-            let (k, v) = kv.into_inner().map_err(io)?;
+            let (k, v) = kv.into_inner().map_err(io("counting table sizes"))?;
             let (table, _) = keys::split_row_key(&k)
                 .ok_or_else(|| corrupt("row key", &k, "no table separator"))?;
             match out.last_mut() {
@@ -272,7 +299,7 @@ impl Store {
 
     /// Bytes on disk (journal and tables).
     pub fn disk_bytes(&self) -> Result<u64, StorageError> {
-        self.db.disk_space().map_err(io)
+        self.db.disk_space().map_err(io("measuring its disk space"))
     }
 }
 
@@ -350,7 +377,7 @@ impl Store {
             return self
                 .rows
                 .get(&k)
-                .map_err(io)?
+                .map_err(io("reading a row"))?
                 .map(|v| decode_row(&k, &v).map(|r| Arc::new(CachedRow::new(r))))
                 .transpose();
         };
@@ -358,7 +385,7 @@ impl Store {
             Ok(row) => return Ok(Some(row)),
             Err(miss) => miss,
         };
-        let Some(v) = self.rows.get(&k).map_err(io)? else {
+        let Some(v) = self.rows.get(&k).map_err(io("reading a row"))? else {
             return Ok(None);
         };
         let row = Arc::new(CachedRow::new(decode_row(&k, &v)?));
@@ -393,7 +420,7 @@ impl Storage for Store {
             if out.len() >= limit {
                 break;
             }
-            let (k, v) = kv.into_inner().map_err(io)?;
+            let (k, v) = kv.into_inner().map_err(io("scanning rows"))?;
             if !k.starts_with(&full_prefix) {
                 break;
             }
@@ -407,7 +434,7 @@ impl Storage for Store {
         let mut out: Vec<Arc<str>> = Vec::new();
         let mut from: Vec<u8> = Vec::new();
         while let Some(kv) = self.rows.range(from.clone()..).next() {
-            let k = kv.key().map_err(io)?;
+            let k = kv.key().map_err(io("listing tables"))?;
             let (table, _) = keys::split_row_key(&k)
                 .ok_or_else(|| corrupt("row key", &k, "no table separator"))?;
             out.push(table.into());
@@ -446,7 +473,7 @@ impl Storage for Store {
         let end = keys::log_key(scope.as_str(), origin.as_str(), u64::MAX);
         let mut out = Vec::new();
         for kv in self.log.range(start..=end).take(max_entries) {
-            let (k, v) = kv.into_inner().map_err(io)?;
+            let (k, v) = kv.into_inner().map_err(io("reading the log"))?;
             let frame = pb::MutationFrame::decode(body("log entry", &k, &v)?)
                 .map_err(|e| corrupt("log entry", &k, e))?;
             out.push(
@@ -464,9 +491,17 @@ impl Storage for Store {
     ) -> Result<Option<(u64, u64)>, StorageError> {
         let prefix = keys::log_prefix(scope.as_str(), origin.as_str());
         let mut iter = self.log.prefix(&prefix);
-        let first = iter.next().map(|g| g.key()).transpose().map_err(io)?;
+        let first = iter
+            .next()
+            .map(|g| g.key())
+            .transpose()
+            .map_err(io("reading the log's bounds"))?;
         let Some(first) = first else { return Ok(None) };
-        let last = iter.next_back().map(|g| g.key()).transpose().map_err(io)?;
+        let last = iter
+            .next_back()
+            .map(|g| g.key())
+            .transpose()
+            .map_err(io("reading the log's bounds"))?;
         let first_seq = split_log(&first)?.2;
         let last_seq = last
             .as_deref()
@@ -479,7 +514,7 @@ impl Storage for Store {
     fn watermarks(&self) -> Result<Vec<(ScopeId, ReplicaId, Watermark)>, StorageError> {
         let mut out = Vec::new();
         for kv in self.meta.prefix(keys::WATERMARK_PREFIX) {
-            let (k, v) = kv.into_inner().map_err(io)?;
+            let (k, v) = kv.into_inner().map_err(io("reading watermarks"))?;
             let names = &k[keys::WATERMARK_PREFIX.len()..];
             let nul = names
                 .iter()
@@ -512,7 +547,7 @@ impl Storage for Store {
         Ok(self
             .meta
             .get(keys::meta_key(key))
-            .map_err(io)?
+            .map_err(io("reading metadata"))?
             .map(|v| Bytes::copy_from_slice(&v)))
     }
 }

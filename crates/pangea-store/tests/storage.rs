@@ -379,3 +379,26 @@ fn the_row_cache_is_never_staler_than_a_returned_commit() -> Result<()> {
     assert_eq!(last, Some(last_bytes));
     Ok(())
 }
+
+/// An engine failure keeps its cause: the error names the path, and its source
+/// chain (not a string copy) carries the operating system's reason.
+#[test]
+fn open_errors_keep_their_source_chain() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("not-a-directory");
+    std::fs::write(&file, b"x")?;
+    let err = match Store::open(file.join("store"), StoreOptions::default()) {
+        Ok(_) => anyhow::bail!("a store opened under a regular file"),
+        Err(e) => e,
+    };
+    let io = std::error::Error::source(&err)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .ok_or_else(|| anyhow::anyhow!("no io::Error source in {err:?}"))?;
+    anyhow::ensure!(io.kind() == std::io::ErrorKind::NotADirectory, "{io:?}");
+    let chain = pangea_core::Chain(&err).to_string();
+    anyhow::ensure!(
+        chain.contains("not-a-directory/store") && chain.contains(&io.to_string()),
+        "{chain}"
+    );
+    Ok(())
+}
