@@ -24,8 +24,8 @@ pub(crate) enum ClusterCommand {
         #[arg(long)]
         emulate_wan: bool,
         /// fsync (default) or os-buffer.
-        #[arg(long, default_value = "fsync", value_parser = ["fsync", "os-buffer"])]
-        durability: String,
+        #[arg(long, default_value = "fsync")]
+        durability: local::Durability,
         /// Let replicas take runtime faults on their admin endpoint (partitions,
         /// packet loss, clock offsets), for `pangea cluster nemesis`.
         #[arg(long)]

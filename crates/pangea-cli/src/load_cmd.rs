@@ -2,12 +2,12 @@
 //! The load itself — reading, checking, pipelined writes, the report — is
 //! `pangea_client::bulk`; this parses the arguments, shows progress and prints.
 
-use crate::bench_cmd::machine;
 use crate::data_cmd::Connect;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use pangea_client::bulk::{self, Counters, Options};
 use pangea_client::{Client, ClientConfig, WriteOptions};
+use pangea_ops::bench::machine;
 use pangea_topology::cluster::ClusterFile;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::sync::Arc;

@@ -1,10 +1,10 @@
 //! `pangea`: the operator's command. This file parses flags, sets the allocator and
 //! the logging, and hands each command to the module of its group:
-//! - `demo_cmd`: `pangea demo`, the main job on a local multi-region cluster;
-//! - `bench_cmd`: `pangea bench`, closed-loop load with HDR latencies, and
-//!   `pangea bench-echo`, the same sizes over a bare quinn echo server;
-//! - `bench_redis`: `pangea bench-redis`, Redis GET through the same harness;
-//! - `node_cmd`: `pangea start` (run one replica) and `pangea certs`;
+//! - `demo_cmd`: `pangea demo`, the main job (`pangea_ops::demo`);
+//! - `bench_cmd`: `pangea bench`, `bench-echo` and `bench-redis`, the harnesses of
+//!   `pangea_ops::bench`;
+//! - `start_cmd`: `pangea start`, one replica;
+//! - `certs_cmd`: `pangea certs`, the cluster's CA and certificates;
 //! - `cluster_cmd`: `pangea cluster`: every replica of a topology as a local process
 //!   (up, down, stop, start, restart, status), over `pangea_ops::local`;
 //! - `nemesis_cmd`: `pangea cluster nemesis` and `check-history`: the flags and
@@ -15,9 +15,9 @@
 //! - `placement_cmd`: `pangea placement move | status | audit`;
 //! - `store_cmd`: `pangea store inspect | get`, offline reads of a data directory;
 //! - `topology_cmd`: `pangea topology check | plan | diff | apply | rollback` (apply
-//!   and rollback edit a running local cluster's files and reload its replicas);
+//!   and rollback through `pangea_ops::apply`);
 //! - `sim_cmd`: `pangea sim run | check | swarm` (docs/drills.md);
-//! - `calibrate_cmd`: `pangea sim calibrate`, the simulator against a live local cluster;
+//! - `calibrate_cmd`: `pangea sim calibrate`, the flags of `pangea_ops::calibrate`;
 //! - `output`: how values and keys are shown to humans.
 
 use clap::{Parser, Subcommand};
@@ -42,18 +42,26 @@ pub(crate) fn pangea_binary() -> anyhow::Result<std::path::PathBuf> {
     std::env::current_exe().context("cannot find the pangea binary")
 }
 
+/// A duration flag: `500ms`, `10s`, `5m`.
+pub(crate) fn parse_duration(s: &str) -> anyhow::Result<std::time::Duration> {
+    use anyhow::Context as _;
+    pangea_topology::placement::parse_duration_ms(s)
+        .map(std::time::Duration::from_millis)
+        .with_context(|| format!("duration {s:?}: like 500ms, 10s, 5m"))
+}
+
 mod bench_cmd;
-mod bench_redis;
 mod calibrate_cmd;
+mod certs_cmd;
 mod cluster_cmd;
 mod data_cmd;
 mod demo_cmd;
 mod load_cmd;
 mod nemesis_cmd;
-mod node_cmd;
 mod output;
 mod placement_cmd;
 mod sim_cmd;
+mod start_cmd;
 mod store_cmd;
 mod topology_cmd;
 
@@ -78,12 +86,12 @@ enum Command {
     /// The floor: the same request/response sizes over a bare quinn echo server.
     BenchEcho(bench_cmd::EchoArgs),
     /// The baseline: Redis GET measured by this same harness (docs/benchmarks.md).
-    BenchRedis(bench_redis::RedisArgs),
+    BenchRedis(bench_cmd::RedisArgs),
     /// Run one replica.
-    Start(node_cmd::StartArgs),
+    Start(start_cmd::StartArgs),
     /// Cluster certificates: a CA, replica and client leaf certificates.
     #[command(subcommand)]
-    Certs(node_cmd::CertsCommand),
+    Certs(certs_cmd::CertsCommand),
     /// Local clusters: every replica of a topology as a process on 127.0.0.1.
     #[command(subcommand)]
     Cluster(cluster_cmd::ClusterCommand),
@@ -175,9 +183,9 @@ fn main() -> std::process::ExitCode {
         Command::Demo(args) => demo_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
         Command::BenchEcho(args) => bench_cmd::run_echo(args),
-        Command::BenchRedis(args) => bench_redis::run(args),
-        Command::Start(args) => node_cmd::start(args),
-        Command::Certs(cmd) => node_cmd::certs(cmd),
+        Command::BenchRedis(args) => bench_cmd::run_redis(args),
+        Command::Start(args) => start_cmd::start(args),
+        Command::Certs(cmd) => certs_cmd::certs(cmd),
         Command::Cluster(cmd) => cluster_cmd::run(cmd),
         Command::Placement(cmd) => placement_cmd::run(cmd),
         Command::Get(a) => data_cmd::get(a),

@@ -50,7 +50,7 @@ pub(crate) fn nemesis(a: NemesisArgs) -> Result<()> {
         cluster: a.cluster,
         faults: a.faults,
         workloads: a.workloads,
-        duration: crate::bench_cmd::parse_duration(&a.duration)?,
+        duration: crate::parse_duration(&a.duration)?,
         seed: a.seed,
         history: a.history,
         fault: Duration::from_millis(a.fault_ms),

@@ -44,6 +44,19 @@ pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A report as pretty JSON (`--json`) or as its text.
+pub(crate) fn print(
+    json: bool,
+    report: &(impl serde::Serialize + std::fmt::Display),
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        println!("{report}");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -91,39 +91,25 @@ fn inspect(store: &Store, json: bool) -> Result<()> {
             value_bytes: t.value_bytes,
         })
         .collect();
-    let mut streams = std::collections::BTreeMap::new();
-    for (scope, origin, wm) in store.watermarks()? {
-        streams.insert(
-            (scope.to_string(), origin.to_string()),
-            StreamLine {
-                scope: scope.to_string(),
-                origin: origin.to_string(),
-                watermark_sequence: wm.sequence,
-                watermark_timestamp: wm.timestamp.to_string(),
-                log_first: None,
-                log_last: None,
-            },
-        );
-    }
-    for (scope, origin, first, last) in store.log_streams()? {
-        let line = streams
-            .entry((scope.to_string(), origin.to_string()))
-            .or_insert_with(|| StreamLine {
-                scope: scope.to_string(),
-                origin: origin.to_string(),
-                watermark_sequence: 0,
-                watermark_timestamp: "-".into(),
-                log_first: None,
-                log_last: None,
-            });
-        line.log_first = Some(first);
-        line.log_last = Some(last);
-    }
+    let streams = store
+        .stream_stats()?
+        .into_iter()
+        .map(|s| StreamLine {
+            scope: s.scope.to_string(),
+            origin: s.origin.to_string(),
+            watermark_sequence: s.watermark.map_or(0, |w| w.sequence),
+            watermark_timestamp: s
+                .watermark
+                .map_or_else(|| "-".into(), |w| w.timestamp.to_string()),
+            log_first: s.log.map(|l| l.0),
+            log_last: s.log.map(|l| l.1),
+        })
+        .collect();
     let report = Inspection {
         data_dir: store.path().display().to_string(),
         disk_bytes: store.disk_bytes()?,
         tables,
-        streams: streams.into_values().collect(),
+        streams,
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -2,12 +2,10 @@
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
-use pangea_ops::local::{self, alive};
-use pangea_topology::cluster::{ClusterFile, ClusterReplica};
+use pangea_ops::apply::Apply;
 use pangea_topology::plan::{Diff, Plan, WanBytes};
 use pangea_topology::{Deployment, Tree};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum TopologyCommand {
@@ -137,12 +135,16 @@ pub(crate) fn run(cmd: TopologyCommand) -> Result<()> {
             placement,
             dry_run,
             allow,
-        } => apply(&cluster, &topology, placement.as_deref(), dry_run, &allow),
+        } => apply(
+            Apply::prepare(&cluster, &topology, placement.as_deref())?,
+            dry_run,
+            &allow,
+        ),
         TopologyCommand::Rollback {
             cluster,
             dry_run,
             allow,
-        } => rollback(&cluster, dry_run, &allow),
+        } => apply(Apply::rollback(&cluster)?, dry_run, &allow),
         TopologyCommand::Diff {
             old,
             new,
@@ -302,143 +304,17 @@ pub(crate) fn print_diff(diff: &Diff) {
     }
 }
 
-/// Where `apply` keeps the files it replaced.
-fn previous_dir(cluster_path: &Path) -> PathBuf {
-    cluster_path
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-        .join("previous")
-}
-
-/// `pangea topology rollback --cluster FILE`: applies the files the last apply
-/// replaced (which become the previous ones in turn).
-pub(crate) fn rollback(cluster_path: &Path, dry_run: bool, allow: &AllowDestructive) -> Result<()> {
-    let previous = previous_dir(cluster_path);
-    let topology = previous.join("topology.toml");
-    anyhow::ensure!(
-        topology.exists(),
-        "no previous files in {}: nothing was applied to this cluster yet",
-        previous.display()
-    );
-    // Copies: the apply overwrites DIR/previous/ with the files it replaces.
-    let tmp = tempfile::tempdir()?;
-    let t = tmp.path().join("topology.toml");
-    std::fs::copy(&topology, &t)?;
-    let p = previous.join("placement.toml");
-    let p = if p.exists() {
-        let to = tmp.path().join("placement.toml");
-        std::fs::copy(&p, &to)?;
-        Some(to)
-    } else {
-        None
-    };
-    apply(cluster_path, &t, p.as_deref(), dry_run, allow)
-}
-
-/// Writes `text` beside `path` and renames it over (atomic for readers; safe when
-/// the source was `path` itself).
-fn write_replacing(path: &Path, text: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("toml.new");
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
-    Ok(())
-}
-
-/// Asks each of `running` to reload its files, with the operator certificate of
-/// the cluster's certificate directory. A replica that refuses (an invalid or
-/// unsafe file) fails the apply, naming the replica and its reason.
-fn reload_replicas(
-    cluster: &ClusterFile,
-    all: &[ClusterReplica],
-    running: &[&ClusterReplica],
-) -> Result<()> {
-    if running.is_empty() {
-        return Ok(());
-    }
-    let mut view = cluster.clone();
-    view.replicas = all.to_vec();
-    let d = load(&view.topology, view.placement.as_deref())?;
-    let region = running[0].region.clone();
-    let profile = d
-        .topology
-        .app_profiles
-        .keys()
-        .next()
-        .cloned()
-        .context("the topology has no app profile to route operator requests with")?;
-    let config = pangea_client::ClientConfig::from_cluster(&view, &region, &profile)?
-        .with_credential(pangea_client::Credential::Operator(
-            pangea_ops::local::CLUSTER_OPERATOR.into(),
-        ));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let client = pangea_client::Client::connect(config).await?;
-        let mut refused = Vec::new();
-        for r in running {
-            match client.reload(&r.id.as_str().into()).await {
-                Ok(changes) if changes.is_empty() => println!("{}: no changes", r.id),
-                Ok(changes) => println!("{}: {}", r.id, changes.join("; ")),
-                Err(e) => refused.push(format!("{}: {e}", r.id)),
-            }
-        }
-        anyhow::ensure!(
-            refused.is_empty(),
-            "reload refused:\n  {}",
-            refused.join("\n  ")
-        );
-        anyhow::Ok(())
-    })
-}
-
-/// `pangea topology apply --cluster FILE NEW [--placement NEW]` on a local cluster:
-/// validates the new files (an invalid file changes nothing and says why), shows the
-/// diff, writes the new topology (addresses kept, new replicas given ports), starts
-/// added replicas (they bootstrap by snapshot), makes every running replica reload
-/// (SIGHUP), then stops removed replicas.
-pub(crate) fn apply(
-    cluster_path: &Path,
-    new_topology: &Path,
-    new_placement: Option<&Path>,
-    dry_run: bool,
-    allow: &AllowDestructive,
-) -> Result<()> {
-    use nix::sys::signal::Signal;
-    let mut cluster = ClusterFile::load(cluster_path).map_err(anyhow::Error::msg)?;
-    let placement = new_placement
-        .map(Path::to_path_buf)
-        .or_else(|| cluster.placement.clone());
-    let new = load(new_topology, placement.as_deref())
-        .context("the new files are invalid; nothing changed")?;
-    if new
-        .placement
-        .schema
-        .tables
-        .keys()
-        .all(|t| t.starts_with('_'))
-    {
-        anyhow::bail!(
-            "the new placement defines no table: every row would lose its schema; nothing changed"
-        );
-    }
-    // Against the running files (what the replicas were last given).
-    let old = load(&cluster.topology, cluster.placement.as_deref())?;
-    let diff = old.diff(&new);
-    if diff.is_empty() {
+/// `pangea topology apply` and `rollback`: shows the diff, refuses destructive
+/// changes no flag allows, then applies (unless `dry_run`).
+fn apply(change: Apply, dry_run: bool, allow: &AllowDestructive) -> Result<()> {
+    if change.diff.is_empty() {
         println!("no changes");
     }
-    print_diff(&diff);
-    let destructive = old.destructive_changes(&new);
-    let refused: Vec<String> = destructive
-        .iter()
-        .filter(|d| !allow.allows(d))
-        .map(|d| format!("{d} (allow with {})", d.flag()))
-        .collect();
-    for d in destructive.iter().filter(|d| allow.allows(d)) {
+    print_diff(&change.diff);
+    for d in change.destructive.iter().filter(|d| allow.allows(d)) {
         println!("allowed by flag: {d}");
     }
+    let refused = change.refused(|d| allow.allows(d));
     if !refused.is_empty() {
         anyhow::bail!(
             "refused, nothing changed: the new files would\n  {}",
@@ -449,128 +325,10 @@ pub(crate) fn apply(
         println!("dry run: nothing changed");
         return Ok(());
     }
-    let dir = cluster_path
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    // Replicas: keep the running ones, add new ones with fresh ports.
-    let mut added = Vec::new();
-    let mut added_sockets = Vec::new();
-    for r in new.topology.replicas.values() {
-        if cluster.replica(r.id.as_str()).is_none() {
-            pangea_net::certs::issue_replica(&cluster.certs, r.id.as_str(), r.region.as_str())
-                .with_context(|| format!("issuing the certificate of replica {}", r.id))?;
-            let sockets = local::ReplicaSockets::fresh()?;
-            added.push(local::record(
-                &dir,
-                r.id.as_str(),
-                r.region.as_str(),
-                &sockets,
-            )?);
-            added_sockets.push(sockets);
-        }
-    }
-    let removed: Vec<ClusterReplica> = cluster
-        .replicas
-        .iter()
-        .filter(|r| new.topology.replica(&r.id).is_none())
-        .cloned()
-        .collect();
-    let kept: Vec<ClusterReplica> = cluster
-        .replicas
-        .iter()
-        .filter(|r| new.topology.replica(&r.id).is_some())
-        .cloned()
-        .collect();
-    let all: Vec<ClusterReplica> = kept.iter().chain(&added).cloned().collect();
-    // What runs now: kept in DIR/previous/ for `pangea topology rollback`, and put
-    // back at once if a replica refuses the new files.
-    let old_topology = std::fs::read(&cluster.topology)?;
-    let old_placement = match &cluster.placement {
-        Some(p) => Some((p.clone(), std::fs::read(p)?)),
-        None => None,
-    };
-    let previous = previous_dir(cluster_path);
-    std::fs::create_dir_all(&previous)?;
-    write_replacing(&previous.join("topology.toml"), &old_topology)?;
-    if let Some((_, text)) = &old_placement {
-        write_replacing(&previous.join("placement.toml"), text)?;
-    }
-    let text = local::fill_addresses(&std::fs::read_to_string(new_topology)?, &all)?;
-    let tmp = cluster.topology.with_extension("toml.new");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, &cluster.topology)?;
-    if let Some(p) = new_placement {
-        let to = cluster
-            .placement
-            .clone()
-            .unwrap_or_else(|| dir.join("placement.toml"));
-        // Copying the running file onto itself would truncate it: write a copy
-        // beside it, then rename over (also atomic for replicas reading it).
-        let text = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
-        write_replacing(&to, &text)?;
-        cluster.placement = Some(to);
-    }
-    // New replicas first, so that the others find them when they reload.
-    for (r, sockets) in added.iter_mut().zip(added_sockets) {
-        r.pid = Some(
-            local::spawn_replica(
-                &crate::pangea_binary()?,
-                &cluster.topology,
-                cluster.placement.as_deref(),
-                &cluster.certs,
-                r,
-                sockets,
-                local::StartFlags::of(&cluster),
-                &[],
-            )?
-            .id(),
-        );
-        println!("started replica {} ({})", r.id, r.region);
-    }
-    // Every running replica re-reads the files, asked as the cluster's operator
-    // (authorized and recorded in each replica's audit log).
-    let running: Vec<&ClusterReplica> = kept.iter().filter(|r| r.pid.is_some_and(alive)).collect();
-    if let Err(e) = reload_replicas(&cluster, &all, &running) {
-        // Put the running files back and have every replica re-read them, so files
-        // and replicas agree again.
-        write_replacing(&cluster.topology, &old_topology)?;
-        if let Some((path, text)) = &old_placement {
-            write_replacing(path, text)?;
-        }
-        let _ = reload_replicas(&cluster, &all, &running);
-        return Err(e.context(
-            "the new files were refused; the previous topology and placement files are back \
-             in place and the replicas re-read them",
-        ));
-    }
-    println!("{} running replicas reloaded", running.len());
-    for r in &added {
-        local::wait_healthy(r, local::HEALTH_WAIT, &mut |phase| {
-            println!("  {}: {phase}", r.id)
-        })?;
-    }
-    // Removed replicas stop once the others have let them go.
-    if !removed.is_empty() {
-        std::thread::sleep(Duration::from_millis(500));
-        for r in &removed {
-            if let Some(pid) = r.pid {
-                local::signal(pid, Signal::SIGTERM);
-                println!("stopping replica {} (removed)", r.id);
-            }
-        }
-    }
-    // `all` was built before the new replicas had pids.
-    cluster.replicas = kept;
-    cluster.replicas.extend(added.iter().cloned());
-    cluster.replicas.sort_by(|a, b| a.id.cmp(&b.id));
-    cluster.name = new.topology.name;
-    cluster.save(cluster_path).map_err(anyhow::Error::msg)?;
+    let done = change.run(&crate::pangea_binary()?, &mut |line| println!("{line}"))?;
     println!(
         "applied: {} replicas ({} added, {} removed)",
-        cluster.replicas.len(),
-        added.len(),
-        removed.len()
+        done.replicas, done.added, done.removed
     );
     Ok(())
 }

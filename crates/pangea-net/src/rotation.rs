@@ -145,6 +145,21 @@ impl CertInfo {
     }
 }
 
+/// `YYYY-MM-DD` (UTC) of a Unix time, by the days-to-civil algorithm of Howard
+/// Hinnant (no calendar crate needed for a listing).
+pub fn utc_date(unix: i64) -> String {
+    let z = unix.div_euclid(86_400) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
 /// A serial number's bytes as lowercase hex without leading zero bytes.
 pub fn serial_hex(raw: &[u8]) -> String {
     let start = raw.iter().position(|b| *b != 0).unwrap_or(raw.len());
@@ -792,6 +807,13 @@ fn increment(number: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(super::utc_date(0), "1970-01-01");
+        assert_eq!(super::utc_date(951_782_400), "2000-02-29");
+        assert_eq!(super::utc_date(1_767_225_599), "2025-12-31");
+    }
+
     use super::*;
     use crate::certs::{self, load_ca};
 

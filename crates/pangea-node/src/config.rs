@@ -178,6 +178,27 @@ pub enum Durability {
     OsBuffer,
 }
 
+impl Durability {
+    /// As `--durability` and a node config file spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Fsync => "fsync",
+            Durability::OsBuffer => "os-buffer",
+        }
+    }
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Durability, String> {
+        match s {
+            "fsync" => Ok(Durability::Fsync),
+            "os-buffer" => Ok(Durability::OsBuffer),
+            other => Err(format!("durability {other:?}: fsync or os-buffer")),
+        }
+    }
+}
+
 impl From<Durability> for pangea_store::Durability {
     fn from(d: Durability) -> Self {
         match d {

@@ -456,6 +456,36 @@ pub struct Sockets {
     pub admin: Option<std::net::TcpListener>,
 }
 
+impl Sockets {
+    /// Sockets handed down by the parent process in systemd's socket-activation
+    /// protocol (`LISTEN_FDS`, descriptors from 3): the first the QUIC UDP socket,
+    /// the second, if any, the admin TCP listener. `pangea cluster up` starts
+    /// replicas so; a systemd `.socket` unit with a `ListenDatagram=` and a
+    /// `ListenStream=` line can too. Without `LISTEN_FDS`, none: the replica binds
+    /// its own. Call it while the process has one thread (it clears the variables).
+    pub fn inherited() -> Result<Sockets> {
+        let mut fds = listenfd::ListenFd::from_env();
+        let mut sockets = Sockets::default();
+        if fds.len() == 0 {
+            return Ok(sockets);
+        }
+        anyhow::ensure!(
+            fds.len() <= 2,
+            "LISTEN_FDS={}: expected the QUIC socket and at most the admin listener",
+            fds.len()
+        );
+        sockets.quic = fds
+            .take_udp_socket(0)
+            .map_err(|e| anyhow::anyhow!("LISTEN_FDS: descriptor 3 (the QUIC socket): {e}"))?;
+        if fds.len() == 2 {
+            sockets.admin = fds.take_tcp_listener(1).map_err(|e| {
+                anyhow::anyhow!("LISTEN_FDS: descriptor 4 (the admin listener): {e}")
+            })?;
+        }
+        Ok(sockets)
+    }
+}
+
 /// Runs a replica until `shutdown` resolves, then stops accepting, drains in-flight
 /// requests (up to `drain_ms`), fsyncs and closes.
 pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> Result<()> {

@@ -10,10 +10,19 @@
 //! - [`nemesis`]: Jepsen-style fault injection into a running local cluster while
 //!   checker workloads run, a recorded history, and the checkers run on it
 //!   (docs/reliability.md).
-//!
-//! Not here yet (still in `pangea-cli`, issue 33): the simulator calibration and
-//! the bench harnesses.
+//! - [`apply`]: topology and placement changes to a running local cluster,
+//!   validated, diffed, applied, put back on refusal;
+//! - [`bench`]: the benchmark harnesses (load against a cluster, the QUIC echo
+//!   floor, Redis through the same clock);
+//! - [`calibrate`]: the simulator against a live local cluster, one workload run
+//!   on both (docs/drills.md, "Fidelity");
+//! - [`demo`]: the main job — a local multi-region cluster on the embedded default
+//!   topology, loaded with ad profiles and read in every mode.
 
 pub mod admin;
+pub mod apply;
+pub mod bench;
+pub mod calibrate;
+pub mod demo;
 pub mod local;
 pub mod nemesis;

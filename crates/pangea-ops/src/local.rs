@@ -8,6 +8,7 @@
 
 use crate::admin::Admin;
 use anyhow::{Context, Result};
+pub use pangea_node::config::Durability;
 use pangea_topology::Deployment;
 use pangea_topology::cluster::{ClusterFile, ClusterReplica};
 use std::net::SocketAddr;
@@ -39,27 +40,48 @@ pub struct UpOptions {
     pub placement: Option<PathBuf>,
     pub data_dir: PathBuf,
     pub emulate_wan: bool,
-    pub durability: String,
+    pub durability: Durability,
     pub fault_injection: bool,
+}
+
+impl UpOptions {
+    /// A cluster of `topology` in `data_dir` with emulated WAN and the default
+    /// durability, no fault injection: how the demo and the calibration run.
+    pub fn emulated_wan(
+        binary: PathBuf,
+        topology: PathBuf,
+        placement: Option<PathBuf>,
+        data_dir: PathBuf,
+    ) -> UpOptions {
+        UpOptions {
+            binary,
+            topology,
+            placement,
+            data_dir,
+            emulate_wan: true,
+            durability: Durability::default(),
+            fault_injection: false,
+        }
+    }
 }
 
 /// How a replica process is started, beyond its files and sockets.
 #[derive(Debug, Clone, Copy)]
-pub struct StartFlags<'a> {
+pub struct StartFlags {
     pub emulate_wan: bool,
     pub fault_injection: bool,
-    pub durability: &'a str,
+    pub durability: Durability,
     /// A replica of a cluster being created (`--new-cluster`).
     pub new_cluster: bool,
 }
 
-impl StartFlags<'_> {
+impl StartFlags {
     /// As the cluster file records them (restarts and added replicas: fsync).
-    pub fn of(cluster: &ClusterFile) -> StartFlags<'static> {
+    pub fn of(cluster: &ClusterFile) -> StartFlags {
         StartFlags {
             emulate_wan: cluster.emulate_wan,
             fault_injection: cluster.fault_injection,
-            durability: "fsync",
+            durability: Durability::Fsync,
             new_cluster: false,
         }
     }
@@ -198,7 +220,7 @@ pub fn up(o: &UpOptions) -> Result<ClusterFile> {
                 StartFlags {
                     emulate_wan: o.emulate_wan,
                     fault_injection: o.fault_injection,
-                    durability: &o.durability,
+                    durability: o.durability,
                     // A directory this command has not run a cluster in yet.
                     new_cluster: earlier.is_none(),
                 },
@@ -301,7 +323,7 @@ pub fn spawn_replica(
     certs: &Path,
     r: &ClusterReplica,
     sockets: ReplicaSockets,
-    flags: StartFlags<'_>,
+    flags: StartFlags,
     env: &[(&str, &str)],
 ) -> Result<std::process::Child> {
     let log_path = r.log.as_ref().context("replica without a log file")?;
@@ -324,7 +346,7 @@ pub fn spawn_replica(
         .arg("--admin")
         .arg(&r.admin)
         .arg("--durability")
-        .arg(flags.durability);
+        .arg(flags.durability.as_str());
     if let Some(p) = placement {
         cmd.arg("--placement").arg(p);
     }

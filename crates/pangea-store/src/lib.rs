@@ -239,8 +239,27 @@ impl Store {
         committed
     }
 
+    /// Every stream (scope, origin) the store knows, by watermark or by retained
+    /// log, in order (`pangea store inspect`).
+    pub fn stream_stats(&self) -> Result<Vec<StreamStats>, StorageError> {
+        let mut streams = std::collections::BTreeMap::new();
+        for (scope, origin, wm) in self.watermarks()? {
+            let s = streams
+                .entry((scope.clone(), origin.clone()))
+                .or_insert_with(|| StreamStats::new(scope, origin));
+            s.watermark = Some(wm);
+        }
+        for (scope, origin, first, last) in self.log_streams()? {
+            let s = streams
+                .entry((scope.clone(), origin.clone()))
+                .or_insert_with(|| StreamStats::new(scope, origin));
+            s.log = Some((first, last));
+        }
+        Ok(streams.into_values().collect())
+    }
+
     /// Every (scope, origin) with a retained log, with its first and last sequence.
-    pub fn log_streams(&self) -> Result<Vec<(ScopeId, ReplicaId, u64, u64)>, StorageError> {
+    fn log_streams(&self) -> Result<Vec<(ScopeId, ReplicaId, u64, u64)>, StorageError> {
         let mut out = Vec::new();
         let mut from: Vec<u8> = Vec::new();
         // Skip-scan: read the first key of a stream, its last key, then jump past it.
@@ -310,6 +329,27 @@ pub struct TableStats {
     pub rows: u64,
     pub key_bytes: u64,
     pub value_bytes: u64,
+}
+
+/// One stream of `pangea store inspect`: how far it is applied, what log is kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamStats {
+    pub scope: ScopeId,
+    pub origin: ReplicaId,
+    pub watermark: Option<Watermark>,
+    /// First and last sequence of the retained log.
+    pub log: Option<(u64, u64)>,
+}
+
+impl StreamStats {
+    fn new(scope: ScopeId, origin: ReplicaId) -> StreamStats {
+        StreamStats {
+            scope,
+            origin,
+            watermark: None,
+            log: None,
+        }
+    }
 }
 
 fn encode(m: &impl Message) -> Vec<u8> {

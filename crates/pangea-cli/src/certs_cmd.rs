@@ -1,177 +1,8 @@
-//! `pangea start` and `pangea certs`: run a replica, make its certificates.
+//! `pangea certs`: make, rotate, revoke and list the cluster's certificates.
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use serde::Serialize;
-use std::net::SocketAddr;
 use std::path::PathBuf;
-
-/// Flags of `pangea start`; each may also come from the config file or `PANGEA_*`.
-#[derive(Debug, Args, Serialize)]
-pub(crate) struct StartArgs {
-    /// A node config file (TOML); flags and PANGEA_* variables override it.
-    #[arg(long)]
-    #[serde(skip)]
-    config: Option<PathBuf>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    topology: Option<PathBuf>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    placement: Option<PathBuf>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    replica: Option<String>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    data_dir: Option<PathBuf>,
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    certs: Option<PathBuf>,
-    /// QUIC listen address (default: the replica's address in the topology).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    listen: Option<SocketAddr>,
-    /// Admin HTTP address for /metrics, /health, /watermarks.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    admin: Option<SocketAddr>,
-    /// Delay replication traffic by the topology's latencies (local clusters).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    emulate_wan: bool,
-    /// fsync (default) or os-buffer.
-    #[arg(long, value_parser = ["fsync", "os-buffer"])]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    durability: Option<String>,
-    /// Export traces over OTLP/HTTP to this collector (base URL, e.g.
-    /// http://127.0.0.1:4318); also OTEL_EXPORTER_OTLP_ENDPOINT. Off by default.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    otlp_endpoint: Option<String>,
-    /// How often to check the certificate files for changes, in ms (default
-    /// 30000; 0: only on SIGHUP).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    certs_reload_interval_ms: Option<u64>,
-    /// Fault injection (drills): skew this replica's wall clock by this many ms
-    /// (negative: behind). Default 0.
-    #[arg(long, allow_hyphen_values = true)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    clock_offset_ms: Option<i64>,
-    /// Drills only: accept runtime faults (link partitions and loss, clock
-    /// offsets) on the admin endpoint's /fault routes (`pangea cluster nemesis`).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    fault_injection: bool,
-    /// This replica is created with a new cluster: its empty store is the truth
-    /// (recorded on the first start). Without it, a replica whose store never
-    /// caught up waits to hear a peer of every scope before serving reads.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    new_cluster: bool,
-    /// Runtime threads: 0 (default) one per core; 1 a single-threaded runtime,
-    /// best when replicas share a machine.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    threads: Option<usize>,
-    /// Row cache memory in MiB (default 64; 0: off).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    row_cache_mib: Option<u64>,
-    /// Memory for client request frames being received, per connection (MiB,
-    /// default 64).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    frame_budget_connection_mib: Option<u64>,
-    /// The same over all client connections (MiB, default 256).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    frame_budget_mib: Option<u64>,
-    /// Handshakes in flight beyond which unvalidated addresses get a QUIC Retry
-    /// (default 64).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    retry_above: Option<usize>,
-    /// Handshakes in flight, in total (default 512).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    handshakes_max: Option<usize>,
-    /// Handshakes in flight per source address (default 128).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    handshakes_per_source_max: Option<usize>,
-    /// Open connections, in total (default 8192).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    connections_max: Option<usize>,
-    /// Open connections per source address (default 1024).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    connections_per_source_max: Option<usize>,
-    /// Free space to keep on the data directory's file system, in MiB (default
-    /// 256): below it, writes are refused until there is room again.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    disk_reserve_mib: Option<u64>,
-}
-
-pub(crate) fn start(args: StartArgs) -> Result<()> {
-    // First, while this process has one thread: reading LISTEN_FDS clears it.
-    let sockets = inherited_sockets()?;
-    let config = pangea_node::NodeConfig::load(args.config.as_deref(), &args)?;
-    // Before the logging setup, which adds the trace exporter's layer.
-    pangea_node::telemetry::configure(config.otlp_endpoint.as_deref(), &config.replica)?;
-    crate::init_logging();
-    if !config.huge_pages {
-        // Before the runtime and the store allocate: no 2 MiB page zeroed on a
-        // serving thread's fault (NodeConfig::huge_pages).
-        if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
-            tracing::warn!(error = %e, "cannot turn transparent huge pages off; serving may stall on page faults");
-        }
-    }
-    let runtime = config.runtime().build()?;
-    let result = runtime.block_on(async move {
-        let shutdown = async {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-            }
-        };
-        pangea_node::run_with_sockets(config, sockets, shutdown).await
-    });
-    // Export what is still queued.
-    pangea_node::telemetry::shutdown();
-    result
-}
-
-/// Sockets handed down by the parent process in systemd's socket-activation
-/// protocol (`LISTEN_FDS`, descriptors from 3): the first the QUIC UDP socket, the
-/// second, if any, the admin TCP listener. `pangea cluster up` starts replicas so; a
-/// systemd `.socket` unit with a `ListenDatagram=` and a `ListenStream=` line can too.
-/// Without `LISTEN_FDS` the replica binds its own sockets.
-fn inherited_sockets() -> Result<pangea_node::Sockets> {
-    let mut fds = listenfd::ListenFd::from_env();
-    let mut sockets = pangea_node::Sockets::default();
-    if fds.len() == 0 {
-        return Ok(sockets);
-    }
-    anyhow::ensure!(
-        fds.len() <= 2,
-        "LISTEN_FDS={}: expected the QUIC socket and at most the admin listener",
-        fds.len()
-    );
-    sockets.quic = fds
-        .take_udp_socket(0)
-        .map_err(|e| anyhow::anyhow!("LISTEN_FDS: descriptor 3 (the QUIC socket): {e}"))?;
-    if fds.len() == 2 {
-        sockets.admin = fds
-            .take_tcp_listener(1)
-            .map_err(|e| anyhow::anyhow!("LISTEN_FDS: descriptor 4 (the admin listener): {e}"))?;
-    }
-    Ok(sockets)
-}
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum CertsCommand {
@@ -449,8 +280,8 @@ pub(crate) fn certs(cmd: CertsCommand) -> Result<()> {
                     ca.role,
                     ca.info.subject,
                     ca.info.serial,
-                    utc_date(ca.info.not_before_unix),
-                    utc_date(ca.info.not_after_unix)
+                    pangea_net::rotation::utc_date(ca.info.not_before_unix),
+                    pangea_net::rotation::utc_date(ca.info.not_after_unix)
                 );
             }
             for l in &leaves {
@@ -466,8 +297,8 @@ pub(crate) fn certs(cmd: CertsCommand) -> Result<()> {
                     l.name,
                     l.info.serial,
                     l.info.issuer,
-                    utc_date(l.info.not_before_unix),
-                    utc_date(l.info.not_after_unix)
+                    pangea_net::rotation::utc_date(l.info.not_before_unix),
+                    pangea_net::rotation::utc_date(l.info.not_after_unix)
                 );
             }
         }
@@ -533,21 +364,6 @@ fn issue(args: IssueArgs) -> Result<()> {
         ),
     }
     Ok(())
-}
-
-/// `YYYY-MM-DD` (UTC) of a Unix time, by the days-to-civil algorithm of Howard
-/// Hinnant (no calendar crate needed for a listing).
-fn utc_date(unix: i64) -> String {
-    let z = unix.div_euclid(86_400) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
 }
 
 #[cfg(test)]
@@ -676,12 +492,5 @@ mod tests {
             assert!(parse(&["reissue", "--dir", "d", "x", "--kind", kind]).is_ok());
         }
         assert!(parse(&["revoke", "--dir", "d", "x", "--kind", "admin"]).is_err());
-    }
-
-    #[test]
-    fn utc_dates() {
-        assert_eq!(super::utc_date(0), "1970-01-01");
-        assert_eq!(super::utc_date(951_782_400), "2000-02-29");
-        assert_eq!(super::utc_date(1_767_225_599), "2025-12-31");
     }
 }

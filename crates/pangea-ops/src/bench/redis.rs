@@ -1,4 +1,4 @@
-//! `pangea bench-redis`: Redis GET through `pangea bench`'s own harness — the same
+//! Redis GET through the same harness as [`super::load`] (`pangea bench-redis`) — the same
 //! runtime, the same closed loop, the same clock points and HDR histogram — so the
 //! Redis baseline of docs/benchmarks.md is measured exactly as Pangea is.
 //!
@@ -13,35 +13,56 @@
 //! The client is the least RESP a GET benchmark needs (SET to load, GET, bulk-string
 //! and simple replies); one TCP connection per worker, as redis-benchmark -c has.
 
-use crate::bench_cmd::{Draws, figures, histogram, machine, parse_duration};
+use super::{Draws, Figures, figures, histogram, machine};
 use anyhow::{Context, Result, bail};
-use clap::Args;
+use serde::Serialize;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-#[derive(Debug, Args)]
-pub(crate) struct RedisArgs {
+/// A Redis run (the flags of `pangea bench-redis`).
+#[derive(Debug, Clone)]
+pub struct Options {
     /// The Redis server.
-    #[arg(long, default_value = "127.0.0.1:6379")]
-    address: SocketAddr,
-    #[arg(long, default_value_t = 1024)]
-    value_bytes: usize,
-    #[arg(long, default_value_t = 32)]
-    concurrency: usize,
-    #[arg(long, default_value = "10s")]
-    duration: String,
+    pub address: SocketAddr,
+    pub value_bytes: usize,
+    pub concurrency: usize,
+    pub duration: Duration,
     /// Distinct keys SET first and then read.
-    #[arg(long, default_value_t = 1_000)]
-    keys: usize,
-    /// Threads of the load generator, as `pangea bench --threads`.
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
-    #[arg(long)]
-    json: bool,
+    pub keys: usize,
+    /// Threads of the load generator, as [`super::load::Options::threads`].
+    pub threads: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub machine: String,
+    pub address: String,
+    pub value_bytes: usize,
+    pub concurrency: usize,
+    pub threads: usize,
+    pub redis: Figures,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = &self.redis;
+        write!(
+            f,
+            "redis GET {} B, concurrency {} ({}): {:.0} ops/s  p50 {:.3} ms  p99 {:.3} ms  p999 {:.3} ms  errors {}",
+            self.value_bytes,
+            self.concurrency,
+            self.machine,
+            r.ops_per_s,
+            r.p50_ms,
+            r.p99_ms,
+            r.p999_ms,
+            r.errors
+        )
+    }
 }
 
 /// A reply, as far as a GET benchmark cares.
@@ -116,13 +137,14 @@ impl Resp {
     }
 }
 
-pub(crate) fn run(a: RedisArgs) -> Result<()> {
-    let duration = parse_duration(&a.duration)?;
-    let runtime = pangea_node::config::runtime(a.threads).build()?;
+/// SETs the keys, then GETs them from `o.concurrency` connections for `o.duration`.
+pub fn run(o: &Options) -> Result<Report> {
+    let runtime = pangea_node::config::runtime(o.threads).build()?;
     runtime.block_on(async move {
-        let keys: Arc<Vec<String>> = Arc::new((0..a.keys).map(|i| format!("bench/{i:08}")).collect());
-        let value = vec![b'x'; a.value_bytes];
-        let mut load = Resp::connect(a.address).await?;
+        let keys: Arc<Vec<String>> =
+            Arc::new((0..o.keys).map(|i| format!("bench/{i:08}")).collect());
+        let value = vec![b'x'; o.value_bytes];
+        let mut load = Resp::connect(o.address).await?;
         for k in keys.iter() {
             load.send(&[b"SET", k.as_bytes(), &value]).await?;
             if let Reply::Error(e) = load.reply().await? {
@@ -132,15 +154,16 @@ pub(crate) fn run(a: RedisArgs) -> Result<()> {
         let hist = Arc::new(Mutex::new(histogram()));
         let errors = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let mut conns = Vec::with_capacity(a.concurrency);
-        for _ in 0..a.concurrency {
-            conns.push(Resp::connect(a.address).await?);
+        let mut conns = Vec::with_capacity(o.concurrency);
+        for _ in 0..o.concurrency {
+            conns.push(Resp::connect(o.address).await?);
         }
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for (t, mut conn) in conns.into_iter().enumerate() {
-            let (keys, hist, errors, stop) = (keys.clone(), hist.clone(), errors.clone(), stop.clone());
-            let value_bytes = a.value_bytes;
+            let (keys, hist, errors, stop) =
+                (keys.clone(), hist.clone(), errors.clone(), stop.clone());
+            let value_bytes = o.value_bytes;
             tasks.spawn(async move {
                 let mut draws = Draws::new(t);
                 while !stop.load(Ordering::Relaxed) {
@@ -152,7 +175,10 @@ pub(crate) fn run(a: RedisArgs) -> Result<()> {
                     };
                     match answered.await {
                         Ok(Reply::Bulk(n)) if n == value_bytes => {
-                            let _ = hist.lock().expect("not poisoned").record(t0.elapsed().as_micros() as u64);
+                            let _ = hist
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .record(t0.elapsed().as_micros() as u64);
                         }
                         Ok(_) => {
                             errors.fetch_add(1, Ordering::Relaxed);
@@ -165,36 +191,18 @@ pub(crate) fn run(a: RedisArgs) -> Result<()> {
                 }
             });
         }
-        tokio::time::sleep(duration).await;
+        tokio::time::sleep(o.duration).await;
         stop.store(true, Ordering::Relaxed);
         while tasks.join_next().await.is_some() {}
-        let f = figures(&hist.lock().expect("not poisoned"), errors.load(Ordering::Relaxed), started.elapsed());
-        if a.json {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&serde_json::json!({
-                    "machine": machine(),
-                    "address": a.address.to_string(),
-                    "value_bytes": a.value_bytes,
-                    "concurrency": a.concurrency,
-                    "threads": a.threads,
-                    "redis": f,
-                }))?
-            );
-        } else {
-            println!(
-                "redis GET {} B, concurrency {} ({}): {:.0} ops/s  p50 {:.3} ms  p99 {:.3} ms  p999 {:.3} ms  errors {}",
-                a.value_bytes,
-                a.concurrency,
-                machine(),
-                f.ops_per_s,
-                f.p50_ms,
-                f.p99_ms,
-                f.p999_ms,
-                f.errors
-            );
-        }
-        Ok(())
+        let h = hist.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(Report {
+            machine: machine(),
+            address: o.address.to_string(),
+            value_bytes: o.value_bytes,
+            concurrency: o.concurrency,
+            threads: o.threads,
+            redis: figures(&h, errors.load(Ordering::Relaxed), started.elapsed()),
+        })
     })
 }
 
