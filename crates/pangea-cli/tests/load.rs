@@ -29,15 +29,8 @@ type Cells = BTreeMap<(String, Vec<u8>), Vec<u8>>;
 
 /// Deterministic bytes of every value 0..=255 (most values are not UTF-8).
 fn bytes_for(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut rng = pangea_core::rng::Rng::new(seed);
+    (0..len).map(|_| rng.next_u64() as u8).collect()
 }
 
 fn base64(b: &[u8]) -> String {

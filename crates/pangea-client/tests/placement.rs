@@ -133,12 +133,10 @@ async fn migration_under_load() -> Result<()> {
                 wopts.clone(),
             );
             load.spawn(async move {
-                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ ((c as u64) << 8 | lane);
+                let mut rng = pangea_core::rng::Rng::new((c as u64) << 8 | lane);
                 let mut token = None;
                 while !stop.load(Ordering::Relaxed) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = rng.next_u64();
                     let key = format!("mv/{:05}", x % ROWS as u64);
                     let t0 = Instant::now();
                     let ok = if x.is_multiple_of(5) {

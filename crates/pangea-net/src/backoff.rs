@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use crate::rng::SplitMix64;
+use pangea_core::rng::Rng;
 
 /// Exponential backoff with full jitter between a floor and a ceiling.
 ///
@@ -24,7 +24,7 @@ pub struct Backoff {
     /// Failed attempts since the last success (saturates; only the cap depends on it).
     attempt: u32,
     /// Draws the jitter.
-    rng: SplitMix64,
+    rng: Rng,
 }
 
 impl Backoff {
@@ -37,7 +37,7 @@ impl Backoff {
             floor,
             ceiling: ceiling.max(floor),
             attempt: 0,
-            rng: SplitMix64::new(seed),
+            rng: Rng::new(seed),
         }
     }
 

@@ -42,7 +42,6 @@
 //! - [`reset`]: [`ResetKey`], a stateless-reset key kept across restarts so a
 //!   restarted replica resets its old connections instead of leaving them to time out.
 //! - [`backoff`]: seeded exponential backoff with full jitter for reconnects.
-//! - `rng`: the seeded PRNG (splitmix64) behind loss, jitter and backoff.
 //! - [`error`]: the crate's [`Error`].
 //!
 //! # Example
@@ -69,7 +68,6 @@ pub mod frame;
 pub mod identity;
 pub mod reload;
 pub mod reset;
-mod rng;
 pub mod rotation;
 pub mod tls;
 pub mod wan;

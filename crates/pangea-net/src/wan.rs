@@ -48,7 +48,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::rng::SplitMix64;
+use pangea_core::rng::Rng;
 
 /// Most bytes of datagrams waiting for their release time, per socket: 64 MiB.
 /// At 25 ms one-way delay that holds ~20 Gbit/s of traffic in flight, far more
@@ -232,7 +232,7 @@ impl WanEmulator {
         let shared = Arc::new(Shared {
             control: self.control,
             state: Mutex::new(SendState {
-                rng: SplitMix64::new(self.seed),
+                rng: Rng::new(self.seed),
                 queue: BinaryHeap::new(),
                 pending: HashMap::new(),
                 queued_bytes: 0,
@@ -286,7 +286,7 @@ impl Shared {
 #[derive(Debug)]
 struct SendState {
     /// Loss and jitter draws.
-    rng: SplitMix64,
+    rng: Rng,
     /// Delayed datagrams by (release time, sequence). Because each destination's
     /// release times never decrease and the sequence breaks ties in send order,
     /// popping this one heap yields every destination's datagrams in FIFO order.

@@ -310,7 +310,7 @@ async fn client_loop(
     users: Arc<Vec<String>>,
     period: Duration,
 ) {
-    let mut x = 0x2545_f491_4f6c_dd1du64 ^ ((n as u64 + 1) << 20) ^ region.len() as u64;
+    let mut rng = pangea_core::rng::Rng::new(((n as u64 + 1) << 20) ^ region.len() as u64);
     // The token of this client's last write and the row it wrote: watermark reads
     // read that row back (read-your-writes, from anywhere).
     let mut last: Option<(Token, String)> = None;
@@ -320,10 +320,7 @@ async fn client_loop(
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
         i += 1;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let user = &users[(x % users.len() as u64) as usize];
+        let user = &users[rng.next_below(users.len())];
         if i.is_multiple_of(10) {
             // An event-driven profile update, from this region.
             let t0 = Instant::now();

@@ -163,12 +163,10 @@ fn main() {
     );
 
     let mut h = hist();
-    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut rng = pangea_core::rng::Rng::new(0x2545_f491_4f6c_dd1d);
     let start = Instant::now();
     for _ in 0..100_000 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next_u64();
         let key = format!("k{:09}", x % rows + 1);
         let t = Instant::now();
         let row = store.get_row("t", key.as_bytes()).unwrap();

@@ -208,13 +208,9 @@ fn check(dir: &std::path::Path, acked: &BTreeMap<u64, u64>) -> Result<u64> {
 }
 
 fn crash_at_random_points(runs: u64) -> Result<()> {
-    // A small xorshift, seeded per run, picks the kill delay; the seed is printed.
+    // The seeded generator, seeded by the run number, picks the kill delay (printed).
     for run in 0..runs {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (run + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let delay = Duration::from_millis(x % 250);
+        let delay = Duration::from_millis(pangea_core::rng::Rng::new(run).next_u64_inclusive(249));
         let dir = tempfile::tempdir()?;
         // Two crashes on the same directory: recovery itself must be crash-safe.
         let mut acked_all = BTreeMap::new();

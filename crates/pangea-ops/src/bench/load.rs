@@ -2,7 +2,7 @@
 //! written first, then workers read (or write, or mix) them as fast as their answers
 //! come (a closed loop) or on a schedule (an open loop, `rate`).
 
-use super::{Draws, Figures, figures, histogram, line, machine};
+use super::{Figures, draws, figures, histogram, line, machine};
 use anyhow::Result;
 use bytes::Bytes;
 use pangea_client::{
@@ -148,7 +148,7 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
                 (reads.clone(), writes.clone(), errors.clone(), stop.clone());
             let value = Bytes::from(vec![b'x'; o.value_bytes]);
             tasks.spawn(async move {
-                let mut draws = Draws::new(t);
+                let mut draws = draws(t);
                 let mut token = None;
                 let mut due = interval.map(|iv| started + iv * t as u32 / workers as u32);
                 let wopts = WriteOptions {
@@ -156,7 +156,7 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
                     ..Default::default()
                 };
                 while !stop.load(Ordering::Relaxed) {
-                    let x = draws.next();
+                    let x = draws.next_u64();
                     let key = keys[(x % keys.len() as u64) as usize].clone();
                     let write = o.op == Op::Put || (o.op == Op::Mix && x.is_multiple_of(10));
                     // Latency from when the request was due (paced) or sent.

@@ -45,23 +45,10 @@ pub fn line(f: &Figures) -> String {
     )
 }
 
-/// A worker's draws (xorshift from a per-worker seed): which key it reads next and,
-/// in a mix, whether it writes. [`load`] and [`redis`] ask for the same sequence.
-pub(crate) struct Draws(u64);
-
-impl Draws {
-    pub(crate) fn new(worker: usize) -> Draws {
-        Draws(0x9e37_79b9_7f4a_7c15 ^ (worker as u64 + 1))
-    }
-
-    pub(crate) fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
+/// A worker's draws: which key it reads next and, in a mix, whether it writes.
+/// [`load`] and [`redis`] ask for the same sequence.
+pub(crate) fn draws(worker: usize) -> pangea_core::rng::Rng {
+    pangea_core::rng::Rng::new(worker as u64 + 1)
 }
 
 /// The machine figures come from: cores and CPU model.

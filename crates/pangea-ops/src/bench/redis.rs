@@ -13,7 +13,7 @@
 //! The client is the least RESP a GET benchmark needs (SET to load, GET, bulk-string
 //! and simple replies); one TCP connection per worker, as redis-benchmark -c has.
 
-use super::{Draws, Figures, figures, histogram, machine};
+use super::{Figures, draws, figures, histogram, machine};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use std::net::SocketAddr;
@@ -165,9 +165,9 @@ pub fn run(o: &Options) -> Result<Report> {
                 (keys.clone(), hist.clone(), errors.clone(), stop.clone());
             let value_bytes = o.value_bytes;
             tasks.spawn(async move {
-                let mut draws = Draws::new(t);
+                let mut draws = draws(t);
                 while !stop.load(Ordering::Relaxed) {
-                    let key = &keys[(draws.next() % keys.len() as u64) as usize];
+                    let key = &keys[(draws.next_u64() % keys.len() as u64) as usize];
                     let t0 = Instant::now();
                     let answered = async {
                         conn.send(&[b"GET", key.as_bytes()]).await?;
