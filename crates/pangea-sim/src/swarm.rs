@@ -13,9 +13,8 @@ use crate::scenario::{
 };
 use crate::time::SimDuration;
 use pangea_core::replica::Config as ReplicaConfig;
-use pangea_topology::{Deployment, Placement, RegionId, ReplicaId, Topology};
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use pangea_topology::{Deployment, RegionId, ReplicaId};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,78 +23,23 @@ pub fn replay_command(seed: u64) -> String {
     format!("pangea sim swarm --seeds 1 --start {seed}")
 }
 
-/// A random deployment for a seed: a chain of links (so every policy over a run
-/// of consecutive regions is connected) plus random extra links.
+/// A random deployment for a seed, from the generator the core's cluster harness
+/// shares (`pangea_topology::generate`).
 fn deployment(seed: u64, rng: &mut SimRng, alt_rtt: bool) -> Deployment {
-    let regions = 2 + rng.next_below(6);
-    let per_region_max = 1 + rng.next_below(4);
-    let relays = rng.chance(0.5);
-    let mut t = String::from("name = \"swarm\"\nintra_region_rtt_ms = 1.0\n");
-    let half = regions.div_ceil(2);
-    let mut total = 0;
-    for c in 0..2 {
-        t += &format!("[[continents]]\nname = \"c{c}\"\n");
-        for region in (c * half)..((c + 1) * half).min(regions) {
-            t += &format!("[[continents.regions]]\nname = \"r{region}\"\n");
-            let n = 1 + rng.next_below(per_region_max);
-            for k in 0..n {
-                let role = if relays && k == 1 && n > 2 {
-                    "relay"
-                } else {
-                    "serving"
-                };
-                t += &format!(
-                    "[[continents.regions.replicas]]\nid = \"r{region}-{k}\"\nrole = \"{role}\"\n"
-                );
-                total += 1;
-            }
-            if region == 0 && total < 3 {
-                for k in n..3 {
-                    t += &format!(
-                        "[[continents.regions.replicas]]\nid = \"r0-{k}\"\nrole = \"serving\"\n"
-                    );
-                    total += 1;
-                }
-            }
-        }
-    }
-    let mut links = BTreeSet::new();
-    for i in 1..regions {
-        links.insert((i - 1, i));
-    }
-    for _ in 0..rng.next_below(regions) {
-        let (a, b) = (rng.next_below(regions), rng.next_below(regions));
-        if a != b {
-            links.insert((a.min(b), a.max(b)));
-        }
-    }
-    let mut rtt_rng = SimRng::new(seed ^ 0x77);
-    for (a, b) in links {
-        let mut rtt = 5 + rng.next_below(200) as u64;
-        if alt_rtt {
-            rtt = rtt * (1 + rtt_rng.next_below(4) as u64) / 2 + 1;
-        }
-        t += &format!("[[links]]\na = \"r{a}\"\nb = \"r{b}\"\nrtt_ms = {rtt}\n");
-    }
-    let topology =
-        Topology::parse(Path::new("swarm.toml"), &t).expect("generated topology is valid");
-    let mut p = String::from(
-        "[[tables]]\nname = \"t\"\n[[tables.families]]\nname = \"f\"\nmax_versions = 2\n[[tables.families]]\nname = \"g\"\n[[tables.families]]\nname = \"h\"\nmax_versions = 3\nttl = \"1h\"\n",
-    );
-    if rng.chance(0.6) {
-        let start = rng.next_below(regions - 1);
-        let len = 1 + rng.next_below(regions - start);
-        let rs: Vec<String> = (start..start + len).map(|i| format!("\"r{i}\"")).collect();
-        p += &format!(
-            "[[policies]]\nname = \"restricted\"\nregions = [{}]\n[[rules]]\ntable = \"t\"\nprefix = \"r/\"\npolicy = \"restricted\"\n",
-            rs.join(", ")
-        );
-    }
-    let placement = Placement::parse(Path::new("swarm-placement.toml"), &p, &topology)
-        .expect("generated placement is valid");
-    Deployment {
-        topology,
-        placement,
+    let shape = pangea_topology::generate::Shape {
+        name: "swarm",
+        regions: 2 + rng.next_below(6),
+        replicas_per_region_max: 1 + rng.next_below(4),
+        relays: rng.chance(0.5),
+        restricted: rng.chance(0.6),
+    };
+    let mut below = |n: u64| rng.next_u64_inclusive(n.saturating_sub(1));
+    if alt_rtt {
+        let mut rtt_rng = SimRng::new(seed ^ 0x77);
+        let mut scale = |n: u64| rtt_rng.next_u64_inclusive(n.saturating_sub(1));
+        pangea_topology::generate::random_deployment(&shape, &mut below, Some(&mut scale))
+    } else {
+        pangea_topology::generate::random_deployment(&shape, &mut below, None)
     }
 }
 

@@ -23,6 +23,8 @@
 //! - [`placement`]: the validated placement: the schema, placement policies, prefix
 //!   and home-region rules;
 //! - `grants`: app profile grants checked against the placement;
+//! - [`generate`]: random deployments for the seeded harnesses (the core's cluster
+//!   harness, the simulator's swarm);
 //! - [`tree`]: minimum spanning trees per scope, over any subset of live replicas;
 //! - [`affinity`]: weighted rendezvous hashing for row affinity;
 //! - [`plan`]: what `pangea topology plan` and `diff` report;
@@ -35,6 +37,7 @@
 pub mod affinity;
 pub mod cluster;
 mod detach;
+pub mod generate;
 mod grants;
 pub mod ids;
 pub mod placement;

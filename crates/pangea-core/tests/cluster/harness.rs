@@ -23,33 +23,30 @@ use pangea_core::{
     Limits, MemStorage, Mutation, RowMutation, RowState, ScopeId, TimeRange, Timestamp, Token,
     Version,
 };
-use pangea_topology::{Deployment, Placement, ReplicaId, Topology};
+use pangea_topology::{Deployment, ReplicaId};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
-use std::path::Path;
 use std::sync::Arc;
 use xxhash_rust::xxh3::Xxh3;
 
-/// SplitMix64: the harness's only randomness.
+/// The harness's only randomness: the project's generator
+/// (`pangea_core::rng::Rng`), with the draws the harness names.
 #[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
+pub(crate) struct Rng(pangea_core::rng::Rng);
 
 impl Rng {
     pub(crate) fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x5851_f42d_4c95_7f2d)
+        Rng(pangea_core::rng::Rng::new(seed ^ 0x5851_f42d_4c95_7f2d))
     }
     pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
+    /// Uniform in `[0, n)` (0 when `n` is 0).
     pub(crate) fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
+        self.0.next_u64_inclusive(n.saturating_sub(1))
     }
     pub(crate) fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+        self.0.chance(p)
     }
     pub(crate) fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
         &v[self.below(v.len() as u64) as usize]
@@ -126,81 +123,24 @@ impl Scenario {
     }
 }
 
-/// A random connected topology (2 continents, a chain of links plus extras) and a
-/// placement with one table and, optionally, a restricted policy over a contiguous
-/// run of regions (connected through the chain).
+/// The seed's deployment, from the generator the swarm shares
+/// (`pangea_topology::generate`).
 pub(crate) fn deployment(s: &Scenario, rtt_scale: Option<&mut Rng>) -> Deployment {
     let mut r = Rng::new(s.seed.wrapping_mul(31) ^ 0xabcdef);
-    let mut t = String::from("name = \"sim\"\nintra_region_rtt_ms = 1.0\n");
-    let half = s.regions.div_ceil(2);
-    let mut total = 0;
-    for c in 0..2 {
-        t += &format!("[[continents]]\nname = \"c{c}\"\n");
-        for region in (c * half)..((c + 1) * half).min(s.regions) {
-            t += &format!("[[continents.regions]]\nname = \"r{region}\"\n");
-            let n = 1 + r.below(s.replicas_per_region_max as u64) as usize;
-            for k in 0..n {
-                let role = if s.relays && k == 1 && n > 2 {
-                    "relay"
-                } else {
-                    "serving"
-                };
-                t += &format!(
-                    "[[continents.regions.replicas]]\nid = \"r{region}-{k}\"\nrole = \"{role}\"\n"
-                );
-                total += 1;
-            }
-            if region == 0 && total < 3 {
-                // At least three replicas overall.
-                for k in n..3 {
-                    t += &format!(
-                        "[[continents.regions.replicas]]\nid = \"r0-{k}\"\nrole = \"serving\"\n"
-                    );
-                    total += 1;
-                }
-            }
-        }
-    }
-    let mut links = BTreeSet::new();
-    for i in 1..s.regions {
-        links.insert((i - 1, i));
-    }
-    for _ in 0..r.below(s.regions as u64) {
-        let (a, b) = (
-            r.below(s.regions as u64) as usize,
-            r.below(s.regions as u64) as usize,
-        );
-        if a != b {
-            links.insert((a.min(b), a.max(b)));
-        }
-    }
-    let mut scale = rtt_scale;
-    for (a, b) in links {
-        let mut rtt = 5 + r.below(200);
-        if let Some(sr) = scale.as_deref_mut() {
-            rtt = rtt * (1 + sr.below(4)) / 2 + 1;
-        }
-        t += &format!("[[links]]\na = \"r{a}\"\nb = \"r{b}\"\nrtt_ms = {rtt}\n");
-    }
-    let topology = Topology::parse(Path::new("sim.toml"), &t).expect("generated topology is valid");
-    let mut p = String::from(
-        "[[tables]]\nname = \"t\"\n[[tables.families]]\nname = \"f\"\nmax_versions = 2\n[[tables.families]]\nname = \"g\"\n[[tables.families]]\nname = \"h\"\nmax_versions = 3\nttl = \"1h\"\n",
-    );
-    if s.restricted && s.regions >= 2 {
-        let start = r.below(s.regions as u64 - 1) as usize;
-        let len = 1 + r.below((s.regions - start) as u64) as usize;
-        let regions: Vec<String> = (start..start + len).map(|i| format!("\"r{i}\"")).collect();
-        p += &format!(
-            "[[policies]]\nname = \"restricted\"\nregions = [{}]\n",
-            regions.join(", ")
-        );
-        p += "[[rules]]\ntable = \"t\"\nprefix = \"r/\"\npolicy = \"restricted\"\n";
-    }
-    let placement = Placement::parse(Path::new("sim-placement.toml"), &p, &topology)
-        .expect("generated placement is valid");
-    Deployment {
-        topology,
-        placement,
+    let shape = pangea_topology::generate::Shape {
+        name: "sim",
+        regions: s.regions,
+        replicas_per_region_max: s.replicas_per_region_max,
+        relays: s.relays,
+        restricted: s.restricted && s.regions >= 2,
+    };
+    match rtt_scale {
+        Some(sr) => pangea_topology::generate::random_deployment(
+            &shape,
+            &mut |n| r.below(n),
+            Some(&mut |n| sr.below(n)),
+        ),
+        None => pangea_topology::generate::random_deployment(&shape, &mut |n| r.below(n), None),
     }
 }
 
