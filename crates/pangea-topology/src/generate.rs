@@ -98,8 +98,8 @@ pub fn random_deployment(
         );
     }
     let file = format!("{}-placement.toml", shape.name);
-    let placement = Placement::parse(Path::new(&file), &p, &topology)
-        .expect("generated placement is valid");
+    let placement =
+        Placement::parse(Path::new(&file), &p, &topology).expect("generated placement is valid");
     Deployment {
         topology,
         placement,
@@ -132,7 +132,11 @@ mod tests {
                         };
                         let d = random_deployment(&shape, &mut below, None);
                         assert!(d.topology.replicas.len() >= 3);
-                        let has = d.placement.policies.keys().any(|k| k.as_str() == "restricted");
+                        let has = d
+                            .placement
+                            .policies
+                            .keys()
+                            .any(|k| k.as_str() == "restricted");
                         assert_eq!(has, restricted);
                     }
                 }
