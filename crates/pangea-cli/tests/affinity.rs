@@ -40,8 +40,10 @@ async fn affinity_writes_are_read_back_by_affinity_reads_in_the_region() -> Resu
             };
             let ropts = ropts.clone();
             tasks.spawn(async move {
-                // (stale reads, writes not at the affinity replica, replicas written)
+                // (stale reads, reads that failed over, writes not at the affinity
+                // replica, replicas written)
                 let mut stale = Vec::new();
+                let mut failed_over = 0usize;
                 let mut elsewhere = 0usize;
                 let mut written = std::collections::BTreeSet::new();
                 for i in (task..PAIRS).step_by(TASKS) {
@@ -62,32 +64,56 @@ async fn affinity_writes_are_read_back_by_affinity_reads_in_the_region() -> Resu
                         .as_ref()
                         .and_then(|row| common::cell_value(row, "profile", b"p"))
                         .map(|v| String::from_utf8_lossy(v).into_owned());
+                    if r.reason != Reason::Affinity {
+                        failed_over += 1;
+                    }
                     if got.as_deref() != Some(value.as_str()) {
-                        stale.push(format!(
-                            "{key}: wrote {value} at {} ({}), read {got:?} at {} ({})",
-                            w.replica, w.reason, r.replica, r.reason
+                        stale.push((
+                            r.reason == Reason::Affinity,
+                            format!(
+                                "{key}: wrote {value} at {} ({}), read {got:?} at {} ({})",
+                                w.replica, w.reason, r.replica, r.reason
+                            ),
                         ));
                     }
                 }
-                anyhow::Ok((stale, elsewhere, written))
+                anyhow::Ok((stale, failed_over, elsewhere, written))
             });
         }
-        let (mut stale, mut elsewhere) = (Vec::new(), 0);
+        let (mut stale, mut failed_over, mut elsewhere) = (Vec::new(), 0, 0);
         let mut written = std::collections::BTreeSet::new();
         while let Some(done) = tasks.join_next().await {
-            let (s, e, w) = done.context("task panicked")??;
+            let (s, f, e, w) = done.context("task panicked")??;
             stale.extend(s);
+            failed_over += f;
             elsewhere += e;
             written.extend(w);
         }
         println!(
-            "{PAIRS} write-then-read pairs in {REGION}: {} stale, {elsewhere} writes not at \
+            "{PAIRS} write-then-read pairs in {REGION}: {} stale ({} answered by the \
+             affinity replica), {failed_over} reads failed over, {elsewhere} writes not at \
              the affinity replica, written at {written:?}",
-            stale.len()
+            stale.len(),
+            stale.iter().filter(|(at_affinity, _)| *at_affinity).count(),
+        );
+        // The promise: the affinity replica never answers stale. A read whose
+        // affinity replica stayed silent past `frontend::gone_after` (20 ms on this
+        // local cluster, where every replica is "near") fails over and says so in
+        // its reason; from then on only a token guarantees the write is seen
+        // (docs/consistency.md). On a loaded 2-core machine a few may.
+        let broken: Vec<&String> = stale
+            .iter()
+            .filter(|(at_affinity, _)| *at_affinity)
+            .map(|(_, line)| line)
+            .collect();
+        ensure!(
+            broken.is_empty(),
+            "stale reads answered by the affinity replica: {:?}",
+            &broken[..broken.len().min(10)]
         );
         ensure!(
-            stale.is_empty(),
-            "stale affinity reads: {:?}",
+            failed_over <= PAIRS / 1_000,
+            "{failed_over} of {PAIRS} affinity reads failed over with every replica up: {:?}",
             &stale[..stale.len().min(10)]
         );
         ensure!(
