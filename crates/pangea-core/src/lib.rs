@@ -19,7 +19,6 @@
 //! - [`token`]: consistency tokens;
 //! - [`storage`]: the storage trait and the types it takes; `MemStorage` (its `mem`
 //!   module) in memory for tests and the simulator;
-//! - [`shared_rows`]: rows the in-memory stores of one process share;
 //! - [`watermark`]: a replica's watermarks for one scope;
 //! - [`frame`]: replication frames, parsed and bounded;
 //! - [`link`]: a replication stream's codec (heartbeats condensed per stream);
@@ -60,7 +59,6 @@ pub mod redact;
 pub mod replica;
 pub mod rng;
 pub mod row;
-pub mod shared_rows;
 pub mod storage;
 pub mod token;
 pub mod watermark;

@@ -16,12 +16,14 @@
 //! Modules:
 //! - [`time`]: [`SimTime`] and [`SimDuration`], virtual microseconds;
 //! - [`queue`]: [`EventQueue`], a min-heap where equal times pop in insertion order;
-//! - [`rng`]: [`SimRng`], the seeded PRNG every random draw comes from;
+//! - [`rng`]: [`SimRng`], the project's seeded generator adapted to `rand`;
 //! - [`net`]: [`Network`], the WAN between replicas, generic over the message type:
 //!   latency from the topology, jitter, bandwidth as serialization delay, loss as
 //!   retransmission delay, per-connection FIFO, partitions, down replicas, link
 //!   overrides, accounting;
 //! - `ids`: dense indices for replica, region and scope names (the interner);
+//! - [`shared_rows`]: rows the in-memory stores of one run share (the core's
+//!   `RowSharing` hook), so a 27-replica run holds most rows once;
 //! - [`scenario`]: [`scenario::Scenario`], what one run runs (deployment, workload,
 //!   fault timeline, expected outcomes) as validated data;
 //! - [`workload`]: drawing client operations: arrivals, kinds, consistency modes,
@@ -66,6 +68,7 @@ pub mod queue;
 pub mod rng;
 pub mod runner;
 pub mod scenario;
+pub mod shared_rows;
 pub mod sim;
 pub mod swarm;
 pub mod time;

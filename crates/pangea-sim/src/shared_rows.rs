@@ -19,10 +19,9 @@
 //! compared with the last one computed for the same row key and, if equal, replaced
 //! by it, so that such replicas share again from then on.
 
-use crate::row::RowState;
-use crate::storage::{Compaction, RowApply};
-use crate::{ReplicaId, RowMutation, Timestamp};
 use bytes::Bytes;
+use pangea_core::storage::RowSharing;
+use pangea_core::{Compaction, ReplicaId, RowApply, RowMutation, RowState, Timestamp};
 use pangea_topology::Deployment;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -36,9 +35,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// reference run at 344 MiB instead of 264 and took 2 % more time.
 const RECORDS_MAX: usize = 4_096;
 
-/// A handle on the shared records; clones share them. See the module documentation.
-#[derive(Debug, Clone, Default)]
-pub struct SharedRows(Arc<Mutex<Records>>);
+/// The shared records (stores hold it in an `Arc`). See the module documentation.
+#[derive(Debug, Default)]
+pub struct SharedRows(Mutex<Records>);
 
 /// What a record is the result of, by address (0: no row yet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -213,9 +212,11 @@ impl SharedRows {
     fn records(&self) -> std::sync::MutexGuard<'_, Records> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
 
+impl RowSharing for SharedRows {
     /// [`RowApply::change`] applied to `row` (`None`: no row yet), shared.
-    pub(crate) fn apply(&self, row: Option<&Arc<RowState>>, a: &RowApply<'_>) -> Arc<RowState> {
+    fn apply(&self, row: Option<&Arc<RowState>>, a: &RowApply<'_>) -> Arc<RowState> {
         let e = a.entry;
         let deployment = a.compaction.deployment;
         let key = Key::Apply {
@@ -244,7 +245,7 @@ impl SharedRows {
 
     /// `row` compacted by `c` if that changes it, shared when the result depends on
     /// the horizon only through the row's purge cut (no TTL in play).
-    pub(crate) fn compact(
+    fn compact(
         &self,
         row: Arc<RowState>,
         (table, row_key): (&Arc<str>, &Bytes),

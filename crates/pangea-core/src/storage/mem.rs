@@ -1,14 +1,13 @@
 //! [`MemStorage`]: the storage trait in memory, for tests and the simulator — with
 //! a crash model (what each write replaced until the next sync) for drills that
-//! kill replicas, and rows shared between the stores of one run
-//! ([`crate::shared_rows`]).
+//! kill replicas, and a hook ([`RowSharing`]) through which the stores of one run
+//! can share rows (the simulator's `shared_rows` implements it).
 
 use super::{Compaction, LogEntry, RowApply, Storage, Watermark, WriteBatch};
 use crate::StorageError;
 use crate::idmap::IdMap;
 use crate::ids::{ReplicaId, ScopeId};
 use crate::row::RowState;
-use crate::shared_rows::SharedRows;
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
@@ -441,6 +440,21 @@ impl MemState {
     }
 }
 
+/// Rows shared between the in-memory stores of one process: an optimization of
+/// the simulator, where every replica applies every write to rows most of them
+/// hold identically. Exact: each method returns what computing would have.
+pub trait RowSharing: std::fmt::Debug + Send + Sync {
+    /// [`RowApply::change`] applied to `row` (`None`: no row yet).
+    fn apply(&self, row: Option<&Arc<RowState>>, a: &RowApply<'_>) -> Arc<RowState>;
+    /// `row` (of `table`, at `row_key`) compacted by `c` if that changes it.
+    fn compact(
+        &self,
+        row: Arc<RowState>,
+        at: (&Arc<str>, &Bytes),
+        c: &Compaction<'_>,
+    ) -> Arc<RowState>;
+}
+
 /// In-memory [`Storage`] for tests and the simulator. It models durability: writes
 /// since the last [`Storage::sync`] are lost by [`MemStorage::crash`].
 ///
@@ -452,7 +466,7 @@ impl MemState {
 /// A driver that never crashes a store can turn that record off
 /// ([`MemStorage::set_crash_model`]): rows are then changed in place without a
 /// copy, and writes drop what they replaced at once. Stores of one process can
-/// also share rows ([`MemStorage::share_rows`], [`crate::shared_rows`]).
+/// also share rows ([`MemStorage::share_rows`], [`RowSharing`]).
 #[derive(Debug, Clone, Default)]
 pub struct MemStorage {
     /// What reads see.
@@ -462,7 +476,7 @@ pub struct MemStorage {
     /// No crash will come: keep no record of what writes replaced.
     no_crash_model: bool,
     /// Rows shared with other stores ([`MemStorage::share_rows`]).
-    shared: Option<SharedRows>,
+    shared: Option<Arc<dyn RowSharing>>,
 }
 
 impl MemStorage {
@@ -481,11 +495,11 @@ impl MemStorage {
         }
     }
 
-    /// Shares rows with every store given the same `shared`
-    /// ([`crate::shared_rows`]): an entry another of them already applied to the
-    /// same row is applied by taking its result. Reads, digests and everything else
-    /// see exactly what they would without it.
-    pub fn share_rows(&mut self, shared: SharedRows) {
+    /// Shares rows with every store given the same `shared` ([`RowSharing`]): an
+    /// entry another of them already applied to the same row is applied by taking
+    /// its result. Reads, digests and everything else see exactly what they would
+    /// without it.
+    pub fn share_rows(&mut self, shared: Arc<dyn RowSharing>) {
         self.shared = Some(shared);
     }
 

@@ -21,7 +21,7 @@ use pangea_topology::schema::TableSchema;
 use std::sync::Arc;
 
 mod mem;
-pub use mem::MemStorage;
+pub use mem::{MemStorage, RowSharing};
 
 /// How far one origin's stream in one scope has been applied: every sequence up to
 /// and including `sequence`, the last of them written at `timestamp`.

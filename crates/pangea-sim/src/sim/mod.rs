@@ -622,7 +622,8 @@ impl Simulation {
 
         let mut nodes = Vec::with_capacity(n);
         // One run (or shard) shares rows between its replicas, never with another.
-        let shared_rows = pangea_core::shared_rows::SharedRows::new();
+        let shared_rows: Arc<dyn pangea_core::storage::RowSharing> =
+            Arc::new(crate::shared_rows::SharedRows::new());
         let skew_max = sc.clock_skew_ms_max as i64;
         let mut skew_rng = rng.fork(1);
         for (i, (idx, id)) in net.replicas().enumerate() {
