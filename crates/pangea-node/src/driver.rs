@@ -288,14 +288,11 @@ async fn turns(
         if gauges_at.elapsed() >= std::time::Duration::from_millis(100) {
             gauges_at = std::time::Instant::now();
             let fence = replica.clock_fence(now).map(|e| e.to_string());
-            if let Ok(mut f) = shared.clock_fence.write()
-                && *f != fence
-            {
+            if shared.published.set_clock_fence(fence.clone()) {
                 match &fence {
                     Some(why) => tracing::error!(%why, "clock fenced: refusing writes"),
                     None => tracing::info!("clock agrees with the peers again: accepting writes"),
                 }
-                *f = fence;
             }
             for (peer, bytes) in replica.inflight_bytes() {
                 shared
@@ -333,10 +330,8 @@ async fn turns(
                 }
             }
         }
-        if let Some(phase) = phase
-            && let Ok(mut p) = shared.readiness.write()
-        {
-            *p = phase;
+        if let Some(phase) = phase {
+            shared.published.set_phase(phase);
         }
         // Only now that readers see the new placement may moved rows disappear.
         match replica.purge_moved_rows() {
@@ -387,9 +382,7 @@ async fn recover(
     // The core goes; the serving path keeps its handle, so reads go on from the
     // store (fjall refuses only writes) until it is reopened.
     drop(replica);
-    shared
-        .healthy
-        .store(false, std::sync::atomic::Ordering::Relaxed);
+    shared.published.set_healthy(false);
     tracing::error!(%error, "storage failed: store closed; it is reopened once the disk has room");
     let failed_at = std::time::Instant::now();
     let unavailable = || told(shared);
@@ -446,7 +439,7 @@ async fn recover(
                     Ok(r) => {
                         shared.set_store(Some(store));
                         shared.disk.reopened();
-                        shared.healthy.store(true, std::sync::atomic::Ordering::Relaxed);
+                        shared.published.set_healthy(true);
                         tracing::info!(
                             after_ms = failed_at.elapsed().as_millis() as u64,
                             "store reopened: accepting writes"
@@ -490,7 +483,7 @@ fn handle(
                 tracing::error!(peer = %from, error = %pangea_core::Chain(&e), "applying a frame failed");
             }
             if heartbeats {
-                shared.heartbeats_heard.notify_waiters();
+                shared.published.heartbeats_heard().notify_waiters();
             }
         }
         Input::Malformed { from, reason } => {
@@ -510,7 +503,7 @@ fn handle(
             }
         },
         Input::StartMigration { request, reply } => {
-            match Job::plan(replica, &shared.files(), request, now) {
+            match Job::plan(replica, &shared.deployed.files(), request, now) {
                 Ok(job) => jobs.push((job, Some(reply))),
                 Err(refused) => {
                     let _ = reply.send(Err(refused.to_string()));
@@ -563,7 +556,8 @@ fn drain_events(replica: &mut Replica<Store>, shared: &Shared, waiters: &mut Wai
             Event::Rejected { reason, .. } => {
                 if reason == pangea_core::replica::Reject::NotInScope {
                     shared
-                        .residency_from_outsiders
+                        .residency
+                        .from_outsiders
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     m.inc_residency_violation();
                 }
@@ -667,20 +661,5 @@ fn publish(replica: &Replica<Store>, shared: &Shared) {
         .filter_map(|s| replica.watermarks(s).map(|w| (s.clone(), Arc::new(w))))
         .collect();
     let suspected = replica.suspected().cloned().collect();
-    // Only what changed since the last turn (a whole copy when the core rebuilt
-    // its Location): a million entries are not compared or copied per turn.
-    let core = replica.location();
-    let behind = shared
-        .location
-        .read()
-        .is_ok_and(|l| l.epoch() != core.epoch() || l.version() != core.version());
-    if behind && let Ok(mut l) = shared.location.write() {
-        l.follow(core);
-    }
-    if let Ok(mut w) = shared.watermarks.write() {
-        *w = wms;
-    }
-    if let Ok(mut s) = shared.suspected.write() {
-        *s = suspected;
-    }
+    shared.published.publish(wms, suspected, replica.location());
 }

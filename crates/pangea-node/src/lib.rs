@@ -16,6 +16,9 @@
 //! - [`serve`]: client requests, one QUIC stream each, reads answered from the store
 //!   after the consistency check, writes through the driver;
 //! - [`admin`] and [`metrics`]: `/metrics`, `/health`, `/watermarks`;
+//! - [`shared`]: what the driver, peer tasks and request handlers share, by
+//!   concern: the deployment and its files, what the driver publishes each turn,
+//!   the intake's caps and counts;
 //! - [`config`]: file, `PANGEA_*` environment and flags, layered by figment;
 //! - [`clock`]: monotonic and (offsettable) wall time;
 //! - [`telemetry`]: W3C trace context from client requests, OTLP trace export.
@@ -34,305 +37,29 @@ pub mod peers;
 pub mod readiness;
 pub mod reload;
 pub mod serve;
+pub mod shared;
 pub mod telemetry;
 
 use anyhow::{Context, Result};
 use pangea_core::auth::Principal;
 use pangea_core::replica::{Config as CoreConfig, Replica};
-use pangea_core::{Limits, RowState, ScopeId, ScopeWatermarks, StorageError};
 use pangea_net::PeerIdentity;
 use pangea_store::{Store, StoreOptions};
-use pangea_topology::{Deployment, RegionId, ReplicaId};
-use std::collections::{BTreeMap, BTreeSet};
+use pangea_topology::{Deployment, ReplicaId};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 
 pub use config::NodeConfig;
+pub use shared::{Inflight, InflightGuard, Shared, Sources};
 
 /// Inputs waiting for the driver; readers of peer streams wait when it is full,
 /// which pushes back through QUIC flow control to the senders.
 pub const DRIVER_QUEUE_MAX: usize = 8_192;
-
-/// Requests being served, for draining at shutdown.
-#[derive(Debug, Default)]
-pub struct Inflight(AtomicUsize);
-
-#[derive(Debug)]
-pub struct InflightGuard<'a>(&'a Inflight);
-
-impl Inflight {
-    pub fn enter(&self) -> InflightGuard<'_> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        InflightGuard(self)
-    }
-
-    pub fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for InflightGuard<'_> {
-    fn drop(&mut self) {
-        self.0.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// State shared by the driver, the peer tasks and the request handlers.
-pub struct Shared {
-    pub id: ReplicaId,
-    pub region: RegionId,
-    /// The deployment, and its generation: bumped by every reload, so answers
-    /// derived from table schemas (`pangea_store::CachedRow::latest_encoded`, TTLs)
-    /// know when they must be made again.
-    deployment: RwLock<(Arc<Deployment>, u64)>,
-    /// The store, shared with the driver's core; `None` while a failed store is
-    /// being reopened (`disk`).
-    store: RwLock<Option<Store>>,
-    /// Free space against the reserve, and whether the store failed (`disk`).
-    pub disk: Arc<disk::Disk>,
-    /// Durable watermarks per scope, published by the driver after every flush.
-    /// Shared with the requests that answer with them (each publish makes new
-    /// ones), not copied per request.
-    pub watermarks: RwLock<BTreeMap<ScopeId, Arc<ScopeWatermarks>>>,
-    pub suspected: RwLock<BTreeSet<ReplicaId>>,
-    /// Location metadata as the driver last applied it.
-    pub location: RwLock<pangea_core::location::Location>,
-    /// Residency audit counters: restricted-scope frames sent to, or refused from,
-    /// replicas outside the scope's policy.
-    pub residency_to_outsiders: std::sync::atomic::AtomicU64,
-    pub residency_from_outsiders: std::sync::atomic::AtomicU64,
-    /// How long after their origin stamped them entries were applied here.
-    pub apply_lag: lag::ApplyLag,
-    /// Why this replica's clock is fenced (`Replica::clock_fence`), if it is: then it
-    /// refuses writes and reports unhealthy. Set by the driver every turn.
-    pub clock_fence: RwLock<Option<String>>,
-    pub metrics: Arc<metrics::NodeMetrics>,
-    pub clock: Arc<clock::Clock>,
-    pub core_limits: Limits,
-    pub driver: mpsc::Sender<driver::Input>,
-    /// Woken by the driver when heartbeats arrive, which may carry the applied
-    /// reports a write waiting for other regions waits for (`serve.rs`).
-    pub heartbeats_heard: tokio::sync::Notify,
-    /// Caps concurrent client requests (`client_requests_max`).
-    pub requests: Arc<Semaphore>,
-    /// Bytes of client frames being received, over all connections
-    /// (`frame_budget_mib`; each connection also has its own).
-    pub frame_budget: Arc<Semaphore>,
-    /// Which connection attempts are taken on (Retry, caps): `pangea_net::admission`.
-    pub admission: pangea_net::admission::Admission,
-    /// Connection attempts retried or refused since the last log line (logged at
-    /// most once per [`ATTEMPTS_LOG_EVERY`]).
-    pub attempts_unlogged: std::sync::Mutex<BTreeMap<&'static str, u64>>,
-    pub inflight: Inflight,
-    /// False once storage failed: the node refuses writes and reports unhealthy.
-    pub healthy: AtomicBool,
-    /// Whether this replica has caught up since it started (`readiness`): until
-    /// then it refuses reads and `/health` answers 503.
-    pub readiness: RwLock<readiness::Phase>,
-    pub seed: u64,
-    pub peer_connections: AtomicUsize,
-    pub client_connections: AtomicUsize,
-    /// The QUIC endpoint (peer links are started from it, also after a reload).
-    pub endpoint: quinn::Endpoint,
-    /// The main runtime, where peer links and request handlers run (the driver has
-    /// its own).
-    pub runtime: tokio::runtime::Handle,
-    /// How this node was started: where to reload its files from.
-    pub config: NodeConfig,
-    /// The live TLS state of the endpoint: reloaded on SIGHUP and by a poller; it
-    /// closes accepted connections whose peer certificate stops verifying.
-    pub tls: Arc<pangea_net::LiveTls>,
-    /// Runtime fault injection (drills), when started with `fault_injection`.
-    pub faults: Option<fault::FaultControl>,
-    /// Operator actions, refusals, merges and purges (`audit_log`).
-    pub audit: audit_log::AuditLog,
-    /// The deployment as the files declare it, before a reload pins rows at their
-    /// current policy (`deployment` is what is in force): the residency bound of
-    /// placement moves and of the audit.
-    pub files: RwLock<Arc<Deployment>>,
-    /// The texts of those files and their digest, which every response announces
-    /// and `DeploymentRequest` returns (clients follow changes with them).
-    pub sources: RwLock<Arc<Sources>>,
-    /// `sources`' digest, read by every response without a lock.
-    pub sources_digest: AtomicU64,
-}
-
-/// A deployment's files as read from disk, and their digest
-/// ([`pangea_topology::files_digest`]).
-#[derive(Debug, Default)]
-pub struct Sources {
-    pub topology: String,
-    pub placement: Option<String>,
-    pub digest: u64,
-}
-
-impl Sources {
-    /// Reads the files `config` names (those a reload just validated).
-    pub fn read(config: &NodeConfig) -> std::io::Result<Sources> {
-        let topology = std::fs::read_to_string(&config.topology)?;
-        let placement = match &config.placement {
-            Some(p) => Some(std::fs::read_to_string(p)?),
-            None => None,
-        };
-        let digest = pangea_topology::files_digest(&topology, placement.as_deref());
-        Ok(Sources {
-            topology,
-            placement,
-            digest,
-        })
-    }
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
-            .field("id", &self.id)
-            .field("region", &self.region)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Shared {
-    /// Where the readiness gate stands (`readiness`).
-    pub fn phase(&self) -> readiness::Phase {
-        self.readiness
-            .read()
-            .map(|p| p.clone())
-            .unwrap_or(readiness::Phase::Listening)
-    }
-
-    /// Replaces the deployment (after a validated reload).
-    pub fn set_deployment(&self, d: Arc<Deployment>) {
-        let mut w = self.deployment.write().unwrap_or_else(|p| p.into_inner());
-        *w = (d, w.1 + 1);
-    }
-
-    pub fn deployment(&self) -> Arc<Deployment> {
-        self.deployment_and_generation().0
-    }
-
-    /// The deployment as the files declare it (see the field).
-    pub fn files(&self) -> Arc<Deployment> {
-        self.files.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Records newly loaded files (a validated reload).
-    pub fn set_files(&self, d: Arc<Deployment>) {
-        *self.files.write().unwrap_or_else(|p| p.into_inner()) = d;
-        match Sources::read(&self.config) {
-            Ok(s) => {
-                self.sources_digest.store(s.digest, Ordering::Relaxed);
-                *self.sources.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(s);
-            }
-            // Clients keep the files they have until the next reload.
-            Err(e) => tracing::warn!(error = %e, "re-reading the deployment's files failed"),
-        }
-    }
-
-    pub fn sources(&self) -> Arc<Sources> {
-        self.sources
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// The deployment and its generation (see the field).
-    pub fn deployment_and_generation(&self) -> (Arc<Deployment>, u64) {
-        let d = self.deployment.read().unwrap_or_else(|p| p.into_inner());
-        (d.0.clone(), d.1)
-    }
-
-    /// The effective scope of a row (location metadata, else the placement file).
-    pub fn scope_of(&self, table: &str, key: &[u8]) -> ScopeId {
-        let d = self.deployment();
-        match self.location.read() {
-            Ok(l) => l.scope_of(&d, table, key),
-            Err(_) => d.scope_of(table, key).clone(),
-        }
-    }
-
-    /// Durable watermarks of `scope` (all origins at zero if none published yet).
-    pub fn watermarks_of(&self, scope: &ScopeId) -> Arc<ScopeWatermarks> {
-        self.watermarks
-            .read()
-            .ok()
-            .and_then(|m| m.get(scope).cloned())
-            .unwrap_or_else(|| Arc::new(ScopeWatermarks::new(scope.clone())))
-    }
-
-    pub(crate) fn store_row(
-        &self,
-        table: &str,
-        key: &[u8],
-    ) -> Result<Option<std::sync::Arc<pangea_store::CachedRow>>, StorageError> {
-        self.with_store(|s| s.get_row_shared(table, key))
-    }
-
-    pub(crate) fn scan(
-        &self,
-        table: &str,
-        prefix: &[u8],
-        after: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<(bytes::Bytes, RowState)>, StorageError> {
-        use pangea_core::Storage;
-        self.with_store(|s| s.scan_rows(table, prefix, after, limit))
-    }
-
-    /// Runs `f` on the store, or fails while it is being reopened.
-    fn with_store<T>(
-        &self,
-        f: impl FnOnce(&Store) -> Result<T, StorageError>,
-    ) -> Result<T, StorageError> {
-        match &*self.store.read().unwrap_or_else(|p| p.into_inner()) {
-            Some(s) => f(s),
-            None => Err(StorageError::Closed {
-                replica: self.id.to_string(),
-                state: self.disk.state().to_string(),
-            }),
-        }
-    }
-
-    /// Puts a (re)opened store in place, or takes it away (`None`) so that it can
-    /// be reopened: fjall opens a directory only once all its handles are gone.
-    pub(crate) fn set_store(&self, store: Option<Store>) {
-        *self.store.write().unwrap_or_else(|p| p.into_inner()) = store;
-    }
-
-    /// Refreshes the gauges derived from watermarks before an export.
-    fn refresh_gauges(&self) {
-        let now_ms = self.clock.now().wall_ms as f64;
-        let secs = |ts: pangea_core::Timestamp| ((now_ms - ts.wall_ms() as f64) / 1e3).max(0.0);
-        if let Ok(all) = self.watermarks.read() {
-            for (scope, wm) in all.iter() {
-                self.metrics
-                    .set_watermark_age(scope.as_str(), secs(wm.low_watermark()));
-                for (origin, w) in wm.iter() {
-                    self.metrics.set_replication_lag(
-                        scope.as_str(),
-                        origin.as_str(),
-                        secs(w.timestamp),
-                    );
-                    self.metrics.set_watermark_sequence(
-                        scope.as_str(),
-                        origin.as_str(),
-                        w.sequence as i64,
-                    );
-                }
-            }
-        }
-        self.metrics
-            .set_connections("peer", self.peer_connections.load(Ordering::Relaxed) as i64);
-        self.metrics.set_connections(
-            "client",
-            self.client_connections.load(Ordering::Relaxed) as i64,
-        );
-    }
-}
 
 impl admin::AdminState for Shared {
     fn metrics_text(&self) -> String {
@@ -342,18 +69,19 @@ impl admin::AdminState for Shared {
 
     fn health(&self) -> admin::Health {
         let phase = self.phase();
-        let fence = self.clock_fence.read().ok().and_then(|f| f.clone());
+        let fence = self.published.clock_fence();
         let storage = self.disk.state();
-        let ok = self.healthy.load(Ordering::Relaxed)
+        let ok = self.published.healthy()
             && !self.driver.is_closed()
             && phase == readiness::Phase::Ready
             && fence.is_none()
             && storage == disk::StorageState::Ok;
         let suspected: Vec<String> = self
-            .suspected
-            .read()
-            .map(|s| s.iter().map(|r| r.to_string()).collect())
-            .unwrap_or_default();
+            .published
+            .suspected()
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
         admin::Health {
             ok,
             replica: self.id.to_string(),
@@ -362,7 +90,7 @@ impl admin::AdminState for Shared {
                 "phase": phase.to_string(),
                 "storage": storage.to_string(),
                 "suspected_peers": suspected,
-                "requests_in_flight": self.inflight.count(),
+                "requests_in_flight": self.intake.inflight.count(),
                 "clock_fence": fence,
             }),
         }
@@ -377,11 +105,7 @@ impl admin::AdminState for Shared {
 
     fn watermarks(&self) -> admin::Watermarks {
         let now_ms = self.clock.now().wall_ms;
-        let all = self
-            .watermarks
-            .read()
-            .map(|m| m.clone())
-            .unwrap_or_default();
+        let all = self.published.watermarks();
         let scopes = all
             .values()
             .map(|wm| admin::ScopeMarks {
@@ -625,44 +349,24 @@ pub async fn run_with_sockets(
         clock.now(),
     )?;
     let (tx, rx) = mpsc::channel(DRIVER_QUEUE_MAX);
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(Shared::new(shared::Parts {
         id: id.clone(),
         region: me.region.clone(),
-        deployment: RwLock::new((deployment.clone(), 0)),
-        store: RwLock::new(Some(store)),
-        disk,
-        watermarks: RwLock::new(BTreeMap::new()),
-        suspected: RwLock::new(BTreeSet::new()),
-        location: RwLock::new(replica.location().clone()),
-        residency_to_outsiders: std::sync::atomic::AtomicU64::new(0),
-        residency_from_outsiders: std::sync::atomic::AtomicU64::new(0),
-        apply_lag: lag::ApplyLag::default(),
-        clock_fence: RwLock::new(None),
-        metrics: Arc::new(metrics::NodeMetrics::new()),
-        clock,
-        core_limits,
-        driver: tx,
-        heartbeats_heard: tokio::sync::Notify::new(),
-        requests: Arc::new(Semaphore::new(config.client_requests_max)),
-        frame_budget: pangea_net::FrameBudget::process(mib(config.frame_budget_mib)),
-        admission: pangea_net::admission::Admission::new(config.admission()),
-        attempts_unlogged: Default::default(),
-        inflight: Inflight::default(),
-        healthy: AtomicBool::new(true),
-        readiness: RwLock::new(readiness::Phase::Listening),
         seed,
-        peer_connections: AtomicUsize::new(0),
-        client_connections: AtomicUsize::new(0),
-        endpoint: endpoint.clone(),
-        runtime: tokio::runtime::Handle::current(),
         config: config.clone(),
+        core_limits,
+        clock,
+        deployment: deployment.clone(),
+        sources,
+        location: replica.location().clone(),
+        store,
+        disk,
+        driver: tx,
+        endpoint: endpoint.clone(),
         tls,
         faults,
         audit: audit_log::AuditLog::open(&config.data_dir, id.as_str())?,
-        files: RwLock::new(deployment.clone()),
-        sources_digest: AtomicU64::new(sources.digest),
-        sources: RwLock::new(Arc::new(sources)),
-    });
+    }));
     let mut queues = driver::PeerQueues::new();
     for (peer, addr) in peers {
         queues.insert(peer.clone(), peers::spawn(&shared, peer, addr));
@@ -735,7 +439,7 @@ pub async fn run_with_sockets(
     tracing::info!(replica = %id, "shutting down");
     endpoint.set_server_config(None);
     let drain_until = tokio::time::Instant::now() + Duration::from_millis(config.drain_ms);
-    while shared.inflight.count() > 0 && tokio::time::Instant::now() < drain_until {
+    while shared.intake.inflight.count() > 0 && tokio::time::Instant::now() < drain_until {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
@@ -763,7 +467,7 @@ pub const ATTEMPTS_LOG_EVERY: Duration = Duration::from_secs(10);
 fn admit(shared: &Arc<Shared>, incoming: quinn::Incoming) {
     use pangea_net::admission::Verdict;
     let source = incoming.remote_address().ip();
-    let verdict = shared.admission.admit(
+    let verdict = shared.intake.admission.admit(
         source,
         incoming.remote_address_validated(),
         incoming.may_retry(),
@@ -795,6 +499,7 @@ fn admit(shared: &Arc<Shared>, incoming: quinn::Incoming) {
     };
     shared.metrics.inc_connection_attempts(outcome);
     let mut unlogged = shared
+        .intake
         .attempts_unlogged
         .lock()
         .unwrap_or_else(|p| p.into_inner());
@@ -808,11 +513,12 @@ fn admit(shared: &Arc<Shared>, incoming: quinn::Incoming) {
             tokio::time::sleep(ATTEMPTS_LOG_EVERY).await;
             let counts = std::mem::take(
                 &mut *shared
+                    .intake
                     .attempts_unlogged
                     .lock()
                     .unwrap_or_else(|p| p.into_inner()),
             );
-            let (handshakes, connections) = shared.admission.in_flight();
+            let (handshakes, connections) = shared.intake.admission.in_flight();
             tracing::warn!(
                 ?counts,
                 handshakes,
@@ -866,9 +572,15 @@ async fn handle_incoming(
     };
     match pangea_net::peer_identity(&connection) {
         Ok(PeerIdentity::Replica { id, region }) => {
-            shared.peer_connections.fetch_add(1, Ordering::Relaxed);
+            shared
+                .intake
+                .peer_connections
+                .fetch_add(1, Ordering::Relaxed);
             peers::handle_peer(shared.clone(), connection, id, region).await;
-            shared.peer_connections.fetch_sub(1, Ordering::Relaxed);
+            shared
+                .intake
+                .peer_connections
+                .fetch_sub(1, Ordering::Relaxed);
         }
         Ok(PeerIdentity::Client { name, app_profile }) => {
             serve_caller(shared, connection, Principal::Client { name, app_profile }).await;
@@ -890,13 +602,19 @@ async fn handle_incoming(
 /// Serves the requests of a client, loader or operator connection (authorized per
 /// request in `serve`).
 async fn serve_caller(shared: Arc<Shared>, connection: quinn::Connection, caller: Principal) {
-    shared.client_connections.fetch_add(1, Ordering::Relaxed);
+    shared
+        .intake
+        .client_connections
+        .fetch_add(1, Ordering::Relaxed);
     serve::handle_client(shared.clone(), connection, caller).await;
-    shared.client_connections.fetch_sub(1, Ordering::Relaxed);
+    shared
+        .intake
+        .client_connections
+        .fetch_sub(1, Ordering::Relaxed);
 }
 
 /// MiB as bytes, saturating.
-fn mib(n: u64) -> usize {
+pub(crate) fn mib(n: u64) -> usize {
     usize::try_from(n.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
 }
 

@@ -160,7 +160,8 @@ pub async fn run_peer(
         };
         if outsider {
             shared
-                .residency_to_outsiders
+                .residency
+                .to_outsiders
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             shared.metrics.inc_residency_violation();
             tracing::error!(%peer, kind = t.frame.kind(), "restricted frame addressed to a replica outside its policy; dropped");

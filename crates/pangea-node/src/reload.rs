@@ -45,10 +45,8 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<Vec<String>, String> {
     }
     let old = shared.deployment();
     let location = shared
-        .location
-        .read()
-        .map(|l| l.clone())
-        .unwrap_or_default();
+        .published
+        .with_location(pangea_core::location::Location::clone);
     keeps_every_row(shared, &old, &new, &location)
         .map_err(|why| format!("reload refused, nothing changed: {why}"))?;
     let diff = old.diff(&new);
@@ -102,8 +100,8 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<Vec<String>, String> {
         .rules
         .sort_by(|a, b| (&a.table, &a.prefix).cmp(&(&b.table, &b.prefix)));
     let effective = Arc::new(effective);
-    shared.set_files(Arc::new(new));
-    shared.set_deployment(effective.clone());
+    shared.deployed.set_files(Arc::new(new), &shared.config);
+    shared.deployed.set_deployment(effective.clone());
     shared
         .driver
         .send(Input::View(effective.clone()))

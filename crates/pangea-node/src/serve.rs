@@ -134,7 +134,7 @@ impl From<CoreError> for Failure {
 /// Serves every request stream of one client connection.
 pub async fn handle_client(shared: Arc<Shared>, connection: quinn::Connection, caller: Principal) {
     let budget = pangea_net::FrameBudget::new(
-        shared.frame_budget.clone(),
+        shared.intake.frame_budget.clone(),
         crate::mib(shared.config.frame_budget_mib),
         crate::mib(shared.config.frame_budget_connection_mib),
     );
@@ -216,10 +216,10 @@ async fn serve_stream(
                 break;
             }
         };
-        let Ok(_permit) = shared.requests.clone().acquire_owned().await else {
+        let Ok(_permit) = shared.intake.requests.clone().acquire_owned().await else {
             return;
         };
-        let _inflight = shared.inflight.enter();
+        let _inflight = shared.intake.inflight.enter();
         let resp = serve_request(&shared, &caller, req).await;
         if resp.write(&mut send).await.is_err() {
             return;
@@ -405,9 +405,7 @@ fn response(
         replica: shared.id.to_string(),
         region: shared.region.to_string(),
         watermarks: wm.map(|w| w.to_proto()),
-        deployment: shared
-            .sources_digest
-            .load(std::sync::atomic::Ordering::Relaxed),
+        deployment: shared.deployed.sources_digest(),
     });
     let response = match result {
         Ok(Body::Message(r)) => r,
@@ -606,7 +604,7 @@ fn read_row(
 /// A point read of the newest version of every cell, answered from the row's
 /// encoded answer, which the row cache keeps until the row changes.
 fn read_row_encoded(shared: &Shared, table: &str, key: &Bytes) -> Result<Option<Bytes>, Failure> {
-    let (d, generation) = shared.deployment_and_generation();
+    let (d, generation) = shared.deployed.deployment_and_generation();
     let row = shared
         .store_row(table, key)
         .map_err(|e| Failure::new(Code::Unavailable, pangea_core::Chain(&e).to_string()))?;
@@ -631,7 +629,7 @@ type Served = (Body, Option<Arc<ScopeWatermarks>>);
 /// scan that never yielded would stall serving and replication until it ended.
 async fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
     let d = shared.deployment();
-    let files = shared.files();
+    let files = shared.deployed.files();
     let now_ms = shared.clock.now().wall_ms;
     let mut tables = Vec::new();
     // Every scope allowed here, even with no rows: an empty scope compares too.
@@ -669,10 +667,9 @@ async fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
                     row,
                     now_ms,
                 );
-                let allowed = match shared.location.read() {
-                    Ok(l) => l.audit_allows(&files, &d, &shared.id, table, key),
-                    Err(_) => false,
-                };
+                let allowed = shared
+                    .published
+                    .with_location(|l| l.audit_allows(&files, &d, &shared.id, table, key));
                 if !allowed {
                     t.rows_disallowed += 1;
                     t.bytes_disallowed += (key.len() + row.value_bytes()) as u64;
@@ -686,8 +683,8 @@ async fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
         replica: shared.id.to_string(),
         region: shared.region.to_string(),
         tables,
-        restricted_frames_to_outsiders: shared.residency_to_outsiders.load(Relaxed),
-        restricted_frames_from_outsiders: shared.residency_from_outsiders.load(Relaxed),
+        restricted_frames_to_outsiders: shared.residency.to_outsiders.load(Relaxed),
+        restricted_frames_from_outsiders: shared.residency.from_outsiders.load(Relaxed),
         scopes: digests
             .into_iter()
             .map(|(scope, digest)| pb::ScopeDigest {
@@ -824,7 +821,7 @@ async fn wait_for_regions(
 ) -> Result<(), Failure> {
     loop {
         // Armed before asking: a report between the answer and the wait wakes it.
-        let heard = shared.heartbeats_heard.notified();
+        let heard = shared.published.heartbeats_heard().notified();
         tokio::pin!(heard);
         heard.as_mut().enable();
         let (reply, answer) = oneshot::channel();
@@ -1105,14 +1102,13 @@ async fn execute(
             Ok((W::Reload(pb::ReloadResponse { changes }).into(), None))
         }
         R::LocationChanges(r) => {
-            let page = match shared.location.read() {
-                Ok(l) => pangea_core::location::changes_page(&l, &r.cursor, r.limit),
-                Err(_) => return Err(Failure::new(Code::Internal, "location metadata lock")),
-            };
+            let page = shared
+                .published
+                .with_location(|l| pangea_core::location::changes_page(l, &r.cursor, r.limit));
             Ok((W::LocationChanges(page).into(), None))
         }
         R::Deployment(_) => {
-            let s = shared.sources();
+            let s = shared.deployed.sources();
             let files = pb::DeploymentResponse {
                 topology: s.topology.clone(),
                 placement: s.placement.clone().unwrap_or_default(),
@@ -1121,11 +1117,7 @@ async fn execute(
             Ok((W::Deployment(files).into(), None))
         }
         R::Watermarks(w) => {
-            let all = shared
-                .watermarks
-                .read()
-                .map(|m| m.clone())
-                .unwrap_or_default();
+            let all = shared.published.watermarks();
             // A data principal sees the scopes its app profile may read.
             let d = shared.deployment();
             let scopes = all
