@@ -9,12 +9,12 @@ use pangea_core::migration::{Job, Progress, Refused, Request, resumable};
 use pangea_core::replica::{Now, Replica};
 use pangea_core::storage::Storage;
 use pangea_core::{Limits, MemStorage, Mutation, RowMutation, ScopeId};
-use pangea_topology::{Deployment, ReplicaId};
+use pangea_topology::Deployment;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 mod common;
-use common::{at, deployment, replica};
+use common::{at, deployment, pump, replica};
 
 type Cluster = BTreeMap<String, Replica<MemStorage>>;
 
@@ -62,26 +62,7 @@ fn tick(c: &mut Cluster, job: Option<&mut Job>, now: Now) -> Option<Progress> {
         }
     }
     let progress = job.map(|j| j.step(c.get_mut(RUNNER).unwrap(), now).unwrap());
-    loop {
-        let mut moved = false;
-        let ids: Vec<String> = c.keys().cloned().collect();
-        for id in &ids {
-            let r = c.get_mut(id).unwrap();
-            r.flush(now).unwrap();
-            let out: Vec<_> = std::iter::from_fn(|| r.poll_transmit()).collect();
-            for t in out {
-                c.get_mut(id).unwrap().handle_sent(&t.to, t.bytes);
-                if let Some(to) = c.get_mut(t.to.as_str()) {
-                    to.handle_frame(now, &ReplicaId::from(id.as_str()), t.frame)
-                        .unwrap();
-                    moved = true;
-                }
-            }
-        }
-        if !moved {
-            break;
-        }
-    }
+    pump(c, now);
     for r in c.values_mut() {
         r.purge_moved_rows().unwrap();
         while r.poll_event().is_some() {}

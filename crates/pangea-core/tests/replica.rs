@@ -6,7 +6,7 @@ use pangea_core::frame::{Frame, FrameLimits, Heartbeat};
 use pangea_core::read::{
     Consistency, Decision, PeerView, ReadRequest, Reason, RouteError, decide, plan_read,
 };
-use pangea_core::replica::{Config, Event, Now, Reject, Replica};
+use pangea_core::replica::{Config, Event, Reject, Replica};
 use pangea_core::storage::{LogEntry, Storage};
 use pangea_core::{
     Limits, MemStorage, Mutation, RowMutation, ScopeId, ScopeWatermarks, Timestamp, Token,
@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 mod common;
-use common::{T0, at, deployment, replica};
+use common::{T0, at, deployment, pump, replica};
 
 fn set(key: &str, value: &str) -> RowMutation {
     let m = Mutation::SetCell {
@@ -31,30 +31,6 @@ fn set(key: &str, value: &str) -> RowMutation {
 
 fn events(r: &mut Replica<MemStorage>) -> Vec<Event> {
     std::iter::from_fn(|| r.poll_event()).collect()
-}
-
-/// Moves every frame between `replicas` until none is left (no loss, no delay).
-fn pump(replicas: &mut BTreeMap<String, Replica<MemStorage>>, now: Now) {
-    loop {
-        let mut moved = false;
-        let ids: Vec<String> = replicas.keys().cloned().collect();
-        for id in &ids {
-            let r = replicas.get_mut(id).unwrap();
-            r.flush(now).unwrap();
-            let out: Vec<_> = std::iter::from_fn(|| r.poll_transmit()).collect();
-            for t in out {
-                replicas.get_mut(id).unwrap().handle_sent(&t.to, t.bytes);
-                if let Some(to) = replicas.get_mut(t.to.as_str()) {
-                    to.handle_frame(now, &ReplicaId::from(id.as_str()), t.frame)
-                        .unwrap();
-                    moved = true;
-                }
-            }
-        }
-        if !moved {
-            return;
-        }
-    }
 }
 
 #[test]

@@ -4,8 +4,10 @@
 #![allow(dead_code, unreachable_pub)]
 
 use pangea_core::MemStorage;
+use pangea_core::ReplicaId;
 use pangea_core::replica::{Config, Now, Replica};
 use pangea_topology::Deployment;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -43,4 +45,29 @@ pub fn replica(d: &Arc<Deployment>, id: &str) -> Replica<MemStorage> {
         at(0),
     )
     .unwrap()
+}
+
+/// Delivers every frame the replicas send, flushing each first, until none is in
+/// flight (a lossless, instant network).
+pub fn pump(replicas: &mut BTreeMap<String, Replica<MemStorage>>, now: Now) {
+    loop {
+        let mut moved = false;
+        let ids: Vec<String> = replicas.keys().cloned().collect();
+        for id in &ids {
+            let r = replicas.get_mut(id).unwrap();
+            r.flush(now).unwrap();
+            let out: Vec<_> = std::iter::from_fn(|| r.poll_transmit()).collect();
+            for t in out {
+                replicas.get_mut(id).unwrap().handle_sent(&t.to, t.bytes);
+                if let Some(to) = replicas.get_mut(t.to.as_str()) {
+                    to.handle_frame(now, &ReplicaId::from(id.as_str()), t.frame)
+                        .unwrap();
+                    moved = true;
+                }
+            }
+        }
+        if !moved {
+            return;
+        }
+    }
 }
