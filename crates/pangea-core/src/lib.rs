@@ -18,7 +18,8 @@
 //! - [`digest`]: content digests for comparing replicas;
 //! - [`token`]: consistency tokens;
 //! - [`storage`]: the storage trait and the types it takes; `MemStorage` (its `mem`
-//!   module) in memory for tests and the simulator;
+//!   module) in memory for tests and the simulator, with a crash model and a hook
+//!   for rows shared between the stores of one run (`RowSharing`);
 //! - [`watermark`]: a replica's watermarks for one scope;
 //! - [`frame`]: replication frames, parsed and bounded;
 //! - [`link`]: a replication stream's codec (heartbeats condensed per stream);
@@ -36,7 +37,13 @@
 //!   state machine the runner's driver steps with its replica;
 //! - [`readiness`]: the gate that keeps a restarted or new replica from serving
 //!   reads until it has caught up with its peers, driven by node and simulator;
-//! - [`redact`]: how user keys appear in logs, traces and error messages (hashed).
+//! - [`redact`]: how user keys appear in logs, traces and error messages (hashed);
+//! - [`rng`]: the project's one seeded generator (splitmix64), used here, by the
+//!   WAN emulator and backoff of `pangea-net`, and by the simulator;
+//! - `idmap`: a small map keyed by replica id that finds a held id by its address
+//!   (the replica's streams, peers and peer clocks);
+//! - `error`: the crate's one error type, with storage errors keeping their
+//!   engine's source.
 //!
 //! Invariants cited as `I<n>` are numbered in `docs/invariants.md`.
 
