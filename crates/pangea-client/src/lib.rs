@@ -1426,27 +1426,29 @@ impl Inner {
         *e = frontend::rtt_ewma(Some(*e), ms);
     }
 
-    /// A request to `r` has been outstanding this long and lost the race: raise its
-    /// estimate toward that.
+    /// A request to `r` has been outstanding this long without an answer (it lost
+    /// the race, or the call stopped waiting): gone, or slower than its estimate
+    /// ([`frontend::after_silence`]). Gone: marked down and its connection dropped
+    /// (a killed process keeps a QUIC connection open until its idle timeout).
     fn note_slower(&self, r: &ReplicaId, at_least: Duration) {
-        let ms = at_least.as_secs_f64() * 1e3;
-        if let Some(mut e) = self.rtt_ms.get_mut(r)
-            && let Some(raised) = frontend::rtt_raised(*e, ms)
-        {
-            *e = raised;
+        let rtt_ms = self.rtt_ms.get(r).map(|e| *e);
+        match frontend::after_silence(rtt_ms, at_least.as_secs_f64() * 1e3) {
+            frontend::Silence::Gone => {
+                self.down.insert(r.clone(), Instant::now() + DOWN_FOR);
+                self.transport.forget(r);
+            }
+            frontend::Silence::Slower(raised) => {
+                if let Some(mut e) = self.rtt_ms.get_mut(r) {
+                    *e = raised;
+                }
+            }
+            frontend::Silence::AsExpected => {}
         }
     }
 
-    /// A request to `r` got no answer in `waited`: at least that slow. If that was
-    /// several round trips, the replica is likely gone (a killed process keeps a QUIC
-    /// connection open until its idle timeout): mark it down.
+    /// A request to `r` got no answer in `waited` ([`Inner::note_slower`]).
     fn no_answer(&self, r: &ReplicaId, waited: Duration) {
         self.note_slower(r, waited);
-        let rtt_ms = self.rtt_ms.get(r).map(|e| *e);
-        if frontend::looks_gone(waited.as_secs_f64() * 1e3, rtt_ms) {
-            self.down.insert(r.clone(), Instant::now() + DOWN_FOR);
-            self.transport.forget(r);
-        }
     }
 
     /// One request to one candidate, with its own timeout of `budget`; learns from

@@ -77,6 +77,33 @@ pub fn looks_gone(budget_ms: f64, rtt_ms: Option<f64>) -> bool {
     budget_ms > 4.0 * rtt_ms + 20.0
 }
 
+/// What a request left `silent_ms` without an answer (it lost a race, or its
+/// call stopped waiting) says about its replica, judged on the round-trip
+/// estimate as it was: gone after several round trips ([`looks_gone`]), else
+/// slower than estimated ([`rtt_raised`]). Gone is judged before raising: a raised
+/// estimate lengthens the next wait for the replica ([`gone_after`]), and a silent
+/// replica beaten by a failover read after read would be waited for longer each
+/// time, until a read spent its whole deadline on it.
+pub fn after_silence(rtt_ms: Option<f64>, silent_ms: f64) -> Silence {
+    if looks_gone(silent_ms, rtt_ms) {
+        return Silence::Gone;
+    }
+    match rtt_ms.and_then(|r| rtt_raised(r, silent_ms)) {
+        Some(raised) => Silence::Slower(raised),
+        None => Silence::AsExpected,
+    }
+}
+
+/// See [`after_silence`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Silence {
+    /// Mark it down and drop its connection.
+    Gone,
+    /// Its round-trip estimate, raised.
+    Slower(f64),
+    AsExpected,
+}
+
 /// How long a read that may not be hedged ([`crate::read::Consistency::may_hedge`])
 /// waits on a silent replica before it counts as gone and the next candidate is
 /// asked: the budget after which [`looks_gone`] says so (four of its round trips
@@ -293,5 +320,20 @@ mod tests {
         );
         assert!(!looks_gone(30.0, Some(5.0)));
         assert!(!looks_gone(1_000.0, None), "unknown round trip: never gone");
+    }
+
+    /// A replica beaten by the failover of a read that waited [`gone_after`] for
+    /// it is gone, not slower: its estimate is not raised, so the next read does
+    /// not wait longer for it (read after read, the wait would grow past any
+    /// deadline).
+    #[test]
+    fn a_replica_silent_past_gone_after_is_gone_not_slower() {
+        for rtt in [0.2, 5.0, 80.0] {
+            let waited = gone_after(Some(rtt)).as_secs_f64() * 1e3 + 0.5;
+            assert_eq!(after_silence(Some(rtt), waited), Silence::Gone, "rtt {rtt}");
+        }
+        assert!(matches!(after_silence(Some(10.0), 30.0), Silence::Slower(r) if r > 10.0));
+        assert_eq!(after_silence(Some(10.0), 5.0), Silence::AsExpected);
+        assert_eq!(after_silence(None, 5_000.0), Silence::AsExpected);
     }
 }
