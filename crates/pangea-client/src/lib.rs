@@ -820,7 +820,7 @@ impl Client {
         })
     }
 
-    /// Reads several rows of one table (of one placement policy), in key order.
+    /// Reads several rows of one table (of one placement policy), in the order of `keys`.
     /// A replica answers as many rows as fit one response (4 MiB by default): the
     /// call then asks again for the rest, each request with the call's whole
     /// options, until every row is read. The response's replica, reason and
