@@ -1426,13 +1426,24 @@ impl Inner {
         *e = frontend::rtt_ewma(Some(*e), ms);
     }
 
-    /// A request to `r` has been outstanding this long without an answer (it lost
-    /// the race, or the call stopped waiting): gone, or slower than its estimate
-    /// ([`frontend::after_silence`]). Gone: marked down and its connection dropped
-    /// (a killed process keeps a QUIC connection open until its idle timeout).
+    /// A request to `r` has been outstanding this long and lost the race: raise its
+    /// estimate toward that.
     fn note_slower(&self, r: &ReplicaId, at_least: Duration) {
+        let ms = at_least.as_secs_f64() * 1e3;
+        if let Some(mut e) = self.rtt_ms.get_mut(r)
+            && let Some(raised) = frontend::rtt_raised(*e, ms)
+        {
+            *e = raised;
+        }
+    }
+
+    /// A request to `r` got no answer in `waited`: gone (marked down, its
+    /// connection dropped: a killed process keeps a QUIC connection open until its
+    /// idle timeout), or slower than its estimate ([`frontend::after_silence`],
+    /// judged on the estimate as it was).
+    fn no_answer(&self, r: &ReplicaId, waited: Duration) {
         let rtt_ms = self.rtt_ms.get(r).map(|e| *e);
-        match frontend::after_silence(rtt_ms, at_least.as_secs_f64() * 1e3) {
+        match frontend::after_silence(rtt_ms, waited.as_secs_f64() * 1e3) {
             frontend::Silence::Gone => {
                 self.down.insert(r.clone(), Instant::now() + DOWN_FOR);
                 self.transport.forget(r);
@@ -1444,11 +1455,6 @@ impl Inner {
             }
             frontend::Silence::AsExpected => {}
         }
-    }
-
-    /// A request to `r` got no answer in `waited` ([`Inner::note_slower`]).
-    fn no_answer(&self, r: &ReplicaId, waited: Duration) {
-        self.note_slower(r, waited);
     }
 
     /// One request to one candidate, with its own timeout of `budget`; learns from

@@ -284,9 +284,19 @@ async fn drive(
                         {
                             detach(inner, set, deadline_at);
                             cancel_rest(&mut asked);
-                            // The others have taken at least this long.
-                            for a in asked.iter().filter(|a| a.replica != o.candidate.replica) {
-                                inner.note_slower(&a.replica, served.at.saturating_duration_since(a.since));
+                            // The others have taken at least this long. Not the
+                            // first replica of a read that may not be hedged, left
+                            // after `gone_after` of silence: raising its estimate
+                            // would lengthen the next such wait, read after read,
+                            // until one spent its deadline on a dead connection. Its
+                            // silence is judged when its request ends (`detach`).
+                            let silent_first = |i: usize, a: &Asked| {
+                                i == 0 && !opts.consistency.may_hedge() && a.error.is_none()
+                            };
+                            for (i, a) in asked.iter().enumerate() {
+                                if a.replica != o.candidate.replica && !silent_first(i, a) {
+                                    inner.note_slower(&a.replica, served.at.saturating_duration_since(a.since));
+                                }
                             }
                             return Ok(Response {
                                 value: resp,

@@ -23,7 +23,7 @@ pub enum Error {
     UnknownTable { table: String },
     #[error("table {table:?} has no column family {family:?}")]
     UnknownFamily { table: String, family: String },
-    #[error("invalid name: {0}")]
+    #[error(transparent)]
     InvalidName(#[from] NameError),
     #[error("time range [{start}, {end}) is empty")]
     EmptyTimeRange { start: u64, end: u64 },

@@ -383,7 +383,8 @@ async fn recover(
     // store (fjall refuses only writes) until it is reopened.
     drop(replica);
     shared.published.set_healthy(false);
-    tracing::error!(%error, "storage failed: store closed; it is reopened once the disk has room");
+    let chain = pangea_core::Chain(&error);
+    tracing::error!(error = %chain, "storage failed: store closed; it is reopened once the disk has room");
     let failed_at = std::time::Instant::now();
     let unavailable = || told(shared);
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));

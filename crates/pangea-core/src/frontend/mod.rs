@@ -77,13 +77,12 @@ pub fn looks_gone(budget_ms: f64, rtt_ms: Option<f64>) -> bool {
     budget_ms > 4.0 * rtt_ms + 20.0
 }
 
-/// What a request left `silent_ms` without an answer (it lost a race, or its
-/// call stopped waiting) says about its replica, judged on the round-trip
-/// estimate as it was: gone after several round trips ([`looks_gone`]), else
-/// slower than estimated ([`rtt_raised`]). Gone is judged before raising: a raised
-/// estimate lengthens the next wait for the replica ([`gone_after`]), and a silent
-/// replica beaten by a failover read after read would be waited for longer each
-/// time, until a read spent its whole deadline on it.
+/// What a request left `silent_ms` without an answer (its call stopped waiting
+/// for it) says about its replica, judged on the round-trip estimate as it was:
+/// gone after several round trips ([`looks_gone`]), else slower than estimated
+/// ([`rtt_raised`]). Gone is judged before raising: judged after, a silence long
+/// enough to mark a replica gone could raise its estimate so far that it no
+/// longer looks gone.
 pub fn after_silence(rtt_ms: Option<f64>, silent_ms: f64) -> Silence {
     if looks_gone(silent_ms, rtt_ms) {
         return Silence::Gone;
@@ -322,10 +321,8 @@ mod tests {
         assert!(!looks_gone(1_000.0, None), "unknown round trip: never gone");
     }
 
-    /// A replica beaten by the failover of a read that waited [`gone_after`] for
-    /// it is gone, not slower: its estimate is not raised, so the next read does
-    /// not wait longer for it (read after read, the wait would grow past any
-    /// deadline).
+    /// A request silent past [`gone_after`] says its replica is gone, judged on
+    /// the estimate before the silence (not one raised by it).
     #[test]
     fn a_replica_silent_past_gone_after_is_gone_not_slower() {
         for rtt in [0.2, 5.0, 80.0] {

@@ -1326,7 +1326,7 @@ impl<S: Storage> Replica<S> {
             self.events.push_back(Event::LocationRefused(InvalidEntry {
                 table: LOCATION_TABLE.into(),
                 prefix: Bytes::new(),
-                reason: format!("cannot read the location table: {e}"),
+                reason: format!("cannot read the location table: {}", crate::Chain(&e)),
             }));
         }
     }
