@@ -1,0 +1,40 @@
+"""Pangea client for Python: mutual-TLS QUIC to the replicas of a cluster, with
+the routing of docs/protocol.md §9 (nearest replica, failover, hedging, the
+watermark fallback race, row affinity, bounded reads).
+
+    from pangea_client import Client, SetCell, Watermark
+
+    client = await Client.connect("/tmp/pangea/cluster.toml", region="eu-west-1")
+    written = await client.mutate("ad_profiles", "us/42", [SetCell("profile", "p", b"hi")])
+    row = (await client.get("ad_profiles", "us/42", consistency=Watermark(written.value))).value
+"""
+
+from .adprofile import AdProfile, FrequencyCap, Segment
+from .client import Client, Response
+from .consistency import Bounded, Eventual, RowAffinity, ScopeWatermarks, Token, Watermark
+from .deployment import ClusterFile, Deployment
+from .errors import (
+    Ambiguous,
+    ConfigError,
+    DeadlineExceeded,
+    Internal,
+    InvalidArgument,
+    Lost,
+    NotCovered,
+    NotFound,
+    NotReplicated,
+    PangeaError,
+    PolicyForbids,
+    TooStale,
+    Unavailable,
+)
+from .rows import Cell, DeleteFromColumn, DeleteFromFamily, DeleteFromRow, Family, Row, ScanPage, SetCell
+from .transport import Credential
+
+__all__ = [
+    "AdProfile", "Ambiguous", "Bounded", "Cell", "Client", "ClusterFile", "ConfigError", "Credential",
+    "DeadlineExceeded", "DeleteFromColumn", "DeleteFromFamily", "DeleteFromRow", "Deployment", "Eventual", "Family",
+    "FrequencyCap", "Internal", "InvalidArgument", "Lost", "NotCovered", "NotFound", "NotReplicated", "PangeaError",
+    "PolicyForbids", "Response", "Row", "RowAffinity", "ScanPage", "ScopeWatermarks", "Segment", "SetCell", "Token",
+    "TooStale", "Unavailable", "Watermark",
+]
