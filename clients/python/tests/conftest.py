@@ -30,7 +30,14 @@ T = TypeVar("T")
 
 
 def pangea_bin() -> str:
-    b = os.environ.get("PANGEA_BIN") or str(REPO / "target" / "debug" / "pangea")
+    """PANGEA_BIN, which must exist when set (CI sets it); else the repository's
+    debug build, and the cluster tests are skipped without one."""
+    b = os.environ.get("PANGEA_BIN")
+    if b:
+        if not Path(b).is_file():
+            raise RuntimeError(f"PANGEA_BIN={b}: no such file")
+        return str(Path(b).resolve())
+    b = str(REPO / "target" / "debug" / "pangea")
     if not Path(b).is_file():
         pytest.skip(f"no pangea binary at {b} (set PANGEA_BIN)")
     return b
