@@ -72,6 +72,9 @@ class Hedger:
         self._current: list[float] = []  # sorted
         self._previous: list[float] = []  # sorted
         self._window_start: float | None = None
+        # The last percentile computed, and the sample count then: recomputed
+        # after 16 new samples (as the Rust client's `REFRESH_SAMPLES`).
+        self._cached: tuple[int, float] | None = None
 
     def record(self, now: float, latency_s: float) -> None:
         if self._window_start is None:
@@ -79,6 +82,7 @@ class Hedger:
         if now - self._window_start > self.WINDOW_S:
             self._previous, self._current = self._current, []
             self._window_start = now
+            self._cached = None
         bisect.insort(self._current, latency_s)
 
     def delay(self, deadline_s: float) -> float:
@@ -88,10 +92,13 @@ class Hedger:
         n = len(self._current) + len(self._previous)
         if n < self.SAMPLES_MIN:
             d = ceiling
+        elif self._cached is not None and n < self._cached[0] + 16:
+            d = self._cached[1]
         else:
             rank = min(n - 1, int(self.percentile * n))
             merged = sorted(self._previous + self._current) if self._previous else self._current
             d = merged[rank]
+            self._cached = (n, d)
         return max(min(self.floor_s, ceiling), min(d, ceiling))
 
     def try_spend(self) -> bool:
