@@ -127,6 +127,11 @@ pub(crate) struct WriteFlags {
     /// applied the write.
     #[arg(long)]
     wait_all_regions: bool,
+    /// Applying this write twice is harmless: when the replica asked cannot say
+    /// whether it applied it, send it to the next one rather than failing
+    /// (default: fail, saying the write may or may not have happened).
+    #[arg(long)]
+    resend_if_unknown: bool,
 }
 
 impl WriteFlags {
@@ -140,6 +145,7 @@ impl WriteFlags {
                 (Some(n), false) => Ack::Regions(n),
                 (None, false) => Ack::Origin,
             },
+            resend_if_unknown: self.resend_if_unknown,
         }
     }
 }

@@ -137,6 +137,9 @@ fn fill(dir: &Path, leave_mib: u64) -> Result<PathBuf> {
 }
 
 /// Writes until one is refused; returns the acknowledged keys and the refusal.
+/// The writes of the group commit that met the full disk come back ambiguous
+/// (what reached the journal before it may survive): each must say why, and none
+/// is counted as acknowledged.
 async fn write_until_refused(
     c: &Client,
     prefix: &str,
@@ -151,6 +154,14 @@ async fn write_until_refused(
         let key = format!("{prefix}{i:05}");
         match c.mutate(set(&key, 64 << 10)?, &opts).await {
             Ok(_) => acked.push(key),
+            Err(e @ pangea_client::Error::Ambiguous { .. }) => {
+                let e = e.to_string();
+                ensure!(
+                    e.contains("the store failed while making it durable"),
+                    "{e}"
+                );
+                eprintln!("{key}: {e}");
+            }
             Err(e) => return Ok((acked, e.to_string())),
         }
     }

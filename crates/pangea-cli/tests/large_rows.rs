@@ -1,7 +1,7 @@
 //! Large rows on a live replica: 1,000 rows of 100 KB come back whole through
 //! get-many and scans, whose responses are paged by bytes as well as rows, and a
 //! write that would grow a row past `Limits::row_bytes_max` is refused naming the
-//! limit.
+//! limit, as is a read with a key past `Limits::row_key_bytes_max`.
 
 mod common;
 
@@ -184,6 +184,38 @@ async fn a_thousand_rows_of_100_kb_are_read_back_in_pages_by_bytes() -> Result<(
             .as_ref()
             .map_or(0, |r| r.families.iter().flat_map(|f| &f.cells).count());
         ensure!(held == 3, "the refused writes left {held} columns");
+
+        // Every read checks its keys against the 4 KiB row-key limit, naming the
+        // field, the size and the limit.
+        let long = Bytes::from(vec![b'k'; 4097]);
+        let refused = |what: &str, r: Result<(), Error>, field: &str| -> Result<()> {
+            match r {
+                Err(Error::InvalidInput(msg))
+                    if msg.contains(&format!("{field}: row key is 4097 bytes, limit 4096")) =>
+                {
+                    Ok(())
+                }
+                other => bail!("{what} with a 4097-byte key: {other:?}"),
+            }
+        };
+        let get = client.get("ad_profiles", long.clone(), &ropts).await;
+        refused("get", get.map(|_| ()), "row_key")?;
+        let many = client
+            .get_many("ad_profiles", &[key(0), long.clone()], &ropts)
+            .await;
+        refused("get-many", many.map(|_| ()), "row_keys[1]")?;
+        let scan = client
+            .scan_prefix("ad_profiles", long.clone(), &ScanOptions::default(), &ropts)
+            .await;
+        refused("scan", scan.map(|_| ()), "prefix")?;
+        let resume = ScanOptions {
+            resume_after: long.clone(),
+            ..Default::default()
+        };
+        let scan = client
+            .scan_prefix("ad_profiles", "big/", &resume, &ropts)
+            .await;
+        refused("scan resumed", scan.map(|_| ()), "resume_after")?;
         anyhow::Ok(())
     })
     .await

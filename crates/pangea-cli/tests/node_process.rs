@@ -310,6 +310,8 @@ fn error_kind(e: &ClientError) -> &'static str {
         ClientError::TooStale(_) => "too stale",
         ClientError::PolicyForbids(_) => "policy forbids",
         ClientError::Unavailable(_) => "unavailable",
+        ClientError::Lost { .. } => "lost",
+        ClientError::Ambiguous { .. } => "ambiguous",
         ClientError::InvalidInput(_) => "invalid input",
         ClientError::NotFound(_) => "not found",
         ClientError::NotReplicated { .. } => "not replicated",
@@ -1228,27 +1230,34 @@ async fn graceful_shutdown_and_restart_keep_all_data() -> Result<()> {
     .context("test timed out")?
 }
 
-/// **Writes fail over within their deadline after a SIGKILL.** From us-east-1 with
-/// the region-local profile, writes go to use1-a or use1-b. After the replica the
-/// client last wrote to is SIGKILLed, and again after it has been restarted, every
-/// write with a 1 s deadline must still be acknowledged (by the other replica of the
-/// region, or by the restarted one), since one healthy replica is always there.
+/// **Writes fail over within their deadline after a SIGKILL, and never twice.**
+/// From us-east-1 with the region-local profile, writes go to use1-a or use1-b.
+/// The replica the client last wrote to is SIGKILLed, restarted, then SIGKILLed
+/// again; writes with a 1 s deadline go on all the while, one every 50 ms.
 ///
-/// What makes it so: a write gives its first attempt half the time left, so a dead
-/// replica cannot eat the deadline; an attempt that times out after several round
-/// trips marks the replica down and drops its connection (`looks_gone`); and the
-/// restarted replica keeps its stateless-reset key (`quic-reset.key` in its data
-/// directory), so a connection its predecessor left behind is reset on its first
-/// packet instead of idling out for 10 s (`pangea_net::reset`).
+/// - While it is down the first time, writes are sent as by default: to another
+///   replica only when the first certainly did not apply them. The write in flight
+///   on the dead replica's connection cannot know — the process may have applied it
+///   before it died — so it fails `Ambiguous`, naming the replica, after half its
+///   deadline; it is the only one to fail, since the replica is then taken for
+///   down and its connection dropped, and a later attempt that cannot even connect
+///   is known not to have arrived (the other replica takes it).
+/// - After the restart every write is acknowledged: the restarted replica keeps
+///   its stateless-reset key (`quic-reset.key` in its data directory), so a
+///   connection its predecessor left behind is reset on its first packet instead
+///   of idling out for 10 s (`pangea_net::reset`).
+/// - While it is down the second time, the writes say they may be applied twice
+///   (`WriteOptions::resend_if_unknown`: each sets a fresh row to a fixed value),
+///   so every one is acknowledged, the one in flight by the other replica after
+///   half its deadline.
 ///
-/// Typical figures (idle 2-core machine, 4 s per phase, a write every 50 ms): while
-/// down, ~67 writes, 1 over 100 ms (the first after the kill, 503 ms: half its
-/// deadline, then the other replica); after the restart, ~75 writes, none over
-/// 100 ms.
+/// Typical figures (idle 2-core machine, 3 s per phase): ~50 writes a phase; while
+/// down, 1–3 over 100 ms (~500 ms: half the deadline, then the other replica);
+/// after the restart, none over 100 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_fail_over_within_their_deadline_after_sigkill() -> Result<()> {
     let mut cluster = Cluster::up(false)?;
-    timeout(Duration::from_secs(40), async {
+    timeout(Duration::from_secs(60), async {
         let client = cluster.client(US, "frontend-local").await?;
         let mut victim = String::new();
         for i in 0..20 {
@@ -1262,8 +1271,21 @@ async fn writes_fail_over_within_their_deadline_after_sigkill() -> Result<()> {
         }
         cluster.kill9(&victim)?;
         let killed = Instant::now();
-        let mut failures: Vec<String> = Vec::new();
-        write_for(&client, "while down", killed, &mut failures).await?;
+        let failed = write_for(&client, "while down", killed, false).await?;
+        println!("{} writes failed:\n{}", failed.len(), failed.join("\n"));
+        ensure!(
+            failed.len() <= 1,
+            "{} writes failed although a replica of the region was up",
+            failed.len()
+        );
+        for e in &failed {
+            ensure!(
+                e.contains(&format!(
+                    "may or may not have been applied at replica {victim}"
+                )),
+                "a write failed other than as ambiguous at {victim}: {e}"
+            );
+        }
         cluster.restart(&victim)?;
         let admin = cluster.replica(&victim)?.admin.clone();
         common::eventually(
@@ -1277,12 +1299,23 @@ async fn writes_fail_over_within_their_deadline_after_sigkill() -> Result<()> {
             },
         )
         .await?;
-        write_for(&client, "after the restart", killed, &mut failures).await?;
-        println!("{} writes failed:\n{}", failures.len(), failures.join("\n"));
+        let failed = write_for(&client, "after the restart", killed, false).await?;
         ensure!(
-            failures.is_empty(),
-            "{} writes failed although a replica of the region was up",
-            failures.len()
+            failed.is_empty(),
+            "writes failed after the restart: {failed:?}"
+        );
+        // The replica the client writes to now, killed in turn.
+        let w = client
+            .mutate(set("fo/second", "x")?, &write_opts(Duration::from_secs(1)))
+            .await?;
+        let victim = w.replica.to_string();
+        cluster.kill9(&victim)?;
+        let killed = Instant::now();
+        let failed = write_for(&client, "down again, resend if unknown", killed, true).await?;
+        ensure!(
+            failed.is_empty(),
+            "writes that may be applied twice failed although a replica of the region \
+             was up: {failed:?}"
         );
         Ok(())
     })
@@ -1290,22 +1323,28 @@ async fn writes_fail_over_within_their_deadline_after_sigkill() -> Result<()> {
     .context("test timed out")?
 }
 
-/// Writes one row every 50 ms for 4 s with a 1 s deadline; records failures.
+/// Writes one row every 50 ms for 3 s with a 1 s deadline (allowed to go to another
+/// replica when whether one applied it is unknown: `resend`); returns the failures.
 async fn write_for(
     client: &Client,
     phase: &str,
     killed: Instant,
-    failures: &mut Vec<String>,
-) -> Result<()> {
-    let until = Instant::now() + Duration::from_secs(4);
+    resend: bool,
+) -> Result<Vec<String>> {
+    let until = Instant::now() + Duration::from_secs(3);
+    let opts = WriteOptions {
+        resend_if_unknown: resend,
+        ..write_opts(Duration::from_secs(1))
+    };
     let mut i = 0;
     let mut slowest = Duration::ZERO;
     let mut over_100ms = 0;
+    let mut failures = Vec::new();
     while Instant::now() < until {
         i += 1;
         let m = set(&format!("fo/{phase}/{i}"), "x")?;
         let started = Instant::now();
-        let result = client.mutate(m, &write_opts(Duration::from_secs(1))).await;
+        let result = client.mutate(m, &opts).await;
         slowest = slowest.max(started.elapsed());
         over_100ms += usize::from(started.elapsed() > Duration::from_millis(100));
         if let Err(e) = result {
@@ -1320,7 +1359,7 @@ async fn write_for(
         "{phase}: {i} writes, {over_100ms} over 100 ms, slowest {:.0} ms",
         ms(slowest)
     );
-    Ok(())
+    Ok(failures)
 }
 
 /// Writes over one raw connection (no client routing), `concurrency` at a time, keys

@@ -24,9 +24,22 @@ pub enum Error {
     /// closed: nothing is read or written elsewhere).
     #[error("policy forbids: {0}")]
     PolicyForbids(String),
-    /// No replica could be reached.
+    /// No replica could be reached, or the one asked refused: it did nothing
+    /// (a write was not applied).
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The request went out to `replica`, but its connection or stream failed
+    /// before an answer came back. Another replica is asked for a read; a write
+    /// ends with [`Error::Ambiguous`].
+    #[error("connection to replica {replica} lost before its answer: {detail}")]
+    Lost { replica: String, detail: String },
+    /// A write that may or may not have been applied: `replica` was sent it and
+    /// then stopped waiting for it, went silent, or was lost before answering.
+    /// Sending it again elsewhere would apply it twice, so the client did not
+    /// ([`crate::WriteOptions::resend_if_unknown`] says it may). Read the row to
+    /// find out, or write again if applying it twice is harmless.
+    #[error("write may or may not have been applied at replica {replica}: {detail}")]
+    Ambiguous { replica: String, detail: String },
     /// The request broke a limit or was malformed; the message names what.
     #[error("invalid input: {0}")]
     InvalidInput(String),
@@ -82,6 +95,8 @@ impl Error {
             Error::TooStale(_) => "too_stale",
             Error::PolicyForbids(_) => "policy_forbids",
             Error::Unavailable(_) => "unavailable",
+            Error::Lost { .. } => "lost",
+            Error::Ambiguous { .. } => "ambiguous",
             Error::InvalidInput(_) => "invalid_input",
             Error::NotFound(_) => "not_found",
             Error::NotReplicated { .. } => "not_replicated",
@@ -94,6 +109,7 @@ impl Error {
         matches!(
             self,
             Error::Unavailable(_)
+                | Error::Lost { .. }
                 | Error::TooStale(_)
                 | Error::DeadlineExceeded { .. }
                 | Error::NotCovered { .. }

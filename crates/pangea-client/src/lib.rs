@@ -39,7 +39,7 @@ pub use pangea_proto::v1::{AdProfile, FrequencyCap, Row, Segment};
 
 use bytes::Bytes;
 use dashmap::DashMap;
-use pangea_core::frontend::call::{Action, Outcome, WriteCall};
+use pangea_core::frontend::call::{Action, Outcome, Resend, WriteCall};
 use pangea_core::frontend::{self, DOWN_FOR, PROBE_DOWN_FOR, PROBE_TIMEOUT, WATERMARK_REFRESH};
 use pangea_core::location::Location;
 use pangea_core::read::{Candidate, PeerView, ReadRequest, plan_read_at};
@@ -51,7 +51,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use trace::{AttemptKind, Op, Traced};
@@ -1002,10 +1002,16 @@ impl Client {
             },
             wait_all_regions: opts.ack == Ack::AllRegions,
         });
-        // `WriteCall` decides: no hedge (a write is not idempotent across origins),
-        // failover only when a replica could not be reached or ran out its budget.
-        let mut call = WriteCall::new(plan.primary, self.inner.us(started), deadline);
-        let mut last_err = None;
+        // `WriteCall` decides: no hedge (a write is not idempotent across origins);
+        // another replica only when this one certainly did not apply it, unless
+        // the caller says applying it twice is harmless.
+        let resend = if opts.resend_if_unknown {
+            Resend::IfUnknown
+        } else {
+            Resend::IfNotApplied
+        };
+        let mut call = WriteCall::new(plan.primary, self.inner.us(started), deadline, resend);
+        let mut errors: Vec<Option<Error>> = Vec::new();
         while let Some(Action::Send(n)) = call.poll_action() {
             let a = call.attempt(n);
             let c = a.candidate.clone();
@@ -1038,14 +1044,31 @@ impl Client {
                 Ok((other, _)) => {
                     return Err(Error::Internal(format!("unexpected response {other:?}")));
                 }
-                Err(e) => last_err = Some(e),
+                Err(e) => {
+                    errors.resize(n + 1, None);
+                    errors[n] = Some(e);
+                }
             }
         }
         let attempts = call.attempts().len() as u32;
+        let error_of = |n: usize| errors.get(n).cloned().flatten();
         Err(match call.outcome() {
             Some(Outcome::NoCandidate) => Error::Unavailable("no replica to write to".into()),
-            Some(Outcome::Failed { .. } | Outcome::LastError { .. }) => {
-                last_err.unwrap_or(Error::DeadlineExceeded { deadline, attempts })
+            Some(Outcome::Ambiguous { attempt }) => match error_of(attempt) {
+                Some(e @ Error::Ambiguous { .. }) => e,
+                e => Error::Ambiguous {
+                    replica: call.attempt(attempt).candidate.replica.to_string(),
+                    detail: match e {
+                        Some(Error::DeadlineExceeded { deadline, .. }) => {
+                            format!("no answer within {} ms", deadline.as_millis())
+                        }
+                        Some(e) => e.to_string(),
+                        None => "no answer in time".to_owned(),
+                    },
+                },
+            },
+            Some(Outcome::Failed { attempt } | Outcome::LastError { attempt }) => {
+                error_of(attempt).unwrap_or(Error::DeadlineExceeded { deadline, attempts })
             }
             _ => Error::DeadlineExceeded { deadline, attempts },
         })
@@ -1312,8 +1335,14 @@ impl Client {
         let started = Instant::now();
         let result = async {
             let mut round = 0;
+            // Every round of planning shares the call's one deadline.
+            let mut left = std::borrow::Cow::Borrowed(opts);
             loop {
-                match self.read_once(table, key, &body, opts, &traced).await {
+                if round > 0 {
+                    let deadline = opts.deadline.saturating_sub(started.elapsed());
+                    left.to_mut().deadline = deadline;
+                }
+                match self.read_once(table, key, &body, &left, &traced).await {
                     // A replica refused the row: our location metadata may be stale
                     // (rows moved). Refresh it and plan again.
                     Err(Error::PolicyForbids(m))
@@ -1324,6 +1353,12 @@ impl Client {
                     {
                         tracing::debug!(round, refused = %m, "location refreshed after a refusal");
                         round += 1;
+                    }
+                    Err(Error::DeadlineExceeded { attempts, .. }) => {
+                        return Err(Error::DeadlineExceeded {
+                            deadline: opts.deadline,
+                            attempts,
+                        });
                     }
                     other => return other,
                 }
@@ -1468,9 +1503,19 @@ impl Inner {
     ) -> Result<(pb::client_response::Response, Served), Error> {
         let since = Instant::now();
         let deadline_at = deadline_after(since, budget);
-        let ask = self.ask(c, body, since, deadline_at, traceparent);
+        let sent = AtomicBool::new(false);
+        let ask = self.ask(c, body, since, deadline_at, traceparent, &sent);
         match tokio::time::timeout_at(deadline_at.into(), ask).await {
             Ok(result) => result,
+            // Still connecting: nothing reached the replica.
+            Err(_) if !sent.load(Ordering::Relaxed) => {
+                self.down
+                    .insert(c.replica.clone(), Instant::now() + DOWN_FOR);
+                Err(Error::Unavailable(format!(
+                    "replica {}: not connected within {budget:?}",
+                    c.replica
+                )))
+            }
             Err(_) => {
                 self.no_answer(&c.replica, budget);
                 Err(Error::DeadlineExceeded {
@@ -1484,7 +1529,8 @@ impl Inner {
     /// One request to one candidate, sent at `since`, for an answer by `deadline_at`
     /// (which the replica is told; the caller stops waiting then, through
     /// [`Inner::no_answer`]); learns from the answer.
-    /// `traceparent`: the W3C context of the attempt's span (empty: none).
+    /// `traceparent`: the W3C context of the attempt's span (empty: none); `sent`
+    /// is set once the request starts out ([`Transport::call_noting`]).
     pub(crate) async fn ask(
         &self,
         c: &Candidate,
@@ -1492,6 +1538,7 @@ impl Inner {
         since: Instant,
         deadline_at: Instant,
         traceparent: String,
+        sent: &AtomicBool,
     ) -> Result<(pb::client_response::Response, Served), Error> {
         // An answer's time is the path's and the replica's, what routing and
         // hedging learn from, except a write's that waited for other regions: the
@@ -1500,13 +1547,14 @@ impl Inner {
             &body,
             pb::client_request::Request::Mutate(m) if m.wait_regions > 0 || m.wait_all_regions
         );
+        let write = matches!(&body, pb::client_request::Request::Mutate(_));
         let req = pb::ClientRequest {
             deadline_us: deadline_at.saturating_duration_since(since).as_micros() as u64,
             app_profile: self.config.app_profile.clone(),
             traceparent,
             request: Some(body),
         };
-        let mut resp = match self.transport.call(&c.replica, &req).await {
+        let mut resp = match self.transport.call_noting(&c.replica, &req, sent).await {
             Ok(r) => r,
             Err(e) => {
                 self.down
@@ -1544,6 +1592,15 @@ impl Inner {
             at,
         };
         match resp.response {
+            // The replica stopped waiting for a write it had taken (docs/protocol.md, §4).
+            Some(pb::client_response::Response::Error(e))
+                if write && e.code == pb::error::Code::DeadlineExceeded as i32 =>
+            {
+                Err(Error::Ambiguous {
+                    replica: c.replica.to_string(),
+                    detail: e.message,
+                })
+            }
             Some(pb::client_response::Response::Error(e)) => Err(Error::from_wire(&e, &c.replica)),
             Some(r) => {
                 if !waited {

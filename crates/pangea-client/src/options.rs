@@ -83,6 +83,16 @@ pub struct WriteOptions {
     /// `Error::NotReplicated` carrying its token (it happened). Default deadline
     /// then [`WRITE_DEADLINE_REPLICATED_DEFAULT`].
     pub ack: Ack,
+    /// `true`: applying this mutation twice is harmless (it sets cells to values
+    /// no other writer races), so when the replica asked cannot say whether it
+    /// applied it — it stopped waiting, went silent, or the connection was lost
+    /// after the request went out — the client sends it to the next replica
+    /// rather than failing. Default `false`: the write goes elsewhere only when
+    /// it certainly was not applied (could not be sent, or refused), and otherwise
+    /// fails with `Error::Ambiguous`. A write sent twice is applied twice, under
+    /// two origins: last writer wins between the two, so a concurrent writer's
+    /// cells can be overwritten again (docs/protocol.md, §9 "Writes").
+    pub resend_if_unknown: bool,
 }
 
 impl WriteOptions {
@@ -95,6 +105,13 @@ impl WriteOptions {
     /// Acknowledged only once applied as `ack` says (see [`WriteOptions::ack`]).
     pub fn with_ack(mut self, ack: Ack) -> Self {
         self.ack = ack;
+        self
+    }
+
+    /// May be sent to another replica when whether it was applied is unknown
+    /// (see [`WriteOptions::resend_if_unknown`]).
+    pub fn resend_if_unknown(mut self) -> Self {
+        self.resend_if_unknown = true;
         self
     }
 

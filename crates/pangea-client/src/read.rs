@@ -135,7 +135,10 @@ pub(crate) fn reply_of<T>(result: &Result<T, Error>) -> Reply {
     match result {
         Ok(_) => Reply::Served,
         Err(Error::NotCovered { .. }) => Reply::NotCovered,
-        Err(Error::DeadlineExceeded { .. }) => Reply::DeadlineExceeded,
+        // The replica stopped waiting for a write: as for a deadline, its outcome
+        // is unknown.
+        Err(Error::DeadlineExceeded { .. } | Error::Ambiguous { .. }) => Reply::DeadlineExceeded,
+        Err(Error::Lost { .. }) => Reply::Lost,
         Err(e) if e.is_retryable() => Reply::Retryable,
         Err(_) => Reply::Final,
     }
@@ -343,7 +346,8 @@ async fn drive(
             },
             e => e,
         },
-        Outcome::LastError { attempt } => error_of(attempt),
+        // Reads are never ambiguous (only a `WriteCall` ends so).
+        Outcome::LastError { attempt } | Outcome::Ambiguous { attempt } => error_of(attempt),
         Outcome::DeadlineExceeded | Outcome::Served { .. } => {
             Error::DeadlineExceeded { deadline, attempts }
         }
@@ -384,7 +388,10 @@ fn launch(
     let inner = inner.clone();
     let body = body.clone();
     let answer = Box::pin(async move {
-        let result = inner.ask(&c, body, since, deadline_at, traceparent).await;
+        let sent = std::sync::atomic::AtomicBool::new(false);
+        let result = inner
+            .ask(&c, body, since, deadline_at, traceparent, &sent)
+            .await;
         Answer {
             index: n,
             candidate: c,

@@ -26,6 +26,7 @@ use pangea_net::{FRAME_BYTES_MAX, PeerIdentity, read_frame, tls, write_frame};
 use pangea_proto::v1 as pb;
 use pangea_topology::ReplicaId;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -212,6 +213,18 @@ impl Transport {
         replica: &ReplicaId,
         req: &pb::ClientRequest,
     ) -> Result<pb::ClientResponse, Error> {
+        self.call_noting(replica, req, &AtomicBool::new(false))
+            .await
+    }
+
+    /// [`Transport::call`], setting `sent` as the request starts out: a caller
+    /// that stops waiting before then knows the replica never saw it.
+    pub(crate) async fn call_noting(
+        &self,
+        replica: &ReplicaId,
+        req: &pb::ClientRequest,
+        sent: &AtomicBool,
+    ) -> Result<pb::ClientResponse, Error> {
         let slot = self
             .next_slot
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -222,15 +235,20 @@ impl Transport {
             .get(&at)
             .map(|l| l.clone())
             .filter(|l| l.connection.close_reason().is_none());
-        match (self.call_once(replica, slot, req).await, cached) {
+        // A write is sent again only if it certainly did not arrive: sent twice it
+        // would be applied twice.
+        let resend_lost = !matches!(req.request, Some(pb::client_request::Request::Mutate(_)));
+        match (self.call_once(replica, slot, req, sent).await, cached) {
             // A cached connection can be dead without knowing it yet (its process was
             // killed and restarted): once, forget it and try a fresh one. Only that
             // connection: the replica's others may be fine (calls in flight on them
             // go on), and a fresh one another call just made stays.
-            (Err(Error::Unavailable(_)), Some(link)) => {
+            (Err(e @ (Error::Unavailable(_) | Error::Lost { .. })), Some(link))
+                if resend_lost || matches!(e, Error::Unavailable(_)) =>
+            {
                 self.drop_link(&at, &link);
                 link.connection.close(0u32.into(), b"replica unresponsive");
-                self.call_once(replica, slot, req).await
+                self.call_once(replica, slot, req, sent).await
             }
             (other, _) => other,
         }
@@ -241,22 +259,24 @@ impl Transport {
         replica: &ReplicaId,
         slot: usize,
         req: &pb::ClientRequest,
+        sent: &AtomicBool,
     ) -> Result<pb::ClientResponse, Error> {
         let at = (replica.clone(), slot);
         let link = self.link(replica, slot).await?;
         if let Some(stream) = link.take_idle() {
-            match exchange(stream, req).await {
+            match exchange(stream, req, sent).await {
                 Ok((resp, stream)) => {
                     link.park(stream);
                     return Ok(resp);
                 }
-                // The replica ended this idle stream (it does so after a request it
-                // could not parse, or when shutting down): if the connection is
-                // still up, the request goes on a fresh stream below.
-                Err(_) if link.connection.close_reason().is_none() => {}
+                // The replica ended this idle stream before reading the request (it
+                // does so after a request it could not parse, or when shutting
+                // down): if the connection is still up, the request goes on a
+                // fresh stream below.
+                Err(Failed::Unsent(_)) if link.connection.close_reason().is_none() => {}
                 Err(e) => {
                     self.drop_link(&at, &link);
-                    return Err(lost(replica, &e));
+                    return Err(e.into_error(replica));
                 }
             }
         }
@@ -264,10 +284,10 @@ impl Transport {
             Ok(s) => s,
             Err(e) => {
                 self.drop_link(&at, &link);
-                return Err(lost(replica, &e));
+                return Err(Failed::Unsent(e.to_string()).into_error(replica));
             }
         };
-        match exchange(stream, req).await {
+        match exchange(stream, req, sent).await {
             Ok((resp, stream)) => {
                 link.park(stream);
                 Ok(resp)
@@ -276,28 +296,49 @@ impl Transport {
                 if link.connection.close_reason().is_some() {
                     self.drop_link(&at, &link);
                 }
-                Err(lost(replica, &e))
+                Err(e.into_error(replica))
             }
         }
     }
 }
 
-fn lost(replica: &ReplicaId, e: &dyn std::fmt::Display) -> Error {
-    Error::Unavailable(format!("replica {replica}: {e}"))
+/// How an exchange failed: whether the replica can have acted on the request.
+enum Failed {
+    /// It cannot: the request was not sent whole, or the replica ended the stream
+    /// without reading it (it answers every request it reads, errors included).
+    Unsent(String),
+    /// The request went out and no answer came back.
+    Unanswered(String),
+}
+
+impl Failed {
+    fn into_error(self, replica: &ReplicaId) -> Error {
+        match self {
+            Failed::Unsent(e) => Error::Unavailable(format!("replica {replica}: {e}")),
+            Failed::Unanswered(detail) => Error::Lost {
+                replica: replica.to_string(),
+                detail,
+            },
+        }
+    }
 }
 
 /// Sends `req` on `stream` and reads its answer; gives the stream back for reuse.
 async fn exchange(
     (mut send, mut recv): Stream,
     req: &pb::ClientRequest,
-) -> Result<(pb::ClientResponse, Stream), String> {
+    sent: &AtomicBool,
+) -> Result<(pb::ClientResponse, Stream), Failed> {
+    sent.store(true, Ordering::Relaxed);
     write_frame(&mut send, req)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Failed::Unsent(e.to_string()))?;
     match read_frame::<pb::ClientResponse>(&mut recv, FRAME_BYTES_MAX).await {
         Ok(Some(r)) => Ok((r, (send, recv))),
-        Ok(None) => Err("closed the stream without an answer".to_owned()),
-        Err(e) => Err(e.to_string()),
+        Ok(None) => Err(Failed::Unsent(
+            "closed the stream without reading the request".to_owned(),
+        )),
+        Err(e) => Err(Failed::Unanswered(e.to_string())),
     }
 }
 

@@ -174,10 +174,16 @@ async fn hedging_bounds_the_tail_when_a_replica_is_slow() -> Result<()> {
             .await?;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // Slow down use1-a for this client.
+    // Slow down, for this client, the replica it reads from now (use1-a or use1-b,
+    // whichever has measured nearer): otherwise no read might ever meet the slow
+    // one.
+    let first = client
+        .get("ad_profiles", Bytes::from("h/0"), &ReadOptions::default())
+        .await?
+        .replica;
     let slow = cluster
         .file
-        .replica("use1-a")
+        .replica(first.as_str())
         .expect("in topology")
         .address
         .parse()?;

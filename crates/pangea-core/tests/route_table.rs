@@ -315,3 +315,82 @@ fn an_unreported_change_fails_the_debug_check() {
     view.rtt[rank] = Some(10_000.0);
     let _ = order(&mut cache, &view);
 }
+
+/// Measured round trips never bring another region nearer than the topology says:
+/// with every replica measured alike (a local cluster without WAN emulation), an
+/// eventual read goes first to the client's own region, whichever it is; a
+/// replica of another region measured slower than the topology says is ordered by
+/// its measurement.
+#[test]
+fn measurements_never_bring_another_region_nearer_than_the_topology() {
+    let d = &*DEPLOYMENT;
+    let profile = &d.topology.app_profiles["frontend"];
+    let location = Location::default();
+    let n = d.topology.replicas.len();
+    let ranks = ranks();
+    let region_of = |r: &ReplicaId| d.topology.replicas[r.as_str()].region.clone();
+    for region in d.topology.regions.keys() {
+        let has_own = d
+            .topology
+            .replicas
+            .values()
+            .any(|r| &r.region == region && r.role.stores_rows());
+        if !has_own {
+            continue;
+        }
+        // Every replica answers in 0.2 ms, those of the client's region too.
+        let view = View {
+            rank: ranks.clone(),
+            rtt: vec![Some(0.2); n],
+            down: vec![false; n],
+            covers: vec![false; n],
+            low_ms: vec![None; n],
+            by_rank: true,
+        };
+        let consistency = Consistency::Eventual;
+        let req = read(region, profile, "x/1", &consistency);
+        let plan = plan_read_at(d, &location, &req, &view, T0).unwrap();
+        assert_eq!(
+            region_of(&plan.primary[0].replica),
+            *region,
+            "from {region}: {:?}",
+            plan.primary
+        );
+        // Beyond the client's region, the topology's order (its estimates are the
+        // floor every 0.2 ms measurement is raised to).
+        let away: Vec<f64> = plan
+            .primary
+            .iter()
+            .filter(|c| region_of(&c.replica) != *region)
+            .map(|c| c.rtt_ms)
+            .collect();
+        assert!(away.is_sorted_by(|a, b| a <= b), "from {region}: {away:?}");
+        assert!(away.iter().all(|ms| *ms > 0.2), "from {region}: {away:?}");
+    }
+    // A measurement above the estimate counts as measured.
+    let region = RegionId::new("us-east-1");
+    let req = read(&region, profile, "x/1", &Consistency::Eventual);
+    let mut view = View {
+        rank: ranks.clone(),
+        rtt: vec![Some(0.2); n],
+        down: vec![false; n],
+        covers: vec![false; n],
+        low_ms: vec![None; n],
+        by_rank: true,
+    };
+    let plan = plan_read_at(d, &location, &req, &view, T0).unwrap();
+    let far = plan
+        .primary
+        .iter()
+        .find(|c| region_of(&c.replica) != region)
+        .unwrap()
+        .clone();
+    view.rtt[ranks[&far.replica]] = Some(far.rtt_ms + 500.0);
+    let plan = plan_read_at(d, &location, &req, &view, T0).unwrap();
+    let again = plan
+        .primary
+        .iter()
+        .find(|c| c.replica == far.replica)
+        .unwrap();
+    assert_eq!(again.rtt_ms, far.rtt_ms + 500.0);
+}

@@ -38,7 +38,7 @@ pub enum Input {
     /// A client write; the reply comes once it is durable.
     Propose {
         mutation: RowMutation,
-        reply: oneshot::Sender<Result<Token, CoreError>>,
+        reply: oneshot::Sender<Result<Token, Unacked>>,
     },
     /// An operator's placement move: checked, then run here; the reply (the job's
     /// id, or why the move was refused) comes once the job is recorded durably.
@@ -70,7 +70,18 @@ pub enum Input {
 /// Where frames for each peer go: one bounded queue per peer task.
 pub type PeerQueues = BTreeMap<ReplicaId, mpsc::Sender<Transmit>>;
 
-type Waiters = BTreeMap<(ScopeId, ReplicaId, u64), oneshot::Sender<Result<Token, CoreError>>>;
+type Waiters = BTreeMap<(ScopeId, ReplicaId, u64), oneshot::Sender<Result<Token, Unacked>>>;
+
+/// Why a client write was not acknowledged: whether it may have been applied
+/// decides whether the client may send it to another replica.
+#[derive(Debug)]
+pub enum Unacked {
+    /// Refused before anything of it was written.
+    Refused(CoreError),
+    /// The store failed while its turn was being made durable: what was written
+    /// may survive, so the write may or may not have happened.
+    Unknown(CoreError),
+}
 
 /// The migration jobs this replica runs, each with the operator waiting to hear
 /// that it started (none for a resumed job).
@@ -183,9 +194,8 @@ fn store_failed(shared: &Shared, waiters: &mut Waiters, e: CoreError) -> CoreErr
         pangea_core::Chain(&e).to_string(),
         crate::disk::free_bytes(&shared.config.data_dir).ok(),
     );
-    let told = told(shared);
     for (_, w) in std::mem::take(waiters) {
-        let _ = w.send(Err(told.clone()));
+        let _ = w.send(Err(Unacked::Unknown(e.clone())));
     }
     e
 }
@@ -201,7 +211,7 @@ fn store_broke(e: &CoreError) -> bool {
 /// `e` goes back to the turn loop, which reopens the store.
 fn refuse_broken(
     shared: &Shared,
-    reply: oneshot::Sender<Result<Token, CoreError>>,
+    reply: oneshot::Sender<Result<Token, Unacked>>,
     e: CoreError,
 ) -> CoreError {
     tracing::error!(error = %pangea_core::Chain(&e), "a write found the store failed; refusing writes");
@@ -209,7 +219,7 @@ fn refuse_broken(
         pangea_core::Chain(&e).to_string(),
         crate::disk::free_bytes(&shared.config.data_dir).ok(),
     );
-    let _ = reply.send(Err(told(shared)));
+    let _ = reply.send(Err(Unacked::Refused(told(shared))));
     e
 }
 
@@ -397,7 +407,7 @@ async fn recover(
                     return None;
                 }
                 Some(Input::Propose { reply, .. }) => {
-                    let _ = reply.send(Err(unavailable()));
+                    let _ = reply.send(Err(Unacked::Refused(unavailable())));
                 }
                 Some(Input::StartMigration { reply, .. }) => {
                     let _ = reply.send(Err(unavailable().to_string()));
@@ -500,7 +510,7 @@ fn handle(
             }
             Err(e) if store_broke(&e) => return Some(refuse_broken(shared, reply, e)),
             Err(e) => {
-                let _ = reply.send(Err(e));
+                let _ = reply.send(Err(Unacked::Refused(e)));
             }
         },
         Input::StartMigration { request, reply } => {

@@ -11,7 +11,7 @@
 
 use crate::Shared;
 use crate::audit_log::Outcome;
-use crate::driver::Input;
+use crate::driver::{Input, Unacked};
 use bytes::Bytes;
 use pangea_core::auth::{self, Action, Principal};
 use pangea_core::digest::ContentDigest;
@@ -24,6 +24,10 @@ use pangea_proto::Message as _;
 
 /// The code a refused request's stream is stopped with (its answer says why).
 const STOP_REFUSED: u32 = 1;
+/// The code a stream is reset with when its request was read but will not be
+/// answered (the replica is stopping): a client must not take it for a request
+/// never read, which a finished stream means (docs/protocol.md, §2 "Streams").
+const RESET_UNANSWERED: u32 = 2;
 use pangea_proto::v1 as pb;
 use pangea_topology::{Deployment, RegionId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -216,16 +220,51 @@ async fn serve_stream(
                 break;
             }
         };
+        let owed = Owed(Some(send));
         let Ok(_permit) = shared.intake.requests.clone().acquire_owned().await else {
+            // Shutting down: nothing was done, and the client may send it elsewhere.
+            let _ = owed.paid().finish();
             return;
         };
         let _inflight = shared.intake.inflight.enter();
         let resp = serve_request(&shared, &caller, req).await;
+        send = owed.paid();
         if resp.write(&mut send).await.is_err() {
             return;
         }
     }
     let _ = send.finish();
+}
+
+/// The stream of a request being served. Dropped before [`Owed::paid`] (the
+/// task ended mid-request: the replica is stopping), it resets the stream, so the
+/// client learns that the request may have been acted on; a stream dropped as it
+/// is finishes, which tells a client that its request was never read.
+struct Owed(Option<quinn::SendStream>);
+
+impl Owed {
+    fn paid(mut self) -> quinn::SendStream {
+        self.0.take().expect("an owed stream is paid once")
+    }
+}
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        if let Some(send) = &mut self.0 {
+            let _ = send.reset(RESET_UNANSWERED.into());
+        }
+    }
+}
+
+/// A row key (or prefix, or resume key) of a request within the replica's limit
+/// (a mutation's key is checked with the mutation); `field` names it.
+fn key_within(limits: &Limits, key: &[u8], field: &str) -> Result<(), Failure> {
+    Limits::check(
+        pangea_core::limits::Limited::RowKey,
+        key.len(),
+        limits.row_key_bytes_max,
+    )
+    .map_err(|e| Failure::new(Code::InvalidArgument, format!("{field}: {e}")))
 }
 
 /// One request: checked against its deadline, traced, counted, answered.
@@ -911,11 +950,7 @@ async fn execute(
         .ok_or_else(|| Failure::new(Code::InvalidArgument, "empty request"))?
     {
         R::Get(g) => {
-            Limits::check(
-                pangea_core::limits::Limited::RowKey,
-                g.row_key.len(),
-                limits.row_key_bytes_max,
-            )?;
+            key_within(&limits, &g.row_key, "row_key")?;
             let scope = scope_here(shared, &g.table, &g.row_key)?;
             check_rows(shared, caller, &scope)?;
             let wm = admit(shared, &scope, &consistency(g.consistency)?)?;
@@ -933,6 +968,9 @@ async fn execute(
                     Code::InvalidArgument,
                     format!("{} keys, limit {GET_MANY_KEYS_MAX}", g.row_keys.len()),
                 ));
+            }
+            for (i, key) in g.row_keys.iter().enumerate() {
+                key_within(&limits, key, &format!("row_keys[{i}]"))?;
             }
             let c = consistency(g.consistency)?;
             let f = filter(g.filter);
@@ -968,6 +1006,8 @@ async fn execute(
             Ok((W::GetMany(pb::GetManyResponse { rows }).into(), wm))
         }
         R::ScanPrefix(s) => {
+            key_within(&limits, &s.prefix, "prefix")?;
+            key_within(&limits, &s.resume_after, "resume_after")?;
             let scope = scope_here(shared, &s.table, &s.prefix)?;
             check_rows(shared, caller, &scope)?;
             let wm = admit(shared, &scope, &consistency(s.consistency)?)?;
@@ -1065,9 +1105,25 @@ async fn execute(
                 .send(Input::Propose { mutation, reply })
                 .await
                 .map_err(|_| Failure::new(Code::Unavailable, "replica is shutting down"))?;
-            let token = wait
-                .await
-                .map_err(|_| Failure::new(Code::Unavailable, "replica is shutting down"))??;
+            // UNAVAILABLE tells the client the write was not applied; when that is
+            // not known, DEADLINE_EXCEEDED (docs/protocol.md, §4).
+            let unknown = |why: String| {
+                Failure::new(
+                    Code::DeadlineExceeded,
+                    format!("replica {} stopped waiting for the write: {why}", shared.id),
+                )
+            };
+            let token = match wait.await {
+                Ok(Ok(token)) => token,
+                Ok(Err(Unacked::Refused(e))) => return Err(e.into()),
+                Ok(Err(Unacked::Unknown(e))) => {
+                    return Err(unknown(format!(
+                        "the store failed while making it durable: {}",
+                        pangea_core::Chain(&e)
+                    )));
+                }
+                Err(_) => return Err(unknown("it is shutting down".to_owned())),
+            };
             if wait_regions > 0 {
                 // Answer before the request's deadline cuts us off: the client
                 // learns how far the write got, and its token.

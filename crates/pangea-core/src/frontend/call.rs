@@ -60,8 +60,13 @@ pub enum Reply {
     /// write attempt's budget).
     DeadlineExceeded,
     /// Another error the next replica may not have (unreachable, unavailable, too
-    /// stale).
+    /// stale). For a write: the replica did not apply it (a replica answers
+    /// `UNAVAILABLE` to a write only then; a request that never left counts too).
     Retryable,
+    /// The request went out, but its connection or stream failed before an
+    /// answer: a read asks the next replica; whether a write was applied is
+    /// unknown.
+    Lost,
     /// An error every replica would give (invalid input, refused by policy or
     /// authorization): the call ends with it.
     Final,
@@ -93,6 +98,11 @@ pub enum Outcome {
     DeadlineExceeded,
     /// The plan held no replica to ask.
     NoCandidate,
+    /// A write none of whose attempts was acknowledged, and of which `attempt`
+    /// may have been applied (its replica stopped waiting for it, or went silent,
+    /// or its connection was lost after the request went out): the caller cannot
+    /// tell whether the write happened.
+    Ambiguous { attempt: usize },
 }
 
 /// One request sent, or about to be.
@@ -109,9 +119,11 @@ pub struct Attempt {
     pub done: bool,
 }
 
-/// When to hedge a read, or for a read that may not be hedged, when to take its
-/// first replica for gone: `None` without a hedge policy. Earns the read's share of
-/// the hedge budget. `first_rtt_ms`: the first candidate's measured round trip.
+/// When to hedge a read (`None` without a hedge policy; earns the read's share of
+/// the hedge budget), or for a read that may not be hedged, when to take its first
+/// replica for gone and fail over — with or without a hedge policy, since that is
+/// no hedge: the first request is no longer waited for. `first_rtt_ms`: the first
+/// candidate's measured round trip.
 pub fn hedge_delay(
     hedger: &mut Hedger,
     policy: Option<&HedgePolicy>,
@@ -119,12 +131,11 @@ pub fn hedge_delay(
     deadline: Duration,
     first_rtt_ms: Option<f64>,
 ) -> Option<Duration> {
-    let policy = policy?;
-    Some(if consistency.may_hedge() {
-        hedger.delay(policy, deadline)
+    if consistency.may_hedge() {
+        Some(hedger.delay(policy?, deadline))
     } else {
-        gone_after(first_rtt_ms)
-    })
+        Some(gone_after(first_rtt_ms))
+    }
 }
 
 fn micros(d: Duration) -> u64 {
@@ -409,7 +420,7 @@ impl<P: Iterator<Item = Candidate>> ReadCall<P> {
                 self.finish(Outcome::Failed { attempt: n });
                 return;
             }
-            Reply::NotCovered | Reply::DeadlineExceeded | Reply::Retryable => {
+            Reply::NotCovered | Reply::DeadlineExceeded | Reply::Retryable | Reply::Lost => {
                 // Fail over to the next candidate (for watermark reads, only
                 // replicas that may cover the token).
                 if !(self.watermark && self.raced_fallback)
@@ -608,18 +619,40 @@ impl ReadLog {
 /// Candidates a write tries at most.
 pub const WRITE_CANDIDATES: usize = 3;
 
-/// One write: not hedged (a write is not idempotent across origins); it fails over
-/// to the next of at most [`WRITE_CANDIDATES`] candidates only when one could not be
-/// reached or did not answer in its budget — half the time left while another
-/// candidate remains, so a dead replica does not eat the whole deadline.
+/// When a write may go to another replica after an attempt failed. A write sent
+/// twice is applied twice, under two origins and two versions: last writer wins
+/// between them, so a concurrent writer's cells can be overwritten again, and a
+/// delete can take away what another writer wrote in between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Resend {
+    /// Only when the attempt certainly was not applied: it could not be sent (a
+    /// driver that stops waiting before the request went out answers
+    /// [`Reply::Retryable`]), or its replica refused it (`UNAVAILABLE`). When that
+    /// is unknown (the replica stopped waiting for it, or went silent, or the
+    /// connection was lost after the request went out) the call ends
+    /// [`Outcome::Ambiguous`].
+    #[default]
+    IfNotApplied,
+    /// Also when that is unknown: the caller says applying the mutation twice is
+    /// harmless.
+    IfUnknown,
+}
+
+/// One write: not hedged (a write is not idempotent across origins); it goes to
+/// the next of at most [`WRITE_CANDIDATES`] candidates only as its [`Resend`]
+/// allows. Each attempt gets half the time left while another candidate remains,
+/// so a replica that cannot be reached does not eat the whole deadline.
 #[derive(Debug)]
 pub struct WriteCall {
     /// Not yet asked, the next last.
     candidates: Vec<Candidate>,
+    resend: Resend,
     deadline_at: u64,
     attempts: Vec<Attempt>,
     unsent: usize,
     last_err: Option<usize>,
+    /// The first attempt that may have been applied.
+    unknown: Option<usize>,
     outcome: Option<Outcome>,
 }
 
@@ -630,16 +663,19 @@ impl WriteCall {
         candidates: impl IntoIterator<Item = Candidate>,
         now_us: u64,
         deadline: Duration,
+        resend: Resend,
     ) -> Self {
         let mut candidates: Vec<Candidate> =
             candidates.into_iter().take(WRITE_CANDIDATES).collect();
         candidates.reverse();
         let mut call = WriteCall {
             candidates,
+            resend,
             deadline_at: now_us.saturating_add(micros(deadline)),
             attempts: Vec::new(),
             unsent: 0,
             last_err: None,
+            unknown: None,
             outcome: None,
         };
         if call.candidates.is_empty() {
@@ -654,16 +690,17 @@ impl WriteCall {
     fn next(&mut self, now_us: u64) {
         let left = self.deadline_at.saturating_sub(now_us);
         let Some(candidate) = self.candidates.pop().filter(|_| left > 0) else {
-            self.outcome = Some(match self.last_err {
-                Some(n) => Outcome::LastError { attempt: n },
-                None => Outcome::DeadlineExceeded,
+            self.outcome = Some(match (self.unknown, self.last_err) {
+                (Some(n), _) => Outcome::Ambiguous { attempt: n },
+                (None, Some(n)) => Outcome::LastError { attempt: n },
+                (None, None) => Outcome::DeadlineExceeded,
             });
             return;
         };
-        let budget = if !self.candidates.is_empty() {
-            left / 2
-        } else {
+        let budget = if self.candidates.is_empty() {
             left
+        } else {
+            left / 2
         };
         let kind = if self.attempts.is_empty() {
             AttemptKind::Primary
@@ -726,9 +763,17 @@ impl WriteCall {
                 self.outcome = Some(Outcome::Served { attempt: n, reason });
             }
             Reply::Final => self.outcome = Some(Outcome::Failed { attempt: n }),
-            Reply::NotCovered | Reply::DeadlineExceeded | Reply::Retryable => {
+            Reply::NotCovered | Reply::Retryable => {
                 self.last_err = Some(n);
                 self.next(now_us);
+            }
+            Reply::DeadlineExceeded | Reply::Lost => {
+                self.unknown.get_or_insert(n);
+                self.last_err = Some(n);
+                match self.resend {
+                    Resend::IfUnknown => self.next(now_us),
+                    Resend::IfNotApplied => self.outcome = Some(Outcome::Ambiguous { attempt: n }),
+                }
             }
         }
     }
@@ -859,32 +904,39 @@ mod tests {
 
     #[test]
     fn an_affinity_read_fails_over_from_a_silent_replica_without_spending_budget() {
-        let primary = vec![c("a", Reason::Affinity), c("b", Reason::Nearest)];
-        let consistency = Consistency::RowAffinity;
-        let mut hedger = Hedger::new(0);
-        let mut call = ReadCall::new(
-            primary.into_iter(),
-            Vec::new(),
-            &consistency,
-            0,
-            Duration::from_millis(100),
-            |first| {
-                assert_eq!(first.map(|c| c.replica.as_str()), Some("a"));
-                hedge_delay(
-                    &mut hedger,
-                    Some(&HedgePolicy::default()),
-                    &consistency,
-                    Duration::from_millis(100),
-                    Some(2.0),
-                )
-            },
-        );
-        assert_eq!(call.poll_timeout(), Some(28 * MS));
-        sends(&mut call);
-        let mut broke = Hedger::new(0);
-        assert!(broke.try_spend());
-        call.handle_timeout(28 * MS, &mut broke);
-        assert_eq!(sends(&mut call), [("b".into(), AttemptKind::Failover)]);
+        // With hedging or without: failing over is not hedging.
+        for policy in [Some(HedgePolicy::default()), None] {
+            let primary = vec![c("a", Reason::Affinity), c("b", Reason::Nearest)];
+            let consistency = Consistency::RowAffinity;
+            let mut hedger = Hedger::new(0);
+            let mut call = ReadCall::new(
+                primary.into_iter(),
+                Vec::new(),
+                &consistency,
+                0,
+                Duration::from_millis(100),
+                |first| {
+                    assert_eq!(first.map(|c| c.replica.as_str()), Some("a"));
+                    hedge_delay(
+                        &mut hedger,
+                        policy.as_ref(),
+                        &consistency,
+                        Duration::from_millis(100),
+                        Some(2.0),
+                    )
+                },
+            );
+            assert_eq!(call.poll_timeout(), Some(28 * MS), "{policy:?}");
+            sends(&mut call);
+            let mut broke = Hedger::new(0);
+            assert!(broke.try_spend());
+            call.handle_timeout(28 * MS, &mut broke);
+            assert_eq!(
+                sends(&mut call),
+                [("b".into(), AttemptKind::Failover)],
+                "{policy:?}"
+            );
+        }
     }
 
     #[test]
@@ -948,14 +1000,14 @@ mod tests {
             |_| None,
         );
         assert_eq!(call.outcome(), Some(Outcome::NoCandidate));
-        let call = WriteCall::new(Vec::new(), 0, Duration::from_millis(100));
+        let call = WriteCall::new(Vec::new(), 0, Duration::from_millis(100), Resend::default());
         assert_eq!(call.outcome(), Some(Outcome::NoCandidate));
     }
 
     #[test]
-    fn a_write_leaves_room_to_fail_over_and_tries_three_replicas_at_most() {
+    fn an_idempotent_write_leaves_room_to_fail_over_and_tries_three_replicas_at_most() {
         let cands = ["a", "b", "c", "d"].map(|n| c(n, Reason::Nearest));
-        let mut call = WriteCall::new(cands, 0, Duration::from_millis(800));
+        let mut call = WriteCall::new(cands, 0, Duration::from_millis(800), Resend::IfUnknown);
         assert_eq!(call.poll_action(), Some(Action::Send(0)));
         // Half the time while another candidate remains.
         assert_eq!(call.attempt(0).until_us, 400 * MS);
@@ -970,17 +1022,62 @@ mod tests {
         assert_eq!(call.attempt(2).until_us, 800 * MS);
         call.handle_reply(460 * MS, 2, Reply::Retryable);
         assert_eq!(call.poll_action(), None);
-        assert_eq!(call.outcome(), Some(Outcome::LastError { attempt: 2 }));
+        // The first attempt may have been applied: the write is not known to
+        // have failed.
+        assert_eq!(call.outcome(), Some(Outcome::Ambiguous { attempt: 0 }));
         // A final error is not failed over.
         let mut call = WriteCall::new(
             [c("a", Reason::Nearest), c("b", Reason::Nearest)],
             0,
             Duration::from_millis(800),
+            Resend::IfUnknown,
         );
         call.poll_action();
         call.handle_reply(MS, 0, Reply::Final);
         assert_eq!(call.outcome(), Some(Outcome::Failed { attempt: 0 }));
         assert_eq!(call.poll_action(), None);
+    }
+
+    #[test]
+    fn a_write_goes_elsewhere_only_when_it_was_certainly_not_applied() {
+        let cands = || ["a", "b", "c"].map(|n| c(n, Reason::Nearest));
+        let deadline = Duration::from_millis(200);
+        // Refused or never sent: the next replica.
+        let mut call = WriteCall::new(cands(), 0, deadline, Resend::default());
+        assert_eq!(call.poll_action(), Some(Action::Send(0)));
+        assert_eq!(call.attempt(0).until_us, 100 * MS);
+        call.handle_reply(100 * MS, 0, Reply::Retryable);
+        assert_eq!(call.poll_action(), Some(Action::Send(1)));
+        assert_eq!(call.attempt(1).until_us, 150 * MS);
+        call.handle_reply(2 * MS, 1, Reply::Retryable);
+        assert_eq!(call.poll_action(), Some(Action::Send(2)));
+        call.handle_reply(3 * MS, 2, Reply::Retryable);
+        assert_eq!(call.outcome(), Some(Outcome::LastError { attempt: 2 }));
+        // Each way of not knowing ends the call at once, naming the attempt.
+        for (name, unknown) in [
+            ("stopped waiting", Some(Reply::DeadlineExceeded)),
+            ("lost after sending", Some(Reply::Lost)),
+            ("silent", None),
+        ] {
+            let mut call = WriteCall::new(cands(), 0, deadline, Resend::default());
+            call.poll_action();
+            call.handle_reply(MS, 0, Reply::Retryable);
+            assert_eq!(call.poll_action(), Some(Action::Send(1)), "{name}");
+            match unknown {
+                Some(r) => call.handle_reply(5 * MS, 1, r),
+                None => {
+                    // Half of the 199 ms left at 1 ms.
+                    assert_eq!(call.poll_timeout(), Some(100_500), "{name}");
+                    call.handle_timeout(100_500);
+                }
+            }
+            assert_eq!(call.poll_action(), None, "{name}: never sent to a third");
+            assert_eq!(
+                call.outcome(),
+                Some(Outcome::Ambiguous { attempt: 1 }),
+                "{name}"
+            );
+        }
     }
 
     #[test]

@@ -126,6 +126,13 @@ struct Route {
     by_id: usize,
     /// The topology's round-trip estimate from the client's region.
     est_rtt_ms: f64,
+    /// The least round trip a measurement may give this route when ordering: the
+    /// topology's estimate for a replica of another region, none (0) in the
+    /// client's own. A measurement can only make another region look farther than
+    /// the topology says, never nearer, so on a cluster whose regions share one
+    /// machine or network (a local cluster without WAN emulation, where every
+    /// round trip measures alike) a client still reads in its own region first.
+    rtt_floor_ms: f64,
 }
 
 /// What [`plan_read_at`] works out from the deployment on every call, worked out
@@ -177,6 +184,11 @@ fn routes_of(
                 .map_or(usize::MAX, |(i, _)| i),
             by_id,
             est_rtt_ms: estimated_rtt_to(d, client_region, r),
+            rtt_floor_ms: if &r.region == client_region {
+                0.0
+            } else {
+                estimated_rtt_to(d, client_region, r)
+            },
         })
         .collect();
     // Stable: equal estimates stay in id order.
@@ -733,7 +745,8 @@ fn route_key(i: usize, r: &Route, home: Option<&RegionId>, view: &dyn PeerView) 
     order_key(
         view.is_down_ranked(r.rank, &r.id),
         home.is_some_and(|h| r.region != *h),
-        view.rtt_ms_ranked(r.rank, &r.id).unwrap_or(r.est_rtt_ms),
+        view.rtt_ms_ranked(r.rank, &r.id)
+            .map_or(r.est_rtt_ms, |m| m.max(r.rtt_floor_ms)),
         r.by_id,
         i,
     )

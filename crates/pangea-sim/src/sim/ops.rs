@@ -9,7 +9,7 @@ use super::*;
 use crate::scenario::WriteAck;
 use pangea_core::frontend;
 use pangea_core::frontend::HedgePolicy;
-use pangea_core::frontend::call::AttemptKind;
+use pangea_core::frontend::call::{AttemptKind, Resend};
 use pangea_core::read::{ReadOrder, RouteError, order_read_cached, staleness_ms, vouching_scope};
 use pangea_topology::WriteRouting;
 use std::time::Duration;
@@ -246,7 +246,7 @@ impl Simulation {
                 hedge_after,
             ))
         } else {
-            Call::Write(WriteCall::new(plan.primary, now, left))
+            Call::Write(WriteCall::new(plan.primary, now, left, Resend::default()))
         };
         let Some(op) = self.ops.get_mut(op_ref) else {
             return;
@@ -390,7 +390,9 @@ impl Simulation {
                 op.attempts.get(attempt).map_or(usize::MAX, |a| a.replica),
                 reason,
             )),
-            Outcome::Failed { attempt } | Outcome::LastError { attempt } => Err(err_of(attempt)),
+            Outcome::Failed { attempt }
+            | Outcome::LastError { attempt }
+            | Outcome::Ambiguous { attempt } => Err(err_of(attempt)),
             Outcome::NotCovered { .. } => Err(ErrKind::NotCovered),
             Outcome::DeadlineExceeded => Err(ErrKind::Deadline),
             Outcome::NoCandidate => Err(ErrKind::Unavailable),
