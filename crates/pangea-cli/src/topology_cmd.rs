@@ -24,9 +24,16 @@ pub(crate) enum TopologyCommand {
         /// Print JSON (scopes, edges, delays, WAN bytes, every candidate link).
         #[arg(long)]
         json: bool,
-        /// Also draw continents, regions, replicas and trees into this SVG file.
-        #[arg(long)]
+        /// Also draw the plan into this SVG file: a panel per scope with its policy's
+        /// regions tinted (the others hatched, "excluded"), its tree routed between
+        /// the replicas, each edge labelled with its round trip, and a legend.
+        #[arg(long, value_name = "OUT")]
         svg: Option<PathBuf>,
+        /// Also write the plan as Graphviz source into this file: continents and
+        /// regions as clusters, every scope's tree edges in its colour with their round
+        /// trips, each edge tagged `class="scope-NAME"` (e.g. `dot -Tpng OUT`).
+        #[arg(long, value_name = "OUT")]
+        dot: Option<PathBuf>,
     },
     /// Apply edited files to a running local cluster: validated first (an invalid file
     /// changes nothing), diff against the running files shown, changes that widen
@@ -113,14 +120,21 @@ pub(crate) fn run(cmd: TopologyCommand) -> Result<()> {
             placement,
             json,
             svg,
+            dot,
         } => {
             let d = load(&topology, placement.as_deref())?;
             let plan = d.plan();
-            if let Some(out) = svg {
-                let trees: Vec<Tree> = d.scopes().map(|s| d.tree(s, None)).collect();
-                std::fs::write(&out, pangea_topology::svg::render(&d, &trees))
-                    .with_context(|| format!("writing {}", out.display()))?;
+            let trees: Vec<Tree> = d.scopes().map(|s| d.tree(s, None)).collect();
+            let write = |out: &Path, text: String| -> Result<()> {
+                std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
                 eprintln!("wrote {}", out.display());
+                Ok(())
+            };
+            if let Some(out) = svg {
+                write(&out, pangea_topology::svg::render(&d, &trees))?;
+            }
+            if let Some(out) = dot {
+                write(&out, pangea_topology::svg::dot(&d, &trees))?;
             }
             if json {
                 println!("{}", serde_json::to_string_pretty(&plan)?);

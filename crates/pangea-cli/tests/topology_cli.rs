@@ -143,6 +143,7 @@ fn plan_json_lets_anyone_recompute_the_trees() {
     let t = root().join("four-continents.toml");
     let p = root().join("placement.toml");
     let svg = tempfile::NamedTempFile::new().unwrap();
+    let dot = tempfile::NamedTempFile::new().unwrap();
     let (ok, out, err) = pangea(
         &[
             "topology",
@@ -153,6 +154,8 @@ fn plan_json_lets_anyone_recompute_the_trees() {
             "--json",
             "--svg",
             svg.path().to_str().unwrap(),
+            "--dot",
+            dot.path().to_str().unwrap(),
         ],
         &[],
     );
@@ -196,12 +199,50 @@ fn plan_json_lets_anyone_recompute_the_trees() {
             tree["inter_continent"].as_f64().unwrap() <= mesh["inter_continent"].as_f64().unwrap()
         );
     }
+    // The drawings: a panel per scope in the SVG (pangea-topology's
+    // tests/svg_geometry.rs checks its geometry), and in the Graphviz source a
+    // cluster per continent and region, and every tree edge tagged with its scope
+    // and labelled with its round trip.
     let drawing = std::fs::read_to_string(svg.path()).unwrap();
-    assert!(
-        drawing.starts_with("<svg")
-            && drawing.contains("eu-central-1")
-            && drawing.contains("scope eu-resident")
-    );
+    assert!(drawing.starts_with("<svg") && drawing.contains("eu-central-1"));
+    let graph = std::fs::read_to_string(dot.path()).unwrap();
+    assert!(graph.contains("graph \"four-continents\" {"), "{graph}");
+    assert!(graph.contains("subgraph \"cluster_continent_oceania\""));
+    assert!(graph.contains("subgraph \"cluster_region_eu-central-1\""));
+    for s in scopes {
+        let name = s["name"].as_str().unwrap();
+        assert!(
+            drawing.contains(&format!("<g data-scope=\"{name}\">"))
+                && drawing.contains(&format!("scope {name}: ")),
+            "no panel for scope {name}"
+        );
+        let tagged = format!("class=\"scope-{name}\"");
+        for e in s["edges"].as_array().unwrap() {
+            let (a, b) = (e["a"].as_str().unwrap(), e["b"].as_str().unwrap());
+            let ms = e["latency_ms"].as_f64().unwrap();
+            let label = if ms.fract() == 0.0 {
+                format!("{ms:.0} ms")
+            } else {
+                format!("{ms:.1} ms")
+            };
+            assert!(
+                drawing.contains(&format!("data-edge=\"{a} {b}\"")),
+                "{name}: {a}-{b} not drawn"
+            );
+            let line = format!("\"{a}\" -- \"{b}\" [label=\"{label}\"");
+            assert!(
+                graph
+                    .lines()
+                    .any(|l| l.contains(&line) && l.contains(&tagged)),
+                "{name}: no {line} in the DOT"
+            );
+        }
+        assert_eq!(
+            graph.matches(&tagged).count(),
+            s["edges"].as_array().unwrap().len(),
+            "{name}: edges in the DOT"
+        );
+    }
 }
 
 #[test]

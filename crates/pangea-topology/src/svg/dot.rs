@@ -28,7 +28,7 @@ pub fn dot(d: &Deployment, trees: &[Tree]) -> String {
     let _ = writeln!(out, "graph {} {{", q(&t.name));
     let _ = writeln!(
         out,
-        "  graph [label={}, labelloc=t, fontname=\"Helvetica\", newrank=true, nodesep=0.25];",
+        "  graph [label={}, labelloc=t, fontname=\"Helvetica\", nodesep=0.25];",
         q(&format!("topology {}", t.name))
     );
     let _ = writeln!(
