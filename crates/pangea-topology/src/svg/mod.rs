@@ -46,6 +46,8 @@ const MUTED: &str = "#57606a";
 const FAINT: &str = "#8c959f";
 const EXCLUDED_DISC: &str = "#eaeef2";
 const MARGIN: f64 = 10.0;
+/// Between a latency label and any other label.
+const LABEL_GAP: f64 = 4.0;
 const PANEL_GAP: f64 = 14.0;
 const FONT_TITLE: f64 = 15.0;
 const FONT_CAPTION: f64 = 12.0;
@@ -568,7 +570,7 @@ fn place_label(s: &str, lines: &[Vec<Pt>], i: usize, discs: &[Pt], labels: &[Rec
         if discs.iter().any(|c| r.hits_disc(*c, R + 2.0)) {
             return false;
         }
-        if labels.iter().any(|l| l.inflate(1.5).overlaps(&r)) {
+        if labels.iter().any(|l| l.inflate(LABEL_GAP).overlaps(&r)) {
             return false;
         }
         !strict
@@ -578,11 +580,12 @@ fn place_label(s: &str, lines: &[Vec<Pt>], i: usize, discs: &[Pt], labels: &[Rec
                 .filter(|(j, _)| *j != i)
                 .all(|(_, other)| other.windows(2).all(|w| !r.crossed_by(w[0], w[1])))
     };
-    // Whether the point `at_s` along the path is on a horizontal run, away from
-    // its corners.
+    // Whether the label centred `at_s` along the path lies along one horizontal
+    // run, clear of its corners.
+    let half = label_rect(s, (0.0, 0.0)).w() / 2.0 + 3.0;
     let horizontal = |at_s: f64| {
-        let (a, b) = (point_at(path, at_s - 8.0), point_at(path, at_s + 8.0));
-        (a.1 - b.1).abs() < 1e-6 && (a.0 - b.0).abs() > 15.0
+        let (a, b) = (point_at(path, at_s - half), point_at(path, at_s + half));
+        (a.1 - b.1).abs() < 1e-6 && (a.0 - b.0).abs() > 2.0 * half - 1e-6
     };
     for (strict, flat) in [(true, true), (true, false), (false, true), (false, false)] {
         let mut k = 0.0;
