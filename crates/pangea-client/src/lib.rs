@@ -1015,14 +1015,21 @@ impl Client {
         while let Some(Action::Send(n)) = call.poll_action() {
             let a = call.attempt(n);
             let c = a.candidate.clone();
+            // The replica is told its budget; the call waits a little longer for
+            // the answer the replica gives at that budget.
+            let now = Instant::now();
             let budget = self
                 .inner
+                .instant(a.since_us.saturating_add(call.budget(n).as_micros() as u64))
+                .saturating_duration_since(now);
+            let wait = self
+                .inner
                 .instant(a.until_us)
-                .saturating_duration_since(Instant::now());
+                .saturating_duration_since(now);
             let span = traced.attempt(d, &c, a.kind);
             let result = self
                 .inner
-                .attempt(&c, body.clone(), budget, trace::traceparent(&span))
+                .attempt(&c, body.clone(), (budget, wait), trace::traceparent(&span))
                 .await;
             trace::finish_attempt(span, &result);
             let now = self.inner.us(Instant::now());
@@ -1492,20 +1499,21 @@ impl Inner {
         }
     }
 
-    /// One request to one candidate, with its own timeout of `budget`; learns from
-    /// the answer or its absence.
+    /// One request to one candidate, which is given `budget`, waited for `wait`
+    /// (at least `budget`); learns from the answer or its absence.
     pub(crate) async fn attempt(
         &self,
         c: &Candidate,
         body: pb::client_request::Request,
-        budget: Duration,
+        (budget, wait): (Duration, Duration),
         traceparent: String,
     ) -> Result<(pb::client_response::Response, Served), Error> {
         let since = Instant::now();
         let deadline_at = deadline_after(since, budget);
+        let wait_until = deadline_after(since, wait.max(budget));
         let sent = AtomicBool::new(false);
         let ask = self.ask(c, body, since, deadline_at, traceparent, &sent);
-        match tokio::time::timeout_at(deadline_at.into(), ask).await {
+        match tokio::time::timeout_at(wait_until.into(), ask).await {
             Ok(result) => result,
             // Still connecting: nothing reached the replica.
             Err(_) if !sent.load(Ordering::Relaxed) => {
@@ -1517,9 +1525,9 @@ impl Inner {
                 )))
             }
             Err(_) => {
-                self.no_answer(&c.replica, budget);
+                self.no_answer(&c.replica, wait);
                 Err(Error::DeadlineExceeded {
-                    deadline: budget,
+                    deadline: wait,
                     attempts: 1,
                 })
             }

@@ -619,6 +619,13 @@ impl ReadLog {
 /// Candidates a write tries at most.
 pub const WRITE_CANDIDATES: usize = 3;
 
+/// How much longer than the budget it gave a write's replica the call waits for
+/// its answer (at least; a tenth of the budget when that is more, within the call's
+/// deadline): the replica answers at its budget at the latest (`NOT_REPLICATED`, or
+/// `DEADLINE_EXCEEDED`), and that answer says more than the silence a client timer
+/// firing first would leave.
+pub const WRITE_ANSWER_GRACE: Duration = Duration::from_millis(20);
+
 /// When a write may go to another replica after an attempt failed. A write sent
 /// twice is applied twice, under two origins and two versions: last writer wins
 /// between them, so a concurrent writer's cells can be overwritten again, and a
@@ -649,6 +656,9 @@ pub struct WriteCall {
     resend: Resend,
     deadline_at: u64,
     attempts: Vec<Attempt>,
+    /// Each attempt's budget, as its replica is told (`deadline_us`): its
+    /// `until_us` less the grace.
+    budgets_us: Vec<u64>,
     unsent: usize,
     last_err: Option<usize>,
     /// The first attempt that may have been applied.
@@ -673,6 +683,7 @@ impl WriteCall {
             resend,
             deadline_at: now_us.saturating_add(micros(deadline)),
             attempts: Vec::new(),
+            budgets_us: Vec::new(),
             unsent: 0,
             last_err: None,
             unknown: None,
@@ -702,6 +713,9 @@ impl WriteCall {
         } else {
             left / 2
         };
+        let grace = (budget / 10)
+            .max(micros(WRITE_ANSWER_GRACE))
+            .min(left - budget);
         let kind = if self.attempts.is_empty() {
             AttemptKind::Primary
         } else {
@@ -711,9 +725,17 @@ impl WriteCall {
             candidate,
             kind,
             since_us: now_us,
-            until_us: now_us + budget,
+            until_us: now_us + budget + grace,
             done: false,
         });
+        self.budgets_us.push(budget);
+    }
+
+    /// The budget of attempt `n` its replica is told: half the time left while
+    /// another candidate remains, all of it for the last. The call waits for the
+    /// answer a little longer ([`WRITE_ANSWER_GRACE`]), until [`Attempt::until_us`].
+    pub fn budget(&self, n: usize) -> Duration {
+        Duration::from_micros(self.budgets_us.get(n).copied().unwrap_or(0))
     }
 
     /// The next thing to do, until none is left.
@@ -1009,16 +1031,23 @@ mod tests {
         let cands = ["a", "b", "c", "d"].map(|n| c(n, Reason::Nearest));
         let mut call = WriteCall::new(cands, 0, Duration::from_millis(800), Resend::IfUnknown);
         assert_eq!(call.poll_action(), Some(Action::Send(0)));
-        // Half the time while another candidate remains.
-        assert_eq!(call.attempt(0).until_us, 400 * MS);
-        assert_eq!(call.poll_timeout(), Some(400 * MS));
-        call.handle_timeout(400 * MS);
+        // Half the time while another candidate remains; the call waits a tenth
+        // longer for the replica's own answer at its budget.
+        assert_eq!(call.budget(0), Duration::from_millis(400));
+        assert_eq!(call.attempt(0).until_us, 440 * MS);
+        assert_eq!(call.poll_timeout(), Some(440 * MS));
+        call.handle_timeout(439 * MS);
+        assert_eq!(call.poll_action(), None, "still waiting");
+        call.handle_timeout(440 * MS);
         assert_eq!(call.poll_action(), Some(Action::Send(1)));
         assert_eq!(call.attempt(1).kind, AttemptKind::Failover);
-        assert_eq!(call.attempt(1).until_us, 600 * MS);
-        call.handle_reply(450 * MS, 1, Reply::Retryable);
+        assert_eq!(call.budget(1), Duration::from_millis(180));
+        assert_eq!(call.attempt(1).until_us, 640 * MS);
+        call.handle_reply(645 * MS, 1, Reply::Retryable);
         assert_eq!(call.poll_action(), Some(Action::Send(2)));
-        // The last candidate gets all that is left; "d" is never asked.
+        // The last candidate gets all that is left, no grace past the deadline;
+        // "d" is never asked.
+        assert_eq!(call.budget(2), Duration::from_millis(155));
         assert_eq!(call.attempt(2).until_us, 800 * MS);
         call.handle_reply(460 * MS, 2, Reply::Retryable);
         assert_eq!(call.poll_action(), None);
@@ -1045,10 +1074,11 @@ mod tests {
         // Refused or never sent: the next replica.
         let mut call = WriteCall::new(cands(), 0, deadline, Resend::default());
         assert_eq!(call.poll_action(), Some(Action::Send(0)));
-        assert_eq!(call.attempt(0).until_us, 100 * MS);
+        assert_eq!(call.budget(0), Duration::from_millis(100));
+        assert_eq!(call.attempt(0).until_us, 120 * MS);
         call.handle_reply(100 * MS, 0, Reply::Retryable);
         assert_eq!(call.poll_action(), Some(Action::Send(1)));
-        assert_eq!(call.attempt(1).until_us, 150 * MS);
+        assert_eq!(call.attempt(1).until_us, 170 * MS);
         call.handle_reply(2 * MS, 1, Reply::Retryable);
         assert_eq!(call.poll_action(), Some(Action::Send(2)));
         call.handle_reply(3 * MS, 2, Reply::Retryable);
@@ -1066,9 +1096,9 @@ mod tests {
             match unknown {
                 Some(r) => call.handle_reply(5 * MS, 1, r),
                 None => {
-                    // Half of the 199 ms left at 1 ms.
-                    assert_eq!(call.poll_timeout(), Some(100_500), "{name}");
-                    call.handle_timeout(100_500);
+                    // Half of the 199 ms left at 1 ms, and 20 ms of grace.
+                    assert_eq!(call.poll_timeout(), Some(120_500), "{name}");
+                    call.handle_timeout(120_500);
                 }
             }
             assert_eq!(call.poll_action(), None, "{name}: never sent to a third");
