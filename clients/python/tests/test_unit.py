@@ -111,11 +111,16 @@ def test_plans_follow_section_9() -> None:
     # A region-local profile in us-east-1 may not read it at all: fail closed.
     with pytest.raises(PolicyForbids, match="eu-resident"):
         plan_read(d, loc, d.profiles["frontend-local"], "us-east-1", "ad_profiles", b"eu/7", Eventual(), peers)
-    # Down replicas go last; measured round trips beat the topology's.
+    # Down replicas go last; measured round trips beat the topology's, but never
+    # make another region look nearer than the topology says (§9 step 4).
     peers.mark_down("use1-a")
     peers.note_rtt("euw1-b", 0.1)
     p = plan_read(d, loc, frontend, "us-east-1", "ad_profiles", b"us/1", Eventual(), peers)
-    assert [c.replica for c in p.primary][:2] == ["euw1-b", "use1-b"] and p.primary[-1].replica == "use1-a"
+    assert [c.replica for c in p.primary] == ["use1-b", "euw1-a", "euw1-b", "apne1-a", "apne1-b", "use1-a"]
+    peers.rtt["euw1-b"] = 300.0  # farther than the file says: that counts
+    peers.rtt["use1-b"] = 500.0  # in the client's region, a measurement counts as it is
+    p = plan_read(d, loc, frontend, "us-east-1", "ad_profiles", b"us/1", Eventual(), peers)
+    assert [c.replica for c in p.primary] == ["euw1-a", "apne1-a", "apne1-b", "euw1-b", "use1-b", "use1-a"]
     # Row affinity: the rendezvous winner of the region first.
     peers = Peers()
     p = plan_read(d, loc, frontend, "us-east-1", "ad_profiles", b"us/1", RowAffinity(), peers)

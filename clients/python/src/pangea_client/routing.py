@@ -150,8 +150,16 @@ def plan_read(
         home = location.home_of(d, table, key)
 
     def rtt(r: Replica) -> float:
+        # The measured estimate when there is one, else the topology's. For a
+        # replica of another region, never below the topology's: a measurement may
+        # show another region farther than the file says, never nearer, so where
+        # every round trip measures alike (a local cluster without WAN emulation)
+        # the client's own region still goes first (route.rs `rtt_floor_ms`).
+        est = d.rtt_estimate_ms(client_region, r)
         m = peers.rtt_ms(r.id)
-        return m if m is not None else d.rtt_estimate_ms(client_region, r)
+        if m is None:
+            return est
+        return m if r.region == client_region else max(m, est)
 
     # Step 4: not down first; the home region first when it applies; round trip; id.
     keyed = sorted(

@@ -160,14 +160,18 @@ class _Stream:
     """One bidirectional stream: its frames as they arrive, and the waiter of the
     request it carries."""
 
-    __slots__ = ("id", "reader", "waiter", "ended", "broken")
+    __slots__ = ("id", "reader", "waiter", "ended", "broken", "stopped")
 
     def __init__(self, sid: int) -> None:
         self.id = sid
         self.reader = FrameReader()
         self.waiter: asyncio.Future[bytes] | None = None
         self.ended = False  # the replica finished its side
-        self.broken: str | None = None  # reset, stopped or malformed
+        self.broken: str | None = None  # reset or malformed
+        # The replica stopped reading our side (STOP_SENDING): its answer may still
+        # come (§2: a refused frame is answered, then stopped), but the stream takes
+        # no further request.
+        self.stopped = False
 
     def deliver(self) -> None:
         w = self.waiter
@@ -213,12 +217,15 @@ class Link(QuicConnectionProtocol):
             if event.end_stream:
                 s.ended = True
             s.deliver()
-        elif isinstance(event, (events.StreamReset, events.StopSendingReceived)):
+        elif isinstance(event, events.StreamReset):
             s = self.streams.get(event.stream_id)
             if s is not None:
-                kind = "reset" if isinstance(event, events.StreamReset) else "stopped"
-                s.broken = f"{kind} by the replica (code {event.error_code})"
+                s.broken = f"reset by the replica (code {event.error_code})"
                 s.deliver()
+        elif isinstance(event, events.StopSendingReceived):
+            s = self.streams.get(event.stream_id)
+            if s is not None:
+                s.stopped = True
         elif isinstance(event, events.HandshakeCompleted):
             self.handshake_done = True
         elif isinstance(event, events.ConnectionTerminated):
@@ -251,7 +258,7 @@ class Link(QuicConnectionProtocol):
         stream = None
         while reuse and self.idle:
             s = self.idle.pop()
-            if not s.ended and s.broken is None and s.id in self.streams:
+            if not s.ended and s.broken is None and not s.stopped and s.id in self.streams:
                 stream = s
                 break
             self.streams.pop(s.id, None)
@@ -272,11 +279,32 @@ class Link(QuicConnectionProtocol):
         except BaseException:
             self._abandon(stream)
             raise
-        if stream.ended or len(self.idle) >= IDLE_STREAMS_MAX or stream.reader.pending():
+        if stream.ended or stream.stopped or len(self.idle) >= IDLE_STREAMS_MAX or stream.reader.pending():
             self._finish(stream)
         else:
             self.idle.append(stream)
         return body
+
+    async def exchange_bytes(self, data: bytes) -> bytes:
+        """Writes `data` as it is (a frame or not) on a new stream, finishes the
+        sending side, and returns the body of the first frame answered (the
+        conformance vectors' exchanges, conformance/README.md). Raises Lost when the
+        stream ends or breaks without one."""
+        if self.closed_because is not None:
+            raise Unavailable(f"connection to replica {self.replica} {self.closed_because}", replica=self.replica)
+        sid = self._quic.get_next_available_stream_id()
+        stream = _Stream(sid)
+        self.streams[sid] = stream
+        stream.waiter = asyncio.get_running_loop().create_future()
+        self._quic.send_stream_data(sid, data, end_stream=True)
+        self.transmit()
+        try:
+            return await stream.waiter
+        except _Unread as e:
+            raise Lost(str(e), replica=self.replica) from None
+        finally:
+            # Our side is finished; the replica's ends after its answer.
+            self.streams.pop(sid, None)
 
     def _abandon(self, stream: _Stream) -> None:
         """Stops both directions of a stream whose answer is no longer wanted."""
