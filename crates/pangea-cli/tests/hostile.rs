@@ -377,3 +377,155 @@ async fn handshake_floods_are_retried_and_memory_stays_bounded() -> Result<()> {
     c.down(common::CLEANUP_GRACE_MS)?;
     Ok(())
 }
+
+/// A client certificate for `pangea://client/<name>?app_profile=frontend`, signed by
+/// the CA of `ca_dir`, valid from January 1st of one year to January 1st of
+/// another, written where the
+/// client library looks for `Credential::Client(name)` in `into_dir`.
+fn client_cert(
+    ca_dir: &std::path::Path,
+    into_dir: &std::path::Path,
+    name: &str,
+    (from, to): (i32, i32),
+) -> Result<()> {
+    let ca_pem = std::fs::read_to_string(certs::ca_cert_path(ca_dir))?;
+    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(certs::ca_key_path(ca_dir))?)?;
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key)?;
+    let mut params = rcgen::CertificateParams::default();
+    params.subject_alt_names = vec![rcgen::SanType::URI(
+        format!("pangea://client/{name}?app_profile=frontend").try_into()?,
+    )];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    params.not_before = rcgen::date_time_ymd(from, 1, 1);
+    params.not_after = rcgen::date_time_ymd(to, 1, 1);
+    let key = rcgen::KeyPair::generate()?;
+    let cert = params.signed_by(&key, &issuer)?;
+    let path = certs::client_cert_path(into_dir, name);
+    std::fs::create_dir_all(path.parent().context("parent")?)?;
+    std::fs::write(&path, cert.pem())?;
+    std::fs::write(path.with_extension("key"), key.serialize_pem())?;
+    Ok(())
+}
+
+/// **Handshake errors name their cause on both sides.** A client without a
+/// certificate, with the wrong ALPN, with a certificate of another CA, or with an
+/// expired one, is refused by the replica's TLS with an alert the client reads
+/// back (`pangea_net::handshake::Refusal`), not a bare "connection lost" or a
+/// short read; the replica counts each by reason
+/// (`pangea_handshakes_refused_total{reason}`) and logs it. The client library
+/// reports the same refusal as its error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_handshakes_say_why_on_both_sides() -> Result<()> {
+    use pangea_net::handshake::{By, Refusal};
+    let cluster = Cluster::up_with(
+        "topology/single-replica.toml",
+        "topology/single-replica.placement.toml",
+        false,
+    )?;
+    let dir = &cluster.file.certs;
+    let ca = certs::load_ca(dir)?;
+    let addr: std::net::SocketAddr = cluster.replica("solo")?.address.parse()?;
+    let own = || certs::load_client(dir, "client-frontend");
+
+    // Another CA's client, and one of ours that expired a year ago.
+    let foreign_ca = tempfile::tempdir()?;
+    certs::init_ca(foreign_ca.path())?;
+    client_cert(foreign_ca.path(), dir, "foreign", (2024, 2124))?;
+    client_cert(dir, dir, "expired", (2020, 2021))?;
+
+    let no_cert = {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.clone())?;
+        let mut c = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        c.alpn_protocols = vec![tls::ALPN_PANGEA_V1.to_vec()];
+        c
+    };
+    let wrong_alpn = {
+        let mut c = tls::client_crypto(&ca, own()?)?;
+        c.alpn_protocols = vec![b"h3".to_vec()];
+        c
+    };
+    let cases = [
+        ("no certificate", no_cert, Refusal::NoCertificate),
+        ("wrong ALPN", wrong_alpn, Refusal::WrongAlpn),
+        (
+            "another CA's certificate",
+            tls::client_crypto(&ca, certs::load_client(dir, "foreign")?)?,
+            Refusal::UnknownCa,
+        ),
+        (
+            "an expired certificate",
+            tls::client_crypto(&ca, certs::load_client(dir, "expired")?)?,
+            Refusal::Expired,
+        ),
+    ];
+    tokio::time::timeout(Duration::from_secs(60), async {
+        for (what, crypto, want) in cases {
+            let raw = RawClient::new(tls::quic_client(crypto)?)?;
+            // With TLS 1.3 the client may finish its side before the replica
+            // refuses: then the first request fails, and the connection says why.
+            let ended = match raw.connect(addr, "solo").await {
+                Err(e) => e
+                    .downcast::<quinn::ConnectionError>()
+                    .with_context(|| format!("{what}: not a connection error"))?,
+                Ok(conn) => {
+                    let req = common::request(
+                        "frontend",
+                        1_000_000,
+                        pb::client_request::Request::Watermarks(pb::WatermarkRequest::default()),
+                    );
+                    let answered = common::call(&conn, &req).await;
+                    ensure!(answered.is_err(), "{what}: a request was answered");
+                    conn.closed().await
+                }
+            };
+            let refusal = Refusal::of(&ended);
+            let said = pangea_net::handshake::describe("replica solo", &ended);
+            println!("{what}: {said}");
+            ensure!(refusal == Some((want, By::Peer)), "{what}: {ended:?}");
+            ensure!(said.contains("refused the TLS handshake"), "{said}");
+        }
+        // The replica counted each by its reason.
+        let (_, text) = cluster.admin_get("solo", "/metrics")?;
+        for reason in ["no_certificate", "wrong_alpn", "unknown_ca", "expired"] {
+            let n = common::metric(
+                &text,
+                &format!("pangea_handshakes_refused_total{{reason=\"{reason}\"}}"),
+            );
+            ensure!(n >= 1.0, "{reason}: counted {n}");
+        }
+        // And logged why (at most once a second: the cases above came faster).
+        let log = std::fs::read_to_string(cluster.dir.path().join("logs").join("solo.log"))?;
+        ensure!(
+            log.contains("handshake refused")
+                && log.contains("no client certificate was presented"),
+            "the replica's log does not say why: {}",
+            log.lines().rev().take(10).collect::<Vec<_>>().join("\n")
+        );
+        // The client library says the same.
+        let mut config =
+            pangea_client::ClientConfig::from_cluster(&cluster.file, "local-1", "frontend")?;
+        config.credential = Credential::Client("expired".into());
+        let client = pangea_client::Client::connect(config).await?;
+        let e = client
+            .get("ad_profiles", "k", &pangea_client::ReadOptions::default())
+            .await
+            .expect_err("an expired certificate was served");
+        println!("client library: {e}");
+        ensure!(
+            e.to_string()
+                .contains("refused the TLS handshake: the certificate is expired"),
+            "{e}"
+        );
+        anyhow::Ok(())
+    })
+    .await
+    .context("handshake test timed out")??;
+    cluster.down(2_000)?;
+    Ok(())
+}

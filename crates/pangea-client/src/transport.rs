@@ -22,7 +22,7 @@
 use crate::{ClientConfig, Error};
 use dashmap::DashMap;
 use pangea_net::reload::{LiveTls, RELOAD_INTERVAL_DEFAULT, TlsFiles, spawn_poller};
-use pangea_net::{FRAME_BYTES_MAX, PeerIdentity, read_frame, tls, write_frame};
+use pangea_net::{FRAME_BYTES_MAX, PeerIdentity, handshake, read_frame, tls, write_frame};
 use pangea_proto::v1 as pb;
 use pangea_topology::ReplicaId;
 use std::net::SocketAddr;
@@ -156,9 +156,12 @@ impl Transport {
             .endpoint
             .connect(addr, tls::server_name(replica.as_str()))
             .map_err(|e| Error::Unavailable(format!("replica {replica} at {addr}: {e}")))?;
-        let c = connecting
-            .await
-            .map_err(|e| Error::Unavailable(format!("replica {replica} at {addr}: {e}")))?;
+        let c = connecting.await.map_err(|e| {
+            Error::Unavailable(handshake::describe(
+                &format!("replica {replica} at {addr}"),
+                &e,
+            ))
+        })?;
         match pangea_net::peer_identity(&c)? {
             PeerIdentity::Replica { id, .. } if id == replica.as_str() => {}
             other => {
@@ -276,7 +279,7 @@ impl Transport {
                 Err(Failed::Unsent(_)) if link.connection.close_reason().is_none() => {}
                 Err(e) => {
                     self.drop_link(&at, &link);
-                    return Err(e.into_error(replica));
+                    return Err(refused(&link, replica).unwrap_or_else(|| e.into_error(replica)));
                 }
             }
         }
@@ -284,7 +287,8 @@ impl Transport {
             Ok(s) => s,
             Err(e) => {
                 self.drop_link(&at, &link);
-                return Err(Failed::Unsent(e.to_string()).into_error(replica));
+                return Err(refused(&link, replica)
+                    .unwrap_or_else(|| Failed::Unsent(e.to_string()).into_error(replica)));
             }
         };
         match exchange(stream, req, sent).await {
@@ -296,10 +300,24 @@ impl Transport {
                 if link.connection.close_reason().is_some() {
                     self.drop_link(&at, &link);
                 }
-                Err(e.into_error(replica))
+                Err(refused(&link, replica).unwrap_or_else(|| e.into_error(replica)))
             }
         }
     }
+}
+
+/// The error of a call on a connection the handshake refused. With TLS 1.3 the
+/// client's side of the handshake ends before the replica checks the client's
+/// certificate, so a refused certificate shows first as a failed stream: the
+/// connection's close reason says why (`pangea_net::handshake`). Nothing was
+/// served on such a connection, so the request was not applied.
+fn refused(link: &Link, replica: &ReplicaId) -> Option<Error> {
+    let reason = link.connection.close_reason()?;
+    handshake::Refusal::of(&reason)?;
+    Some(Error::Unavailable(handshake::describe(
+        &format!("replica {replica}"),
+        &reason,
+    )))
 }
 
 /// How an exchange failed: whether the replica can have acted on the request.

@@ -530,11 +530,28 @@ fn admit(shared: &Arc<Shared>, incoming: quinn::Incoming) {
     }
 }
 
+/// Refused handshakes are logged at most once a second: a flood of them is
+/// counted (`pangea_handshakes_refused_total`), not written out line by line.
+static HANDSHAKE_LOG: OncePerSecond = OncePerSecond(std::sync::atomic::AtomicU64::new(0));
+
+/// Says yes at most once per wall-clock second.
+struct OncePerSecond(std::sync::atomic::AtomicU64);
+
+impl OncePerSecond {
+    fn allows(&self) -> bool {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.0.swap(now, Ordering::Relaxed) != now
+    }
+}
+
 async fn handle_incoming(
     shared: Arc<Shared>,
     incoming: quinn::Incoming,
     handshake: pangea_net::admission::HandshakeGuard,
 ) {
+    let remote = incoming.remote_address();
     let handshaking = tokio::time::timeout(
         pangea_net::admission::HANDSHAKE_TIME_MAX,
         std::future::IntoFuture::into_future(incoming),
@@ -542,10 +559,17 @@ async fn handle_incoming(
     let connection = match handshaking.await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
-            // Wrong CA, no client certificate, wrong ALPN...
-            tracing::debug!(error = %e, "handshake refused");
+            // No client certificate, a foreign CA, expired, revoked, wrong ALPN...
+            let reason = pangea_net::handshake::Refusal::of(&e).map(|(r, _)| r);
+            shared
+                .metrics
+                .inc_handshakes_refused(reason.map_or("other", |r| r.reason()));
             shared.metrics.inc_frames_rejected("handshake");
             shared.metrics.inc_connection_attempts("handshake_failed");
+            if HANDSHAKE_LOG.allows() {
+                let why = reason.map_or_else(|| e.to_string(), |r| r.to_string());
+                tracing::info!(%remote, %why, error = %e, "handshake refused (logged at most once a second)");
+            }
             return;
         }
         Err(_) => {
@@ -593,6 +617,7 @@ async fn handle_incoming(
         }
         Err(e) => {
             tracing::debug!(error = %e, "no usable identity in the certificate");
+            shared.metrics.inc_handshakes_refused("no_identity");
             shared.metrics.inc_frames_rejected("identity");
             connection.close(peers::CLOSE_UNKNOWN_REPLICA.into(), b"no pangea identity");
         }

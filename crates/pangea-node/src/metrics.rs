@@ -68,6 +68,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "pangea_replication_frames_sent_total",
     "pangea_frames_rejected_total",
     "pangea_connection_attempts_total",
+    "pangea_handshakes_refused_total",
     "pangea_applied_total",
     "pangea_peer_suspected",
     "pangea_connections",
@@ -220,6 +221,7 @@ pub struct NodeMetrics {
     replication_frames_sent: Family<FrameLabels, Counter>,
     frames_rejected: Family<ReasonLabels, Counter>,
     connection_attempts: Family<OutcomeLabels, Counter>,
+    handshakes_refused: Family<ReasonLabels, Counter>,
     applied: Family<ScopeOriginLabels, Counter>,
     peer_suspected: Family<PeerLabels, Gauge>,
     connections: Family<KindLabels, Gauge>,
@@ -314,6 +316,15 @@ impl NodeMetrics {
             connection_attempts.clone(),
         );
 
+        let handshakes_refused = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "handshakes_refused",
+            "Incoming handshakes refused, by reason: no_certificate, unknown_ca, expired, \
+             revoked, bad_certificate, wrong_alpn (TLS alerts), no_identity (no usable \
+             pangea:// identity in an accepted certificate), other",
+            handshakes_refused.clone(),
+        );
+
         let applied = Family::<ScopeOriginLabels, Counter>::default();
         registry.register(
             "applied",
@@ -369,6 +380,7 @@ impl NodeMetrics {
             replication_frames_sent,
             frames_rejected,
             connection_attempts,
+            handshakes_refused,
             applied,
             peer_suspected,
             connections,
@@ -458,6 +470,15 @@ impl NodeMetrics {
     pub fn inc_connection_attempts(&self, outcome: &'static str) {
         self.connection_attempts
             .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// Counts one refused handshake; `reason` as [`Self::inc_frames_rejected`]'s.
+    pub fn inc_handshakes_refused(&self, reason: &str) {
+        self.handshakes_refused
+            .get_or_create(&ReasonLabels {
+                reason: reason_label(reason),
+            })
             .inc();
     }
 
@@ -560,6 +581,7 @@ mod tests {
         m.inc_frames_sent("mutations", "r2");
         m.inc_frames_rejected("unknown_scope");
         m.inc_connection_attempts("retried");
+        m.inc_handshakes_refused("no_certificate");
         m.inc_applied("eu", "r1");
         m.set_peer_suspected("r3", true);
         m.set_connections("peer", 3);
