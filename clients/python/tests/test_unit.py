@@ -3,12 +3,25 @@ docs/protocol.md, and routing and call decisions on the reference topology."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 
 import pytest
 import xxhash
 
-from pangea_client import Bounded, Eventual, PolicyForbids, RowAffinity, ScopeWatermarks, Token, Watermark
+from pangea_client import (
+    Ambiguous,
+    Bounded,
+    Client,
+    Eventual,
+    PolicyForbids,
+    RowAffinity,
+    ScopeWatermarks,
+    SetCell,
+    Token,
+    Watermark,
+)
 from pangea_client.affinity import affinity_hash, rendezvous
 from pangea_client.call import Hedger, ReadCall, Reply, WriteCall
 from pangea_client.consistency import OriginMark
@@ -162,7 +175,8 @@ def test_watermark_read_races_the_fallbacks_then_retries() -> None:
 
 def test_write_after_silence_is_ambiguous_unless_resending_is_allowed() -> None:
     w = WriteCall(cands("a", "b", "c", "d"), 0.0, 0.2, resend_if_unknown=False)
-    assert w.poll_action() == 0 and w.attempts[0].until == pytest.approx(0.1), "half the time left"
+    assert w.poll_action() == 0 and w.budget(0) == pytest.approx(0.1), "half the time left"
+    assert w.attempts[0].until == pytest.approx(0.12), "and 20 ms of grace for the replica's own answer"
     w.handle_reply(0.1, 0, Reply.DEADLINE_EXCEEDED)
     assert w.outcome is not None and w.outcome.kind == "ambiguous"
     w = WriteCall(cands("a", "b"), 0.0, 0.2, resend_if_unknown=False)
@@ -173,3 +187,87 @@ def test_write_after_silence_is_ambiguous_unless_resending_is_allowed() -> None:
     w.poll_action()
     w.handle_reply(0.1, 0, Reply.LOST)
     assert w.poll_action() == 1
+
+
+def test_write_waits_past_the_budget_it_tells_the_replica() -> None:
+    """§9 step 10 (the Rust client's `WriteCall` test): budgets of half the time
+    left, all of it for the last; the wait a grace of max(budget / 10, 20 ms)
+    longer, within the call's deadline."""
+    w = WriteCall(cands("a", "b", "c", "d"), 0.0, 0.8, resend_if_unknown=True)
+    assert w.poll_action() == 0
+    assert w.budget(0) == pytest.approx(0.4) and w.attempts[0].until == pytest.approx(0.44)
+    w.handle_reply(0.44, 0, Reply.DEADLINE_EXCEEDED)  # silence until the wait ran out
+    assert w.poll_action() == 1 and w.attempts[1].kind == "failover"
+    assert w.budget(1) == pytest.approx(0.18) and w.attempts[1].until == pytest.approx(0.64)
+    w.handle_reply(0.645, 1, Reply.RETRYABLE)
+    assert w.poll_action() == 2
+    # The last candidate: all that is left, no grace past the deadline; "d" never.
+    assert w.budget(2) == pytest.approx(0.155) and w.attempts[2].until == pytest.approx(0.8)
+    w.handle_reply(0.7, 2, Reply.RETRYABLE)
+    assert w.poll_action() is None and w.outcome is not None and w.outcome.kind == "ambiguous"
+
+
+class _FakeTransport:
+    """Replicas scripted per id: "connecting" never gets the request out, "silent"
+    takes it and never answers, "ok" answers a write's token at once. Records each
+    request's `deadline_us`."""
+
+    def __init__(self, script: dict[str, str]) -> None:
+        self.script = script
+        self.told: list[tuple[str, int]] = []
+
+    async def call(self, replica: str, request: bytes, on_sent=None) -> bytes:  # noqa: ANN001
+        what = self.script[replica]
+        if what == "connecting":
+            await asyncio.sleep(10)
+        if on_sent is not None:
+            on_sent()
+        self.told.append((replica, pb.ClientRequest.FromString(request).deadline_us))
+        if what == "silent":
+            await asyncio.sleep(10)
+        token = Token("global", replica, 1, 1).encode()
+        return pb.ClientResponse(
+            served_by=pb.ServedBy(replica=replica, region="us-east-1"), mutate=pb.MutateResponse(token=token)
+        ).SerializeToString()
+
+    def forget(self, replica: str) -> None:
+        pass
+
+
+def _write_with(script: dict[str, str]) -> tuple[object, _FakeTransport]:
+    async def go() -> tuple[object, _FakeTransport]:
+        t = _FakeTransport(script)
+        c = Client(deployment(), t, "us-east-1", "frontend")  # type: ignore[arg-type]
+        c.peers.note_rtt("use1-a", 0.1)  # use1-a first, then use1-b
+        c.peers.note_rtt("use1-b", 0.2)
+        try:
+            r = await c.mutate("ad_profiles", b"us/1", [SetCell("profile", b"p", b"v")], deadline=0.2)
+        except Exception as e:  # noqa: BLE001
+            return e, t
+        return r, t
+
+    return asyncio.run(go())
+
+
+def test_write_attempt_still_connecting_at_its_wait_was_not_sent() -> None:
+    """§9 step 10: an attempt whose wait ran out before the request went out was
+    not sent: the next candidate is asked, and told its own budget."""
+    r, t = _write_with({"use1-a": "connecting", "use1-b": "ok"})
+    assert not isinstance(r, Exception), r
+    assert r.replica == "use1-b" and r.attempts == 2
+    # Half of the ~80 ms left after the first attempt's 100 ms budget and 20 ms
+    # grace; the last candidate but one (a third remains).
+    assert [x for x, _ in t.told] == ["use1-b"]
+    assert 20_000 <= t.told[0][1] <= 40_000
+
+
+def test_write_attempt_silent_after_sending_is_ambiguous() -> None:
+    """§9 step 10: the replica is told the budget (half of 200 ms) and waited for
+    a grace longer; silence after the request went out leaves the write unknown."""
+    started = time.monotonic()
+    r, t = _write_with({"use1-a": "silent", "use1-b": "ok"})
+    waited = time.monotonic() - started
+    assert isinstance(r, Ambiguous) and r.replica == "use1-a", r
+    assert [x for x, _ in t.told] == ["use1-a"]
+    assert 95_000 <= t.told[0][1] <= 100_000, "told the budget, not the budget and grace"
+    assert waited >= 0.115, "waited the 20 ms grace past the budget"

@@ -20,6 +20,12 @@ from .routing import Candidate
 WATERMARK_RETRY_S = 0.010
 #: §9 step 10: candidates a write tries at most.
 WRITE_CANDIDATES = 3
+#: §9 step 10: how much longer than the budget it gave a write's replica the call
+#: waits for the answer (at least; a tenth of the budget when that is more, within
+#: the call's deadline): the replica answers at its budget at the latest
+#: (NOT_REPLICATED, DEADLINE_EXCEEDED), which says more than a client timer firing
+#: first would (the Rust client's `WRITE_ANSWER_GRACE`).
+WRITE_ANSWER_GRACE_S = 0.020
 
 
 class Reply(enum.Enum):
@@ -244,7 +250,10 @@ class ReadCall:
 
 class WriteCall:
     """One write (§9 step 10): never hedged; at most 3 candidates, one at a time,
-    each attempt given half the time left while another remains. It moves on
+    each attempt given a budget (`budget(n)`, the replica's `deadline_us`) of half
+    the time left while another remains, all of it for the last, and waited for
+    until `attempts[n].until`: the budget and a grace of max(budget / 10, 20 ms),
+    within the call's deadline. It moves on
     after an error that says the write was not applied (UNAVAILABLE, not
     connected); after silence, DEADLINE_EXCEEDED or a lost connection the write may
     have been applied, and the call ends `ambiguous` unless `resend_if_unknown`."""
@@ -255,6 +264,7 @@ class WriteCall:
         self.resend_if_unknown = resend_if_unknown
         self.deadline_at = now + deadline_s
         self.attempts: list[Attempt] = []
+        self._budgets: list[float] = []
         self._unsent = 0
         self._last_err: int | None = None
         self._unknown: int | None = None
@@ -276,7 +286,15 @@ class WriteCall:
             return
         c = self._candidates.pop()
         budget = left / 2 if self._candidates else left
-        self.attempts.append(Attempt(c, "failover" if self.attempts else "primary", now, now + budget))
+        grace = min(max(budget / 10, WRITE_ANSWER_GRACE_S), left - budget)
+        self.attempts.append(Attempt(c, "failover" if self.attempts else "primary", now, now + budget + grace))
+        self._budgets.append(budget)
+
+    def budget(self, n: int) -> float:
+        """The budget attempt `n`'s replica is told (seconds): half the time left
+        while another candidate remains, all of it for the last. The call waits a
+        little longer for the answer, until `attempts[n].until`."""
+        return self._budgets[n] if n < len(self._budgets) else 0.0
 
     def poll_action(self) -> int | None:
         if self.outcome is not None or self._unsent == len(self.attempts):

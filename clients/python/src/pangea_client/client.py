@@ -378,22 +378,28 @@ class Client:
         errors: dict[int, PangeaError] = {}
         while (n := call.poll_action()) is not None:
             a = call.attempts[n]
-            budget = max(0.0, a.until - time.monotonic())
+            # §9 step 10: the replica is told its budget; the call waits a little
+            # longer (until a.until) for the answer the replica gives at that budget.
+            told_until = a.since + call.budget(n)
+            wait = max(0.0, a.until - time.monotonic())
             sent = [False]
             try:
                 served = await asyncio.wait_for(
-                    self._ask(a.candidate.replica, body, a.until, on_sent=lambda: sent.__setitem__(0, True), waited=waited),
-                    budget,
+                    self._ask(a.candidate.replica, body, told_until, on_sent=lambda: sent.__setitem__(0, True),
+                              waited=waited),
+                    wait,
                 )
             except asyncio.TimeoutError:
                 if not sent[0]:
+                    # Still connecting: nothing reached the replica (not applied).
                     self.peers.mark_down(a.candidate.replica)
                     err: PangeaError = Unavailable(
-                        f"not connected within {budget * 1e3:.0f} ms", replica=a.candidate.replica
+                        f"not connected within {wait * 1e3:.0f} ms", replica=a.candidate.replica
                     )
                 else:
-                    self._no_answer(a.candidate.replica, budget * 1e3)
-                    err = DeadlineExceeded(f"no answer within {budget * 1e3:.0f} ms", replica=a.candidate.replica)
+                    # Sent, then silence: whether it was applied is unknown.
+                    self._no_answer(a.candidate.replica, wait * 1e3)
+                    err = DeadlineExceeded(f"no answer within {wait * 1e3:.0f} ms", replica=a.candidate.replica)
                 errors[n] = err
                 call.handle_reply(time.monotonic(), n, _reply_of(err))
                 continue
