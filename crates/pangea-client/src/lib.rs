@@ -51,7 +51,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use trace::{AttemptKind, Op, Traced};
@@ -589,10 +589,12 @@ impl Client {
                         },
                     )),
                 };
-                let started = Instant::now();
-                if let Ok(Ok(resp)) =
-                    tokio::time::timeout(timeout, inner.transport.call(&r, &req)).await
-                {
+                // Timed from when the request went out: a first probe also makes
+                // the connection, and a handshake is not the replica's round trip.
+                let sent = transport::Sent::default();
+                let call = inner.transport.call_noting(&r, &req, &sent);
+                if let Ok(Ok(resp)) = tokio::time::timeout(timeout, call).await {
+                    let started = sent.at().unwrap_or_else(Instant::now);
                     inner.note_rtt(&r, started.elapsed());
                     if let Some(pb::client_response::Response::Watermarks(w)) = resp.response {
                         for s in &w.scopes {
@@ -1511,12 +1513,12 @@ impl Inner {
         let since = Instant::now();
         let deadline_at = deadline_after(since, budget);
         let wait_until = deadline_after(since, wait.max(budget));
-        let sent = AtomicBool::new(false);
+        let sent = transport::Sent::default();
         let ask = self.ask(c, body, since, deadline_at, traceparent, &sent);
         match tokio::time::timeout_at(wait_until.into(), ask).await {
             Ok(result) => result,
             // Still connecting: nothing reached the replica.
-            Err(_) if !sent.load(Ordering::Relaxed) => {
+            Err(_) if sent.at().is_none() => {
                 self.down
                     .insert(c.replica.clone(), Instant::now() + DOWN_FOR);
                 Err(Error::Unavailable(format!(
@@ -1546,7 +1548,7 @@ impl Inner {
         since: Instant,
         deadline_at: Instant,
         traceparent: String,
-        sent: &AtomicBool,
+        sent: &transport::Sent,
     ) -> Result<(pb::client_response::Response, Served), Error> {
         // An answer's time is the path's and the replica's, what routing and
         // hedging learn from, except a write's that waited for other regions: the
@@ -1573,7 +1575,10 @@ impl Inner {
         let at = Instant::now();
         let elapsed = at.saturating_duration_since(since);
         if !waited {
-            self.note_rtt(&c.replica, elapsed);
+            // The round trip from when the request went out: a handshake before it
+            // is not the replica's.
+            let out = sent.at().unwrap_or(since).max(since);
+            self.note_rtt(&c.replica, at.saturating_duration_since(out));
         }
         let served = resp.served_by.take().unwrap_or_default();
         if served.deployment != 0 && served.deployment != self.current().digest {

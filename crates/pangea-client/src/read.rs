@@ -388,7 +388,7 @@ fn launch(
     let inner = inner.clone();
     let body = body.clone();
     let answer = Box::pin(async move {
-        let sent = std::sync::atomic::AtomicBool::new(false);
+        let sent = crate::transport::Sent::default();
         let result = inner
             .ask(&c, body, since, deadline_at, traceparent, &sent)
             .await;

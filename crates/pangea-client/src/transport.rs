@@ -26,7 +26,6 @@ use pangea_net::{FRAME_BYTES_MAX, PeerIdentity, handshake, read_frame, tls, writ
 use pangea_proto::v1 as pb;
 use pangea_topology::ReplicaId;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -216,8 +215,7 @@ impl Transport {
         replica: &ReplicaId,
         req: &pb::ClientRequest,
     ) -> Result<pb::ClientResponse, Error> {
-        self.call_noting(replica, req, &AtomicBool::new(false))
-            .await
+        self.call_noting(replica, req, &Sent::default()).await
     }
 
     /// [`Transport::call`], setting `sent` as the request starts out: a caller
@@ -226,7 +224,7 @@ impl Transport {
         &self,
         replica: &ReplicaId,
         req: &pb::ClientRequest,
-        sent: &AtomicBool,
+        sent: &Sent,
     ) -> Result<pb::ClientResponse, Error> {
         let slot = self
             .next_slot
@@ -262,7 +260,7 @@ impl Transport {
         replica: &ReplicaId,
         slot: usize,
         req: &pb::ClientRequest,
-        sent: &AtomicBool,
+        sent: &Sent,
     ) -> Result<pb::ClientResponse, Error> {
         let at = (replica.clone(), slot);
         let link = self.link(replica, slot).await?;
@@ -320,6 +318,23 @@ fn refused(link: &Link, replica: &ReplicaId) -> Option<Error> {
     )))
 }
 
+/// When a call's request last started out on a stream, set by the transport (a
+/// call that waits longer than its budget learns whether the replica can have
+/// seen it; a probe times the round trip from there, not from the handshake).
+#[derive(Debug, Default)]
+pub(crate) struct Sent(Mutex<Option<std::time::Instant>>);
+
+impl Sent {
+    fn mark(&self) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(std::time::Instant::now());
+    }
+
+    /// When the request last went out; `None` while it has not.
+    pub(crate) fn at(&self) -> Option<std::time::Instant> {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// How an exchange failed: whether the replica can have acted on the request.
 enum Failed {
     /// It cannot: the request was not sent whole, or the replica ended the stream
@@ -345,9 +360,9 @@ impl Failed {
 async fn exchange(
     (mut send, mut recv): Stream,
     req: &pb::ClientRequest,
-    sent: &AtomicBool,
+    sent: &Sent,
 ) -> Result<(pb::ClientResponse, Stream), Failed> {
-    sent.store(true, Ordering::Relaxed);
+    sent.mark();
     write_frame(&mut send, req)
         .await
         .map_err(|e| Failed::Unsent(e.to_string()))?;
