@@ -191,8 +191,8 @@ def test_write_after_silence_is_ambiguous_unless_resending_is_allowed() -> None:
 
 def test_write_waits_past_the_budget_it_tells_the_replica() -> None:
     """§9 step 10 (the Rust client's `WriteCall` test): budgets of half the time
-    left, all of it for the last; the wait a grace of max(budget / 10, 20 ms)
-    longer, within the call's deadline."""
+    left, the rest less its grace for the last; the wait a grace of
+    max(budget / 10, 20 ms) longer, within the call's deadline."""
     w = WriteCall(cands("a", "b", "c", "d"), 0.0, 0.8, resend_if_unknown=True)
     assert w.poll_action() == 0
     assert w.budget(0) == pytest.approx(0.4) and w.attempts[0].until == pytest.approx(0.44)
@@ -201,8 +201,8 @@ def test_write_waits_past_the_budget_it_tells_the_replica() -> None:
     assert w.budget(1) == pytest.approx(0.18) and w.attempts[1].until == pytest.approx(0.64)
     w.handle_reply(0.645, 1, Reply.RETRYABLE)
     assert w.poll_action() == 2
-    # The last candidate: all that is left, no grace past the deadline; "d" never.
-    assert w.budget(2) == pytest.approx(0.155) and w.attempts[2].until == pytest.approx(0.8)
+    # The last candidate: all that is left, its grace inside it; "d" never.
+    assert w.budget(2) == pytest.approx(0.135) and w.attempts[2].until == pytest.approx(0.8)
     w.handle_reply(0.7, 2, Reply.RETRYABLE)
     assert w.poll_action() is None and w.outcome is not None and w.outcome.kind == "ambiguous"
 

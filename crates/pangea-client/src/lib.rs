@@ -750,7 +750,12 @@ impl Client {
             }
             tokio::time::sleep(wait).await;
         }
-        self.refresh_location().await.is_ok() && started.elapsed() < deadline
+        // Within the call's deadline: a refresh may take its own 500 ms.
+        let left = deadline.saturating_sub(started.elapsed());
+        matches!(
+            tokio::time::timeout(left, self.refresh_location()).await,
+            Ok(Ok(_))
+        ) && started.elapsed() < deadline
     }
 
     /// Records the decisions of the next `n` reads (what each was told and did,

@@ -17,7 +17,9 @@
 //! stream state, flow-control frames and a task, a sizeable share of a 1 KiB read.
 //! A stream is parked only after a complete answer, so the next request never
 //! meets the tail of an earlier one; a call abandoned midway (a hedge that lost, a
-//! deadline) drops its stream, which resets it.
+//! deadline) drops its stream, which finishes its sending side and stops its
+//! receiving side (quinn 0.11), so the replica's answer fails to write and the
+//! stream ends.
 
 use crate::{ClientConfig, Error};
 use dashmap::DashMap;
@@ -40,9 +42,16 @@ type Stream = (quinn::SendStream, quinn::RecvStream);
 struct Link {
     connection: quinn::Connection,
     idle: Mutex<Vec<Stream>>,
+    /// The replica has answered a request on it: the handshake was accepted.
+    answered: std::sync::atomic::AtomicBool,
 }
 
 impl Link {
+    fn answered(&self) {
+        self.answered
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn take_idle(&self) -> Option<Stream> {
         self.idle
             .lock()
@@ -172,6 +181,7 @@ impl Transport {
         let link = Arc::new(Link {
             connection: c,
             idle: Mutex::new(Vec::new()),
+            answered: Default::default(),
         });
         self.connections.insert(at, link.clone());
         Ok(link)
@@ -241,11 +251,13 @@ impl Transport {
         let resend_lost = !matches!(req.request, Some(pb::client_request::Request::Mutate(_)));
         match (self.call_once(replica, slot, req, sent).await, cached) {
             // A cached connection can be dead without knowing it yet (its process was
-            // killed and restarted): once, forget it and try a fresh one. Only that
-            // connection: the replica's others may be fine (calls in flight on them
-            // go on), and a fresh one another call just made stays.
+            // killed and restarted): once it is known dead, forget it and try a fresh
+            // one. Only that connection: the replica's others may be fine (calls in
+            // flight on them go on), and a fresh one another call just made stays. A
+            // connection still up (one stream refused) is kept.
             (Err(e @ (Error::Unavailable(_) | Error::Lost { .. })), Some(link))
-                if resend_lost || matches!(e, Error::Unavailable(_)) =>
+                if link.connection.close_reason().is_some()
+                    && (resend_lost || matches!(e, Error::Unavailable(_))) =>
             {
                 self.drop_link(&at, &link);
                 link.connection.close(0u32.into(), b"replica unresponsive");
@@ -267,7 +279,10 @@ impl Transport {
         if let Some(stream) = link.take_idle() {
             match exchange(stream, req, sent).await {
                 Ok((resp, stream)) => {
-                    link.park(stream);
+                    link.answered();
+                    if let Some(stream) = stream {
+                        link.park(stream);
+                    }
                     return Ok(resp);
                 }
                 // The replica ended this idle stream before reading the request (it
@@ -291,7 +306,10 @@ impl Transport {
         };
         match exchange(stream, req, sent).await {
             Ok((resp, stream)) => {
-                link.park(stream);
+                link.answered();
+                if let Some(stream) = stream {
+                    link.park(stream);
+                }
                 Ok(resp)
             }
             Err(e) => {
@@ -310,8 +328,14 @@ impl Transport {
 /// connection's close reason says why (`pangea_net::handshake`). Nothing was
 /// served on such a connection, so the request was not applied.
 fn refused(link: &Link, replica: &ReplicaId) -> Option<Error> {
+    if link.answered.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
     let reason = link.connection.close_reason()?;
-    handshake::Refusal::of(&reason)?;
+    match handshake::Refusal::of(&reason)? {
+        (handshake::Refusal::Other(_), _) | (_, handshake::By::Us) => return None,
+        _ => {}
+    }
     Some(Error::Unavailable(handshake::describe(
         &format!("replica {replica}"),
         &reason,
@@ -327,6 +351,11 @@ pub(crate) struct Sent(Mutex<Option<std::time::Instant>>);
 impl Sent {
     fn mark(&self) {
         *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(std::time::Instant::now());
+    }
+
+    /// The request certainly did not reach the replica after all.
+    fn clear(&self) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     /// When the request last went out; `None` while it has not.
@@ -356,21 +385,35 @@ impl Failed {
     }
 }
 
-/// Sends `req` on `stream` and reads its answer; gives the stream back for reuse.
+/// Sends `req` on `stream` and reads its answer; gives the stream back for reuse
+/// (`None`: the replica refused the frame and stopped the stream, which is not
+/// reused).
 async fn exchange(
     (mut send, mut recv): Stream,
     req: &pb::ClientRequest,
     sent: &Sent,
-) -> Result<(pb::ClientResponse, Stream), Failed> {
+) -> Result<(pb::ClientResponse, Option<Stream>), Failed> {
     sent.mark();
-    write_frame(&mut send, req)
-        .await
-        .map_err(|e| Failed::Unsent(e.to_string()))?;
+    if let Err(e) = write_frame(&mut send, req).await {
+        // A replica that refuses a frame (a full frame budget, a frame too large)
+        // answers why, then stops the stream: the answer says what to do. On a
+        // dead connection the read fails at once.
+        return match read_frame::<pb::ClientResponse>(&mut recv, FRAME_BYTES_MAX).await {
+            Ok(Some(r)) => Ok((r, None)),
+            _ => {
+                sent.clear();
+                Err(Failed::Unsent(e.to_string()))
+            }
+        };
+    }
     match read_frame::<pb::ClientResponse>(&mut recv, FRAME_BYTES_MAX).await {
-        Ok(Some(r)) => Ok((r, (send, recv))),
-        Ok(None) => Err(Failed::Unsent(
-            "closed the stream without reading the request".to_owned(),
-        )),
+        Ok(Some(r)) => Ok((r, Some((send, recv)))),
+        Ok(None) => {
+            sent.clear();
+            Err(Failed::Unsent(
+                "closed the stream without reading the request".to_owned(),
+            ))
+        }
         Err(e) => Err(Failed::Unanswered(e.to_string())),
     }
 }

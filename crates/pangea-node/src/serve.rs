@@ -204,9 +204,11 @@ async fn serve_stream(
                             format!("replica {} refused a request: {e}", shared.id),
                         ),
                     ),
+                    // Never read, so never acted on: UNAVAILABLE (a write was not
+                    // applied), not DEADLINE_EXCEEDED (unknown).
                     E::FrameTimeout { .. } => (
                         "frame_timeout",
-                        Failure::new(Code::DeadlineExceeded, format!("request refused: {e}")),
+                        Failure::new(Code::Unavailable, format!("request refused: {e}")),
                     ),
                     _ => (
                         "malformed",
@@ -288,8 +290,10 @@ async fn serve_request(shared: &Arc<Shared>, caller: &Principal, req: pb::Client
     let result = {
         match done {
             // Reads complete without yielding, so the timer may not have fired: an
-            // answer later than the deadline is still an expired request.
-            Ok(Ok(_)) if took > budget => Err(Failure::new(
+            // answer later than the deadline is still an expired request. Not a
+            // write that was made: its token is the answer (DEADLINE_EXCEEDED would
+            // tell the client the outcome is unknown).
+            Ok(Ok(_)) if took > budget && op != "mutate" => Err(Failure::new(
                 Code::DeadlineExceeded,
                 format!(
                     "deadline of {} µs exceeded at replica {}",

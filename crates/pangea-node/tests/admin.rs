@@ -85,6 +85,7 @@ fn fake_state() -> Arc<FakeState> {
     metrics.inc_frames_sent("mutations", "us-east-1a");
     metrics.inc_frames_rejected("unknown_scope");
     metrics.inc_connection_attempts("retried");
+    metrics.inc_handshakes_refused("expired");
     metrics.inc_applied("eu", "us-east-1a");
     metrics.set_peer_suspected("ap-south-1a", true);
     metrics.set_connections("peer", 2);
@@ -296,6 +297,7 @@ async fn metrics_serves_the_openmetrics_exposition() -> Result<()> {
             r#"pangea_replication_frames_sent_total{kind="mutations",peer="us-east-1a"} 1"#,
             r#"pangea_frames_rejected_total{reason="unknown_scope"} 1"#,
             r#"pangea_connection_attempts_total{outcome="retried"} 1"#,
+            r#"pangea_handshakes_refused_total{reason="expired"} 1"#,
             r#"pangea_applied_total{scope="eu",origin="us-east-1a"} 1"#,
             r#"pangea_peer_suspected{peer="ap-south-1a"} 1"#,
             r#"pangea_connections{kind="client"} 7"#,

@@ -251,9 +251,10 @@ class ReadCall:
 class WriteCall:
     """One write (§9 step 10): never hedged; at most 3 candidates, one at a time,
     each attempt given a budget (`budget(n)`, the replica's `deadline_us`) of half
-    the time left while another remains, all of it for the last, and waited for
-    until `attempts[n].until`: the budget and a grace of max(budget / 10, 20 ms),
-    within the call's deadline. It moves on
+    the time left while another remains, and waited for until `attempts[n].until`:
+    the budget and a grace of max(budget / 10, 20 ms), within the call's deadline;
+    the last attempt's grace is min(max(left / 10, 20 ms), left / 2) and its budget
+    the time left less that grace. It moves on
     after an error that says the write was not applied (UNAVAILABLE, not
     connected); after silence, DEADLINE_EXCEEDED or a lost connection the write may
     have been applied, and the call ends `ambiguous` unless `resend_if_unknown`."""
@@ -285,15 +286,19 @@ class WriteCall:
                 self.outcome = Outcome("deadline")
             return
         c = self._candidates.pop()
-        budget = left / 2 if self._candidates else left
-        grace = min(max(budget / 10, WRITE_ANSWER_GRACE_S), left - budget)
+        if self._candidates:
+            budget = left / 2
+            grace = min(max(budget / 10, WRITE_ANSWER_GRACE_S), left - budget)
+        else:
+            grace = min(max(left / 10, WRITE_ANSWER_GRACE_S), left / 2)
+            budget = left - grace
         self.attempts.append(Attempt(c, "failover" if self.attempts else "primary", now, now + budget + grace))
         self._budgets.append(budget)
 
     def budget(self, n: int) -> float:
         """The budget attempt `n`'s replica is told (seconds): half the time left
-        while another candidate remains, all of it for the last. The call waits a
-        little longer for the answer, until `attempts[n].until`."""
+        while another candidate remains, the rest less the grace for the last. The
+        call waits a little longer for the answer, until `attempts[n].until`."""
         return self._budgets[n] if n < len(self._budgets) else 0.0
 
     def poll_action(self) -> int | None:

@@ -708,14 +708,19 @@ impl WriteCall {
             });
             return;
         };
-        let budget = if self.candidates.is_empty() {
-            left
+        // While another candidate remains, half the time left, and the grace
+        // after it; the last gets what is left less its grace, so that its
+        // replica's answer at its budget arrives before the deadline too.
+        let (budget, grace) = if self.candidates.is_empty() {
+            let grace = (left / 10).max(micros(WRITE_ANSWER_GRACE)).min(left / 2);
+            (left - grace, grace)
         } else {
-            left / 2
+            let budget = left / 2;
+            let grace = (budget / 10)
+                .max(micros(WRITE_ANSWER_GRACE))
+                .min(left - budget);
+            (budget, grace)
         };
-        let grace = (budget / 10)
-            .max(micros(WRITE_ANSWER_GRACE))
-            .min(left - budget);
         let kind = if self.attempts.is_empty() {
             AttemptKind::Primary
         } else {
@@ -732,8 +737,9 @@ impl WriteCall {
     }
 
     /// The budget of attempt `n` its replica is told: half the time left while
-    /// another candidate remains, all of it for the last. The call waits for the
-    /// answer a little longer ([`WRITE_ANSWER_GRACE`]), until [`Attempt::until_us`].
+    /// another candidate remains, the rest less the grace for the last. The call
+    /// waits for the answer a little longer ([`WRITE_ANSWER_GRACE`], or a tenth),
+    /// until [`Attempt::until_us`].
     pub fn budget(&self, n: usize) -> Duration {
         Duration::from_micros(self.budgets_us.get(n).copied().unwrap_or(0))
     }
@@ -1045,9 +1051,9 @@ mod tests {
         assert_eq!(call.attempt(1).until_us, 640 * MS);
         call.handle_reply(645 * MS, 1, Reply::Retryable);
         assert_eq!(call.poll_action(), Some(Action::Send(2)));
-        // The last candidate gets all that is left, no grace past the deadline;
-        // "d" is never asked.
-        assert_eq!(call.budget(2), Duration::from_millis(155));
+        // The last candidate gets all that is left, its grace inside it; "d" is
+        // never asked.
+        assert_eq!(call.budget(2), Duration::from_millis(135));
         assert_eq!(call.attempt(2).until_us, 800 * MS);
         call.handle_reply(460 * MS, 2, Reply::Retryable);
         assert_eq!(call.poll_action(), None);
@@ -1083,6 +1089,11 @@ mod tests {
         assert_eq!(call.poll_action(), Some(Action::Send(2)));
         call.handle_reply(3 * MS, 2, Reply::Retryable);
         assert_eq!(call.outcome(), Some(Outcome::LastError { attempt: 2 }));
+        // A write with one candidate: its replica answers at 180 ms, 20 ms before
+        // the call stops waiting.
+        let call = WriteCall::new([c("a", Reason::Nearest)], 0, deadline, Resend::default());
+        assert_eq!(call.budget(0), Duration::from_millis(180));
+        assert_eq!(call.attempt(0).until_us, 200 * MS);
         // Each way of not knowing ends the call at once, naming the attempt.
         for (name, unknown) in [
             ("stopped waiting", Some(Reply::DeadlineExceeded)),
