@@ -1518,7 +1518,7 @@ impl Inner {
         let since = Instant::now();
         let deadline_at = deadline_after(since, budget);
         let wait_until = deadline_after(since, wait.max(budget));
-        let sent = transport::Sent::default();
+        let sent = transport::Sent::until(deadline_at);
         let ask = self.ask(c, body, since, deadline_at, traceparent, &sent);
         match tokio::time::timeout_at(wait_until.into(), ask).await {
             Ok(result) => result,

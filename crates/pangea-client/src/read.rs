@@ -388,7 +388,7 @@ fn launch(
     let inner = inner.clone();
     let body = body.clone();
     let answer = Box::pin(async move {
-        let sent = crate::transport::Sent::default();
+        let sent = crate::transport::Sent::until(deadline_at);
         let result = inner
             .ask(&c, body, since, deadline_at, traceparent, &sent)
             .await;

@@ -275,7 +275,10 @@ impl Transport {
         sent: &Sent,
     ) -> Result<pb::ClientResponse, Error> {
         let at = (replica.clone(), slot);
+        let connecting = std::time::Instant::now();
         let link = self.link(replica, slot).await?;
+        let rebudgeted = sent.rebudgeted(req, connecting);
+        let req = rebudgeted.as_ref().unwrap_or(req);
         if let Some(stream) = link.take_idle() {
             match exchange(stream, req, sent).await {
                 Ok((resp, stream)) => {
@@ -345,22 +348,55 @@ fn refused(link: &Link, replica: &ReplicaId) -> Option<Error> {
 /// When a call's request last started out on a stream, set by the transport (a
 /// call that waits longer than its budget learns whether the replica can have
 /// seen it; a probe times the round trip from there, not from the handshake).
+/// It also holds the instant the request's `deadline_us` counts to, when the
+/// caller gives one: a request that had to wait for a new connection's handshake
+/// is sent with the budget left then, not the one it was built with.
 #[derive(Debug, Default)]
-pub(crate) struct Sent(Mutex<Option<std::time::Instant>>);
+pub(crate) struct Sent {
+    at: Mutex<Option<std::time::Instant>>,
+    deadline_at: Option<std::time::Instant>,
+}
 
 impl Sent {
+    /// For a request whose budget ends at `deadline_at`.
+    pub(crate) fn until(deadline_at: std::time::Instant) -> Sent {
+        Sent {
+            at: Mutex::default(),
+            deadline_at: Some(deadline_at),
+        }
+    }
+
     fn mark(&self) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(std::time::Instant::now());
+        *self.at.lock().unwrap_or_else(PoisonError::into_inner) = Some(std::time::Instant::now());
     }
 
     /// The request certainly did not reach the replica after all.
     fn clear(&self) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *self.at.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     /// When the request last went out; `None` while it has not.
     pub(crate) fn at(&self) -> Option<std::time::Instant> {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        *self.at.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `req` with the budget left now, if connecting took long enough to matter
+    /// (the replica counts the budget from when the request arrives).
+    fn rebudgeted(
+        &self,
+        req: &pb::ClientRequest,
+        since: std::time::Instant,
+    ) -> Option<pb::ClientRequest> {
+        let deadline_at = self.deadline_at?;
+        if req.deadline_us == 0 || since.elapsed() < Duration::from_millis(1) {
+            return None;
+        }
+        let left = deadline_at.saturating_duration_since(std::time::Instant::now());
+        Some(pb::ClientRequest {
+            // 0 would mean the replica's default of 10 s.
+            deadline_us: (left.as_micros() as u64).max(1),
+            ..req.clone()
+        })
     }
 }
 

@@ -29,6 +29,11 @@ impl<S: Storage> Replica<S> {
                     replica: self.id.to_string(),
                 });
             }
+            // Both streams are checked before either is written: a write refused
+            // after its first half was appended would be reported not applied
+            // while that half is made durable (and sent again elsewhere).
+            self.check_append(now, &b)?;
+            self.check_append(now, &scope)?;
             self.append_local(now, &b, mutation.clone())?;
         }
         self.append_local(now, &scope, mutation)
@@ -127,21 +132,7 @@ impl<S: Storage> Replica<S> {
         scope: &ScopeId,
         mutation: RowMutation,
     ) -> Result<Token, Error> {
-        if let Some(fence) = self.clock_fence(now) {
-            return Err(Error::Clock(fence));
-        }
-        if !self.stores_rows || !self.scopes.contains_key(scope) {
-            return Err(Error::PolicyForbids {
-                scope: scope.to_string(),
-                replica: self.id.to_string(),
-            });
-        }
-        if self.relearning.contains_key(scope) {
-            return Err(Error::OwnStreamUnknown {
-                scope: scope.to_string(),
-                replica: self.id.to_string(),
-            });
-        }
+        self.check_append(now, scope)?;
         let timestamp = self.clock.now(now.wall_ms);
         let sequence = self.stream_mut(scope, &self.id.clone()).applied.sequence + 1;
         let entry = LogEntry {
@@ -159,6 +150,28 @@ impl<S: Storage> Replica<S> {
             sequence,
             timestamp,
         })
+    }
+
+    /// Whether a local write may be appended to `scope`'s own stream now: the
+    /// clock is not fenced, this replica stores the scope's rows, and it knows its
+    /// own stream there.
+    fn check_append(&self, now: Now, scope: &ScopeId) -> Result<(), Error> {
+        if let Some(fence) = self.clock_fence(now) {
+            return Err(Error::Clock(fence));
+        }
+        if !self.stores_rows || !self.scopes.contains_key(scope) {
+            return Err(Error::PolicyForbids {
+                scope: scope.to_string(),
+                replica: self.id.to_string(),
+            });
+        }
+        if self.relearning.contains_key(scope) {
+            return Err(Error::OwnStreamUnknown {
+                scope: scope.to_string(),
+                replica: self.id.to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// Makes everything applied so far durable (one `Storage::sync`), then
