@@ -316,6 +316,19 @@ fn an_unreported_change_fails_the_debug_check() {
     let _ = order(&mut cache, &view);
 }
 
+/// A view in which every replica has answered in `ms`, none is down.
+fn measured_alike(ms: f64) -> View {
+    let n = DEPLOYMENT.topology.replicas.len();
+    View {
+        rank: ranks(),
+        rtt: vec![Some(ms); n],
+        down: vec![false; n],
+        covers: vec![false; n],
+        low_ms: vec![None; n],
+        by_rank: true,
+    }
+}
+
 /// Measured round trips never bring another region nearer than the topology says:
 /// with every replica measured alike (a local cluster without WAN emulation), an
 /// eventual read goes first to the client's own region, whichever it is; a
@@ -326,7 +339,6 @@ fn measurements_never_bring_another_region_nearer_than_the_topology() {
     let d = &*DEPLOYMENT;
     let profile = &d.topology.app_profiles["frontend"];
     let location = Location::default();
-    let n = d.topology.replicas.len();
     let ranks = ranks();
     let region_of = |r: &ReplicaId| d.topology.replicas[r.as_str()].region.clone();
     for region in d.topology.regions.keys() {
@@ -339,14 +351,7 @@ fn measurements_never_bring_another_region_nearer_than_the_topology() {
             continue;
         }
         // Every replica answers in 0.2 ms, those of the client's region too.
-        let view = View {
-            rank: ranks.clone(),
-            rtt: vec![Some(0.2); n],
-            down: vec![false; n],
-            covers: vec![false; n],
-            low_ms: vec![None; n],
-            by_rank: true,
-        };
+        let view = measured_alike(0.2);
         let consistency = Consistency::Eventual;
         let req = read(region, profile, "x/1", &consistency);
         let plan = plan_read_at(d, &location, &req, &view, T0).unwrap();
@@ -370,14 +375,7 @@ fn measurements_never_bring_another_region_nearer_than_the_topology() {
     // A measurement above the estimate counts as measured.
     let region = RegionId::new("us-east-1");
     let req = read(&region, profile, "x/1", &Consistency::Eventual);
-    let mut view = View {
-        rank: ranks.clone(),
-        rtt: vec![Some(0.2); n],
-        down: vec![false; n],
-        covers: vec![false; n],
-        low_ms: vec![None; n],
-        by_rank: true,
-    };
+    let mut view = measured_alike(0.2);
     let plan = plan_read_at(d, &location, &req, &view, T0).unwrap();
     let far = plan
         .primary
