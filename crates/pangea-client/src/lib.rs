@@ -240,6 +240,16 @@ pub(crate) struct Inner {
     pub stats: ClientStats,
 }
 
+/// Who makes a read: the application, or the client's own location refresh.
+#[derive(Clone, Copy)]
+enum Caller<'a> {
+    App,
+    /// Asks `prefer` (the replica whose cursor it holds) first.
+    Refresh {
+        prefer: Option<&'a ReplicaId>,
+    },
+}
+
 /// Records of reads' decisions, for replay (`Client::record_reads`).
 #[derive(Debug, Default)]
 struct Recorder {
@@ -655,7 +665,16 @@ impl Client {
             // Not through `read`, which refreshes location metadata on policy errors.
             let traced = Traced::refresh_location(table);
             let resp = self
-                .read_once_preferring(table, b"", &body, &opts, &traced, state.replica.as_ref())
+                .read_once_preferring(
+                    table,
+                    b"",
+                    &body,
+                    &opts,
+                    &traced,
+                    Caller::Refresh {
+                        prefer: state.replica.as_ref(),
+                    },
+                )
                 .instrument(traced.span.clone())
                 .await;
             traced.finish(&resp);
@@ -758,8 +777,8 @@ impl Client {
         ) && started.elapsed() < deadline
     }
 
-    /// Records the decisions of the next `n` reads (what each was told and did,
-    /// as `pangea_core::frontend::call::ReadLog`s, collected by
+    /// Records the decisions of the application's next `n` reads (what each was
+    /// told and did, as `pangea_core::frontend::call::ReadLog`s, collected by
     /// [`Client::take_recorded_reads`]): [`ReadLog::replay`] runs such a read's
     /// state machine again without a network — a read's choices, reproduced in a
     /// test.
@@ -1392,13 +1411,13 @@ impl Client {
         opts: &ReadOptions,
         traced: &Traced,
     ) -> Result<Response<pb::client_response::Response>, Error> {
-        self.read_once_preferring(table, key, body, opts, traced, None)
+        self.read_once_preferring(table, key, body, opts, traced, Caller::App)
             .await
     }
 
-    /// [`Client::read_once`], asking `prefer` first when it is one of the
-    /// candidates (a location refresh goes back to the replica whose cursor it
-    /// holds).
+    /// [`Client::read_once`] for `caller`: a location refresh asks the replica
+    /// whose cursor it holds first when it is one of the candidates, and is never
+    /// recorded (`Client::record_reads` counts the application's reads).
     async fn read_once_preferring(
         &self,
         table: &str,
@@ -1406,7 +1425,7 @@ impl Client {
         body: &pb::client_request::Request,
         opts: &ReadOptions,
         traced: &Traced,
-        prefer: Option<&ReplicaId>,
+        caller: Caller<'_>,
     ) -> Result<Response<pb::client_response::Response>, Error> {
         // The call's one reading of the clock before its answer: health, deadline
         // and hedge timer all count from here.
@@ -1423,11 +1442,15 @@ impl Client {
         };
         let mut plan = plan_read_at(d, &self.location_read(), &req, &view, wall_ms())
             .map_err(|e| Error::PolicyForbids(e.to_string()))?;
+        let (prefer, record) = match caller {
+            Caller::App => (None, self.inner.recorder.wants_one()),
+            Caller::Refresh { prefer } => (prefer, false),
+        };
         if let Some(i) = prefer.and_then(|p| plan.primary.iter().position(|c| &c.replica == p)) {
             let c = plan.primary.remove(i);
             plan.primary.insert(0, c);
         }
-        read::run(&self.inner, plan, body, started, opts, traced).await
+        read::run(&self.inner, plan, body, started, opts, traced, record).await
     }
 }
 

@@ -160,6 +160,7 @@ pub(crate) async fn run(
     started: Instant,
     opts: &ReadOptions,
     traced: &Traced,
+    record: bool,
 ) -> Result<Response<pb::client_response::Response>, Error> {
     let deadline = opts.deadline;
     let hedge_after = |first: Option<&Candidate>| {
@@ -174,7 +175,7 @@ pub(crate) async fn run(
         )
     };
     let (primary, fallback, now) = (plan.primary.into_iter(), plan.fallback, inner.us(started));
-    let mut call = if inner.recorder.wants_one() {
+    let mut call = if record {
         ReadCall::recorded(
             primary,
             fallback,
