@@ -88,10 +88,11 @@ impl Row {
     }
 }
 
-/// The host costs fitted to the live run (`HostModel`), in µs.
+/// The host costs fitted to the live run (`HostModel`), in µs: the request
+/// overhead outside the cores, and the mean fsync.
 #[derive(Debug, Serialize)]
 pub struct Fit {
-    pub service_us: u64,
+    pub overhead_us: u64,
     pub commit_us: u64,
 }
 
@@ -205,12 +206,12 @@ pub fn run(a: &Options, say: &mut dyn FnMut(&str)) -> Result<Calibration> {
 
     let fit = fit(&sc, &sim, &live);
     let mut fitted_sc = sc.clone();
-    fitted_sc.host.service = SimDuration::from_us(fit.service_us);
-    fitted_sc.host.commit = SimDuration::from_us(fit.commit_us);
+    fitted_sc.host.default.overhead_us = fit.overhead_us;
+    fitted_sc.host.default.commit_us = fit.commit_us as f64;
     say(&format!(
-        "Simulating again with the host costs fitted to the live run (service {} µs, \
+        "Simulating again with the host costs fitted to the live run (overhead {} µs, \
          commit {} µs) ...",
-        fit.service_us, fit.commit_us
+        fit.overhead_us, fit.commit_us
     ));
     let sim_fitted = Simulation::new(fitted_sc)?.run()?;
     Ok(compare(
@@ -491,9 +492,10 @@ fn fit(sc: &Scenario, sim: &RunReport, live: &LiveFigures) -> Fit {
         }
     }
     let us = |ms: f64| (ms.max(0.0) * 1_000.0).round() as u64;
+    let host = &sc.host.default;
     Fit {
-        service_us: sc.host.service.as_us() + median(read_excess).map_or(0, us),
-        commit_us: sc.host.commit.as_us() + median(lag_excess).map_or(0, us),
+        overhead_us: host.overhead_us + median(read_excess).map_or(0, us),
+        commit_us: host.commit_us.round() as u64 + median(lag_excess).map_or(0, us),
     }
 }
 
@@ -578,9 +580,9 @@ impl std::fmt::Display for Calibration {
         )?;
         writeln!(
             f,
-            "SIM: the simulator as shipped; FITTED: with [host] service_us = {}, commit_us = {} \
+            "SIM: the simulator as shipped; FITTED: with [host] overhead_us = {}, commit_us = {} \
          (fitted to this live run)",
-            c.fitted_host.service_us, c.fitted_host.commit_us
+            c.fitted_host.overhead_us, c.fitted_host.commit_us
         )?;
         for (title, rows) in [
             ("READ P99 (ms)", &c.reads_p99),

@@ -6,6 +6,7 @@
 //! names against the topology and builds a [`Scenario`], reporting every problem at
 //! once as `file:line: key: message`. See `docs/drills.md` for the format.
 
+use crate::host::{HostModel, HostPatch, Hosts};
 use crate::net::{LinkOverride, NetConfig};
 use crate::scenario::{
     Fault, FaultKind, KeyDistribution, ModeMix, RegionLoad, Scenario, Slo, ValueSize, Workload,
@@ -112,12 +113,25 @@ struct RawNetwork {
     intra_region_bandwidth_mbps: Option<f64>,
 }
 
-/// `[host]`: `scenario::HostModel` overrides (what `pangea sim calibrate` fits).
+/// `[host]`: changes to the default host (`crate::host::HostModel`), and
+/// `[host.regions.NAME]` / `[host.replicas.ID]` (the same keys, not nested further)
+/// for some regions or replicas.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawHost {
-    service_us: Option<u64>,
-    commit_us: Option<u64>,
+    cores: Option<u32>,
+    read_us: Option<f64>,
+    write_us: Option<f64>,
+    apply_us: Option<f64>,
+    per_kib_us: Option<f64>,
+    cpu_sigma: Option<f64>,
+    commit_us: Option<f64>,
+    commit_sigma: Option<f64>,
+    overhead_us: Option<u64>,
+    #[serde(default)]
+    regions: BTreeMap<String, RawHost>,
+    #[serde(default)]
+    replicas: BTreeMap<String, RawHost>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -221,6 +235,8 @@ struct RawFault {
     loss: Option<f64>,
     bandwidth_mbps: Option<f64>,
     offset_ms: Option<i64>,
+    /// A slow host: how many times slower.
+    factor: Option<f64>,
     placement: Option<String>,
     rollout: Option<String>,
     interval: Option<String>,
@@ -581,12 +597,7 @@ impl Drill {
         sc.clock_skew_ms_max = raw.clock_skew_ms_max;
         sc.replica = replica_config(&raw.replica);
         sc.net = net_config(&mut cx, &raw.network);
-        if let Some(us) = raw.host.service_us {
-            sc.host.service = SimDuration::from_us(us);
-        }
-        if let Some(us) = raw.host.commit_us {
-            sc.host.commit = SimDuration::from_us(us);
-        }
+        sc.host = hosts(&mut cx, &raw.host);
         sc.workload = workload(&mut cx, &raw.workload);
         for (i, f) in raw.faults.iter().enumerate() {
             let mut faults = fault(&mut cx, i, f, base, duration);
@@ -621,6 +632,72 @@ fn replica_config(r: &RawReplica) -> ReplicaConfig {
     set(&mut c.max_offset_ms, r.max_offset_ms);
     set(&mut c.compaction_interval_ms, r.compaction_interval_ms);
     c
+}
+
+fn hosts(cx: &mut Ctx<'_>, r: &RawHost) -> Hosts {
+    let mut hosts = Hosts {
+        default: host_patch(cx, &p!["host"], r).apply_to(HostModel::default()),
+        ..Hosts::default()
+    };
+    for (kind, patches) in [("regions", &r.regions), ("replicas", &r.replicas)] {
+        for (name, patch) in patches {
+            let at = p!["host", kind, name.as_str()];
+            let known = match kind {
+                "regions" => cx.region(&at, name).is_some(),
+                _ => cx.replica(&at, name).is_some(),
+            };
+            if !patch.regions.is_empty() || !patch.replicas.is_empty() {
+                cx.err(
+                    &at,
+                    "a region's or replica's host takes no regions or replicas",
+                );
+            }
+            if known {
+                let patch = host_patch(cx, &at, patch);
+                match kind {
+                    "regions" => hosts.regions.insert(name.clone(), patch),
+                    _ => hosts.replicas.insert(name.clone(), patch),
+                };
+            }
+        }
+    }
+    hosts
+}
+
+/// One `[host]` table, checked: at least one core, times and spreads finite and
+/// not negative.
+fn host_patch(cx: &mut Ctx<'_>, at: &[Seg], r: &RawHost) -> HostPatch {
+    let field = |k: &'static str| at.iter().cloned().chain([Seg::from(k)]).collect::<Vec<_>>();
+    if let Some(c) = r.cores
+        && !(1..=4096).contains(&c)
+    {
+        cx.err(&field("cores"), format!("must be 1 to 4096, not {c}"));
+    }
+    let mut check = |k: &'static str, v: Option<f64>| {
+        if let Some(x) = v
+            && !(x.is_finite() && x >= 0.0)
+        {
+            cx.err(&field(k), format!("must be a finite number ≥ 0, not {x}"));
+        }
+    };
+    check("read_us", r.read_us);
+    check("write_us", r.write_us);
+    check("apply_us", r.apply_us);
+    check("per_kib_us", r.per_kib_us);
+    check("cpu_sigma", r.cpu_sigma);
+    check("commit_us", r.commit_us);
+    check("commit_sigma", r.commit_sigma);
+    HostPatch {
+        cores: r.cores,
+        read_us: r.read_us,
+        write_us: r.write_us,
+        apply_us: r.apply_us,
+        per_kib_us: r.per_kib_us,
+        cpu_sigma: r.cpu_sigma,
+        commit_us: r.commit_us,
+        commit_sigma: r.commit_sigma,
+        overhead_us: r.overhead_us,
+    }
 }
 
 fn net_config(cx: &mut Ctx<'_>, r: &RawNetwork) -> NetConfig {
@@ -872,8 +949,9 @@ fn workload(cx: &mut Ctx<'_>, r: &RawWorkload) -> Workload {
 /// The keys each fault kind takes besides `at`, `kind`, `for` and `label`.
 fn allowed_keys(kind: &str) -> Option<&'static [&'static str]> {
     Some(match kind {
-        "lose-replica" => &["replica", "replicas"],
-        "lose-region" | "isolate-region" => &["region", "regions"],
+        "lose-replica" | "crash-replica" => &["replica", "replicas"],
+        "lose-region" | "isolate-region" | "crash-region" => &["region", "regions"],
+        "slow-host" => &["replica", "replicas", "region", "factor"],
         "lose-continent" => &["continent"],
         "partition" => &["a", "b", "one_way"],
         "degrade-link" => &["a", "b", "latency_ms", "loss", "bandwidth_mbps"],
@@ -893,8 +971,9 @@ fn fault(cx: &mut Ctx<'_>, i: usize, f: &RawFault, base: &Path, run: SimDuration
             &here("kind"),
             format!(
                 "unknown fault kind {:?}; expected lose-replica, lose-region, lose-continent, \
-                 isolate-region, partition, degrade-link, clock-skew, clock-jump, pause-replica, \
-                 change-placement, rolling-restart or migrate",
+                 crash-replica, crash-region, slow-host, isolate-region, partition, \
+                 degrade-link, clock-skew, clock-jump, pause-replica, change-placement, \
+                 rolling-restart or migrate",
                 f.kind
             ),
         );
@@ -913,6 +992,7 @@ fn fault(cx: &mut Ctx<'_>, i: usize, f: &RawFault, base: &Path, run: SimDuration
         ("loss", f.loss.is_some()),
         ("bandwidth_mbps", f.bandwidth_mbps.is_some()),
         ("offset_ms", f.offset_ms.is_some()),
+        ("factor", f.factor.is_some()),
         ("placement", f.placement.is_some()),
         ("rollout", f.rollout.is_some()),
         ("interval", f.interval.is_some()),
@@ -971,20 +1051,53 @@ fn fault(cx: &mut Ctx<'_>, i: usize, f: &RawFault, base: &Path, run: SimDuration
     };
     let label = |default: String| f.label.clone().unwrap_or(default);
     match f.kind.as_str() {
-        "lose-replica" => {
+        "lose-replica" | "crash-replica" => {
             let rs = replicas(cx);
-            let l = label(format!("lose {}", names(&rs)));
+            let silent = f.kind == "lose-replica";
+            let verb = if silent { "lose" } else { "crash" };
+            let l = label(format!("{verb} {}", names(&rs)));
             vec![Fault {
                 at,
                 duration,
                 kind: FaultKind::Lose {
                     replicas: rs,
                     regions: Vec::new(),
+                    silent,
                 },
                 label: l,
             }]
         }
-        "lose-region" | "isolate-region" | "lose-continent" => {
+        "slow-host" => {
+            let rs = replicas(cx);
+            let factor = match f.factor {
+                Some(k) if k.is_finite() && k > 0.0 => k,
+                Some(k) => {
+                    cx.err(
+                        &here("factor"),
+                        format!("must be a positive number, not {k}"),
+                    );
+                    1.0
+                }
+                None => {
+                    cx.err(
+                        &here("kind"),
+                        "slow-host needs `factor` (e.g. 4: four times slower)",
+                    );
+                    1.0
+                }
+            };
+            let l = label(format!("slow {} ×{factor}", names(&rs)));
+            vec![Fault {
+                at,
+                duration,
+                kind: FaultKind::Slow {
+                    replicas: rs,
+                    factor,
+                },
+                label: l,
+            }]
+        }
+        "lose-region" | "isolate-region" | "lose-continent" | "crash-region" => {
             let mut regions: Vec<RegionId> = Vec::new();
             if let Some(r) = &f.region
                 && let Some(id) = cx.region(&here("region"), r)
@@ -1042,12 +1155,16 @@ fn fault(cx: &mut Ctx<'_>, i: usize, f: &RawFault, base: &Path, run: SimDuration
                 .flat_map(|r| d.topology.regions[r].replicas.iter().cloned())
                 .collect();
             let l = label(format!("{} {what}", f.kind.replace('-', " ")));
+            // A lost region takes its frontends with it; a region whose processes
+            // crashed keeps them, and they go elsewhere.
+            let silent = f.kind != "crash-region";
             vec![Fault {
                 at,
                 duration,
                 kind: FaultKind::Lose {
                     replicas: rs,
-                    regions,
+                    regions: if silent { regions } else { Vec::new() },
+                    silent,
                 },
                 label: l,
             }]
@@ -1231,6 +1348,7 @@ fn fault(cx: &mut Ctx<'_>, i: usize, f: &RawFault, base: &Path, run: SimDuration
                     kind: FaultKind::Lose {
                         replicas: vec![r.id.clone()],
                         regions: Vec::new(),
+                        silent: false,
                     },
                     label: format!("restart {}", r.id),
                 });

@@ -62,6 +62,7 @@
 pub mod charts;
 pub mod drill;
 pub mod error;
+pub mod host;
 mod ids;
 pub mod net;
 pub mod queue;

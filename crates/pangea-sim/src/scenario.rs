@@ -27,8 +27,9 @@ pub struct Scenario {
     pub drain_max: SimDuration,
     pub net: NetConfig,
     pub replica: ReplicaConfig,
-    /// What a replica's host costs beyond the network: see [`HostModel`].
-    pub host: HostModel,
+    /// What each replica's host costs beyond the network: its cores, service
+    /// times and disk ([`crate::host`]).
+    pub host: Hosts,
     /// Static wall-clock skew of each replica, drawn uniformly from
     /// `[-clock_skew_ms_max, +clock_skew_ms_max]` at the start.
     pub clock_skew_ms_max: u64,
@@ -37,29 +38,7 @@ pub struct Scenario {
     pub slo: Slo,
 }
 
-/// Costs of a replica's host, not of the network between hosts. The defaults model
-/// an unloaded server: 100 µs to serve a client request, storage commits that cost
-/// nothing. `pangea sim calibrate` measures both on a live cluster (docs/drills.md,
-/// "Fidelity") and a drill's `[host]` section sets them.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct HostModel {
-    /// Time a replica spends on one client request before answering.
-    pub service: SimDuration,
-    /// Time from a replica's turn to its frames leaving and its writes being
-    /// acknowledged: the group commit (fsync) and hand-off the real driver does
-    /// before either. Each replication hop pays it once; an apply counts as done
-    /// (for replication lag) once its receiver has paid it too.
-    pub commit: SimDuration,
-}
-
-impl Default for HostModel {
-    fn default() -> Self {
-        HostModel {
-            service: SimDuration::from_us(100),
-            commit: SimDuration::ZERO,
-        }
-    }
-}
+pub use crate::host::{HostModel, HostPatch, Hosts};
 
 /// How keys are drawn from the key space.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -199,12 +178,23 @@ pub struct Fault {
 /// Faults in operator terms, resolved to replicas and regions.
 #[derive(Debug, Clone)]
 pub enum FaultKind {
-    /// Crash these replicas (unsynced writes lost), restart them from their storage
-    /// when the fault ends. Losing a region or a continent also stops its frontends.
+    /// Stop these replicas' processes (unsynced writes lost) and restart them from
+    /// their storage when the fault ends. Losing a region or a continent also stops
+    /// its frontends.
     Lose {
         replicas: Vec<ReplicaId>,
         /// Regions whose frontends stop issuing while the fault lasts.
         regions: Vec<RegionId>,
+        /// The host is gone (power, network): requests, probes and frames to it
+        /// vanish and are found out by timeouts, hedges and suspicion. Otherwise
+        /// only the process crashed: its host refuses connections at once.
+        silent: bool,
+    },
+    /// Make these replicas' hosts `factor` times slower (every service time, the
+    /// disk's and the request overhead) while the fault lasts.
+    Slow {
+        replicas: Vec<ReplicaId>,
+        factor: f64,
     },
     /// Cut traffic from every region of `a` to every region of `b` (and back unless
     /// `one_way`): replication and client requests alike.
@@ -370,14 +360,18 @@ impl Scenario {
             .for_each(|l| region(&mut l.region));
         for f in &mut sc.faults {
             match &mut f.kind {
-                FaultKind::Lose { replicas, regions } => {
+                FaultKind::Lose {
+                    replicas, regions, ..
+                } => {
                     replicas.iter_mut().for_each(replica);
                     regions.iter_mut().for_each(region);
                 }
                 FaultKind::Partition { a, b, .. } | FaultKind::DegradeLink { a, b, .. } => {
                     a.iter_mut().chain(b.iter_mut()).for_each(region);
                 }
-                FaultKind::ClockSkew { replicas, .. } | FaultKind::Pause { replicas } => {
+                FaultKind::ClockSkew { replicas, .. }
+                | FaultKind::Pause { replicas }
+                | FaultKind::Slow { replicas, .. } => {
                     replicas.iter_mut().for_each(replica);
                 }
                 FaultKind::ChangePlacement { deployment, .. } => {
@@ -404,7 +398,7 @@ impl Scenario {
             drain_max: SimDuration::from_secs(60),
             net: NetConfig::default(),
             replica: ReplicaConfig::default(),
-            host: HostModel::default(),
+            host: Hosts::default(),
             clock_skew_ms_max: 0,
             workload,
             faults: Vec::new(),

@@ -208,13 +208,16 @@ fn faults(
     };
     for at in draw(rng, crash_rate) {
         let r = replicas[rng.next_below(replicas.len())].clone();
+        // A crashed process (refused at once) or a lost host (silence).
+        let silent = rng.chance(0.5);
         out.push(Fault {
             at,
             duration: Some(SimDuration::from_ms(50 + rng.next_below(3_000) as u64)),
-            label: format!("lose {r}"),
+            label: format!("{} {r}", if silent { "lose" } else { "crash" }),
             kind: FaultKind::Lose {
                 replicas: vec![r],
                 regions: Vec::new(),
+                silent,
             },
         });
     }

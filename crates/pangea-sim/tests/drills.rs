@@ -241,6 +241,19 @@ kind = "lose-replica"
 replica = "aps1-relay"
 
 [[faults]]
+at = "2s"
+kind = "crash-replica"
+replica = "use2-a"
+for = "1s"
+
+[[faults]]
+at = "1s"
+kind = "slow-host"
+region = "ap-southeast-1"
+factor = 20
+for = "2s"
+
+[[faults]]
 at = "1s"
 kind = "migrate"
 table = "ad_profiles"
@@ -256,7 +269,7 @@ to = "eu-resident"
             .any(|f| matches!(f.kind, FaultKind::ChangePlacement { .. }))
     );
     let r = Simulation::new(d.scenario)?.run()?;
-    assert_eq!(r.faults.len(), 9);
+    assert_eq!(r.faults.len(), 11);
     // The move ran (its runner, euc1-a, is the smallest id in both policies).
     assert_eq!(r.migrations.len(), 1, "{:?}", r.violations);
     assert_eq!(r.migrations[0].runner, "euc1-a");
@@ -276,9 +289,9 @@ to = "eu-resident"
     Ok(())
 }
 
-/// `[host]` costs show where they should: the service time in every read, the commit
-/// cost in write acknowledgements and replication lag (twice per hop: sender and
-/// receiver), and nowhere else.
+/// `[host]` costs show where they should: the request overhead in every read,
+/// the fsync in write acknowledgements and replication lag (twice per hop: the
+/// sender's turn and the receiver's), and nowhere else.
 #[test]
 fn host_costs_add_to_reads_writes_and_lag() -> Result<()> {
     let base = drill("host-base.toml", HEAD)?;
@@ -286,11 +299,11 @@ fn host_costs_add_to_reads_writes_and_lag() -> Result<()> {
         "host-costly.toml",
         &HEAD.replace(
             "[workload]",
-            "[host]\nservice_us = 3000\ncommit_us = 2000\n[workload]",
+            "[host]\noverhead_us = 3060\ncommit_us = 2300\ncommit_sigma = 0\n[workload]",
         ),
     )?;
-    assert_eq!(costly.scenario.host.service.as_us(), 3_000);
-    assert_eq!(costly.scenario.host.commit.as_us(), 2_000);
+    assert_eq!(costly.scenario.host.default.overhead_us, 3_060);
+    assert_eq!(costly.scenario.host.default.commit_us, 2_300.0);
     let a = Simulation::new(base.scenario)?.run()?;
     let b = Simulation::new(costly.scenario)?.run()?;
     let (ea, eb) = (&a.reads_by_mode["eventual"], &b.reads_by_mode["eventual"]);
@@ -302,7 +315,7 @@ fn host_costs_add_to_reads_writes_and_lag() -> Result<()> {
     );
     assert!(
         b.writes.p50_ms >= a.writes.p50_ms + 4.5,
-        "write p50 {} -> {} (service + commit)",
+        "write p50 {} -> {} (overhead + commit)",
         a.writes.p50_ms,
         b.writes.p50_ms
     );
@@ -312,13 +325,102 @@ fn host_costs_add_to_reads_writes_and_lag() -> Result<()> {
         a.replication_lag_ms.p50,
         b.replication_lag_ms.p50
     );
-    let err = drill(
-        "host-bad.toml",
-        &HEAD.replace("[workload]", "[host]\nfsync_us = 1\n[workload]"),
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("fsync_us"), "{err}");
+    for (bad, key) in [
+        ("fsync_us = 1", "fsync_us"),
+        ("cores = 0", "host.cores: must be 1 to 4096"),
+        ("read_us = -1", "host.read_us: must be a finite number"),
+        (
+            "[host.regions.mars-1]\ncores = 2",
+            "unknown region \"mars-1\"",
+        ),
+    ] {
+        let err = drill(
+            "host-bad.toml",
+            &HEAD.replace("[workload]", &format!("[host]\n{bad}\n[workload]")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(key), "{bad}: {err}");
+    }
+    Ok(())
+}
+
+/// Hosts are queues: given more reads than their cores serve, a region's replicas
+/// fall behind and its reads miss their deadline, while the same load on a region
+/// given bigger hosts (`[host.regions.*]`) is served within a few ms.
+#[test]
+fn a_host_saturates_and_a_bigger_one_does_not() -> Result<()> {
+    // 1 ms a read on 2 cores: 2,000 reads/s a replica. Two regions, each with two
+    // replicas, get 6,000 reads/s each: 1.5× what their hosts serve, unless they
+    // have 8 cores.
+    let text = HEAD.replace("rate = 300", "rate = 0").replace(
+        "[workload]",
+        "[host]\nread_us = 1000\ncpu_sigma = 0.3\n[host.regions.eu-west-2]\ncores = 8\n[workload]",
+    ) + r#"mix = { read = 1.0, write = 0.0, delete = 0.0 }
+local_fraction = 1.0
+modes = { eventual = 1.0, affinity = 0.0, watermark = 0.0, bounded = 0.0 }
+[[workload.regions]]
+region = "eu-west-2"
+clients = 4
+rate = 6000
+[[workload.regions]]
+region = "eu-central-1"
+clients = 4
+rate = 6000
+"#;
+    let text = text.replacen("mix = { read = 0.8, write = 0.17, delete = 0.03 }\n", "", 1);
+    let text = text.replacen(
+        "modes = { eventual = 0.4, affinity = 0.2, watermark = 0.3, bounded = 0.1 }\n",
+        "",
+        1,
+    );
+    let text = text.replacen("local_fraction = 0.6\n", "", 1);
+    let d = drill("saturated.toml", &text)?;
+    let r = Simulation::new(d.scenario)?.run()?;
+    let big = &r.reads_by_region["eu-west-2"];
+    let small = &r.reads_by_region["eu-central-1"];
+    assert!(big.errors * 1000 <= big.count, "bigger hosts: {big:?}");
+    assert!(big.p99_ms < 10.0, "bigger hosts: {big:?}");
+    // Saturated: reads queue up to the deadline, and the hedges and failovers to
+    // other regions cannot take all of them.
+    assert!(
+        small.errors * 20 > small.count || small.p99_ms > 15.0,
+        "saturated hosts kept up: {small:?}"
+    );
+    Ok(())
+}
+
+/// A crashed process is refused at once: its region's frontends fail over after
+/// one round trip. A lost host is silent: they find out by hedges, deadlines and
+/// probes, and reads that asked only silent replicas fail.
+#[test]
+fn a_lost_host_is_silent_and_a_crashed_process_refuses() -> Result<()> {
+    let run = |kind: &str| -> Result<pangea_sim::sim::metrics::RunReport> {
+        let text = HEAD.replace("duration = \"4s\"", "duration = \"6s\"")
+            + &format!(
+                "[[faults]]\nat = \"2s\"\nkind = \"{kind}\"\nreplicas = [\"euw2-a\", \"euw2-b\"]\nfor = \"3s\"\n"
+            );
+        let d = drill(&format!("{kind}.toml"), &text)?;
+        Simulation::new(d.scenario)?.run()
+    };
+    let crashed = run("crash-replica")?;
+    let lost = run("lose-replica")?;
+    for r in [&crashed, &lost] {
+        assert_eq!(r.lost_writes, 0, "{:?}", r.violations);
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+    }
+    let (c, l) = (
+        &crashed.reads_by_region["eu-west-2"],
+        &lost.reads_by_region["eu-west-2"],
+    );
+    // Refused: every read fails over in time. Silent: reads that asked both local
+    // replicas (the first, then a hedge) run into their deadline until probes
+    // mark the replicas unreachable.
+    assert_eq!(c.errors, 0, "crashed: {c:?}");
+    assert!(
+        l.errors > c.errors,
+        "silence should cost more than a refusal: lost {l:?}, crashed {c:?}"
+    );
     Ok(())
 }
 

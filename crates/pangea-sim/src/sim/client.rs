@@ -101,6 +101,31 @@ impl Client {
         self.orders.invalidate(self.rank_of[r]);
     }
 
+    /// `Inner::note_slower`: a request to `r` has been out `at_least` and lost
+    /// the race: raise its estimate toward that.
+    pub(crate) fn note_slower(&mut self, r: usize, at_least: SimDuration) {
+        if let Some(raised) =
+            self.rtt_ms[r].and_then(|e| frontend::rtt_raised(e, at_least.as_ms_f64()))
+        {
+            self.rtt_ms[r] = Some(raised);
+            self.orders.invalidate(self.rank_of[r]);
+        }
+    }
+
+    /// `Inner::no_answer`: a request to `r` got no answer in `waited`: gone
+    /// (marked down), or slower than its estimate (`frontend::after_silence`,
+    /// judged on the estimate as it was).
+    pub(crate) fn no_answer(&mut self, r: usize, waited: SimDuration, now: SimTime) {
+        match frontend::after_silence(self.rtt_ms[r], waited.as_ms_f64()) {
+            frontend::Silence::Gone => self.mark_down(r, now),
+            frontend::Silence::Slower(raised) => {
+                self.rtt_ms[r] = Some(raised);
+                self.orders.invalidate(self.rank_of[r]);
+            }
+            frontend::Silence::AsExpected => {}
+        }
+    }
+
     pub(crate) fn mark_down(&mut self, r: usize, now: SimTime) {
         self.set_down_until(r, now + DOWN_FOR);
     }

@@ -13,9 +13,14 @@ impl Simulation {
         self.trace([50, i as u64, 0, 0]);
         tracing::debug!(at = %self.now, fault = %f.label, "fault starts");
         match &f.kind {
-            FaultKind::Lose { replicas, regions } => {
+            FaultKind::Lose {
+                replicas,
+                regions,
+                silent,
+            } => {
                 for id in replicas {
                     if let Some(r) = self.names.get(id.as_str()) {
+                        self.nodes[r].silent += u32::from(*silent);
                         self.take_down(r);
                     }
                 }
@@ -23,6 +28,16 @@ impl Simulation {
                     if let Some(ri) = self.net.region_idx(region) {
                         self.region_lost[ri] += 1;
                     }
+                }
+                // The region's frontends die with it: what they had in flight
+                // ends unanswered and is counted by no one.
+                if !regions.is_empty() {
+                    let lost = &self.region_lost;
+                    let clients = &self.clients;
+                    let gone = self
+                        .ops
+                        .remove_where(|op| lost[clients[op.client].region] > 0);
+                    self.metrics.counters.ops_lost_with_frontends += gone;
                 }
             }
             FaultKind::Partition { a, b, one_way } => match self.net.partition(a, b, *one_way) {
@@ -52,6 +67,13 @@ impl Simulation {
                 for id in replicas {
                     if let Some(r) = self.names.get(id.as_str()) {
                         self.nodes[r].paused += 1;
+                    }
+                }
+            }
+            FaultKind::Slow { replicas, factor } => {
+                for id in replicas {
+                    if let Some(r) = self.names.get(id.as_str()) {
+                        self.nodes[r].host.scale(*factor);
                     }
                 }
             }
@@ -116,7 +138,11 @@ impl Simulation {
         self.trace([51, i as u64, 0, 0]);
         tracing::debug!(at = %self.now, fault = %f.label, "fault ends");
         match &f.kind {
-            FaultKind::Lose { replicas, regions } => {
+            FaultKind::Lose {
+                replicas,
+                regions,
+                silent,
+            } => {
                 for region in regions {
                     if let Some(ri) = self.net.region_idx(region) {
                         self.region_lost[ri] -= 1;
@@ -124,7 +150,15 @@ impl Simulation {
                 }
                 for id in replicas {
                     if let Some(r) = self.names.get(id.as_str()) {
+                        self.nodes[r].silent -= u32::from(*silent);
                         self.bring_up(r);
+                    }
+                }
+            }
+            FaultKind::Slow { replicas, factor } => {
+                for id in replicas {
+                    if let Some(r) = self.names.get(id.as_str()) {
+                        self.nodes[r].host.scale(1.0 / *factor);
                     }
                 }
             }
@@ -222,9 +256,13 @@ impl Simulation {
         node.parked = Some(storage);
         node.timer_gen += 1;
         node.timer_at = None;
-        // Its process is gone: nothing held for it survives.
+        // Its process is gone: nothing held or queued for it survives.
         node.held_frames.clear();
         node.held_requests.clear();
+        node.inbox.clear();
+        node.inbox_gen += 1;
+        node.turn = None;
+        node.host.crash(self.now);
         let _ = self.net.set_down_idx(crate::net::ReplicaIdx::new(r), true);
         self.trace([53, r as u64, 0, 0]);
         // Writes it proposed and never committed are not acknowledged.
@@ -331,8 +369,11 @@ impl Simulation {
             let _ = rep.handle_timeout(nw);
         }
         self.settle(r);
-        for (from, wire, _) in frames {
-            self.handle_frame(from, r, wire.frame);
+        // What its host had queued goes on; what arrived while it was paused queues
+        // behind it.
+        self.schedule_inbox(r);
+        for (from, wire, bytes) in frames {
+            self.enqueue(from, r, wire.frame, bytes);
         }
         for ev in requests {
             self.handle(ev);

@@ -85,11 +85,14 @@ impl Simulation {
 
     /// Steps replica `r`'s jobs (before its turn's flush, in `settle`), and asks
     /// for another turn right after this one's commit while one wants it.
-    pub(super) fn step_jobs(&mut self, r: usize) {
+    /// One turn of replica `r`'s jobs; whether they want another right after
+    /// this turn's commit (`settle` queues it). A job that made progress wrote:
+    /// the turn goes to the disk.
+    pub(super) fn step_jobs(&mut self, r: usize) -> bool {
         let node = &mut self.nodes[r];
         let nw = node.now(self.now);
         let Some(rep) = node.replica.as_mut() else {
-            return;
+            return false;
         };
         let mut again = false;
         let mut finished = 0;
@@ -120,6 +123,9 @@ impl Simulation {
                     m.end_s = Some(self.now.as_secs_f64());
                 }
             }
+            if progress != Progress::Waiting {
+                node.turn.get_or_insert(self.now);
+            }
             match progress {
                 Progress::Again => again = true,
                 Progress::Waiting => {}
@@ -134,12 +140,7 @@ impl Simulation {
         for _ in 0..finished {
             self.trace([61, r as u64, 0, 0]);
         }
-        let node = &mut self.nodes[r];
-        if again && node.jobs_at.is_none() {
-            let at = self.now + self.sc.host.commit.max(SimDuration::from_us(1));
-            node.jobs_at = Some(at);
-            self.queue.push(at, Ev::Jobs { r: r as u32 });
-        }
+        again
     }
 
     /// A replica's jobs asked for another turn.

@@ -254,6 +254,9 @@ pub struct Counters {
     /// Calls that refreshed location metadata and planned again after replicas
     /// refused their row (a stale placement).
     pub policy_refreshes: u64,
+    /// Operations in flight at frontends of a region when it was lost: they end
+    /// with their process, counted neither answered nor failed.
+    pub ops_lost_with_frontends: u64,
 }
 
 impl Counters {
@@ -266,6 +269,7 @@ impl Counters {
         self.peer_suspicions += o.peer_suspicions;
         self.rows_purged += o.rows_purged;
         self.policy_refreshes += o.policy_refreshes;
+        self.ops_lost_with_frontends += o.ops_lost_with_frontends;
         for (k, v) in o.frames_rejected {
             *self.frames_rejected.entry(k).or_default() += v;
         }

@@ -55,6 +55,7 @@ mod shard;
 
 pub use shard::{Split, default_threads, plan_split, run_scenario, run_split};
 
+use crate::host::Host;
 use crate::ids::Interner;
 use crate::net::{NetConfig, Network};
 use crate::queue::EventQueue;
@@ -145,6 +146,38 @@ struct Node {
     /// for them is queued.
     jobs: Vec<pangea_core::migration::Job>,
     jobs_at: Option<SimTime>,
+    /// Its host's cores and disk (`crate::host`).
+    host: Host,
+    /// Frames that arrived and wait for a core, in arrival order, each with when
+    /// its apply is done (never before the one ahead of it: a connection's frames
+    /// are applied in order); `Ev::Inbox` hands them to the replica.
+    inbox: VecDeque<Inbound>,
+    inbox_gen: u64,
+    /// This turn has writes for the disk, ready for it at this time (its CPU work
+    /// done): its frames leave and its writes are acknowledged once the group
+    /// commit that takes them ends.
+    turn: Option<SimTime>,
+    /// Active faults that took its host away (silence: requests and probes to it
+    /// go unanswered rather than refused).
+    silent: u32,
+}
+
+/// A request of a call that ended, followed until the call's deadline
+/// (`ops::after_call`).
+#[derive(Debug)]
+struct Detached {
+    client: u32,
+    r: u32,
+    since: SimTime,
+    until: SimTime,
+}
+
+/// A frame waiting in a replica's inbox (`Node::inbox`).
+#[derive(Debug)]
+struct Inbound {
+    ready: SimTime,
+    from: usize,
+    frame: Frame,
 }
 
 impl Node {
@@ -158,7 +191,7 @@ impl Node {
 }
 
 /// Names an operation in the slab; stale references (a finished op) are ignored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct OpRef {
     slot: u32,
     generation: u32,
@@ -238,6 +271,17 @@ enum Ev {
     /// A replica's migration jobs want another turn (`jobs.rs`).
     Jobs {
         r: u32,
+    },
+    /// A request a call left out when it ended got no answer by its deadline
+    /// (`ops::after_call`).
+    Silence {
+        op: OpRef,
+        attempt: u16,
+    },
+    /// A replica's host has applied the frame at the head of its inbox.
+    Inbox {
+        r: u32,
+        generation: u64,
     },
     Probe {
         client: u32,
@@ -401,6 +445,22 @@ impl Slab {
         self.ops[r.slot as usize].as_mut()
     }
 
+    /// Removes every operation `gone` picks; how many.
+    fn remove_where(&mut self, mut gone: impl FnMut(&Op) -> bool) -> u64 {
+        let mut n = 0;
+        for slot in 0..self.ops.len() {
+            if self.ops[slot].as_ref().is_some_and(&mut gone) {
+                let r = OpRef {
+                    slot: slot as u32,
+                    generation: self.gens[slot],
+                };
+                self.remove(r);
+                n += 1;
+            }
+        }
+        n
+    }
+
     fn remove(&mut self, r: OpRef) -> Option<Op> {
         if self.gens.get(r.slot as usize) != Some(&r.generation) {
             return None;
@@ -544,6 +604,10 @@ pub struct Simulation {
     final_convergence: Option<SimTime>,
     stop: bool,
     events_buf: Vec<Event>,
+    /// When the frames and acknowledgements of the turn being settled leave.
+    turn_leave: SimTime,
+    /// Requests of ended calls still followed (`ops::after_call`).
+    detached: HashMap<(OpRef, u16), Detached, Xxh3DefaultBuilder>,
     /// `xxh3_64` of each frame kind's name the trace has hashed, by the name's
     /// address (`Frame::kind` names are `'static`): hashed once per kind.
     kind_hashes: Vec<(&'static str, u64)>,
@@ -654,6 +718,22 @@ impl Simulation {
                 gate: None,
                 jobs: Vec::new(),
                 jobs_at: None,
+                host: Host::new(
+                    sc.host
+                        .model(id.as_str(), d.topology.replicas[id].region.as_str()),
+                    SimRng::new(xxh3_64(
+                        &[
+                            sc.seed.to_le_bytes(),
+                            (i as u64).to_le_bytes(),
+                            *b"host\0\0\0\0",
+                        ]
+                        .concat(),
+                    )),
+                ),
+                inbox: VecDeque::new(),
+                inbox_gen: 0,
+                turn: None,
+                silent: 0,
             };
             if shard.as_ref().is_some_and(|ctx| ctx.replica[i] != ctx.me) {
                 node.foreign = true;
@@ -889,6 +969,8 @@ impl Simulation {
             final_convergence: None,
             stop: false,
             events_buf: Vec::new(),
+            turn_leave: SimTime::ZERO,
+            detached: HashMap::default(),
             kind_hashes: Vec::new(),
             leak_bytes: 0,
             shard,
@@ -1051,6 +1133,8 @@ impl Simulation {
             } => self.on_response(op, attempt as usize, r as usize, *reply),
             Ev::Wake { op } => self.on_wake(op),
             Ev::Jobs { r } => self.on_jobs(r as usize),
+            Ev::Inbox { r, generation } => self.on_inbox(r as usize, generation),
+            Ev::Silence { op, attempt } => self.on_silence(op, attempt),
             Ev::Probe { client } => self.on_probe(client as usize),
             Ev::ProbeRequest { client, r, sent_at } => {
                 self.on_probe_request(client as usize, r as usize, sent_at)
@@ -1087,9 +1171,7 @@ impl Simulation {
     /// After any input to replica `r`: flush, send what it transmits, handle its
     /// events, re-arm its timer.
     fn settle(&mut self, r: usize) {
-        if !self.nodes[r].jobs.is_empty() {
-            self.step_jobs(r);
-        }
+        let jobs_again = !self.nodes[r].jobs.is_empty() && self.step_jobs(r);
         let now = self.now;
         let node = &mut self.nodes[r];
         let nw = node.now(now);
@@ -1101,6 +1183,18 @@ impl Simulation {
             self.checks.other_violations += 1;
             self.checks
                 .violation(format!("{}: flush failed: {e}", node.id));
+        }
+        // A turn that wrote waits for the group commit that makes it durable: its
+        // frames leave and its writes are acknowledged then (`crate::host`).
+        let leave = match node.turn.take() {
+            Some(ready) => node.host.commit(ready.max(now)),
+            None => now,
+        };
+        self.turn_leave = leave;
+        if jobs_again && node.jobs_at.is_none() {
+            let at = leave.max(now + SimDuration::from_us(1));
+            node.jobs_at = Some(at);
+            self.queue.push(at, Ev::Jobs { r: r as u32 });
         }
         // As the node's turn: rows a migration's flip moved away go once the new
         // placement is in force here.
@@ -1133,9 +1227,17 @@ impl Simulation {
             count.items += t.frame.items() as u64;
             count.bytes += wire_bytes as u64;
             note_wire(&mut self.checks, &self.scopes, &self.names, &t.frame, now);
-            // Frames leave once the turn is committed (`HostModel::commit`).
+            // Frames leave once the turn is committed; a snapshot chunk once its
+            // rows are read too.
+            let at = match &t.frame {
+                Frame::SnapshotChunk(c) => {
+                    let cost = node.host.model().snapshot;
+                    leave.max(node.host.run_driver(now, cost, c.rows.len(), t.bytes))
+                }
+                _ => leave,
+            };
             let out = self.net.send_idx(
-                now + self.sc.host.commit,
+                at,
                 crate::net::ReplicaIdx::new(r),
                 crate::net::ReplicaIdx::new(to),
                 Wire {
@@ -1261,7 +1363,78 @@ impl Simulation {
             node.held_frames.push_back((from, msg, bytes));
             return;
         }
-        self.handle_frame(from, to, msg.frame);
+        self.enqueue(from, to, msg.frame, bytes);
+    }
+
+    /// A frame of `bytes` reached replica `to`'s host: it waits its turn for a
+    /// core, behind every frame that arrived before it, and is applied when the
+    /// core is done (at once when it costs nothing and nothing is ahead).
+    fn enqueue(&mut self, from: usize, to: usize, frame: Frame, bytes: usize) {
+        let now = self.now;
+        let node = &mut self.nodes[to];
+        if node.replica.is_none() {
+            return; // no process to take it
+        }
+        let entries = match &frame {
+            Frame::Mutations(es) => es.len(),
+            Frame::GapFill(g) => g.entries.len(),
+            Frame::SnapshotChunk(c) => c.rows.len(),
+            Frame::Heartbeats(_) | Frame::GapRequest(_) | Frame::SnapshotRequest { .. } => 0,
+        };
+        let behind = node.inbox.back().map_or(now, |b| b.ready.max(now));
+        let ready = match entries {
+            0 => behind,
+            n => {
+                let cost = node.host.model().apply;
+                node.host.run_driver(now, cost, n, bytes).max(behind)
+            }
+        };
+        if ready == now && node.inbox.is_empty() {
+            self.handle_frame(from, to, frame);
+            return;
+        }
+        if node.inbox.is_empty() {
+            node.inbox_gen += 1;
+            let generation = node.inbox_gen;
+            self.queue.push(
+                ready,
+                Ev::Inbox {
+                    r: to as u32,
+                    generation,
+                },
+            );
+        }
+        node.inbox.push_back(Inbound { ready, from, frame });
+    }
+
+    /// Replica `r`'s host is done with the frames at the head of its inbox.
+    fn on_inbox(&mut self, r: usize, generation: u64) {
+        if self.nodes[r].inbox_gen != generation || self.nodes[r].paused > 0 {
+            return; // stale, or paused (`resume` hands the inbox on)
+        }
+        while let Some(head) = self.nodes[r].inbox.front()
+            && head.ready <= self.now
+        {
+            let Inbound { from, frame, .. } = self.nodes[r].inbox.pop_front().expect("peeked");
+            self.handle_frame(from, r, frame);
+        }
+        self.schedule_inbox(r);
+    }
+
+    /// Queues the turn of the frame at the head of replica `r`'s inbox.
+    fn schedule_inbox(&mut self, r: usize) {
+        let node = &mut self.nodes[r];
+        if let Some(head) = node.inbox.front() {
+            node.inbox_gen += 1;
+            let (at, generation) = (head.ready.max(self.now), node.inbox_gen);
+            self.queue.push(
+                at,
+                Ev::Inbox {
+                    r: r as u32,
+                    generation,
+                },
+            );
+        }
     }
 
     fn handle_frame(&mut self, from: usize, to: usize, frame: Frame) {
@@ -1272,6 +1445,12 @@ impl Simulation {
             return;
         };
         let heartbeats = matches!(frame, Frame::Heartbeats(_));
+        if matches!(
+            frame,
+            Frame::Mutations(_) | Frame::GapFill(_) | Frame::SnapshotChunk(_)
+        ) {
+            node.turn.get_or_insert(self.now);
+        }
         if let Err(e) = rep.handle_frame(nw, &from_id, frame) {
             self.checks.other_violations += 1;
             let id = node.id.clone();
@@ -1469,7 +1648,7 @@ impl Simulation {
                         && t0 != u64::MAX
                     {
                         // Applied, and durable once this turn commits.
-                        let lag_us = (self.now + self.sc.host.commit).as_us().saturating_sub(t0);
+                        let lag_us = self.turn_leave.as_us().saturating_sub(t0);
                         metrics::record(&mut self.metrics.lag, lag_us);
                         let n = self.names.len();
                         self.metrics.lag_matrix[o * n + r].record(lag_us);
@@ -1564,8 +1743,8 @@ impl Simulation {
                         });
                         return;
                     }
-                    self.reply_after(
-                        self.sc.host.commit,
+                    self.answer_at(
+                        self.turn_leave,
                         op,
                         attempt,
                         r,

@@ -349,6 +349,7 @@ impl Simulation {
         };
         if let Some(outcome) = op.call.outcome() {
             let op = self.ops.remove(op_ref).expect("live op");
+            self.after_call(op_ref, &op, outcome);
             self.end(op, outcome);
             return;
         }
@@ -357,6 +358,104 @@ impl Simulation {
         {
             op.wake_at = Some(t);
             self.queue.push(t, Ev::Wake { op: op_ref });
+        }
+    }
+
+    /// What the frontend learns from the requests of a call that ended, as
+    /// `pangea-client` does (`read::run`, `Inner::attempt`): requests still out
+    /// are followed until the call's deadline (a late answer teaches the round
+    /// trip, silence [`Client::no_answer`]), or judged silent at once when the
+    /// deadline or errors ended the call; replicas that lost the race to the
+    /// answer are slower than it took ([`Client::note_slower`]).
+    ///
+    /// [`Client::no_answer`]: super::client::Client::no_answer
+    /// [`Client::note_slower`]: super::client::Client::note_slower
+    fn after_call(&mut self, op_ref: OpRef, op: &Op, outcome: Outcome) {
+        let now = self.now;
+        let asked = op.attempts.len();
+        let attempt = |n: usize| op.call.attempt(n);
+        let silent =
+            |a: &call::Attempt| SimDuration::from_us(a.until_us.saturating_sub(a.since_us));
+        let out_for = |a: &call::Attempt| now.saturating_since(SimTime::from_us(a.since_us));
+        let client = op.client;
+        if op.mode.is_none() {
+            // A write: each attempt that ran out its budget unanswered.
+            for n in 0..asked {
+                if let Some(a) = attempt(n)
+                    && !a.done
+                    && a.until_us <= now.as_us()
+                {
+                    self.clients[client].no_answer(op.attempts[n].replica, silent(a), now);
+                }
+            }
+            return;
+        }
+        let follow = |sim: &mut Self, n: usize, a: &call::Attempt| {
+            let until = SimTime::from_us(a.until_us);
+            sim.detached.insert(
+                (op_ref, n as u16),
+                Detached {
+                    client: client as u32,
+                    r: op.attempts[n].replica as u32,
+                    since: SimTime::from_us(a.since_us),
+                    until,
+                },
+            );
+            sim.queue.push(
+                until.max(now),
+                Ev::Silence {
+                    op: op_ref,
+                    attempt: n as u16,
+                },
+            );
+        };
+        match outcome {
+            Outcome::Served { attempt: won, .. } => {
+                let may_hedge = op.consistency.may_hedge();
+                let winner = op.attempts.get(won).map(|a| a.replica);
+                for n in 0..asked {
+                    let Some(a) = attempt(n) else { continue };
+                    if !a.done {
+                        follow(self, n, a);
+                    }
+                    // Not the first replica of a read that may not be hedged, left
+                    // after `gone_after` of silence (judged when its request ends).
+                    let silent_first = n == 0 && !may_hedge && op.attempts[n].err.is_none();
+                    let r = op.attempts[n].replica;
+                    if Some(r) != winner && !silent_first {
+                        self.clients[client].note_slower(r, out_for(a));
+                    }
+                }
+            }
+            Outcome::Failed { .. } => {
+                for n in 0..asked {
+                    if let Some(a) = attempt(n)
+                        && !a.done
+                    {
+                        follow(self, n, a);
+                    }
+                }
+            }
+            Outcome::NoCandidate => {}
+            _ => {
+                for n in 0..asked {
+                    let Some(a) = attempt(n) else { continue };
+                    let r = op.attempts[n].replica;
+                    if !a.done {
+                        self.clients[client].no_answer(r, silent(a), now);
+                    }
+                    self.clients[client].note_slower(r, out_for(a));
+                }
+            }
+        }
+    }
+
+    /// A request followed after its call ended ([`Self::after_call`]) got no
+    /// answer by the call's deadline.
+    pub(super) fn on_silence(&mut self, op: OpRef, attempt: u16) {
+        if let Some(d) = self.detached.remove(&(op, attempt)) {
+            let waited = d.until.saturating_since(d.since);
+            self.clients[d.client as usize].no_answer(d.r as usize, waited, self.now);
         }
     }
 
@@ -510,7 +609,8 @@ impl Simulation {
         }
     }
 
-    /// Sends an answer from replica `r` back to `client`.
+    /// Sends a refusal from replica `r`'s host back to `client` now (its operating
+    /// system's: no core, no overhead).
     pub(super) fn reply(
         &mut self,
         op: OpRef,
@@ -520,15 +620,16 @@ impl Simulation {
         reply: Reply,
         bytes: usize,
     ) {
-        self.reply_after(SimDuration::ZERO, op, attempt, r, client, reply, bytes);
+        self.answer_at(self.now, op, attempt, r, client, reply, bytes);
     }
 
-    /// [`Self::reply`], `extra` later (a write's acknowledgement waits for the
-    /// commit).
+    /// Sends replica `r`'s answer to `client`, which leaves its cores (or its
+    /// disk, for a write's acknowledgement) at `at`: it pays the host's overhead
+    /// (`HostModel::overhead_us`, unless refused) and the path back.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn reply_after(
+    pub(super) fn answer_at(
         &mut self,
-        extra: SimDuration,
+        at: SimTime,
         op: OpRef,
         attempt: u16,
         r: usize,
@@ -539,7 +640,11 @@ impl Simulation {
         let region = self.clients[client].region;
         self.count_client_bytes(region, r, bytes);
         if let Some(delay) = self.client_path(region, r, false) {
-            let at = self.now + self.sc.host.service + extra + delay;
+            let overhead = match reply {
+                Reply::Refused => SimDuration::ZERO,
+                _ => self.nodes[r].host.overhead(),
+            };
+            let at = at.max(self.now) + overhead + delay;
             let to = self.shard_of_region(region);
             self.push_to(
                 to,
@@ -574,8 +679,11 @@ impl Simulation {
             return; // dropped in flight by a partition
         }
         if self.nodes[r].replica.is_none() {
-            self.reply(op, attempt, r, client, Reply::Refused, ENVELOPE_BYTES);
-            return;
+            if self.nodes[r].silent == 0 {
+                // The process is gone, its host answers: connection refused.
+                self.reply(op, attempt, r, client, Reply::Refused, ENVELOPE_BYTES);
+            }
+            return; // a lost host: silence
         }
         if self.nodes[r].paused > 0 {
             self.nodes[r].held_requests.push(Ev::Request {
@@ -606,7 +714,9 @@ impl Simulation {
             // Still catching up after its restart (the readiness gate): the client
             // asks the next candidate.
             let refused = Reply::Err(ErrKind::Unavailable, None);
-            self.reply(op_ref, attempt, r, client, refused, ENVELOPE_BYTES);
+            let cost = self.nodes[r].host.model().read;
+            let done = self.nodes[r].host.run(self.now, cost, 1, 0);
+            self.answer_at(done, op_ref, attempt, r, client, refused, ENVELOPE_BYTES);
             return;
         }
         let (reply, bytes) = {
@@ -725,10 +835,17 @@ impl Simulation {
                 },
             }
         };
-        self.reply(op_ref, attempt, r, client, reply, bytes);
+        // Decided as it arrives, answered once a core has served it.
+        let cost = self.nodes[r].host.model().read;
+        let done = self.nodes[r].host.run(self.now, cost, 1, bytes);
+        self.answer_at(done, op_ref, attempt, r, client, reply, bytes);
     }
 
     fn serve_write(&mut self, op: OpRef, attempt: u16, r: usize, client: usize, m: RowMutation) {
+        // Proposed as it arrives; its turn goes to the disk once a core has served
+        // it, and it is acknowledged when that commit ends (`settle`).
+        let cost = self.nodes[r].host.model().write;
+        let done = self.nodes[r].host.run(self.now, cost, 1, m.payload_bytes());
         // Waiting for more regions than the row's policy spans: refused unwritten.
         if self.sc.workload.write_ack != WriteAck::Origin
             && let Some(rep) = self.nodes[r].replica.as_ref()
@@ -736,11 +853,12 @@ impl Simulation {
             let scope = rep.scope_of(m.table(), m.row_key());
             if self.regions_to_wait_for(r, &scope).is_none() {
                 let refused = Reply::Err(ErrKind::Policy, None);
-                self.reply(op, attempt, r, client, refused, ENVELOPE_BYTES);
+                self.answer_at(done, op, attempt, r, client, refused, ENVELOPE_BYTES);
                 return;
             }
         }
         let node = &mut self.nodes[r];
+        node.turn = Some(done);
         let nw = node.now(self.now);
         let Some(rep) = node.replica.as_mut() else {
             return;
@@ -768,14 +886,9 @@ impl Simulation {
                 self.settle(r);
             }
             Err(_) => {
-                self.reply(
-                    op,
-                    attempt,
-                    r,
-                    client,
-                    Reply::Err(ErrKind::Policy, None),
-                    ENVELOPE_BYTES,
-                );
+                self.nodes[r].turn = None;
+                let refused = Reply::Err(ErrKind::Policy, None);
+                self.answer_at(done, op, attempt, r, client, refused, ENVELOPE_BYTES);
             }
         }
     }
@@ -783,6 +896,28 @@ impl Simulation {
     // ---- back at the client ---------------------------------------------------------
 
     pub(super) fn on_response(&mut self, op_ref: OpRef, attempt: usize, r: usize, reply: Reply) {
+        if self.ops.get(op_ref).is_none() {
+            // The call is over; a request it left out still teaches its round trip.
+            if let Some(d) = self.detached.remove(&(op_ref, attempt as u16)) {
+                let client = d.client as usize;
+                let region = self.clients[client].region;
+                if self
+                    .net
+                    .path_state(self.nodes[r].region, region)
+                    .is_some_and(|p| p.cut)
+                {
+                    // Dropped in flight: silence after all.
+                    self.detached.insert((op_ref, attempt as u16), d);
+                    return;
+                }
+                let now = self.now;
+                match reply {
+                    Reply::Refused => self.clients[client].mark_down(r, now),
+                    _ => self.clients[client].note_rtt(r, now.saturating_since(d.since)),
+                }
+            }
+            return;
+        }
         if let Some(op) = self.ops.get_mut(op_ref) {
             let region = self.clients[op.client].region;
             if self
@@ -853,6 +988,9 @@ impl Simulation {
             (result, op.mode, op.call.outcome())
         {
             let op = self.ops.remove(op_ref).expect("live op");
+            if let Some(outcome) = op.call.outcome() {
+                self.after_call(op_ref, &op, outcome);
+            }
             self.write_acknowledged(op, r, token);
             return;
         }
@@ -1022,8 +1160,11 @@ impl Simulation {
         {
             return;
         }
-        if self.nodes[r].paused > 0 {
-            return; // answered after the probe timed out: nothing to learn
+        if self.nodes[r].paused > 0 || (self.nodes[r].replica.is_none() && self.nodes[r].silent > 0)
+        {
+            // Paused: answered after the probe timed out, nothing to learn. A lost
+            // host: never answered.
+            return;
         }
         let wms = self.nodes[r].replica.as_ref().map(|rep| {
             rep.scopes()
@@ -1034,7 +1175,13 @@ impl Simulation {
                 .collect::<Vec<_>>()
         });
         if let Some(delay) = self.client_path(region, r, false) {
-            let at = self.now + self.sc.host.service + delay;
+            let at = if wms.is_some() {
+                let cost = self.nodes[r].host.model().read;
+                let done = self.nodes[r].host.run(self.now, cost, 1, 0);
+                done + self.nodes[r].host.overhead() + delay
+            } else {
+                self.now + delay // refused by the host's operating system
+            };
             let to = self.shard_of_region(region);
             self.push_to(
                 to,

@@ -1,0 +1,414 @@
+//! A replica's host as a queue: a number of cores that client requests, replication
+//! applies and snapshot work wait for, one at a time each (first come, first served:
+//! an M/G/k server), and a disk whose fsyncs group the writes of every turn that
+//! reached it while the previous fsync ran (group commit).
+//!
+//! Each piece of work draws its service time from a log-normal distribution around
+//! its mean ([`Cost`]), so a host's latency grows with its load and a host given more
+//! work than its cores can do falls behind without bound, as a real one does. The
+//! defaults ([`HostModel::default`]) were measured on the reference machine class;
+//! docs/drills.md ("The host model") says how.
+//!
+//! Everything here is a pure function of the times it is given and its own seeded
+//! generator, one per replica, so that a run replays bit for bit and a split run
+//! (`sim::shard`) draws exactly what a single-threaded one does.
+
+use crate::rng::SimRng;
+use crate::time::{SimDuration, SimTime};
+use rand::distr::Distribution;
+use rand_distr::LogNormal;
+
+/// What one kind of work costs a core: `mean_us` per item (a request, an entry, a
+/// row), plus `per_kib_us` for every KiB it moves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cost {
+    pub mean_us: f64,
+    pub per_kib_us: f64,
+}
+
+impl Cost {
+    /// The mean service time of `items` moving `bytes` in all.
+    pub fn mean_for(&self, items: usize, bytes: usize) -> f64 {
+        self.mean_us * items as f64 + self.per_kib_us * bytes as f64 / 1024.0
+    }
+}
+
+/// A replica host's costs. See the module documentation, and docs/drills.md for how
+/// the defaults were obtained.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostModel {
+    /// Cores serving requests and applying replication (at least 1).
+    pub cores: u32,
+    /// A client read, at the replica (decoding, admission, the row, the answer).
+    pub read: Cost,
+    /// A client write, before its commit.
+    pub write: Cost,
+    /// One replicated entry applied (a mutation, a gap fill's entry, a snapshot row).
+    pub apply: Cost,
+    /// One row read into a snapshot chunk, at the sender.
+    pub snapshot: Cost,
+    /// Spread of the cores' service times: the σ of their log-normal distribution
+    /// (0: constant).
+    pub cpu_sigma: f64,
+    /// Mean time of one fsync, which commits every turn that reached the disk
+    /// while the previous one ran.
+    pub commit_us: f64,
+    pub commit_sigma: f64,
+    /// Latency every client request pays outside the cores (the kernel's network
+    /// stack, waking the serving task): it adds to a request's time but occupies
+    /// no core.
+    pub overhead_us: u64,
+}
+
+impl Default for HostModel {
+    /// The reference machine class: a 2-vCPU server with a local SSD, as measured
+    /// on the project machine (docs/drills.md, "The host model").
+    fn default() -> Self {
+        HostModel {
+            cores: 2,
+            read: Cost {
+                mean_us: 10.0,
+                per_kib_us: 2.6,
+            },
+            write: Cost {
+                mean_us: 20.0,
+                per_kib_us: 2.6,
+            },
+            apply: Cost {
+                mean_us: 20.0,
+                per_kib_us: 5.0,
+            },
+            snapshot: Cost {
+                mean_us: 2.0,
+                per_kib_us: 1.0,
+            },
+            cpu_sigma: 1.0,
+            commit_us: 300.0,
+            commit_sigma: 0.26,
+            overhead_us: 60,
+        }
+    }
+}
+
+/// Changes to [`HostModel`] for some regions or replicas (`[host.regions.NAME]`,
+/// `[host.replicas.ID]` in a drill): each field set replaces the default's.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HostPatch {
+    pub cores: Option<u32>,
+    pub read_us: Option<f64>,
+    pub write_us: Option<f64>,
+    pub apply_us: Option<f64>,
+    pub per_kib_us: Option<f64>,
+    pub cpu_sigma: Option<f64>,
+    pub commit_us: Option<f64>,
+    pub commit_sigma: Option<f64>,
+    pub overhead_us: Option<u64>,
+}
+
+impl HostPatch {
+    /// `base` with this patch's fields.
+    pub fn apply_to(&self, base: HostModel) -> HostModel {
+        let mut m = base;
+        if let Some(c) = self.cores {
+            m.cores = c;
+        }
+        if let Some(us) = self.read_us {
+            m.read.mean_us = us;
+        }
+        if let Some(us) = self.write_us {
+            m.write.mean_us = us;
+        }
+        if let Some(us) = self.apply_us {
+            m.apply.mean_us = us;
+        }
+        if let Some(us) = self.per_kib_us {
+            m.read.per_kib_us = us;
+            m.write.per_kib_us = us;
+            m.apply.per_kib_us = 2.0 * us;
+        }
+        if let Some(s) = self.cpu_sigma {
+            m.cpu_sigma = s;
+        }
+        if let Some(us) = self.commit_us {
+            m.commit_us = us;
+        }
+        if let Some(s) = self.commit_sigma {
+            m.commit_sigma = s;
+        }
+        if let Some(us) = self.overhead_us {
+            m.overhead_us = us;
+        }
+        m
+    }
+}
+
+/// The hosts of a run: a default and changes by region and by replica (a replica's
+/// win over its region's).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Hosts {
+    pub default: HostModel,
+    pub regions: std::collections::BTreeMap<String, HostPatch>,
+    pub replicas: std::collections::BTreeMap<String, HostPatch>,
+}
+
+impl Hosts {
+    /// The model of replica `id`, in `region`.
+    pub fn model(&self, id: &str, region: &str) -> HostModel {
+        let mut m = self.default;
+        if let Some(p) = self.regions.get(region) {
+            m = p.apply_to(m);
+        }
+        if let Some(p) = self.replicas.get(id) {
+            m = p.apply_to(m);
+        }
+        m
+    }
+}
+
+/// A log-normal distribution with mean 1 and spread `sigma` (constant 1 at σ = 0).
+#[derive(Debug, Clone)]
+struct UnitLogNormal(Option<LogNormal<f64>>);
+
+impl UnitLogNormal {
+    fn new(sigma: f64) -> Self {
+        UnitLogNormal(
+            (sigma > 0.0)
+                .then(|| LogNormal::new(-sigma * sigma / 2.0, sigma).ok())
+                .flatten(),
+        )
+    }
+
+    fn draw(&self, rng: &mut SimRng) -> f64 {
+        self.0.as_ref().map_or(1.0, |d| d.sample(rng))
+    }
+}
+
+/// One replica's host while the run goes: when each core and the disk are next free.
+#[derive(Debug, Clone)]
+pub struct Host {
+    model: HostModel,
+    cpu: UnitLogNormal,
+    disk: UnitLogNormal,
+    /// Product of the active slow-host faults' factors (1: healthy).
+    slow: f64,
+    /// When each core finishes the work it was given.
+    cores: Vec<SimTime>,
+    /// The last fsync: when it starts and ends (it may not have started yet: turns
+    /// that reach the disk before then join it).
+    fsync: (SimTime, SimTime),
+    rng: SimRng,
+    /// Service time given to the cores, and to the disk, since the start.
+    pub busy: SimDuration,
+    pub fsyncs: u64,
+}
+
+impl Host {
+    pub fn new(model: HostModel, rng: SimRng) -> Host {
+        Host {
+            cpu: UnitLogNormal::new(model.cpu_sigma),
+            disk: UnitLogNormal::new(model.commit_sigma),
+            slow: 1.0,
+            cores: vec![SimTime::ZERO; model.cores.max(1) as usize],
+            fsync: (SimTime::ZERO, SimTime::ZERO),
+            model,
+            rng,
+            busy: SimDuration::ZERO,
+            fsyncs: 0,
+        }
+    }
+
+    pub fn model(&self) -> &HostModel {
+        &self.model
+    }
+
+    /// Latency a client request pays outside the cores.
+    pub fn overhead(&self) -> SimDuration {
+        SimDuration::from_us((self.model.overhead_us as f64 * self.slow).round() as u64)
+    }
+
+    /// Serving work of `cost` for `items` moving `bytes`, arriving at `at`: it
+    /// waits for the first free core and runs for a drawn service time. Returns
+    /// when it is done.
+    pub fn run(&mut self, at: SimTime, cost: Cost, items: usize, bytes: usize) -> SimTime {
+        // The first core to be free (the first of them on a tie: deterministic).
+        let (i, _) = self
+            .cores
+            .iter()
+            .enumerate()
+            .min_by_key(|&(i, t)| (*t, i))
+            .expect("a host has at least one core");
+        self.run_on(i, at, cost, items, bytes)
+    }
+
+    /// Replication work (`run`'s arguments): the node applies frames and reads
+    /// snapshots on one thread, its replication driver, so this work queues on
+    /// one core (the first) however many the host has, and serving work finds
+    /// that core busy while it runs. A frame's entries are one piece of work.
+    pub fn run_driver(&mut self, at: SimTime, cost: Cost, items: usize, bytes: usize) -> SimTime {
+        self.run_on(0, at, cost, items, bytes)
+    }
+
+    fn run_on(
+        &mut self,
+        core: usize,
+        at: SimTime,
+        cost: Cost,
+        items: usize,
+        bytes: usize,
+    ) -> SimTime {
+        let mean = cost.mean_for(items, bytes) * self.slow;
+        if mean <= 0.0 {
+            return at;
+        }
+        let us = (mean * self.cpu.draw(&mut self.rng)).round() as u64;
+        let service = SimDuration::from_us(us.max(1));
+        self.busy += service;
+        let done = self.cores[core].max(at) + service;
+        self.cores[core] = done;
+        done
+    }
+
+    /// A turn whose writes are ready for the disk at `ready`: when the fsync that
+    /// makes them durable ends. Group commit: a turn that arrives while an fsync
+    /// runs waits for the next one, which starts when that one ends and takes every
+    /// turn that arrives before it starts.
+    pub fn commit(&mut self, ready: SimTime) -> SimTime {
+        let (start, end) = self.fsync;
+        if ready < start {
+            return end; // joins the fsync that has not started yet
+        }
+        let start = ready.max(end);
+        let us = (self.model.commit_us * self.slow * self.disk.draw(&mut self.rng)).round();
+        let d = SimDuration::from_us((us as u64).max(1));
+        self.busy += d;
+        self.fsyncs += 1;
+        self.fsync = (start, start + d);
+        start + d
+    }
+
+    /// When the last fsync given ends (the replica's writes until then are durable).
+    pub fn durable_at(&self) -> SimTime {
+        self.fsync.1
+    }
+
+    /// A slow-host fault starts (`factor` > 1) or ends (its inverse).
+    pub fn scale(&mut self, factor: f64) {
+        self.slow *= factor;
+    }
+
+    /// The process died: its queued work is gone with it.
+    pub fn crash(&mut self, now: SimTime) {
+        for c in &mut self.cores {
+            *c = (*c).min(now);
+        }
+        self.fsync = (now, now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(cores: u32, sigma: f64) -> Host {
+        let model = HostModel {
+            cores,
+            cpu_sigma: sigma,
+            commit_sigma: 0.0,
+            ..HostModel::default()
+        };
+        Host::new(model, SimRng::new(1))
+    }
+
+    const US10: Cost = Cost {
+        mean_us: 10.0,
+        per_kib_us: 0.0,
+    };
+
+    #[test]
+    fn work_queues_behind_busy_cores() {
+        let mut h = host(2, 0.0);
+        let t = SimTime::from_us(1_000);
+        // Two cores take two at once; the third waits for the first to be free.
+        assert_eq!(h.run(t, US10, 1, 0), SimTime::from_us(1_010));
+        assert_eq!(h.run(t, US10, 1, 0), SimTime::from_us(1_010));
+        assert_eq!(h.run(t, US10, 1, 0), SimTime::from_us(1_020));
+        // An idle host starts at once.
+        assert_eq!(
+            h.run(SimTime::from_us(5_000), US10, 1, 0),
+            SimTime::from_us(5_010)
+        );
+        // Bytes cost their share; a slow host costs `factor` times more.
+        let kib = Cost {
+            mean_us: 10.0,
+            per_kib_us: 5.0,
+        };
+        assert_eq!(
+            h.run(SimTime::from_us(9_000), kib, 1, 2048),
+            SimTime::from_us(9_020)
+        );
+        h.scale(3.0);
+        assert_eq!(
+            h.run(SimTime::from_us(10_000), US10, 1, 0),
+            SimTime::from_us(10_030)
+        );
+    }
+
+    #[test]
+    fn replication_keeps_to_one_core_and_serving_takes_the_others() {
+        let mut h = host(4, 0.0);
+        let t = SimTime::from_us(0);
+        // A backlog of applies queues on the driver's core ...
+        for k in 1..=10 {
+            assert_eq!(h.run_driver(t, US10, 1, 0), SimTime::from_us(10 * k));
+        }
+        // ... while reads are served at once by the other three.
+        for _ in 0..3 {
+            assert_eq!(h.run(t, US10, 1, 0), SimTime::from_us(10));
+        }
+    }
+
+    #[test]
+    fn turns_that_reach_the_disk_during_an_fsync_share_the_next() {
+        let mut h = host(1, 0.0); // commit 300 µs, constant
+        let a = h.commit(SimTime::from_us(0));
+        assert_eq!(a, SimTime::from_us(300));
+        // Two turns during the first fsync: both in the second, 300..600.
+        assert_eq!(h.commit(SimTime::from_us(100)), SimTime::from_us(600));
+        assert_eq!(h.commit(SimTime::from_us(250)), SimTime::from_us(600));
+        // One after the second started waits for a third.
+        assert_eq!(h.commit(SimTime::from_us(400)), SimTime::from_us(900));
+        assert_eq!(h.fsyncs, 3);
+        assert_eq!(h.durable_at(), SimTime::from_us(900));
+    }
+
+    #[test]
+    fn drawn_service_times_keep_their_mean_and_saturate_a_host() {
+        let mut h = host(2, 1.0);
+        // Offered 1.5× what two cores do (a 10 µs mean every 3.33 µs): the backlog
+        // grows without bound, about 1/3 of the offered work per unit of time.
+        let mut last = SimTime::ZERO;
+        for i in 0..30_000u64 {
+            last = h.run(SimTime::from_us(i * 10 / 3), US10, 1, 0);
+        }
+        let mean = h.busy.as_us() as f64 / 30_000.0;
+        assert!((mean - 10.0).abs() < 0.5, "mean service {mean} µs");
+        let offered_until = 30_000 * 10 / 3;
+        assert!(
+            last.as_us() > offered_until + offered_until / 4,
+            "a saturated host kept up: done at {last:?}"
+        );
+        // At half its capacity it keeps up.
+        let mut h = host(2, 1.0);
+        let mut late = 0;
+        for i in 0..30_000u64 {
+            let at = SimTime::from_us(i * 10);
+            if h.run(at, US10, 1, 0) > at + SimDuration::from_us(200) {
+                late += 1;
+            }
+        }
+        assert!(
+            late < 300,
+            "{late} of 30,000 waited over 200 µs at half load"
+        );
+    }
+}
