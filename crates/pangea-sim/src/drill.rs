@@ -253,6 +253,7 @@ struct RawFault {
 struct RawExpect {
     #[serde(default)]
     p99_ms: BTreeMap<String, f64>,
+    region_p99_ms_max: Option<f64>,
     #[serde(default)]
     read_errors_max: BTreeMap<String, u64>,
     availability_min: Option<f64>,
@@ -1410,6 +1411,7 @@ fn expect(cx: &mut Ctx<'_>, e: &RawExpect) -> Slo {
     }
     Slo {
         p99_ms: e.p99_ms.clone(),
+        region_p99_ms_max: e.region_p99_ms_max,
         read_errors_max: e.read_errors_max.clone(),
         availability_min: e.availability_min,
         replication_lag_ms_max: e.replication_lag_ms_max,

@@ -199,6 +199,7 @@ pub struct Host {
     rng: SimRng,
     /// Service time given to the cores, and to the disk, since the start.
     pub busy: SimDuration,
+    pub disk_busy: SimDuration,
     pub fsyncs: u64,
 }
 
@@ -213,6 +214,7 @@ impl Host {
             model,
             rng,
             busy: SimDuration::ZERO,
+            disk_busy: SimDuration::ZERO,
             fsyncs: 0,
         }
     }
@@ -280,10 +282,20 @@ impl Host {
         let start = ready.max(end);
         let us = (self.model.commit_us * self.slow * self.disk.draw(&mut self.rng)).round();
         let d = SimDuration::from_us((us as u64).max(1));
-        self.busy += d;
+        self.disk_busy += d;
         self.fsyncs += 1;
         self.fsync = (start, start + d);
         start + d
+    }
+
+    /// The share of its cores', and of its disk's, time this host was busy over
+    /// `over`.
+    pub fn utilization(&self, over: SimDuration) -> (f64, f64) {
+        let t = over.as_us().max(1) as f64;
+        (
+            self.busy.as_us() as f64 / (t * self.cores.len() as f64),
+            self.disk_busy.as_us() as f64 / t,
+        )
     }
 
     /// When the last fsync given ends (the replica's writes until then are durable).

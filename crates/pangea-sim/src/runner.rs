@@ -84,6 +84,17 @@ pub fn one_screen(run: &DrillRun) -> String {
         r.staleness_violations,
         r.residency_leak_bytes
     );
+    let busiest = |load: fn(&crate::sim::metrics::HostLoad) -> f64| {
+        r.hosts
+            .iter()
+            .max_by(|a, b| load(a.1).total_cmp(&load(b.1)))
+            .map(|(id, h)| (id.as_str(), load(h) * 100.0))
+    };
+    if let (Some((cid, cpu)), Some((did, disk))) = (busiest(|h| h.cpu), busiest(|h| h.disk)) {
+        s += &format!(
+            "  busiest host: cores {cpu:.1} % ({cid}), disk {disk:.1} % ({did}), over the run\n"
+        );
+    }
     for f in &r.slo_failures {
         s += &format!("  FAILED: {f}\n");
     }

@@ -245,6 +245,9 @@ pub struct Slo {
     /// p99 read latency bound per mode (`eventual`, `affinity`, `watermark`,
     /// `bounded`), over answered reads.
     pub p99_ms: BTreeMap<String, f64>,
+    /// p99 read latency bound for every client region and mode (over answered
+    /// reads): the SLO a frontend in each region sees.
+    pub region_p99_ms_max: Option<f64>,
     /// Most failed reads per mode (`bounded = 0`: no bounded-staleness read may
     /// fail, whatever the faults).
     pub read_errors_max: BTreeMap<String, u64>,

@@ -367,6 +367,8 @@ rate = 6000
 region = "eu-central-1"
 clients = 4
 rate = 6000
+[expect]
+region_p99_ms_max = 20
 "#;
     let text = text.replacen("mix = { read = 0.8, write = 0.17, delete = 0.03 }\n", "", 1);
     let text = text.replacen(
@@ -386,6 +388,17 @@ rate = 6000
     assert!(
         small.errors * 20 > small.count || small.p99_ms > 15.0,
         "saturated hosts kept up: {small:?}"
+    );
+    // The per-region SLO names the saturated region and only it.
+    let failed = |region: &str| {
+        r.slo_failures
+            .iter()
+            .any(|f| f.contains(&format!("reads in {region} ")))
+    };
+    assert!(
+        !failed("eu-west-2") && (failed("eu-central-1") || small.errors > 0),
+        "{:?}",
+        r.slo_failures
     );
     Ok(())
 }

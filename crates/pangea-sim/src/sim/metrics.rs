@@ -318,6 +318,14 @@ pub struct MigrationSummary {
     pub error: String,
 }
 
+/// How busy one replica's host was (`RunReport::hosts`).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct HostLoad {
+    pub cpu: f64,
+    pub disk: f64,
+    pub fsyncs: u64,
+}
+
 /// The result of one run; `pangea sim run --json` writes it.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
@@ -346,6 +354,9 @@ pub struct RunReport {
     /// By the client's region, then mode.
     pub reads_by_region_mode: BTreeMap<String, BTreeMap<String, LatencySummary>>,
     pub writes: LatencySummary,
+    /// Each replica's host: the share of its cores' and its disk's time it was
+    /// busy over the run (`crate::host`), and its fsyncs.
+    pub hosts: BTreeMap<String, HostLoad>,
     /// Fraction of reads answered correctly within their deadline.
     pub availability: f64,
     /// Apply time at each replica storing the scope minus the write's proposal time

@@ -205,7 +205,22 @@ impl Simulation {
                     .collect()
             })
             .collect();
+        let over = SimDuration::from_us(self.now.as_us());
+        let hosts = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let (cpu, disk) = node.host.utilization(over);
+                let load = metrics::HostLoad {
+                    cpu,
+                    disk,
+                    fsyncs: node.host.fsyncs,
+                };
+                (node.id.to_string(), load)
+            })
+            .collect();
         let mut report = RunReport {
+            hosts,
             recorded_reads: std::mem::take(&mut self.recorded_reads),
             migrations: self.migrations.clone(),
             drill: self.sc.name.clone(),
@@ -272,6 +287,18 @@ pub(crate) fn evaluate_slo(
                 "p99 of {mode} reads is {:.2} ms, above {bound} ms",
                 s.p99_ms
             ));
+        }
+    }
+    if let Some(bound) = slo.region_p99_ms_max {
+        for (region, modes) in &r.reads_by_region_mode {
+            for (mode, s) in modes {
+                if s.count > s.errors && s.p99_ms > bound {
+                    out.push(format!(
+                        "p99 of {mode} reads in {region} is {:.2} ms, above {bound} ms",
+                        s.p99_ms
+                    ));
+                }
+            }
         }
     }
     for (mode, max) in &slo.read_errors_max {

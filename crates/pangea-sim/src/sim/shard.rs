@@ -1065,6 +1065,12 @@ impl Simulation {
         m.counters.absorb(om.counters);
         // A job runs in its runner's shard alone.
         self.migrations.extend(o.migrations);
+        // Each host is busy in its replica's shard alone.
+        for (a, b) in self.nodes.iter_mut().zip(o.nodes) {
+            if a.foreign && !b.foreign {
+                a.host = b.host;
+            }
+        }
         m.client_cross_region_bytes += om.client_cross_region_bytes;
         let c = &mut self.checks;
         c.lost_writes += o.checks.lost_writes;
