@@ -51,6 +51,36 @@ pub(crate) enum SimCommand {
         #[arg(long, default_value_t = 10)]
         determinism_every: u64,
     },
+    /// The load at which one region's frontends stop getting their SLO (p99 of
+    /// every read mode under --slo-ms, at most 0.1 % of reads failed), with every
+    /// replica in service or without some of the region's (docs/drills.md,
+    /// "Capacity").
+    Capacity {
+        /// A drill file: its deployment, workload mix and other regions' load
+        /// (its faults are dropped).
+        drill: PathBuf,
+        /// The region whose load is raised.
+        #[arg(long)]
+        region: String,
+        /// Replicas of the region out of service for the whole run (repeatable).
+        #[arg(long)]
+        without: Vec<String>,
+        /// Virtual seconds of load per step.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        #[arg(long, default_value_t = 20.0)]
+        slo_ms: f64,
+        /// The first rate tried (default: the file's rate for the region).
+        #[arg(long)]
+        from: Option<f64>,
+        /// Bisection steps between the last rate that met the SLO and the first
+        /// that missed it.
+        #[arg(long, default_value_t = 4)]
+        bisect: u32,
+        /// Write the steps and the result as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Run one steady workload in the simulator and on a live local cluster with
     /// emulated WAN, and print both side by side: p99 read latency per region and
     /// mode, p99 replication lag per origin and replica (docs/drills.md, Fidelity).
@@ -60,6 +90,63 @@ pub(crate) enum SimCommand {
 pub(crate) fn run(cmd: SimCommand) -> Result<()> {
     match cmd {
         SimCommand::Calibrate(args) => crate::calibrate_cmd::run(args),
+        SimCommand::Capacity {
+            drill,
+            region,
+            without,
+            seconds,
+            slo_ms,
+            from,
+            bisect,
+            json,
+        } => {
+            let d = Drill::load(&drill).map_err(|p| anyhow::anyhow!("{p}"))?;
+            let q = pangea_sim::capacity::Query {
+                region: region.as_str().into(),
+                without: without.iter().map(|r| r.as_str().into()).collect(),
+                seconds,
+                slo_ms,
+                from,
+                bisect,
+                threads: pangea_sim::sim::default_threads(),
+            };
+            println!(
+                "{:>10}  {:>8}  {:>6}  {:>8}  p99 by mode (ms)",
+                "ops/s", "reads", "errors", "cpu max"
+            );
+            let c = pangea_sim::capacity::search(&d.scenario, &q, |s| {
+                let p99: Vec<String> = s
+                    .p99_ms
+                    .iter()
+                    .map(|(m, p)| format!("{m} {p:.2}"))
+                    .collect();
+                println!(
+                    "{:>10.0}  {:>8}  {:>6}  {:>7.1}%  {}  {}",
+                    s.rate,
+                    s.reads,
+                    s.errors,
+                    s.cpu_max * 100.0,
+                    p99.join(", "),
+                    if s.met_slo { "ok" } else { "MISSED" }
+                );
+            })?;
+            println!(
+                "{}{}: meets p99 < {} ms up to {} ops/s (first missed at {} ops/s)",
+                c.region,
+                if c.without.is_empty() {
+                    String::new()
+                } else {
+                    format!(" without {}", c.without.join(", "))
+                },
+                c.slo_ms,
+                c.capacity.map_or("—".into(), |r| format!("{r:.0}")),
+                c.first_miss.map_or("—".into(), |r| format!("{r:.0}")),
+            );
+            if let Some(j) = json {
+                std::fs::write(&j, serde_json::to_string_pretty(&c)? + "\n")?;
+            }
+            Ok(())
+        }
         SimCommand::Run {
             drill,
             seed,

@@ -1376,7 +1376,7 @@ fn return_fault(
     }]
 }
 
-fn names<T: fmt::Display>(ids: &[T]) -> String {
+pub(crate) fn names<T: fmt::Display>(ids: &[T]) -> String {
     let v: Vec<String> = ids.iter().map(ToString::to_string).collect();
     if v.len() > 4 {
         format!("{}, … ({} in all)", v[..3].join(", "), v.len())

@@ -59,6 +59,7 @@
 //! }
 //! ```
 
+pub mod capacity;
 pub mod charts;
 pub mod drill;
 pub mod error;

@@ -22,6 +22,9 @@ pub struct Scenario {
     pub placement_path: Option<String>,
     /// How long the workload runs (the safety phase: faults happen inside it).
     pub duration: SimDuration,
+    /// Operations that start before this are neither counted nor measured (a
+    /// capacity step's steady state, `crate::capacity`). Default zero.
+    pub warmup: SimDuration,
     /// After the workload stops every fault is healed and the run waits, at most
     /// this long, for every replica to converge (the liveness phase; C5).
     pub drain_max: SimDuration,
@@ -398,6 +401,7 @@ impl Scenario {
             placement_path: None,
             deployment,
             duration,
+            warmup: SimDuration::ZERO,
             drain_max: SimDuration::from_secs(60),
             net: NetConfig::default(),
             replica: ReplicaConfig::default(),

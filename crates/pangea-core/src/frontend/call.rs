@@ -122,7 +122,10 @@ pub struct Attempt {
 /// When to hedge a read (`None` without a hedge policy; earns the read's share of
 /// the hedge budget), or for a read that may not be hedged, when to take its first
 /// replica for gone and fail over — with or without a hedge policy, since that is
-/// no hedge: the first request is no longer waited for. `first_rtt_ms`: the first
+/// no hedge: the first request is no longer waited for. That is [`gone_after`] its
+/// round trip, but at most half the deadline, so that the next replica has the
+/// other half to answer in (a silent replica would otherwise spend every such
+/// read's deadline: `gone_after` is 20 ms and more). `first_rtt_ms`: the first
 /// candidate's measured round trip.
 pub fn hedge_delay(
     hedger: &mut Hedger,
@@ -134,7 +137,7 @@ pub fn hedge_delay(
     if consistency.may_hedge() {
         Some(hedger.delay(policy?, deadline))
     } else {
-        Some(gone_after(first_rtt_ms))
+        Some(gone_after(first_rtt_ms).min(deadline / 2))
     }
 }
 
@@ -928,6 +931,24 @@ mod tests {
         call.handle_reply(MS, 0, Reply::Final);
         assert_eq!(call.outcome(), Some(Outcome::Failed { attempt: 0 }));
         assert!(sends(&mut call).is_empty());
+    }
+
+    #[test]
+    fn an_affinity_read_leaves_a_silent_replica_within_half_its_deadline() {
+        let mut hedger = Hedger::new(0);
+        let mut at = |deadline_ms: u64| {
+            hedge_delay(
+                &mut hedger,
+                None,
+                &Consistency::RowAffinity,
+                Duration::from_millis(deadline_ms),
+                Some(1.0),
+            )
+        };
+        // 4 × 1 ms + 20 ms would outlast a 20 ms deadline: the next replica gets
+        // the second half.
+        assert_eq!(at(20), Some(Duration::from_millis(10)));
+        assert_eq!(at(1_000), Some(Duration::from_millis(24)));
     }
 
     #[test]

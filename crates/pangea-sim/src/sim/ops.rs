@@ -112,6 +112,12 @@ impl Simulation {
         }
     }
 
+    /// Whether an operation started at `t` is counted and measured (after the
+    /// scenario's warm-up).
+    fn measured(&self, t: SimTime) -> bool {
+        t >= SimTime::ZERO + self.sc.warmup
+    }
+
     fn start_read(
         &mut self,
         client: usize,
@@ -122,11 +128,13 @@ impl Simulation {
         read_back: Option<Token>,
     ) {
         let _ = table; // the workload's table (`workload_table`)
-        self.metrics.reads += 1;
-        self.metrics.modes[mode.index()].count += 1;
-        let region = self.clients[client].region;
-        self.metrics.regions[region].count += 1;
-        self.metrics.region_modes[region][mode.index()].count += 1;
+        if self.measured(self.now) {
+            self.metrics.reads += 1;
+            self.metrics.modes[mode.index()].count += 1;
+            let region = self.clients[client].region;
+            self.metrics.regions[region].count += 1;
+            self.metrics.region_modes[region][mode.index()].count += 1;
+        }
         let op = Op {
             client,
             mode: Some(mode),
@@ -147,11 +155,15 @@ impl Simulation {
     }
 
     fn start_write(&mut self, client: usize, table: Arc<str>, key: Bytes, m: Mutation) {
-        self.metrics.writes.count += 1;
+        if self.measured(self.now) {
+            self.metrics.writes.count += 1;
+        }
         let mutation = match RowMutation::new(table, key.clone(), vec![m], &Limits::default()) {
             Ok(m) => m,
             Err(_) => {
-                self.metrics.writes.errors += 1;
+                if self.measured(self.now) {
+                    self.metrics.writes.errors += 1;
+                }
                 return;
             }
         };
@@ -279,7 +291,9 @@ impl Simulation {
                     self.finish_read(op.client, mode, op.started, Err(ErrKind::Policy), None)
                 }
                 None => {
-                    self.metrics.writes.errors += 1;
+                    if self.measured(op.started) {
+                        self.metrics.writes.errors += 1;
+                    }
                     self.trace([20, op.client as u64, 0, 0]);
                 }
             }
@@ -501,7 +515,7 @@ impl Simulation {
                 self.finish_read(op.client, mode, op.started, Ok(()), Some(served))
             }
             (Some(mode), Err(e)) => self.finish_read(op.client, mode, op.started, Err(e), None),
-            (None, _) => self.fail_write(op.client),
+            (None, _) => self.fail_write(op.client, op.started),
         }
     }
 
@@ -999,7 +1013,9 @@ impl Simulation {
 
     fn write_acknowledged(&mut self, op: Op, r: usize, token: Option<Token>) {
         let latency = self.now.saturating_since(op.started);
-        metrics::record(&mut self.metrics.writes.ok, latency.as_us());
+        if self.measured(op.started) {
+            metrics::record(&mut self.metrics.writes.ok, latency.as_us());
+        }
         self.trace([21, op.client as u64, r as u64, latency.as_us()]);
         if let Some(t) = token {
             let read_back = self.sc.workload.read_back;
@@ -1019,8 +1035,10 @@ impl Simulation {
         }
     }
 
-    fn fail_write(&mut self, client: usize) {
-        self.metrics.writes.errors += 1;
+    fn fail_write(&mut self, client: usize, started: SimTime) {
+        if self.measured(started) {
+            self.metrics.writes.errors += 1;
+        }
         self.trace([22, client as u64, 0, 0]);
     }
 
@@ -1056,6 +1074,9 @@ impl Simulation {
         result: std::result::Result<(), ErrKind>,
         served: Option<(usize, Reason)>,
     ) {
+        if !self.measured(started) {
+            return; // neither counted nor measured
+        }
         let region = self.clients[client].region;
         let latency = self.now.saturating_since(started);
         let b = self.bucket();

@@ -1,0 +1,203 @@
+//! Capacity drills (`pangea sim capacity`): the load at which one region's
+//! frontends stop getting their SLO, with every replica in service or with some
+//! of the region's replicas out — the headroom an operator plans with.
+//!
+//! The drill's deployment, workload mix and other regions' load stay as the file
+//! has them, its faults are dropped, and the region's load is raised step by step
+//! (×1.5) from the file's rate until a step misses the SLO: p99 of some read mode
+//! in the region above the bound, or more than 0.1 % of the region's reads failed.
+//! Then the last rate that met it and the first that did not are bisected. Each
+//! step is a run of its own: [`WARMUP_S`] of load unmeasured, then `seconds`
+//! measured, and a short drain; the replicas left out are crashed (their
+//! processes down, connections refused) for the whole run.
+
+use crate::scenario::{Fault, FaultKind, RegionLoad, Scenario};
+use crate::sim::metrics::RunReport;
+use crate::time::SimDuration;
+use anyhow::{Result, bail};
+use pangea_topology::{RegionId, ReplicaId};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Seconds of load before a step's measurement starts.
+pub const WARMUP_S: u64 = 2;
+
+/// What to search.
+#[derive(Debug, Clone)]
+pub struct Query {
+    pub region: RegionId,
+    /// Replicas out of service for the whole run.
+    pub without: Vec<ReplicaId>,
+    /// Virtual seconds of load per step.
+    pub seconds: u64,
+    /// The p99 bound for every read mode in the region, in ms.
+    pub slo_ms: f64,
+    /// The first rate tried (default: the file's rate for the region).
+    pub from: Option<f64>,
+    /// Bisection steps once the SLO was missed.
+    pub bisect: u32,
+    /// Threads for runs that can be split.
+    pub threads: usize,
+}
+
+/// One load level and what the region's frontends got.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    /// Operations per second from the region's frontends.
+    pub rate: f64,
+    pub reads: u64,
+    pub errors: u64,
+    /// p99 per read mode in the region (answered reads), ms.
+    pub p99_ms: BTreeMap<String, f64>,
+    /// The busiest of the region's hosts: its cores' busy share.
+    pub cpu_max: f64,
+    pub met_slo: bool,
+    pub wall_s: f64,
+}
+
+/// The search's outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct Capacity {
+    pub region: String,
+    pub without: Vec<String>,
+    pub slo_ms: f64,
+    pub seconds: u64,
+    pub steps: Vec<Step>,
+    /// The highest rate that met the SLO.
+    pub capacity: Option<f64>,
+    /// The lowest rate that missed it.
+    pub first_miss: Option<f64>,
+}
+
+/// Runs the search on `base` (a drill's scenario), reporting each step as it ends.
+pub fn search(base: &Scenario, q: &Query, mut progress: impl FnMut(&Step)) -> Result<Capacity> {
+    if !base.deployment.topology.regions.contains_key(&q.region) {
+        bail!("unknown region {:?}", q.region.as_str());
+    }
+    for r in &q.without {
+        match base.deployment.topology.replicas.get(r) {
+            Some(rep) if rep.region == q.region => {}
+            Some(rep) => bail!(
+                "replica {r} is in {}, not in {}",
+                rep.region,
+                q.region.as_str()
+            ),
+            None => bail!("unknown replica {:?}", r.as_str()),
+        }
+    }
+    let file_rate = base
+        .workload
+        .regions
+        .iter()
+        .find(|l| l.region == q.region)
+        .map_or(0.0, |l| l.rate);
+    let mut rate = q.from.unwrap_or(file_rate).max(10.0);
+    let mut out = Capacity {
+        region: q.region.to_string(),
+        without: q.without.iter().map(ToString::to_string).collect(),
+        slo_ms: q.slo_ms,
+        seconds: q.seconds,
+        steps: Vec::new(),
+        capacity: None,
+        first_miss: None,
+    };
+    let mut step = |rate: f64, out: &mut Capacity| -> Result<bool> {
+        let s = run_step(base, q, rate)?;
+        progress(&s);
+        let met = s.met_slo;
+        if met {
+            out.capacity = Some(out.capacity.map_or(rate, |c: f64| c.max(rate)));
+        } else {
+            out.first_miss = Some(out.first_miss.map_or(rate, |m: f64| m.min(rate)));
+        }
+        out.steps.push(s);
+        Ok(met)
+    };
+    // Up by half each step until the SLO is missed (at most 40 steps: ×10^7).
+    for _ in 0..40 {
+        if !step(rate, &mut out)? {
+            break;
+        }
+        rate *= 1.5;
+    }
+    if out.first_miss.is_none() {
+        bail!("the SLO held up to {rate:.0} ops/s: is the region's load reaching it?");
+    }
+    for _ in 0..q.bisect {
+        let (Some(lo), Some(hi)) = (out.capacity, out.first_miss) else {
+            break;
+        };
+        step((lo + hi) / 2.0, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn run_step(base: &Scenario, q: &Query, rate: f64) -> Result<Step> {
+    let mut sc = base.clone();
+    sc.name = format!("{}-capacity-{rate:.0}", base.name);
+    // Measured after a warm-up: frontends have learned their round trips and
+    // which replicas are out, and replicas have suspected the missing ones.
+    sc.warmup = SimDuration::from_secs(WARMUP_S);
+    sc.duration = SimDuration::from_secs(WARMUP_S + q.seconds);
+    sc.drain_max = SimDuration::from_secs(5);
+    sc.faults.clear();
+    sc.slo = Default::default();
+    if !q.without.is_empty() {
+        sc.faults.push(Fault {
+            at: SimDuration::ZERO,
+            duration: None,
+            kind: FaultKind::Lose {
+                replicas: q.without.clone(),
+                regions: Vec::new(),
+                silent: false,
+            },
+            label: format!("without {}", crate::drill::names(&q.without)),
+        });
+    }
+    match sc
+        .workload
+        .regions
+        .iter_mut()
+        .find(|l| l.region == q.region)
+    {
+        Some(l) => l.rate = rate,
+        None => sc.workload.regions.push(RegionLoad {
+            region: q.region.clone(),
+            clients: 2,
+            rate,
+        }),
+    }
+    let r = crate::sim::run_scenario(sc, q.threads)?;
+    Ok(step_of(base, &r, q, rate))
+}
+
+fn step_of(base: &Scenario, r: &RunReport, q: &Query, rate: f64) -> Step {
+    let region = q.region.as_str();
+    let modes = r.reads_by_region_mode.get(region);
+    let p99_ms: BTreeMap<String, f64> = modes
+        .into_iter()
+        .flatten()
+        .filter(|(_, s)| s.count > s.errors)
+        .map(|(m, s)| (m.clone(), s.p99_ms))
+        .collect();
+    let (reads, errors) = r
+        .reads_by_region
+        .get(region)
+        .map_or((0, 0), |s| (s.count, s.errors));
+    let cpu_max = base.deployment.topology.regions[&q.region]
+        .replicas
+        .iter()
+        .filter_map(|id| r.hosts.get(id.as_str()))
+        .map(|h| h.cpu)
+        .fold(0.0, f64::max);
+    let met_slo = reads > 0 && errors * 1000 <= reads && p99_ms.values().all(|p| *p <= q.slo_ms);
+    Step {
+        rate,
+        reads,
+        errors,
+        p99_ms,
+        cpu_max,
+        met_slo,
+        wall_s: r.wall_s,
+    }
+}
