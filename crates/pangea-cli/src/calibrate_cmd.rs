@@ -14,9 +14,11 @@ pub(crate) struct CalibrateArgs {
     /// How long each run lasts (virtual time in the simulator, wall time live).
     #[arg(long, default_value = "30s")]
     duration: String,
-    /// Operations per second over all regions (spread by serving replicas).
-    #[arg(long, default_value_t = 300.0)]
-    rate: f64,
+    /// Operations per second over all regions (spread by serving replicas); several,
+    /// comma-separated, run one after the other, each on a fresh live cluster, with
+    /// the host costs fitted at the first (the model must predict the others).
+    #[arg(long, default_value = "300", value_delimiter = ',')]
+    rate: Vec<f64>,
     /// Frontends per region (each its own client state).
     #[arg(long, default_value_t = 2)]
     clients_per_region: u32,
@@ -31,23 +33,44 @@ pub(crate) struct CalibrateArgs {
 }
 
 pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
-    let report = pangea_ops::calibrate::run(
-        &pangea_ops::calibrate::Options {
-            topology: a.topology,
-            placement: a.placement,
-            duration: parse_duration(&a.duration)?,
-            rate: a.rate,
-            clients_per_region: a.clients_per_region,
-            seed: a.seed,
-            data_dir: a.data_dir,
-            binary: crate::pangea_binary()?,
-        },
-        &mut |line| println!("{line}"),
-    )?;
-    println!("\n{report}");
+    let duration = parse_duration(&a.duration)?;
+    let binary = crate::pangea_binary()?;
+    let mut reports = Vec::new();
+    let mut fitted = None;
+    for &rate in &a.rate {
+        let report = pangea_ops::calibrate::run(
+            &pangea_ops::calibrate::Options {
+                topology: a.topology.clone(),
+                placement: a.placement.clone(),
+                duration,
+                rate,
+                clients_per_region: a.clients_per_region,
+                seed: a.seed,
+                data_dir: a.data_dir.clone(),
+                binary: binary.clone(),
+                fitted,
+            },
+            &mut |line| println!("{line}"),
+        )?;
+        println!("\n{report}");
+        fitted.get_or_insert(report.fitted_host);
+        reports.push(report);
+    }
+    if reports.len() > 1 {
+        println!(
+            "\nAcross load levels (host costs fitted at {} ops/s):",
+            a.rate[0]
+        );
+        for r in &reports {
+            println!("  {}", r.agreement());
+        }
+    }
     if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+        let json = match reports.as_slice() {
+            [one] => serde_json::to_vec_pretty(one)?,
+            all => serde_json::to_vec_pretty(all)?,
+        };
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

@@ -128,6 +128,8 @@ struct RawHost {
     commit_us: Option<f64>,
     commit_sigma: Option<f64>,
     overhead_us: Option<u64>,
+    /// Every host on one machine of this many cores (top level only).
+    machine_cores: Option<u32>,
     #[serde(default)]
     regions: BTreeMap<String, RawHost>,
     #[serde(default)]
@@ -638,8 +640,17 @@ fn replica_config(r: &RawReplica) -> ReplicaConfig {
 fn hosts(cx: &mut Ctx<'_>, r: &RawHost) -> Hosts {
     let mut hosts = Hosts {
         default: host_patch(cx, &p!["host"], r).apply_to(HostModel::default()),
+        machine_cores: r.machine_cores,
         ..Hosts::default()
     };
+    if let Some(c) = r.machine_cores
+        && !(1..=4096).contains(&c)
+    {
+        cx.err(
+            &p!["host", "machine_cores"],
+            format!("must be 1 to 4096, not {c}"),
+        );
+    }
     for (kind, patches) in [("regions", &r.regions), ("replicas", &r.replicas)] {
         for (name, patch) in patches {
             let at = p!["host", kind, name.as_str()];
@@ -647,10 +658,13 @@ fn hosts(cx: &mut Ctx<'_>, r: &RawHost) -> Hosts {
                 "regions" => cx.region(&at, name).is_some(),
                 _ => cx.replica(&at, name).is_some(),
             };
-            if !patch.regions.is_empty() || !patch.replicas.is_empty() {
+            if !patch.regions.is_empty()
+                || !patch.replicas.is_empty()
+                || patch.machine_cores.is_some()
+            {
                 cx.err(
                     &at,
-                    "a region's or replica's host takes no regions or replicas",
+                    "a region's or replica's host takes no regions, replicas or machine_cores",
                 );
             }
             if known {

@@ -17,6 +17,7 @@ use crate::rng::SimRng;
 use crate::time::{SimDuration, SimTime};
 use rand::distr::Distribution;
 use rand_distr::LogNormal;
+use std::sync::{Arc, Mutex};
 
 /// What one kind of work costs a core: `mean_us` per item (a request, an entry, a
 /// row), plus `per_kib_us` for every KiB it moves.
@@ -147,6 +148,10 @@ impl HostPatch {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Hosts {
     pub default: HostModel,
+    /// Every host on one machine of this many cores instead of cores of its own (a
+    /// local cluster, as `pangea sim calibrate` runs live). Such a run is never
+    /// split across threads.
+    pub machine_cores: Option<u32>,
     pub regions: std::collections::BTreeMap<String, HostPatch>,
     pub replicas: std::collections::BTreeMap<String, HostPatch>,
 }
@@ -183,6 +188,40 @@ impl UnitLogNormal {
     }
 }
 
+/// When each core finishes the work it was given: a host's own cores, or those of
+/// a machine every host of the run shares ([`Hosts::machine_cores`]).
+#[derive(Debug, Clone)]
+pub enum Cores {
+    Own(Vec<SimTime>),
+    /// A machine's: replication work takes any free core (a process's driver thread
+    /// is one of many threads on the machine), and a crash leaves the other
+    /// processes' work queued.
+    Shared(Arc<Mutex<Vec<SimTime>>>),
+}
+
+impl Cores {
+    /// A machine of `n` cores, for every host of a run.
+    pub fn machine(n: u32) -> Cores {
+        Cores::Shared(Arc::new(Mutex::new(vec![SimTime::ZERO; n.max(1) as usize])))
+    }
+
+    fn count(&self) -> usize {
+        match self {
+            Cores::Own(c) => c.len(),
+            Cores::Shared(m) => m.lock().unwrap_or_else(|p| p.into_inner()).len(),
+        }
+    }
+}
+
+/// The first core to be free (the first of them on a tie: deterministic).
+fn first_free(cores: &[SimTime]) -> usize {
+    cores
+        .iter()
+        .enumerate()
+        .min_by_key(|&(i, t)| (*t, i))
+        .map_or(0, |(i, _)| i)
+}
+
 /// One replica's host while the run goes: when each core and the disk are next free.
 #[derive(Debug, Clone)]
 pub struct Host {
@@ -191,8 +230,7 @@ pub struct Host {
     disk: UnitLogNormal,
     /// Product of the active slow-host faults' factors (1: healthy).
     slow: f64,
-    /// When each core finishes the work it was given.
-    cores: Vec<SimTime>,
+    cores: Cores,
     /// The last fsync: when it starts and ends (it may not have started yet: turns
     /// that reach the disk before then join it).
     fsync: (SimTime, SimTime),
@@ -204,12 +242,19 @@ pub struct Host {
 }
 
 impl Host {
+    /// A host with `model.cores` cores of its own.
     pub fn new(model: HostModel, rng: SimRng) -> Host {
+        let cores = Cores::Own(vec![SimTime::ZERO; model.cores.max(1) as usize]);
+        Host::on(model, rng, cores)
+    }
+
+    /// A host on `cores` (a machine's, [`Cores::machine`]).
+    pub fn on(model: HostModel, rng: SimRng, cores: Cores) -> Host {
         Host {
             cpu: UnitLogNormal::new(model.cpu_sigma),
             disk: UnitLogNormal::new(model.commit_sigma),
             slow: 1.0,
-            cores: vec![SimTime::ZERO; model.cores.max(1) as usize],
+            cores,
             fsync: (SimTime::ZERO, SimTime::ZERO),
             model,
             rng,
@@ -232,14 +277,7 @@ impl Host {
     /// waits for the first free core and runs for a drawn service time. Returns
     /// when it is done.
     pub fn run(&mut self, at: SimTime, cost: Cost, items: usize, bytes: usize) -> SimTime {
-        // The first core to be free (the first of them on a tie: deterministic).
-        let (i, _) = self
-            .cores
-            .iter()
-            .enumerate()
-            .min_by_key(|&(i, t)| (*t, i))
-            .expect("a host has at least one core");
-        self.run_on(i, at, cost, items, bytes)
+        self.run_on(None, at, cost, items, bytes)
     }
 
     /// Replication work (`run`'s arguments): the node applies frames and reads
@@ -247,12 +285,13 @@ impl Host {
     /// one core (the first) however many the host has, and serving work finds
     /// that core busy while it runs. A frame's entries are one piece of work.
     pub fn run_driver(&mut self, at: SimTime, cost: Cost, items: usize, bytes: usize) -> SimTime {
-        self.run_on(0, at, cost, items, bytes)
+        self.run_on(Some(0), at, cost, items, bytes)
     }
 
+    /// Work on `core` of the host's own (`None`: the first free one).
     fn run_on(
         &mut self,
-        core: usize,
+        core: Option<usize>,
         at: SimTime,
         cost: Cost,
         items: usize,
@@ -265,9 +304,22 @@ impl Host {
         let us = (mean * self.cpu.draw(&mut self.rng)).round() as u64;
         let service = SimDuration::from_us(us.max(1));
         self.busy += service;
-        let done = self.cores[core].max(at) + service;
-        self.cores[core] = done;
-        done
+        let take = |cores: &mut [SimTime], core: usize| {
+            let done = cores[core].max(at) + service;
+            cores[core] = done;
+            done
+        };
+        match &mut self.cores {
+            Cores::Own(cores) => {
+                let core = core.unwrap_or_else(|| first_free(cores));
+                take(cores, core)
+            }
+            Cores::Shared(machine) => {
+                let mut cores = machine.lock().unwrap_or_else(|p| p.into_inner());
+                let core = first_free(&cores);
+                take(&mut cores, core)
+            }
+        }
     }
 
     /// A turn whose writes are ready for the disk at `ready`: when the fsync that
@@ -293,7 +345,7 @@ impl Host {
     pub fn utilization(&self, over: SimDuration) -> (f64, f64) {
         let t = over.as_us().max(1) as f64;
         (
-            self.busy.as_us() as f64 / (t * self.cores.len() as f64),
+            self.busy.as_us() as f64 / (t * self.cores.count() as f64),
             self.disk_busy.as_us() as f64 / t,
         )
     }
@@ -308,10 +360,13 @@ impl Host {
         self.slow *= factor;
     }
 
-    /// The process died: its queued work is gone with it.
+    /// The process died: its queued work is gone with it (on a shared machine,
+    /// whose cores hold the other processes' work too, it is left to run out).
     pub fn crash(&mut self, now: SimTime) {
-        for c in &mut self.cores {
-            *c = (*c).min(now);
+        if let Cores::Own(cores) = &mut self.cores {
+            for c in cores {
+                *c = (*c).min(now);
+            }
         }
         self.fsync = (now, now);
     }
@@ -377,6 +432,23 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(h.run(t, US10, 1, 0), SimTime::from_us(10));
         }
+    }
+
+    #[test]
+    fn hosts_on_one_machine_share_its_cores() {
+        let model = HostModel {
+            cpu_sigma: 0.0,
+            ..HostModel::default()
+        };
+        let machine = Cores::machine(2);
+        let mut a = Host::on(model, SimRng::new(1), machine.clone());
+        let mut b = Host::on(model, SimRng::new(2), machine);
+        let t = SimTime::ZERO;
+        // Two hosts' work fills the machine's two cores; a third waits, whoever's.
+        assert_eq!(a.run(t, US10, 1, 0), SimTime::from_us(10));
+        assert_eq!(b.run(t, US10, 1, 0), SimTime::from_us(10));
+        assert_eq!(a.run_driver(t, US10, 1, 0), SimTime::from_us(20));
+        assert_eq!(b.run(t, US10, 1, 0), SimTime::from_us(20));
     }
 
     #[test]

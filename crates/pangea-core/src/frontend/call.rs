@@ -123,10 +123,12 @@ pub struct Attempt {
 /// the hedge budget), or for a read that may not be hedged, when to take its first
 /// replica for gone and fail over — with or without a hedge policy, since that is
 /// no hedge: the first request is no longer waited for. That is [`gone_after`] its
-/// round trip, but at most half the deadline, so that the next replica has the
-/// other half to answer in (a silent replica would otherwise spend every such
-/// read's deadline: `gone_after` is 20 ms and more). `first_rtt_ms`: the first
-/// candidate's measured round trip.
+/// round trip, but no later than leaves the next replica two such round trips and
+/// 2 ms before the deadline (and never before half the deadline): a silent replica
+/// would otherwise spend every such read's deadline (`gone_after` is 20 ms and
+/// more), and a replica merely slow — a request lost once and sent again 10 ms
+/// later — still answers, at the replica that has the caller's write.
+/// `first_rtt_ms`: the first candidate's measured round trip.
 pub fn hedge_delay(
     hedger: &mut Hedger,
     policy: Option<&HedgePolicy>,
@@ -137,7 +139,11 @@ pub fn hedge_delay(
     if consistency.may_hedge() {
         Some(hedger.delay(policy?, deadline))
     } else {
-        Some(gone_after(first_rtt_ms).min(deadline / 2))
+        let spare = first_rtt_ms.map_or(deadline, |rtt| {
+            Duration::from_micros(((2.0 * rtt.min(1e9) + 2.0) * 1_000.0).ceil() as u64)
+        });
+        let latest = deadline.saturating_sub(spare).max(deadline / 2);
+        Some(gone_after(first_rtt_ms).min(latest))
     }
 }
 
@@ -934,21 +940,24 @@ mod tests {
     }
 
     #[test]
-    fn an_affinity_read_leaves_a_silent_replica_within_half_its_deadline() {
+    fn an_affinity_read_leaves_a_silent_replica_in_time_for_the_next() {
         let mut hedger = Hedger::new(0);
-        let mut at = |deadline_ms: u64| {
+        let mut at = |deadline_ms: u64, rtt: Option<f64>| {
             hedge_delay(
                 &mut hedger,
                 None,
                 &Consistency::RowAffinity,
                 Duration::from_millis(deadline_ms),
-                Some(1.0),
+                rtt,
             )
         };
         // 4 × 1 ms + 20 ms would outlast a 20 ms deadline: the next replica gets
-        // the second half.
-        assert_eq!(at(20), Some(Duration::from_millis(10)));
-        assert_eq!(at(1_000), Some(Duration::from_millis(24)));
+        // two round trips and 2 ms.
+        assert_eq!(at(20, Some(1.0)), Some(Duration::from_millis(16)));
+        assert_eq!(at(1_000, Some(1.0)), Some(Duration::from_millis(24)));
+        // Never before half the deadline; half of it while the round trip is unknown.
+        assert_eq!(at(20, Some(8.0)), Some(Duration::from_millis(10)));
+        assert_eq!(at(20, None), Some(Duration::from_millis(10)));
     }
 
     #[test]

@@ -688,6 +688,8 @@ impl Simulation {
         // One run (or shard) shares rows between its replicas, never with another.
         let shared_rows: Arc<dyn pangea_core::storage::RowSharing> =
             Arc::new(crate::shared_rows::SharedRows::new());
+        // Every host on one machine, or each on its own cores.
+        let machine = sc.host.machine_cores.map(crate::host::Cores::machine);
         let skew_max = sc.clock_skew_ms_max as i64;
         let mut skew_rng = rng.fork(1);
         for (i, (idx, id)) in net.replicas().enumerate() {
@@ -718,18 +720,23 @@ impl Simulation {
                 gate: None,
                 jobs: Vec::new(),
                 jobs_at: None,
-                host: Host::new(
-                    sc.host
-                        .model(id.as_str(), d.topology.replicas[id].region.as_str()),
-                    SimRng::new(xxh3_64(
+                host: {
+                    let model = sc
+                        .host
+                        .model(id.as_str(), d.topology.replicas[id].region.as_str());
+                    let rng = SimRng::new(xxh3_64(
                         &[
                             sc.seed.to_le_bytes(),
                             (i as u64).to_le_bytes(),
                             *b"host\0\0\0\0",
                         ]
                         .concat(),
-                    )),
-                ),
+                    ));
+                    match &machine {
+                        Some(cores) => Host::on(model, rng, cores.clone()),
+                        None => Host::new(model, rng),
+                    }
+                },
                 inbox: VecDeque::new(),
                 inbox_gen: 0,
                 turn: None,

@@ -142,6 +142,9 @@ const LOOKAHEAD_MIN: SimDuration = SimDuration::from_ms(5);
 /// client rate, by region), the longest lookahead among equals. `None` when no split
 /// keeps the shards at least [`LOOKAHEAD_MIN`] apart.
 pub fn plan_split(sc: &Scenario) -> Option<Split> {
+    if sc.host.machine_cores.is_some() {
+        return None; // the hosts share one machine's cores: one thread
+    }
     let t = &sc.deployment.topology;
     let regions: Vec<&RegionId> = t.regions.keys().collect();
     let nr = regions.len();
