@@ -16,7 +16,7 @@ pub(crate) struct CalibrateArgs {
     duration: String,
     /// Operations per second over all regions (spread by serving replicas); several,
     /// comma-separated, run one after the other, each on a fresh live cluster, with
-    /// the host costs fitted at the first (the model must predict the others).
+    /// the host costs fitted at the first two (the model must predict the others).
     #[arg(long, default_value = "300", value_delimiter = ',')]
     rate: Vec<f64>,
     /// Frontends per region (each its own client state).
@@ -35,25 +35,31 @@ pub(crate) struct CalibrateArgs {
 pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
     let duration = parse_duration(&a.duration)?;
     let binary = crate::pangea_binary()?;
-    let mut reports = Vec::new();
-    let mut fitted = None;
+    let options = |rate: f64| pangea_ops::calibrate::Options {
+        topology: a.topology.clone(),
+        placement: a.placement.clone(),
+        duration,
+        rate,
+        clients_per_region: a.clients_per_region,
+        seed: a.seed,
+        data_dir: a.data_dir.clone(),
+        binary: binary.clone(),
+        fitted: None,
+    };
+    let mut say = |line: &str| println!("{line}");
+    let mut measured = Vec::new();
     for &rate in &a.rate {
-        let report = pangea_ops::calibrate::run(
-            &pangea_ops::calibrate::Options {
-                topology: a.topology.clone(),
-                placement: a.placement.clone(),
-                duration,
-                rate,
-                clients_per_region: a.clients_per_region,
-                seed: a.seed,
-                data_dir: a.data_dir.clone(),
-                binary: binary.clone(),
-                fitted,
-            },
-            &mut |line| println!("{line}"),
-        )?;
+        measured.push((
+            rate,
+            pangea_ops::calibrate::measure(&options(rate), &mut say)?,
+        ));
+    }
+    let levels: Vec<&pangea_ops::calibrate::Measured> = measured.iter().map(|(_, m)| m).collect();
+    let fit = pangea_ops::calibrate::fit_levels(&levels)?;
+    let mut reports = Vec::new();
+    for (rate, m) in measured {
+        let report = pangea_ops::calibrate::finish(&options(rate), m, fit, &mut say)?;
         println!("\n{report}");
-        fitted.get_or_insert(report.fitted_host);
         reports.push(report);
     }
     if reports.len() > 1 {

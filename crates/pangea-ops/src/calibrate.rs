@@ -98,6 +98,11 @@ impl Row {
 pub struct Fit {
     pub overhead_us: u64,
     pub commit_us: u64,
+    /// What every CPU cost of the default host is multiplied by, and the share
+    /// of the cores busy with work the model does not itemize: fitted so that
+    /// the simulated machine is as busy as the live one (`fit_levels`).
+    pub cpu_scale: f64,
+    pub background: f64,
 }
 
 /// Both runs and their comparison (`--json` writes it whole).
@@ -127,6 +132,9 @@ pub struct LiveFigures {
     /// replica → origin → (applies, p50 ms, p99 ms).
     pub apply_lag: BTreeMap<String, BTreeMap<String, (u64, f64, f64)>>,
     pub hedges: u64,
+    /// The machine's busy share of its cores over the run (`/proc/stat`: every
+    /// process, the replicas and these frontends alike); `None` off Linux.
+    pub machine_busy: Option<f64>,
 }
 
 /// The workload both runs share: the ad-serving mix with every mode equally often
@@ -165,9 +173,27 @@ fn scenario(a: &Options, deployment: Arc<Deployment>) -> Result<Scenario> {
     Ok(sc)
 }
 
+/// One load level measured: the simulator as shipped and the live cluster.
+#[derive(Debug)]
+pub struct Measured {
+    sc: Scenario,
+    sim: RunReport,
+    live: LiveFigures,
+}
+
 /// Runs the simulator, the live cluster and the fitted simulator; `say` hears
 /// each phase.
 pub fn run(a: &Options, say: &mut dyn FnMut(&str)) -> Result<Calibration> {
+    let m = measure(a, say)?;
+    let fit = match a.fitted {
+        Some(f) => f,
+        None => fit_levels(&[&m])?,
+    };
+    finish(a, m, fit, say)
+}
+
+/// The simulator as shipped and the live cluster at `a.rate`.
+pub fn measure(a: &Options, say: &mut dyn FnMut(&str)) -> Result<Measured> {
     let deployment = Arc::new(
         Deployment::load(&a.topology, Some(&a.placement)).map_err(|p| anyhow::anyhow!("{p}"))?,
     );
@@ -211,20 +237,26 @@ pub fn run(a: &Options, say: &mut dyn FnMut(&str)) -> Result<Calibration> {
         .build()?
         .block_on(live_run(&sc, &cluster))?;
     drop(stop);
+    Ok(Measured { sc, sim, live })
+}
 
-    let fit = a.fitted.unwrap_or_else(|| fit(&sc, &sim, &live));
+/// Simulates `m` again with the host costs `fit` and compares it with the live run.
+pub fn finish(
+    a: &Options,
+    m: Measured,
+    fit: Fit,
+    say: &mut dyn FnMut(&str),
+) -> Result<Calibration> {
+    let Measured { sc, sim, live } = m;
     let mut fitted_sc = sc.clone();
-    fitted_sc.host.default.overhead_us = fit.overhead_us;
-    fitted_sc.host.default.commit_us = fit.commit_us as f64;
+    apply_fit(&mut fitted_sc.host.default, &fit);
     say(&format!(
-        "Simulating again with the host costs fitted to {} (overhead {} µs, commit {} µs) ...",
-        if a.fitted.is_some() {
-            "the first load level"
-        } else {
-            "the live run"
-        },
+        "Simulating again with the fitted host costs (overhead {} µs, commit {} µs, CPU \
+         costs ×{:.1}, {:.0} % of the cores busy with unitemized work) ...",
         fit.overhead_us,
-        fit.commit_us
+        fit.commit_us,
+        fit.cpu_scale,
+        fit.background * 100.0
     ));
     let sim_fitted = Simulation::new(fitted_sc)?.run()?;
     Ok(compare(
@@ -298,6 +330,7 @@ async fn live_run(
         .flat_map(|(_, _, f, _)| f.iter().map(|f| f.client.clone()))
         .collect();
     let duration = Duration::from_micros(sc.duration.as_us());
+    let cpu_before = machine_cpu();
     let mut issuers = tokio::task::JoinSet::new();
     for (region, rate, frontends, mut generator) in regions {
         let (w, tally) = (w.clone(), tally.clone());
@@ -333,6 +366,10 @@ async fn live_run(
         figures.writes = t.writes;
         figures.write_errors = t.write_errors;
     }
+    figures.machine_busy = cpu_before.zip(machine_cpu()).and_then(|(a, b)| {
+        let (busy, total) = (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1));
+        (total > 0).then(|| busy as f64 / total as f64)
+    });
     figures.hedges = all
         .iter()
         .map(|c| c.stats().hedges.load(std::sync::atomic::Ordering::Relaxed))
@@ -440,6 +477,79 @@ async fn one_op(
     }
 }
 
+/// The machine's CPU time so far, busy and in all (jiffies of `/proc/stat`'s
+/// first line: busy is everything but idle and iowait).
+fn machine_cpu() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
+/// The simulated machine's busy share: its hosts' shares summed (they share one
+/// machine's cores, `Hosts::machine_cores`).
+fn sim_machine_busy(sim: &RunReport) -> f64 {
+    sim.hosts.values().map(|h| h.cpu).sum()
+}
+
+/// The host model with the fitted costs.
+fn apply_fit(host: &mut pangea_sim::host::HostModel, fit: &Fit) {
+    host.overhead_us = fit.overhead_us;
+    host.commit_us = fit.commit_us as f64;
+    host.background = fit.background;
+    for c in [
+        &mut host.read,
+        &mut host.write,
+        &mut host.apply,
+        &mut host.snapshot,
+    ] {
+        c.mean_us *= fit.cpu_scale;
+        c.per_kib_us *= fit.cpu_scale;
+    }
+}
+
+/// The host costs from measured load levels: the request overhead and the fsync
+/// from the first (`fit`); the CPU from how busy the live machine was against the
+/// simulated one. With two levels or more, a line through the first two: its slope
+/// scales the itemized costs, and what it leaves at zero load is background (the
+/// live cluster's heartbeats, probes, timers and WAN emulation); with one, the
+/// itemized costs alone are scaled. The request overhead is fitted last, against
+/// the first level simulated with the CPU fitted (the queueing the fitted CPU adds
+/// is not overhead).
+pub fn fit_levels(levels: &[&Measured]) -> Result<Fit> {
+    let first = levels[0];
+    let mut f = fit(&first.sc, &first.sim, &first.live);
+    let busy = |m: &Measured| Some((sim_machine_busy(&m.sim), m.live.machine_busy?));
+    match (
+        levels.first().and_then(|m| busy(m)),
+        levels.get(1).and_then(|m| busy(m)),
+    ) {
+        (Some((s1, l1)), Some((s2, l2))) if s2 > s1 && l2 > l1 => {
+            f.cpu_scale = ((l2 - l1) / (s2 - s1)).max(1.0);
+            f.background = (l1 - f.cpu_scale * s1).clamp(0.0, 0.9);
+        }
+        (Some((s1, l1)), _) if s1 > 0.0 => f.cpu_scale = (l1 / s1).max(1.0),
+        _ => return Ok(f),
+    }
+    let shipped_overhead = first.sc.host.default.overhead_us;
+    let mut sc = first.sc.clone();
+    apply_fit(
+        &mut sc.host.default,
+        &Fit {
+            overhead_us: shipped_overhead,
+            ..f
+        },
+    );
+    let cpu_only = Simulation::new(sc)?.run()?;
+    f.overhead_us = fit(&first.sc, &cpu_only, &first.live).overhead_us;
+    Ok(f)
+}
+
 fn median(mut v: Vec<f64>) -> Option<f64> {
     v.sort_by(f64::total_cmp);
     (!v.is_empty()).then(|| v[v.len() / 2])
@@ -471,9 +581,11 @@ fn sim_lag_pairs(sim: &RunReport) -> Vec<(&str, &str, f64)> {
     out
 }
 
-/// The two host costs the network model leaves out, from what the live run shows
-/// beyond the simulator's figures: the service time from the median excess of read
-/// p99s; the commit cost from the median excess of the typical (p50) replication lag
+/// The host costs, from what the live run shows beyond the simulator's figures:
+/// the CPU costs scaled by the live machine's busy share over the simulated one's
+/// (the live cluster's replicas, frontends and WAN emulation do more per operation
+/// than one replica serving a benchmark); the request overhead from the median
+/// excess of read p99s; the commit cost from the median excess of the typical (p50) replication lag
 /// between replicas of one region, where the network adds next to nothing, halved
 /// because a hop pays it at the sender and at the receiver. (Fitting the commit to
 /// p99s instead would fold the live cluster's occasional stalls, which a constant
@@ -509,6 +621,8 @@ fn fit(sc: &Scenario, sim: &RunReport, live: &LiveFigures) -> Fit {
     Fit {
         overhead_us: host.overhead_us + median(read_excess).map_or(0, us),
         commit_us: host.commit_us.round() as u64 + median(lag_excess).map_or(0, us),
+        cpu_scale: 1.0,
+        background: 0.0,
     }
 }
 
@@ -617,9 +731,16 @@ impl std::fmt::Display for Calibration {
         )?;
         writeln!(
             f,
-            "SIM: the simulator as shipped; FITTED: with [host] overhead_us = {}, commit_us = {} \
-         (fitted to this live run)",
-            c.fitted_host.overhead_us, c.fitted_host.commit_us
+            "SIM: the simulator as shipped; FITTED: with [host] overhead_us = {}, commit_us = {}, \
+         background = {:.2} and CPU costs ×{:.1}; machine busy live {}, fitted {:.0} %",
+            c.fitted_host.overhead_us,
+            c.fitted_host.commit_us,
+            c.fitted_host.background,
+            c.fitted_host.cpu_scale,
+            c.live
+                .machine_busy
+                .map_or_else(|| "-".to_owned(), |b| format!("{:.0} %", b * 100.0)),
+            sim_machine_busy(&c.sim_fitted) * 100.0
         )?;
         for (title, rows) in [
             ("READ P99 (ms)", &c.reads_p99),

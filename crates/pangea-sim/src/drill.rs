@@ -128,6 +128,8 @@ struct RawHost {
     commit_us: Option<f64>,
     commit_sigma: Option<f64>,
     overhead_us: Option<u64>,
+    /// Share of the cores busy with work not itemized (0 to 0.9).
+    background: Option<f64>,
     /// Every host on one machine of this many cores (top level only).
     machine_cores: Option<u32>,
     #[serde(default)]
@@ -702,6 +704,11 @@ fn host_patch(cx: &mut Ctx<'_>, at: &[Seg], r: &RawHost) -> HostPatch {
     check("cpu_sigma", r.cpu_sigma);
     check("commit_us", r.commit_us);
     check("commit_sigma", r.commit_sigma);
+    if let Some(b) = r.background
+        && !(0.0..=0.9).contains(&b)
+    {
+        cx.err(&field("background"), format!("must be 0 to 0.9, not {b}"));
+    }
     HostPatch {
         cores: r.cores,
         read_us: r.read_us,
@@ -712,6 +719,7 @@ fn host_patch(cx: &mut Ctx<'_>, at: &[Seg], r: &RawHost) -> HostPatch {
         commit_us: r.commit_us,
         commit_sigma: r.commit_sigma,
         overhead_us: r.overhead_us,
+        background: r.background,
     }
 }
 

@@ -59,6 +59,9 @@ pub struct HostModel {
     /// stack, waking the serving task): it adds to a request's time but occupies
     /// no core.
     pub overhead_us: u64,
+    /// Share of the cores busy with work not itemized here (timers, heartbeats,
+    /// other processes): every service time stretches by 1 / (1 − background).
+    pub background: f64,
 }
 
 impl Default for HostModel {
@@ -87,6 +90,7 @@ impl Default for HostModel {
             commit_us: 300.0,
             commit_sigma: 0.26,
             overhead_us: 60,
+            background: 0.0,
         }
     }
 }
@@ -104,6 +108,7 @@ pub struct HostPatch {
     pub commit_us: Option<f64>,
     pub commit_sigma: Option<f64>,
     pub overhead_us: Option<u64>,
+    pub background: Option<f64>,
 }
 
 impl HostPatch {
@@ -138,6 +143,9 @@ impl HostPatch {
         }
         if let Some(us) = self.overhead_us {
             m.overhead_us = us;
+        }
+        if let Some(b) = self.background {
+            m.background = b;
         }
         m
     }
@@ -297,7 +305,8 @@ impl Host {
         items: usize,
         bytes: usize,
     ) -> SimTime {
-        let mean = cost.mean_for(items, bytes) * self.slow;
+        let mean = cost.mean_for(items, bytes) * self.slow
+            / (1.0 - self.model.background.clamp(0.0, 0.99));
         if mean <= 0.0 {
             return at;
         }

@@ -344,6 +344,11 @@ fn host_costs_add_to_reads_writes_and_lag() -> Result<()> {
         ("fsync_us = 1", "fsync_us"),
         ("cores = 0", "host.cores: must be 1 to 4096"),
         ("read_us = -1", "host.read_us: must be a finite number"),
+        ("background = 1.5", "host.background: must be 0 to 0.9"),
+        (
+            "[host.regions.eu-west-1]\nmachine_cores = 2",
+            "takes no regions, replicas or machine_cores",
+        ),
         (
             "[host.regions.mars-1]\ncores = 2",
             "unknown region \"mars-1\"",
