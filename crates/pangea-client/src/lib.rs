@@ -39,7 +39,7 @@ pub use pangea_proto::v1::{AdProfile, FrequencyCap, Row, Segment};
 
 use bytes::Bytes;
 use dashmap::DashMap;
-use pangea_core::frontend::call::{Action, Outcome, Resend, WriteCall};
+use pangea_core::frontend::call::{self, Action, Outcome, Resend, WriteCall};
 use pangea_core::frontend::{self, DOWN_FOR, PROBE_DOWN_FOR, PROBE_TIMEOUT, WATERMARK_REFRESH};
 use pangea_core::location::Location;
 use pangea_core::read::{Candidate, PeerView, ReadRequest, plan_read_at};
@@ -1053,13 +1053,31 @@ impl Client {
                 .instant(a.until_us)
                 .saturating_duration_since(now);
             let span = traced.attempt(d, &c, a.kind);
-            let result = self
+            let answer = self
                 .inner
                 .attempt(&c, body.clone(), (budget, wait), trace::traceparent(&span))
                 .await;
-            trace::finish_attempt(span, &result);
             let now = self.inner.us(Instant::now());
-            call.handle_reply(now, n, read::reply_of(&result));
+            let result = match answer {
+                Some(result) => {
+                    call.handle_reply(now, n, read::reply_of(&result));
+                    result
+                }
+                None => {
+                    // Its timer, set for `until_us`, fired.
+                    call.handle_timeout(now.max(call.attempt(n).until_us));
+                    Err(Error::DeadlineExceeded {
+                        deadline: wait,
+                        attempts: 1,
+                    })
+                }
+            };
+            trace::finish_attempt(span, &result);
+            let lessons: Vec<_> = call.lessons().collect();
+            for lesson in lessons {
+                let replica = &call.attempt(lesson.attempt()).candidate.replica;
+                self.inner.learn(replica, lesson);
+            }
             match result {
                 Ok((pb::client_response::Response::Mutate(m), served)) => {
                     let token = Token::decode(&m.token)
@@ -1529,38 +1547,47 @@ impl Inner {
         }
     }
 
+    /// What a call learned about `r` ([`call::Lesson`]); following a request
+    /// after its call ended is the read driver's (`read::learn`).
+    pub(crate) fn learn(&self, r: &ReplicaId, lesson: call::Lesson) {
+        match lesson {
+            call::Lesson::Slower { out_us, .. } => {
+                self.note_slower(r, Duration::from_micros(out_us))
+            }
+            call::Lesson::NoAnswer { waited_us, .. } => {
+                self.no_answer(r, Duration::from_micros(waited_us))
+            }
+            call::Lesson::Follow { .. } => {}
+        }
+    }
+
     /// One request to one candidate, which is given `budget`, waited for `wait`
-    /// (at least `budget`); learns from the answer or its absence.
+    /// (at least `budget`); learns from the answer. `None`: no answer in `wait`
+    /// after the request went out (the call's timeout, which teaches silence).
     pub(crate) async fn attempt(
         &self,
         c: &Candidate,
         body: pb::client_request::Request,
         (budget, wait): (Duration, Duration),
         traceparent: String,
-    ) -> Result<(pb::client_response::Response, Served), Error> {
+    ) -> Option<Result<(pb::client_response::Response, Served), Error>> {
         let since = Instant::now();
         let deadline_at = deadline_after(since, budget);
         let wait_until = deadline_after(since, wait.max(budget));
         let sent = transport::Sent::until(deadline_at);
         let ask = self.ask(c, body, since, deadline_at, traceparent, &sent);
         match tokio::time::timeout_at(wait_until.into(), ask).await {
-            Ok(result) => result,
+            Ok(result) => Some(result),
             // Still connecting: nothing reached the replica.
             Err(_) if sent.at().is_none() => {
                 self.down
                     .insert(c.replica.clone(), Instant::now() + DOWN_FOR);
-                Err(Error::Unavailable(format!(
+                Some(Err(Error::Unavailable(format!(
                     "replica {}: not connected within {budget:?}",
                     c.replica
-                )))
+                ))))
             }
-            Err(_) => {
-                self.no_answer(&c.replica, wait);
-                Err(Error::DeadlineExceeded {
-                    deadline: wait,
-                    attempts: 1,
-                })
-            }
+            Err(_) => None,
         }
     }
 

@@ -18,20 +18,19 @@ struct Answer {
     result: Result<(pb::client_response::Response, Served), Error>,
 }
 
-/// A request sent: to whom, since when, its span (closed once its answer is in,
+/// A request sent: to whom, its span (closed once its answer is in,
 /// or when the call stops waiting for it), and its error if it failed.
 struct Asked {
     replica: ReplicaId,
-    since: Instant,
     span: tracing::Span,
     error: Option<Error>,
 }
 
-/// A request in flight, and whom it went to since when (for what its silence
-/// teaches when the call stops waiting).
+/// A request in flight: the call's attempt `index`, to `replica` (for what its
+/// silence teaches when the call stops waiting).
 struct Flight {
+    index: usize,
     replica: ReplicaId,
-    since: Instant,
     answer: Pin<Box<dyn Future<Output = Answer> + Send>>,
 }
 
@@ -92,31 +91,43 @@ impl Attempts {
     }
 }
 
-/// Lets the requests still out finish in the background until the call's
-/// deadline, so their real latency is measured (a slow replica always beaten by
-/// a hedge would otherwise look fast forever), or their silence.
-fn detach(inner: &Arc<Inner>, set: Attempts, deadline_at: Instant) {
+/// The call is over: applies what it learned ([`call::Lesson`], the rules the
+/// simulator's frontends apply too). Requests it says to follow finish in the
+/// background until their time is up (their answer teaches the round trip in
+/// [`Inner::ask`]; their silence, [`Inner::no_answer`]).
+fn learn(
+    inner: &Arc<Inner>,
+    call: &mut ReadCall<std::vec::IntoIter<Candidate>>,
+    asked: &[Asked],
+    set: Attempts,
+) {
+    let mut follow: Vec<(usize, Instant, Duration)> = Vec::new();
+    let lessons: Vec<_> = call.lessons().collect();
+    for lesson in lessons {
+        match lesson {
+            call::Lesson::Follow { attempt, until_us } => {
+                let since_us = call.attempt(attempt).since_us;
+                let waited = Duration::from_micros(until_us.saturating_sub(since_us));
+                follow.push((attempt, inner.instant(until_us), waited));
+            }
+            _ => {
+                if let Some(a) = asked.get(lesson.attempt()) {
+                    inner.learn(&a.replica, lesson);
+                }
+            }
+        }
+    }
     for flight in set.into_flights() {
+        let Some(&(_, until, waited)) = follow.iter().find(|f| f.0 == flight.index) else {
+            continue;
+        };
         let inner = inner.clone();
         tokio::spawn(async move {
-            let (replica, since) = (flight.replica.clone(), flight.since);
-            if tokio::time::timeout_at(deadline_at.into(), flight)
-                .await
-                .is_err()
-            {
-                inner.no_answer(&replica, deadline_at.saturating_duration_since(since));
+            let replica = flight.replica.clone();
+            if tokio::time::timeout_at(until.into(), flight).await.is_err() {
+                inner.no_answer(&replica, waited);
             }
         });
-    }
-}
-
-/// The call's deadline passed: the requests still out got no answer in time.
-fn expire(inner: &Inner, set: Attempts, deadline_at: Instant) {
-    for flight in set.into_flights() {
-        inner.no_answer(
-            &flight.replica,
-            deadline_at.saturating_duration_since(flight.since),
-        );
     }
 }
 
@@ -152,7 +163,7 @@ pub(crate) fn reply_of<T>(result: &Result<T, Error>) -> Reply {
 /// (the hedge, a watermark retry or the deadline). Requests carry no timeout of
 /// their own while the call waits for them (a timer each, set and cancelled per
 /// read, was a measurable share of a 1 KiB get); those it stops waiting for get
-/// one in [`detach`], or are judged at once in [`expire`].
+/// one when it ends ([`learn`]).
 pub(crate) async fn run(
     inner: &Arc<Inner>,
     plan: pangea_core::read::ReadPlan,
@@ -216,10 +227,8 @@ async fn drive(
     // was 5 % of a client's CPU on 1 KiB reads); the losers are handed to the
     // runtime once the race is decided, to finish in the background.
     let mut set = Attempts::default();
-    // Who has been asked, since when, in the call's attempt order. When one
-    // answers first, the slower ones have taken at least that long, which their
-    // round-trip estimates learn (otherwise a slow replica, always beaten by a
-    // hedge, would look fast forever).
+    // Who has been asked, in the call's attempt order (the call's lessons name
+    // attempts: [`learn`]).
     let mut asked: Vec<Asked> = Vec::new();
     let timer = tokio::time::sleep_until(deadline_at.into());
     tokio::pin!(timer);
@@ -286,22 +295,8 @@ async fn drive(
                         if let Some(Outcome::Served { attempt, reason }) = call.outcome()
                             && attempt == o.index
                         {
-                            detach(inner, set, deadline_at);
+                            learn(inner, call, &asked, set);
                             cancel_rest(&mut asked);
-                            // The others have taken at least this long. Not the
-                            // first replica of a read that may not be hedged, left
-                            // after `gone_after` of silence: raising its estimate
-                            // would lengthen the next such wait, read after read,
-                            // until one spent its deadline on a dead connection. Its
-                            // silence is judged when its request ends (`detach`).
-                            let silent_first = |i: usize, a: &Asked| {
-                                i == 0 && !opts.consistency.may_hedge() && a.error.is_none()
-                            };
-                            for (i, a) in asked.iter().enumerate() {
-                                if a.replica != o.candidate.replica && !silent_first(i, a) {
-                                    inner.note_slower(&a.replica, served.at.saturating_duration_since(a.since));
-                                }
-                            }
                             return Ok(Response {
                                 value: resp,
                                 replica: o.candidate.replica,
@@ -332,7 +327,7 @@ async fn drive(
     let error = match outcome {
         Outcome::Failed { attempt } => {
             let e = error_of(attempt);
-            detach(inner, set, deadline_at);
+            learn(inner, call, &asked, set);
             cancel_rest(&mut asked);
             return Err(e);
         }
@@ -353,12 +348,8 @@ async fn drive(
             Error::DeadlineExceeded { deadline, attempts }
         }
     };
-    expire(inner, set, deadline_at);
+    learn(inner, call, &asked, set);
     cancel_rest(&mut asked);
-    let now = Instant::now();
-    for a in &asked {
-        inner.note_slower(&a.replica, now.saturating_duration_since(a.since));
-    }
     Err(error)
 }
 
@@ -381,7 +372,6 @@ fn launch(
     debug_assert_eq!(n, asked.len(), "attempts are sent in order");
     asked.push(Asked {
         replica: c.replica.clone(),
-        since,
         span,
         error: None,
     });
@@ -400,8 +390,8 @@ fn launch(
         }
     });
     set.push(Flight {
+        index: n,
         replica,
-        since,
         answer,
     });
 }

@@ -105,6 +105,37 @@ pub enum Outcome {
     Ambiguous { attempt: usize },
 }
 
+/// What a frontend learns about a replica from a request the call no longer
+/// waits for: both drivers apply these to their round-trip estimates and
+/// down-marks ([`super::rtt_raised`], [`super::after_silence`]), so the simulator's
+/// frontends learn exactly what the library's do. Taken with
+/// [`ReadCall::lessons`] / [`WriteCall::lessons`] after each step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lesson {
+    /// Attempt `attempt` lost the race to the answer after being out `out_us`:
+    /// raise its replica's estimate toward that.
+    Slower { attempt: usize, out_us: u64 },
+    /// Attempt `attempt` is still out when the call ended: keep waiting for it
+    /// until `until_us`, so its real latency is measured (a slow replica always
+    /// beaten by a hedge would otherwise look fast forever); no answer by then is
+    /// [`Lesson::NoAnswer`] for `until_us` less its [`Attempt::since_us`].
+    Follow { attempt: usize, until_us: u64 },
+    /// Attempt `attempt` got no answer in `waited_us`: its replica is gone, or
+    /// slower than its estimate ([`super::after_silence`]).
+    NoAnswer { attempt: usize, waited_us: u64 },
+}
+
+impl Lesson {
+    /// The attempt it is about.
+    pub fn attempt(self) -> usize {
+        match self {
+            Lesson::Slower { attempt, .. }
+            | Lesson::Follow { attempt, .. }
+            | Lesson::NoAnswer { attempt, .. } => attempt,
+        }
+    }
+}
+
 /// One request sent, or about to be.
 #[derive(Debug, Clone)]
 pub struct Attempt {
@@ -180,6 +211,8 @@ pub struct ReadCall<P> {
     /// it, and what it was.
     last_err: Option<(usize, Reply)>,
     outcome: Option<Outcome>,
+    /// Learned and not yet taken ([`ReadCall::lessons`]).
+    lessons: Vec<Lesson>,
     /// What this call was told and decided, when recorded ([`ReadCall::recorded`]).
     log: Option<Box<ReadLog>>,
 }
@@ -281,11 +314,12 @@ impl<P: Iterator<Item = Candidate>> ReadCall<P> {
             race_note: false,
             last_err: None,
             outcome: None,
+            lessons: Vec::new(),
             log,
         };
         match first {
             Some(c) => call.launch(c, AttemptKind::Primary, now_us),
-            None => call.finish(Outcome::NoCandidate),
+            None => call.finish(now_us, Outcome::NoCandidate),
         }
         call
     }
@@ -406,7 +440,7 @@ impl<P: Iterator<Item = Candidate>> ReadCall<P> {
                 } else {
                     a.candidate.reason
                 };
-                self.finish(Outcome::Served { attempt: n, reason });
+                self.finish(now_us, Outcome::Served { attempt: n, reason });
                 return;
             }
             Reply::NotCovered if self.watermark && !self.raced_fallback => {
@@ -426,7 +460,7 @@ impl<P: Iterator<Item = Candidate>> ReadCall<P> {
                 // Keep the more telling answer: nobody covered the token.
             }
             Reply::Final => {
-                self.finish(Outcome::Failed { attempt: n });
+                self.finish(now_us, Outcome::Failed { attempt: n });
                 return;
             }
             Reply::NotCovered | Reply::DeadlineExceeded | Reply::Retryable | Reply::Lost => {
@@ -522,14 +556,74 @@ impl<P: Iterator<Item = Candidate>> ReadCall<P> {
             }
             _ => Outcome::DeadlineExceeded,
         };
-        self.finish(outcome);
+        self.finish(now_us, outcome);
     }
 
-    /// The call is over; attempts still out stay not `done` (the driver may still
-    /// learn from their answers, or their silence).
-    fn finish(&mut self, outcome: Outcome) {
+    /// The call is over at `now_us`; attempts still out stay not `done`. What the
+    /// frontend learns from them:
+    /// - answered: the requests still out are followed until the deadline (their
+    ///   answer or silence teaches), and every replica but the winner's was slower
+    ///   than the answer took — except the first replica of a read that may not be
+    ///   hedged, left after [`gone_after`] of silence: raising its estimate would
+    ///   lengthen the next such wait, read after read, until one spent its
+    ///   deadline on a dead connection (its silence is judged when it ends);
+    /// - failed with an error every replica would give: the rest are followed;
+    /// - out of time or candidates: the requests still out got no answer in
+    ///   time, and every replica asked was slower than the call lasted.
+    fn finish(&mut self, now_us: u64, outcome: Outcome) {
         self.outcome = Some(outcome);
         self.note(Step::Outcome(outcome));
+        let out_us = |a: &Attempt| now_us.saturating_sub(a.since_us);
+        match outcome {
+            Outcome::NoCandidate => {}
+            Outcome::Served { attempt: won, .. } => {
+                let winner = self.attempts[won].candidate.replica.clone();
+                for (n, a) in self.attempts.iter().enumerate() {
+                    if !a.done {
+                        self.lessons.push(Lesson::Follow {
+                            attempt: n,
+                            until_us: a.until_us,
+                        });
+                    }
+                    let silent_first = n == 0 && !self.may_hedge && !a.done;
+                    if a.candidate.replica != winner && !silent_first {
+                        self.lessons.push(Lesson::Slower {
+                            attempt: n,
+                            out_us: out_us(a),
+                        });
+                    }
+                }
+            }
+            Outcome::Failed { .. } => {
+                for (n, a) in self.attempts.iter().enumerate() {
+                    if !a.done {
+                        self.lessons.push(Lesson::Follow {
+                            attempt: n,
+                            until_us: a.until_us,
+                        });
+                    }
+                }
+            }
+            _ => {
+                for (n, a) in self.attempts.iter().enumerate() {
+                    if !a.done {
+                        self.lessons.push(Lesson::NoAnswer {
+                            attempt: n,
+                            waited_us: a.until_us.saturating_sub(a.since_us),
+                        });
+                    }
+                    self.lessons.push(Lesson::Slower {
+                        attempt: n,
+                        out_us: out_us(a),
+                    });
+                }
+            }
+        }
+    }
+
+    /// What the frontend has learned since it last asked ([`Lesson`]), in order.
+    pub fn lessons(&mut self) -> std::vec::Drain<'_, Lesson> {
+        self.lessons.drain(..)
     }
 }
 
@@ -673,6 +767,8 @@ pub struct WriteCall {
     /// The first attempt that may have been applied.
     unknown: Option<usize>,
     outcome: Option<Outcome>,
+    /// Learned and not yet taken ([`WriteCall::lessons`]).
+    lessons: Vec<Lesson>,
 }
 
 impl WriteCall {
@@ -697,6 +793,7 @@ impl WriteCall {
             last_err: None,
             unknown: None,
             outcome: None,
+            lessons: Vec::new(),
         };
         if call.candidates.is_empty() {
             call.outcome = Some(Outcome::NoCandidate);
@@ -816,14 +913,25 @@ impl WriteCall {
     }
 
     /// Time passed: the attempt out ran out of its budget (as if it had answered
-    /// "deadline exceeded").
+    /// "deadline exceeded"), unanswered: [`Lesson::NoAnswer`].
     pub fn handle_timeout(&mut self, now_us: u64) {
         let Some(n) = self.attempts.len().checked_sub(1) else {
             return;
         };
-        if !self.attempts[n].done && now_us >= self.attempts[n].until_us {
+        let a = &self.attempts[n];
+        if self.outcome.is_none() && !a.done && now_us >= a.until_us {
+            self.lessons.push(Lesson::NoAnswer {
+                attempt: n,
+                waited_us: a.until_us.saturating_sub(a.since_us),
+            });
             self.handle_reply(now_us, n, Reply::DeadlineExceeded);
         }
+    }
+
+    /// What the frontend has learned since it last asked ([`Lesson`]): a write's
+    /// attempts are sent one after another, so only silence teaches.
+    pub fn lessons(&mut self) -> std::vec::Drain<'_, Lesson> {
+        self.lessons.drain(..)
     }
 }
 
@@ -937,6 +1045,115 @@ mod tests {
         call.handle_reply(MS, 0, Reply::Final);
         assert_eq!(call.outcome(), Some(Outcome::Failed { attempt: 0 }));
         assert!(sends(&mut call).is_empty());
+    }
+
+    #[test]
+    fn an_ended_read_teaches_what_its_requests_showed() {
+        use Lesson::*;
+        // A hedge won: the first request is followed to the deadline, and was
+        // slower than the hedge's answer took.
+        let mut call = eventual(Some(Duration::from_millis(5)));
+        sends(&mut call);
+        call.handle_timeout(5 * MS, &mut Hedger::new(0));
+        sends(&mut call);
+        assert!(call.lessons().next().is_none(), "nothing while it goes on");
+        call.handle_reply(7 * MS, 1, Reply::Served);
+        let lessons: Vec<_> = call.lessons().collect();
+        assert_eq!(
+            lessons,
+            [
+                Follow {
+                    attempt: 0,
+                    until_us: 100 * MS
+                },
+                Slower {
+                    attempt: 0,
+                    out_us: 7 * MS
+                },
+            ]
+        );
+        assert!(call.lessons().next().is_none(), "taken once");
+        // The deadline passed: silence for each request still out, and each was
+        // slower than the call lasted.
+        let mut call = eventual(Some(Duration::from_millis(5)));
+        sends(&mut call);
+        call.handle_timeout(5 * MS, &mut Hedger::new(0));
+        sends(&mut call);
+        call.handle_reply(9 * MS, 1, Reply::Retryable);
+        sends(&mut call);
+        call.handle_timeout(100 * MS, &mut Hedger::new(0));
+        assert_eq!(call.outcome(), Some(Outcome::DeadlineExceeded));
+        let lessons: Vec<_> = call.lessons().collect();
+        assert_eq!(
+            lessons,
+            [
+                NoAnswer {
+                    attempt: 0,
+                    waited_us: 100 * MS
+                },
+                Slower {
+                    attempt: 0,
+                    out_us: 100 * MS
+                },
+                Slower {
+                    attempt: 1,
+                    out_us: 95 * MS
+                },
+                NoAnswer {
+                    attempt: 2,
+                    waited_us: 91 * MS
+                },
+                Slower {
+                    attempt: 2,
+                    out_us: 91 * MS
+                },
+            ]
+        );
+        // A read that may not be hedged left its silent first replica: followed,
+        // but its estimate is not raised by the next replica's answer.
+        let consistency = Consistency::RowAffinity;
+        let mut call = ReadCall::new(
+            vec![c("a", Reason::Affinity), c("b", Reason::Nearest)].into_iter(),
+            Vec::new(),
+            &consistency,
+            0,
+            Duration::from_millis(100),
+            |_| Some(Duration::from_millis(30)),
+        );
+        sends(&mut call);
+        call.handle_timeout(30 * MS, &mut Hedger::new(0));
+        sends(&mut call);
+        call.handle_reply(32 * MS, 1, Reply::Served);
+        let lessons: Vec<_> = call.lessons().collect();
+        assert_eq!(
+            lessons,
+            [Follow {
+                attempt: 0,
+                until_us: 100 * MS
+            }]
+        );
+    }
+
+    #[test]
+    fn a_write_learns_silence_when_its_attempt_times_out() {
+        let cands = ["a", "b"].map(|n| c(n, Reason::Nearest));
+        let mut call = WriteCall::new(cands, 0, Duration::from_millis(200), Resend::IfUnknown);
+        call.poll_action();
+        call.handle_timeout(119 * MS);
+        assert!(call.lessons().next().is_none(), "not yet");
+        call.handle_timeout(120 * MS);
+        let lessons: Vec<_> = call.lessons().collect();
+        assert_eq!(
+            lessons,
+            [Lesson::NoAnswer {
+                attempt: 0,
+                waited_us: 120 * MS
+            }]
+        );
+        // The next replica's own "deadline exceeded" is an answer, not silence.
+        call.poll_action();
+        call.handle_reply(150 * MS, 1, Reply::DeadlineExceeded);
+        assert!(call.lessons().next().is_none());
     }
 
     #[test]

@@ -163,7 +163,7 @@ struct Node {
 }
 
 /// A request of a call that ended, followed until the call's deadline
-/// (`ops::after_call`).
+/// (`call::Lesson::Follow`, `ops::learn`).
 #[derive(Debug)]
 struct Detached {
     client: u32,
@@ -273,7 +273,7 @@ enum Ev {
         r: u32,
     },
     /// A request a call left out when it ended got no answer by its deadline
-    /// (`ops::after_call`).
+    /// (`ops::learn`).
     Silence {
         op: OpRef,
         attempt: u16,
@@ -377,6 +377,14 @@ impl Call {
             Call::Read(c) => c.outcome(),
             Call::Write(c) => c.outcome(),
             Call::Unplanned => None,
+        }
+    }
+    /// `call::Lesson`s learned since last asked.
+    fn lessons(&mut self) -> Vec<call::Lesson> {
+        match self {
+            Call::Read(c) => c.lessons().collect(),
+            Call::Write(c) => c.lessons().collect(),
+            Call::Unplanned => Vec::new(),
         }
     }
 }
@@ -606,7 +614,7 @@ pub struct Simulation {
     events_buf: Vec<Event>,
     /// When the frames and acknowledgements of the turn being settled leave.
     turn_leave: SimTime,
-    /// Requests of ended calls still followed (`ops::after_call`).
+    /// Requests of ended calls still followed (`ops::learn`).
     detached: HashMap<(OpRef, u16), Detached, Xxh3DefaultBuilder>,
     /// `xxh3_64` of each frame kind's name the trace has hashed, by the name's
     /// address (`Frame::kind` names are `'static`): hashed once per kind.

@@ -358,12 +358,12 @@ impl Simulation {
                 None => break,
             }
         }
+        self.learn(op_ref);
         let Some(op) = self.ops.get_mut(op_ref) else {
             return;
         };
         if let Some(outcome) = op.call.outcome() {
             let op = self.ops.remove(op_ref).expect("live op");
-            self.after_call(op_ref, &op, outcome);
             self.end(op, outcome);
             return;
         }
@@ -375,96 +375,60 @@ impl Simulation {
         }
     }
 
-    /// What the frontend learns from the requests of a call that ended, as
-    /// `pangea-client` does (`read::run`, `Inner::attempt`): requests still out
-    /// are followed until the call's deadline (a late answer teaches the round
-    /// trip, silence [`Client::no_answer`]), or judged silent at once when the
-    /// deadline or errors ended the call; replicas that lost the race to the
-    /// answer are slower than it took ([`Client::note_slower`]).
+    /// Applies what `op`'s frontend learned from its call's last step
+    /// ([`call::Lesson`], the library's rules, applied as `pangea-client` applies
+    /// them): raised estimates, silence ([`Client::no_answer`]), and requests
+    /// followed after the call ended until their deadline ([`Self::on_silence`]).
     ///
     /// [`Client::no_answer`]: super::client::Client::no_answer
-    /// [`Client::note_slower`]: super::client::Client::note_slower
-    fn after_call(&mut self, op_ref: OpRef, op: &Op, outcome: Outcome) {
+    fn learn(&mut self, op_ref: OpRef) {
         let now = self.now;
-        let asked = op.attempts.len();
-        let attempt = |n: usize| op.call.attempt(n);
-        let silent =
-            |a: &call::Attempt| SimDuration::from_us(a.until_us.saturating_sub(a.since_us));
-        let out_for = |a: &call::Attempt| now.saturating_since(SimTime::from_us(a.since_us));
-        let client = op.client;
-        if op.mode.is_none() {
-            // A write: each attempt that ran out its budget unanswered.
-            for n in 0..asked {
-                if let Some(a) = attempt(n)
-                    && !a.done
-                    && a.until_us <= now.as_us()
-                {
-                    self.clients[client].no_answer(op.attempts[n].replica, silent(a), now);
-                }
-            }
+        let Some(op) = self.ops.get_mut(op_ref) else {
             return;
-        }
-        let follow = |sim: &mut Self, n: usize, a: &call::Attempt| {
-            let until = SimTime::from_us(a.until_us);
-            sim.detached.insert(
-                (op_ref, n as u16),
-                Detached {
-                    client: client as u32,
-                    r: op.attempts[n].replica as u32,
-                    since: SimTime::from_us(a.since_us),
-                    until,
-                },
-            );
-            sim.queue.push(
-                until.max(now),
-                Ev::Silence {
-                    op: op_ref,
-                    attempt: n as u16,
-                },
-            );
         };
-        match outcome {
-            Outcome::Served { attempt: won, .. } => {
-                let may_hedge = op.consistency.may_hedge();
-                let winner = op.attempts.get(won).map(|a| a.replica);
-                for n in 0..asked {
-                    let Some(a) = attempt(n) else { continue };
-                    if !a.done {
-                        follow(self, n, a);
-                    }
-                    // Not the first replica of a read that may not be hedged, left
-                    // after `gone_after` of silence (judged when its request ends).
-                    let silent_first = n == 0 && !may_hedge && op.attempts[n].err.is_none();
-                    let r = op.attempts[n].replica;
-                    if Some(r) != winner && !silent_first {
-                        self.clients[client].note_slower(r, out_for(a));
-                    }
+        let client = op.client;
+        let lessons: Vec<_> = op
+            .call
+            .lessons()
+            .into_iter()
+            .filter_map(|lesson| {
+                let n = lesson.attempt();
+                let since = op.call.attempt(n)?.since_us;
+                Some((lesson, n, op.attempts.get(n)?.replica, since))
+            })
+            .collect();
+        for (lesson, n, r, since) in lessons {
+            match lesson {
+                call::Lesson::Slower { out_us, .. } => {
+                    self.clients[client].note_slower(r, SimDuration::from_us(out_us))
                 }
-            }
-            Outcome::Failed { .. } => {
-                for n in 0..asked {
-                    if let Some(a) = attempt(n)
-                        && !a.done
-                    {
-                        follow(self, n, a);
-                    }
+                call::Lesson::NoAnswer { waited_us, .. } => {
+                    self.clients[client].no_answer(r, SimDuration::from_us(waited_us), now)
                 }
-            }
-            Outcome::NoCandidate => {}
-            _ => {
-                for n in 0..asked {
-                    let Some(a) = attempt(n) else { continue };
-                    let r = op.attempts[n].replica;
-                    if !a.done {
-                        self.clients[client].no_answer(r, silent(a), now);
-                    }
-                    self.clients[client].note_slower(r, out_for(a));
+                call::Lesson::Follow { until_us, .. } => {
+                    let until = SimTime::from_us(until_us);
+                    self.detached.insert(
+                        (op_ref, n as u16),
+                        Detached {
+                            client: client as u32,
+                            r: r as u32,
+                            since: SimTime::from_us(since),
+                            until,
+                        },
+                    );
+                    self.queue.push(
+                        until.max(now),
+                        Ev::Silence {
+                            op: op_ref,
+                            attempt: n as u16,
+                        },
+                    );
                 }
             }
         }
     }
 
-    /// A request followed after its call ended ([`Self::after_call`]) got no
+    /// A request followed after its call ended ([`Self::learn`]) got no
     /// answer by the call's deadline.
     pub(super) fn on_silence(&mut self, op: OpRef, attempt: u16) {
         if let Some(d) = self.detached.remove(&(op, attempt)) {
@@ -1001,10 +965,8 @@ impl Simulation {
         if let (Ok(token), None, Some(Outcome::Served { .. })) =
             (result, op.mode, op.call.outcome())
         {
+            self.learn(op_ref);
             let op = self.ops.remove(op_ref).expect("live op");
-            if let Some(outcome) = op.call.outcome() {
-                self.after_call(op_ref, &op, outcome);
-            }
             self.write_acknowledged(op, r, token);
             return;
         }
