@@ -3,6 +3,7 @@
 use crate::parse_duration;
 use anyhow::{Context, Result};
 use clap::Args;
+use pangea_ops::calibrate::{Calibration, KILL_WINDOW, Kill, Measured, Options, Saturation};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -27,15 +28,55 @@ pub(crate) struct CalibrateArgs {
     /// Where the live cluster lives (default: a fresh temporary directory).
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Write both runs and the comparison as JSON here.
+    /// Also run one level with this replica killed (SIGKILL live; simulated as a
+    /// crashed process and as a silent host), and compare the errors, hedges and
+    /// failovers of the 10 s after the kill.
+    #[arg(long)]
+    kill: Option<String>,
+    /// When the kill comes, from the start of its run (which lasts at least
+    /// until 10 s after it).
+    #[arg(long, default_value = "10s")]
+    kill_at: String,
+    /// The load of the kill's run (default: the middle of the `--rate` levels).
+    #[arg(long)]
+    kill_rate: Option<f64>,
+    /// Also search the load at which the live cluster, and the fitted model,
+    /// stop meeting p99 ≤ 20 ms with ≤ 0.1 % failed reads, from the last
+    /// `--rate` level up (×1.5 a step, then bisected).
+    #[arg(long)]
+    saturate: bool,
+    /// How long each saturation step lasts.
+    #[arg(long, default_value = "10s")]
+    step: String,
+    /// Bisection steps of the saturation search.
+    #[arg(long, default_value_t = 2)]
+    bisect: u32,
+    /// Write every run and comparison as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
 }
 
+/// What `--json` writes.
+#[derive(serde::Serialize)]
+struct Report {
+    levels: Vec<Calibration>,
+    kill: Option<Calibration>,
+    saturation: Option<Saturation>,
+}
+
 pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
     let duration = parse_duration(&a.duration)?;
+    let kill = match &a.kill {
+        Some(replica) => Some(Kill {
+            replica: replica.clone(),
+            at: parse_duration(&a.kill_at).context("--kill-at")?,
+        }),
+        None => None,
+    };
+    let step = parse_duration(&a.step).context("--step")?;
+    anyhow::ensure!(!a.rate.is_empty(), "--rate: give at least one load level");
     let binary = crate::pangea_binary()?;
-    let options = |rate: f64| pangea_ops::calibrate::Options {
+    let options = |rate: f64| Options {
         topology: a.topology.clone(),
         placement: a.placement.clone(),
         duration,
@@ -45,6 +86,7 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
         data_dir: a.data_dir.clone(),
         binary: binary.clone(),
         fitted: None,
+        kill: None,
     };
     let mut say = |line: &str| println!("{line}");
     let mut measured = Vec::new();
@@ -54,7 +96,7 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
             pangea_ops::calibrate::measure(&options(rate), &mut say)?,
         ));
     }
-    let levels: Vec<&pangea_ops::calibrate::Measured> = measured.iter().map(|(_, m)| m).collect();
+    let levels: Vec<&Measured> = measured.iter().map(|(_, m)| m).collect();
     let fit = pangea_ops::calibrate::fit_levels(&levels)?;
     let mut reports = Vec::new();
     for (rate, m) in measured {
@@ -71,12 +113,37 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
             println!("  {}", r.agreement());
         }
     }
+    let kill = match kill {
+        Some(k) => {
+            let rate = a.kill_rate.unwrap_or(a.rate[a.rate.len() / 2]);
+            let o = Options {
+                duration: duration.max(k.at + KILL_WINDOW),
+                kill: Some(k),
+                ..options(rate)
+            };
+            let m = pangea_ops::calibrate::measure(&o, &mut say)?;
+            let report = pangea_ops::calibrate::finish(&o, m, fit, &mut say)?;
+            println!("\n{report}");
+            Some(report)
+        }
+        None => None,
+    };
+    let saturation = if a.saturate {
+        let from = a.rate[a.rate.len() - 1];
+        let s = pangea_ops::calibrate::saturation(&options(from), fit, step, a.bisect, &mut say)?;
+        println!("\n{}", s.agreement());
+        Some(s)
+    } else {
+        None
+    };
     if let Some(path) = &a.json {
-        let json = match reports.as_slice() {
-            [one] => serde_json::to_vec_pretty(one)?,
-            all => serde_json::to_vec_pretty(all)?,
+        let report = Report {
+            levels: reports,
+            kill,
+            saturation,
         };
-        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

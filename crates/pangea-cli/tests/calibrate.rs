@@ -28,12 +28,17 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
             "4s",
             "--rate",
             "150",
+            // A kill run too: 12 s, the kill 2 s in.
+            "--kill",
+            "euw1-b",
+            "--kill-at",
+            "2s",
             "--data-dir",
             data.to_str().context("path")?,
             "--json",
             json.to_str().context("path")?,
         ],
-        Duration::from_secs(120),
+        Duration::from_secs(180),
     )?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     ensure!(
@@ -43,7 +48,8 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
     );
     println!("{stdout}");
     ensure!(stdout.contains("READ P99") && stdout.contains("REPLICATION LAG P99"));
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+    let all: serde_json::Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+    let report = &all["levels"][0];
     let reads = report["reads_p99"].as_array().context("reads_p99")?;
     // On a test machine loaded by other work, a live read can cost more than the
     // workload's 20 ms read deadline; the service time fitted to it then times out
@@ -93,6 +99,29 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
     let shipped = pangea_sim::host::HostModel::default();
     ensure!(report["fitted_host"]["overhead_us"].as_u64() >= Some(shipped.overhead_us));
     ensure!(report["fitted_host"]["commit_us"].as_u64() >= Some(shipped.commit_us as u64));
+    // The kill: live, the frontends noticed (errors, hedges or failovers in the
+    // 10 s after it) and so did the simulated ones (a crashed process refuses at
+    // once: failovers); the killed replica's lag is not asked of a dead process.
+    let kill = &all["kill"]["kill"];
+    ensure!(kill["replica"] == "euw1-b", "{kill}");
+    let noticed = |w: &serde_json::Value| {
+        ["read_errors", "write_errors", "hedges", "failovers"]
+            .iter()
+            .filter_map(|k| w[k].as_u64())
+            .sum::<u64>()
+    };
+    for side in ["live", "sim_crash", "sim_silent"] {
+        ensure!(kill[side]["reads"].as_u64() > Some(0), "{side}: {kill}");
+    }
+    ensure!(
+        noticed(&kill["live"]) > 0,
+        "the live frontends did not notice: {kill}"
+    );
+    ensure!(
+        noticed(&kill["sim_crash"]) > 0,
+        "the simulated ones did not: {kill}"
+    );
+    ensure!(stdout.contains("KILL of euw1-b"));
     // The live cluster was stopped.
     let cluster = pangea_topology::cluster::ClusterFile::load(&data.join("cluster.toml"))
         .map_err(|e| anyhow::anyhow!(e))?;

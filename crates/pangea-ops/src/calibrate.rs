@@ -20,7 +20,9 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use pangea_client::{Client, ClientConfig, Consistency, ReadOptions, RowMutation, Token};
 use pangea_sim::SimDuration;
-use pangea_sim::scenario::{KeyDistribution, ModeMix, Scenario, ValueSize, Workload};
+use pangea_sim::scenario::{
+    Fault, FaultKind, KeyDistribution, ModeMix, Scenario, ValueSize, Workload,
+};
 use pangea_sim::sim::Simulation;
 use pangea_sim::sim::metrics::RunReport;
 use pangea_sim::workload::{Generator, Mode, OpKind};
@@ -33,6 +35,21 @@ use std::time::{Duration, Instant};
 
 /// Agreement the issue asks for.
 const TOLERANCE: f64 = 0.20;
+
+/// What is counted after a replica kill.
+pub const KILL_WINDOW: Duration = Duration::from_secs(10);
+
+/// The SLO of a saturation step: p99 of every region × mode at most this, and at
+/// most 0.1 % of the reads failed (as `pangea sim capacity` judges).
+pub const SLO_MS: f64 = 20.0;
+
+/// A replica killed (`SIGKILL`) during a run, and simulated so.
+#[derive(Debug, Clone)]
+pub struct Kill {
+    pub replica: String,
+    /// From the start of the run.
+    pub at: Duration,
+}
 
 /// A calibration (the flags of `pangea sim calibrate`).
 #[derive(Debug, Clone)]
@@ -55,6 +72,8 @@ pub struct Options {
     /// run (a load level after the first: the model fitted at one load must
     /// predict the others).
     pub fitted: Option<Fit>,
+    /// Kill this replica during the run ([`KILL_WINDOW`] figures).
+    pub kill: Option<Kill>,
 }
 
 /// One figure: the simulator as shipped, the simulator with the host costs fitted to
@@ -121,6 +140,51 @@ pub struct Calibration {
     pub live: LiveFigures,
     pub sim: RunReport,
     pub sim_fitted: RunReport,
+    /// What the frontends saw in the [`KILL_WINDOW`] after a replica kill.
+    pub kill: Option<KillFigures>,
+}
+
+/// A replica kill, live and simulated with the fitted host costs: the killed
+/// process crashed (connections refused), and its host silent (requests vanish).
+#[derive(Debug, Serialize)]
+pub struct KillFigures {
+    pub replica: String,
+    pub at_s: f64,
+    pub window_s: f64,
+    pub live: Window,
+    pub sim_crash: Window,
+    pub sim_silent: Window,
+}
+
+/// What every frontend together saw in a span of a run.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct Window {
+    /// Reads that ended in it, and those of them that failed.
+    pub reads: u64,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    /// Hedges and failovers sent in it.
+    pub hedges: u64,
+    pub failovers: u64,
+}
+
+impl Window {
+    /// Summed over the simulated buckets inside `[from, from + len)` (whole
+    /// seconds: the calibration's buckets are 1 s).
+    fn of_sim(r: &RunReport, from: Duration, len: Duration) -> Window {
+        let (lo, hi) = (from.as_secs_f64(), (from + len).as_secs_f64());
+        let mut w = Window::default();
+        for p in r.series_by_region.values().flatten() {
+            if p.t_s + 1e-9 >= lo && p.t_s + 1e-9 < hi {
+                w.reads += p.reads;
+                w.read_errors += p.errors;
+                w.write_errors += p.write_errors;
+                w.hedges += p.hedges;
+                w.failovers += p.failovers;
+            }
+        }
+        w
+    }
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -135,6 +199,8 @@ pub struct LiveFigures {
     /// The machine's busy share of its cores over the run (`/proc/stat`: every
     /// process, the replicas and these frontends alike); `None` off Linux.
     pub machine_busy: Option<f64>,
+    /// The [`KILL_WINDOW`] after the kill, if the run had one.
+    pub kill: Option<Window>,
 }
 
 /// The workload both runs share: the ad-serving mix with every mode equally often
@@ -170,7 +236,50 @@ fn scenario(a: &Options, deployment: Arc<Deployment>) -> Result<Scenario> {
         r.clients = a.clients_per_region.max(1);
     }
     sc.workload = w;
+    if let Some(k) = &a.kill {
+        let replicas = &deployment.topology.replicas;
+        anyhow::ensure!(
+            replicas.contains_key(k.replica.as_str()),
+            "--kill {:?}: no such replica in {} (its replicas: {})",
+            k.replica,
+            a.topology.display(),
+            replicas
+                .keys()
+                .map(|r| r.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        anyhow::ensure!(
+            k.at + KILL_WINDOW <= duration,
+            "--kill-at {:?}: the run ({duration:?}) must last {KILL_WINDOW:?} after the kill",
+            k.at
+        );
+        sc.faults.push(kill_fault(k, false));
+    }
     Ok(sc)
+}
+
+/// The simulated kill: the process crashed (refusing), or its host silent.
+fn kill_fault(k: &Kill, silent: bool) -> Fault {
+    let replica = pangea_core::ReplicaId::new(k.replica.as_str());
+    Fault {
+        at: SimDuration::from_us(u64::try_from(k.at.as_micros()).unwrap_or(u64::MAX)),
+        duration: None,
+        kind: FaultKind::Lose {
+            replicas: vec![replica],
+            regions: Vec::new(),
+            silent,
+        },
+        label: format!(
+            "{} {}",
+            if silent {
+                "lose-replica"
+            } else {
+                "crash-replica"
+            },
+            k.replica
+        ),
+    }
 }
 
 /// One load level measured: the simulator as shipped and the live cluster.
@@ -235,7 +344,7 @@ pub fn measure(a: &Options, say: &mut dyn FnMut(&str)) -> Result<Measured> {
     let live = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(live_run(&sc, &cluster))?;
+        .block_on(live_run(&sc, &cluster, a.kill.as_ref()))?;
     drop(stop);
     Ok(Measured { sc, sim, live })
 }
@@ -258,15 +367,236 @@ pub fn finish(
         fit.cpu_scale,
         fit.background * 100.0
     ));
+    let kill = match (&a.kill, live.kill) {
+        (Some(k), Some(live_window)) => {
+            say(&format!(
+                "Simulating the kill of {} again as a silent host ...",
+                k.replica
+            ));
+            let mut silent_sc = fitted_sc.clone();
+            silent_sc
+                .faults
+                .retain(|f| !matches!(f.kind, FaultKind::Lose { .. }));
+            silent_sc.faults.push(kill_fault(k, true));
+            let silent = Simulation::new(silent_sc)?.run()?;
+            Some((k.clone(), live_window, silent))
+        }
+        _ => None,
+    };
     let sim_fitted = Simulation::new(fitted_sc)?.run()?;
-    Ok(compare(
-        a,
-        sc.duration.as_secs_f64(),
-        fit,
-        sim,
-        sim_fitted,
+    let kill = kill.map(|(k, live, silent)| KillFigures {
+        replica: k.replica.clone(),
+        at_s: k.at.as_secs_f64(),
+        window_s: KILL_WINDOW.as_secs_f64(),
         live,
-    ))
+        sim_crash: Window::of_sim(&sim_fitted, k.at, KILL_WINDOW),
+        sim_silent: Window::of_sim(&silent, k.at, KILL_WINDOW),
+    });
+    let mut c = compare(a, sc.duration.as_secs_f64(), fit, sim, sim_fitted, live);
+    c.kill = kill;
+    Ok(c)
+}
+
+/// The load at which the live cluster stops meeting the SLO, against the fitted
+/// simulator's: both searched the same way (`pangea_sim::capacity::search_rate`,
+/// as `pangea sim capacity` does: ×1.5 a step from the first rate until one
+/// misses, then bisected), every region's load scaled together.
+#[derive(Debug, Serialize)]
+pub struct Saturation {
+    pub slo_ms: f64,
+    pub step_s: f64,
+    pub live: Vec<SaturationStep>,
+    pub sim: Vec<SaturationStep>,
+    /// Highest rate met and lowest missed, each side.
+    pub live_met: Option<f64>,
+    pub live_missed: Option<f64>,
+    pub sim_met: Option<f64>,
+    pub sim_missed: Option<f64>,
+}
+
+/// One step of a saturation search.
+#[derive(Debug, Clone, Serialize)]
+pub struct SaturationStep {
+    pub rate: f64,
+    pub reads: u64,
+    pub read_errors: u64,
+    /// The worst p99 of answered reads over regions × modes, and where.
+    pub worst_p99_ms: f64,
+    pub worst: String,
+    /// The machine's busy share (live: `/proc/stat`; simulated: the hosts').
+    pub machine_busy: Option<f64>,
+    pub met: bool,
+}
+
+impl SaturationStep {
+    fn new(
+        rate: f64,
+        p99s: Vec<(String, f64)>,
+        reads: u64,
+        read_errors: u64,
+        busy: Option<f64>,
+    ) -> Self {
+        let (worst, worst_p99_ms) = p99s
+            .into_iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap_or_default();
+        SaturationStep {
+            rate,
+            reads,
+            read_errors,
+            met: reads > 0 && read_errors * 1000 <= reads && worst_p99_ms <= SLO_MS,
+            worst_p99_ms,
+            worst,
+            machine_busy: busy,
+        }
+    }
+
+    fn live(rate: f64, l: &LiveFigures) -> Self {
+        let mut p99s = Vec::new();
+        let (mut reads, mut errors) = (0, 0);
+        for (region, modes) in &l.reads {
+            for (mode, (n, e, p99)) in modes {
+                reads += n + e;
+                errors += e;
+                if *n > 0 {
+                    p99s.push((format!("{region} {mode}"), *p99));
+                }
+            }
+        }
+        Self::new(rate, p99s, reads, errors, l.machine_busy)
+    }
+
+    fn sim(rate: f64, r: &RunReport) -> Self {
+        let mut p99s = Vec::new();
+        for (region, modes) in &r.reads_by_region_mode {
+            for (mode, s) in modes {
+                if s.count > s.errors {
+                    p99s.push((format!("{region} {mode}"), s.p99_ms));
+                }
+            }
+        }
+        let (reads, errors) = r
+            .reads_by_region
+            .values()
+            .fold((0, 0), |(n, e), s| (n + s.count, e + s.errors));
+        Self::new(rate, p99s, reads, errors, Some(sim_machine_busy(r)))
+    }
+}
+
+impl std::fmt::Display for SaturationStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:>8.0} ops/s  reads {:>7}  failed {:>6}  worst p99 {:>7.1} ms ({})  machine {}  {}",
+            self.rate,
+            self.reads,
+            self.read_errors,
+            self.worst_p99_ms,
+            self.worst,
+            self.machine_busy
+                .map_or_else(|| "-".to_owned(), |b| format!("{:.0} %", b * 100.0)),
+            if self.met { "met" } else { "MISSED" }
+        )
+    }
+}
+
+/// Searches the live cluster's and the fitted simulator's saturation load from
+/// `a.rate`, `step` per level, `bisect` bisections; `say` hears every step.
+pub fn saturation(
+    a: &Options,
+    fit: Fit,
+    step: Duration,
+    bisect: u32,
+    say: &mut dyn FnMut(&str),
+) -> Result<Saturation> {
+    let deployment = Arc::new(
+        Deployment::load(&a.topology, Some(&a.placement)).map_err(|p| anyhow::anyhow!("{p}"))?,
+    );
+    let at = |rate: f64| -> Result<Scenario> {
+        let o = Options {
+            rate,
+            duration: step,
+            kill: None,
+            ..a.clone()
+        };
+        scenario(&o, deployment.clone())
+    };
+    say(&format!(
+        "Saturation, simulated with the fitted host costs ({} s a step):",
+        step.as_secs()
+    ));
+    let mut sim = Vec::new();
+    let (sim_met, sim_missed) = pangea_sim::capacity::search_rate(a.rate, bisect, |rate| {
+        let mut sc = at(rate)?;
+        apply_fit(&mut sc.host.default, &fit);
+        let s = SaturationStep::sim(rate, &Simulation::new(sc)?.run()?);
+        say(&format!("  {s}"));
+        let met = s.met;
+        sim.push(s);
+        Ok(met)
+    })?;
+    let dir = match &a.data_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("pangea-saturate-{}", std::process::id())),
+    };
+    say(&format!(
+        "Saturation, live ({} s a step, one cluster in {}):",
+        step.as_secs(),
+        dir.display()
+    ));
+    let cluster = local::up(&UpOptions::emulated_wan(
+        a.binary.clone(),
+        a.topology.clone(),
+        Some(a.placement.clone()),
+        dir.clone(),
+    ))?;
+    let _stop = StopOnDrop {
+        dir,
+        remove: a.data_dir.is_none(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let mut live = Vec::new();
+    let (live_met, live_missed) = pangea_sim::capacity::search_rate(a.rate, bisect, |rate| {
+        let sc = at(rate)?;
+        let figures = runtime.block_on(live_run(&sc, &cluster, None))?;
+        let s = SaturationStep::live(rate, &figures);
+        say(&format!("  {s}"));
+        let met = s.met;
+        live.push(s);
+        Ok(met)
+    })?;
+    Ok(Saturation {
+        slo_ms: SLO_MS,
+        step_s: step.as_secs_f64(),
+        live,
+        sim,
+        live_met,
+        live_missed,
+        sim_met,
+        sim_missed,
+    })
+}
+
+impl Saturation {
+    /// One line: the two saturation loads and how far apart.
+    pub fn agreement(&self) -> String {
+        let rate = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"));
+        let diff = match (self.live_met, self.sim_met) {
+            (Some(l), Some(s)) if s > 0.0 => format!("live/fitted {:+.0} %", (l / s - 1.0) * 100.0),
+            _ => "-".to_owned(),
+        };
+        format!(
+            "saturation (p99 ≤ {} ms, ≤ 0.1 % failed): live meets it up to {} ops/s (missed at {}), \
+             fitted model up to {} (missed at {}); {diff}",
+            self.slo_ms,
+            rate(self.live_met),
+            rate(self.live_missed),
+            rate(self.sim_met),
+            rate(self.sim_missed)
+        )
+    }
 }
 
 /// Stops the live cluster however the run ends (an error, a panic).
@@ -297,11 +627,25 @@ struct Tally {
     reads: BTreeMap<(String, &'static str), (Histogram<u64>, u64)>,
     writes: u64,
     write_errors: u64,
+    /// The span after a kill, and what ended in it.
+    window: Option<(tokio::time::Instant, tokio::time::Instant)>,
+    in_window: Window,
+}
+
+impl Tally {
+    /// The operation that just ended did so inside the window.
+    fn in_window(&self) -> bool {
+        self.window.is_some_and(|(from, to)| {
+            let now = tokio::time::Instant::now();
+            from <= now && now < to
+        })
+    }
 }
 
 async fn live_run(
     sc: &Scenario,
     cluster: &pangea_topology::cluster::ClusterFile,
+    kill: Option<&Kill>,
 ) -> Result<LiveFigures> {
     let w = Arc::new(sc.workload.clone());
     let tally = Arc::new(Mutex::new(Tally::default()));
@@ -331,11 +675,41 @@ async fn live_run(
         .collect();
     let duration = Duration::from_micros(sc.duration.as_us());
     let cpu_before = machine_cpu();
+    let start = tokio::time::Instant::now();
+    let window = kill.map(|k| (start + k.at, start + k.at + KILL_WINDOW));
+    tally.lock().unwrap_or_else(|p| p.into_inner()).window = window;
+    let killer = match kill {
+        Some(k) => {
+            let pid = cluster
+                .replica(&k.replica)
+                .and_then(|r| r.pid)
+                .with_context(|| format!("replica {} is not running", k.replica))?;
+            let all = all.clone();
+            let (at, end) = (start + k.at, start + k.at + KILL_WINDOW);
+            Some(tokio::spawn(async move {
+                let sent = |all: &[Client]| {
+                    let sum = |f: fn(&pangea_client::ClientStats) -> u64| {
+                        all.iter().map(|c| f(c.stats())).sum::<u64>()
+                    };
+                    (
+                        sum(|s| s.hedges.load(std::sync::atomic::Ordering::Relaxed)),
+                        sum(|s| s.failovers.load(std::sync::atomic::Ordering::Relaxed)),
+                    )
+                };
+                tokio::time::sleep_until(at).await;
+                local::signal(pid, nix::sys::signal::Signal::SIGKILL);
+                let before = sent(&all);
+                tokio::time::sleep_until(end).await;
+                let after = sent(&all);
+                (after.0 - before.0, after.1 - before.1)
+            }))
+        }
+        None => None,
+    };
     let mut issuers = tokio::task::JoinSet::new();
     for (region, rate, frontends, mut generator) in regions {
         let (w, tally) = (w.clone(), tally.clone());
         issuers.spawn(async move {
-            let start = tokio::time::Instant::now();
             let mut at = start;
             let mut ops = tokio::task::JoinSet::new();
             loop {
@@ -355,6 +729,15 @@ async fn live_run(
     while issuers.join_next().await.is_some() {}
 
     let mut figures = LiveFigures::default();
+    if let Some(killer) = killer {
+        let (hedges, failovers) = killer.await?;
+        let t = tally.lock().unwrap_or_else(|p| p.into_inner());
+        figures.kill = Some(Window {
+            hedges,
+            failovers,
+            ..t.in_window
+        });
+    }
     {
         let t = tally.lock().unwrap_or_else(|p| p.into_inner());
         for ((region, mode), (h, errors)) in &t.reads {
@@ -375,6 +758,9 @@ async fn live_run(
         .map(|c| c.stats().hedges.load(std::sync::atomic::Ordering::Relaxed))
         .sum();
     for r in &cluster.replicas {
+        if kill.is_some_and(|k| k.replica == r.id) {
+            continue;
+        }
         let w = Admin::new(&r.admin)
             .and_then(|a| a.watermarks())
             .with_context(|| format!("watermarks of {}", r.id))?;
@@ -429,6 +815,10 @@ async fn one_op(
             let result = frontend.client.get(&w.table, key, &opts).await;
             let us = t0.elapsed().as_micros() as u64;
             let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
+            if t.in_window() {
+                t.in_window.reads += 1;
+                t.in_window.read_errors += u64::from(result.is_err());
+            }
             let (h, errors) = t
                 .reads
                 .entry((region.to_owned(), mode.as_str()))
@@ -471,6 +861,9 @@ async fn one_op(
                 t.writes += 1;
             } else {
                 t.write_errors += 1;
+                if t.in_window() {
+                    t.in_window.write_errors += 1;
+                }
             }
         }
         OpKind::Delete => {}
@@ -689,6 +1082,7 @@ fn compare(
         live,
         sim,
         sim_fitted,
+        kill: None,
     }
 }
 
@@ -765,6 +1159,55 @@ impl std::fmt::Display for Calibration {
             }
         }
         writeln!(f, "\n  fitted model {}", c.agreement())?;
+        if let Some(k) = &c.kill {
+            writeln!(
+                f,
+                "\n  KILL of {} at {} s: in the {} s after it   {:>8} {:>8} {:>8}",
+                k.replica, k.at_s, k.window_s, "LIVE", "CRASH", "SILENT"
+            )?;
+            let rows = [
+                (
+                    "reads ended",
+                    [k.live.reads, k.sim_crash.reads, k.sim_silent.reads],
+                ),
+                (
+                    "reads failed",
+                    [
+                        k.live.read_errors,
+                        k.sim_crash.read_errors,
+                        k.sim_silent.read_errors,
+                    ],
+                ),
+                (
+                    "writes failed",
+                    [
+                        k.live.write_errors,
+                        k.sim_crash.write_errors,
+                        k.sim_silent.write_errors,
+                    ],
+                ),
+                (
+                    "hedges sent",
+                    [k.live.hedges, k.sim_crash.hedges, k.sim_silent.hedges],
+                ),
+                (
+                    "failovers sent",
+                    [
+                        k.live.failovers,
+                        k.sim_crash.failovers,
+                        k.sim_silent.failovers,
+                    ],
+                ),
+            ];
+            for (what, [live, crash, silent]) in rows {
+                writeln!(f, "  {what:<45} {live:>8} {crash:>8} {silent:>8}")?;
+            }
+            writeln!(
+                f,
+                "  (CRASH: simulated as a crashed process, connections refused; SILENT: as a \
+                 lost host, requests vanish; both with the fitted host costs)"
+            )?;
+        }
         Ok(())
     }
 }

@@ -91,7 +91,7 @@ pub fn search(base: &Scenario, q: &Query, mut progress: impl FnMut(&Step)) -> Re
         .iter()
         .find(|l| l.region == q.region)
         .map_or(0.0, |l| l.rate);
-    let mut rate = q.from.unwrap_or(file_rate).max(10.0);
+    let rate = q.from.unwrap_or(file_rate).max(10.0);
     let mut out = Capacity {
         region: q.region.to_string(),
         without: q.without.iter().map(ToString::to_string).collect(),
@@ -101,35 +101,55 @@ pub fn search(base: &Scenario, q: &Query, mut progress: impl FnMut(&Step)) -> Re
         capacity: None,
         first_miss: None,
     };
-    let mut step = |rate: f64, out: &mut Capacity| -> Result<bool> {
+    let (capacity, first_miss) = search_rate(rate, q.bisect, |rate| {
         let s = run_step(base, q, rate)?;
         progress(&s);
         let met = s.met_slo;
-        if met {
-            out.capacity = Some(out.capacity.map_or(rate, |c: f64| c.max(rate)));
-        } else {
-            out.first_miss = Some(out.first_miss.map_or(rate, |m: f64| m.min(rate)));
-        }
         out.steps.push(s);
         Ok(met)
+    })?;
+    (out.capacity, out.first_miss) = (capacity, first_miss);
+    Ok(out)
+}
+
+/// The search both capacity drills and `pangea sim calibrate`'s live saturation
+/// run: `met(rate)` runs a step and says whether it met the SLO; rates go up by
+/// half from `from` until one misses (at most 40 steps: ×10^7), then `bisect`
+/// steps halve the gap between the highest rate met and the lowest missed.
+/// Returns those two rates.
+pub fn search_rate(
+    from: f64,
+    bisect: u32,
+    mut met: impl FnMut(f64) -> Result<bool>,
+) -> Result<(Option<f64>, Option<f64>)> {
+    // The highest rate met, the lowest missed.
+    let mut found = (None::<f64>, None::<f64>);
+    let mut step = |rate: f64, found: &mut (Option<f64>, Option<f64>)| -> Result<()> {
+        if met(rate)? {
+            found.0 = Some(found.0.map_or(rate, |c| c.max(rate)));
+        } else {
+            found.1 = Some(found.1.map_or(rate, |m| m.min(rate)));
+        }
+        Ok(())
     };
-    // Up by half each step until the SLO is missed (at most 40 steps: ×10^7).
+    let mut rate = from;
     for _ in 0..40 {
-        if !step(rate, &mut out)? {
+        step(rate, &mut found)?;
+        if found.1.is_some() {
             break;
         }
         rate *= 1.5;
     }
-    if out.first_miss.is_none() {
-        bail!("the SLO held up to {rate:.0} ops/s: is the region's load reaching it?");
+    if found.1.is_none() {
+        bail!("the SLO held up to {rate:.0} ops/s: is the load reaching it?");
     }
-    for _ in 0..q.bisect {
-        let (Some(lo), Some(hi)) = (out.capacity, out.first_miss) else {
+    for _ in 0..bisect {
+        let (Some(lo), Some(hi)) = found else {
             break;
         };
-        step((lo + hi) / 2.0, &mut out)?;
+        step((lo + hi) / 2.0, &mut found)?;
     }
-    Ok(out)
+    Ok(found)
 }
 
 fn run_step(base: &Scenario, q: &Query, rate: f64) -> Result<Step> {

@@ -212,6 +212,11 @@ pub struct SeriesPoint {
     pub errors: u64,
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// Writes that failed (ended in this bucket).
+    pub write_errors: u64,
+    /// Hedges and failovers the region's frontends sent in this bucket.
+    pub hedges: u64,
+    pub failovers: u64,
 }
 
 /// A fault as reports show it.

@@ -172,6 +172,28 @@ struct Detached {
     until: SimTime,
 }
 
+/// One region's frontends in one bucket of virtual time (`Metrics::series`):
+/// answered-read latencies, failed reads and writes (by when they ended), and the
+/// hedges and failovers sent.
+#[derive(Debug, Clone, Default)]
+struct Bucket {
+    reads: LogBins,
+    read_errors: u64,
+    write_errors: u64,
+    hedges: u64,
+    failovers: u64,
+}
+
+impl Bucket {
+    fn absorb(&mut self, o: &Bucket) {
+        self.reads.absorb(&o.reads);
+        self.read_errors += o.read_errors;
+        self.write_errors += o.write_errors;
+        self.hedges += o.hedges;
+        self.failovers += o.failovers;
+    }
+}
+
 /// A frame waiting in a replica's inbox (`Node::inbox`).
 #[derive(Debug)]
 struct Inbound {
@@ -494,8 +516,8 @@ struct Metrics {
     /// `[origin × replicas + replica]`.
     lag_matrix: Vec<LogBins>,
     bucket_us: u64,
-    /// `[region][bucket]`: answered-read latencies; errors per bucket.
-    series: Vec<Vec<(LogBins, u64)>>,
+    /// `[region][bucket]`: what the region's frontends saw.
+    series: Vec<Vec<Bucket>>,
     lag_series: Vec<LogBins>,
     counters: Counters,
     client_cross_region_bytes: u64,
@@ -904,7 +926,7 @@ impl Simulation {
             lag: metrics::histogram(),
             lag_matrix: vec![LogBins::default(); n * n],
             bucket_us,
-            series: vec![vec![(LogBins::default(), 0); buckets as usize]; regions.len()],
+            series: vec![vec![Bucket::default(); buckets as usize]; regions.len()],
             lag_series: vec![LogBins::default(); buckets as usize],
             counters: Counters::default(),
             client_cross_region_bytes: 0,

@@ -337,6 +337,7 @@ impl Simulation {
     /// Does what `op`'s call asks — sends its attempts, ends it, or queues its
     /// wake-up — as `pangea-client`'s drivers do.
     fn drive(&mut self, op_ref: OpRef) {
+        let b = self.bucket();
         loop {
             let Some(op) = self.ops.get_mut(op_ref) else {
                 return;
@@ -347,9 +348,16 @@ impl Simulation {
                     let Some(a) = op.call.attempt(n) else {
                         return;
                     };
+                    let bucket = &mut self.metrics.series[self.clients[op.client].region][b];
                     match a.kind {
-                        AttemptKind::Failover => self.metrics.counters.failovers += 1,
-                        AttemptKind::Hedge => self.metrics.counters.hedges += 1,
+                        AttemptKind::Failover => {
+                            self.metrics.counters.failovers += 1;
+                            bucket.failovers += 1;
+                        }
+                        AttemptKind::Hedge => {
+                            self.metrics.counters.hedges += 1;
+                            bucket.hedges += 1;
+                        }
                         _ => {}
                     }
                     let c = a.candidate.clone();
@@ -1000,6 +1008,8 @@ impl Simulation {
     fn fail_write(&mut self, client: usize, started: SimTime) {
         if self.measured(started) {
             self.metrics.writes.errors += 1;
+            let (region, b) = (self.clients[client].region, self.bucket());
+            self.metrics.series[region][b].write_errors += 1;
         }
         self.trace([22, client as u64, 0, 0]);
     }
@@ -1049,7 +1059,7 @@ impl Simulation {
                 metrics::record(&mut self.metrics.modes[mode.index()].ok, us);
                 metrics::record(&mut self.metrics.regions[region].ok, us);
                 metrics::record(&mut self.metrics.region_modes[region][mode.index()].ok, us);
-                self.metrics.series[region][b].0.record(us);
+                self.metrics.series[region][b].reads.record(us);
                 let (r, reason) = served.unwrap_or((usize::MAX, Reason::Nearest));
                 self.trace([30 + mode.index() as u64, client as u64, r as u64, us]);
                 let _ = reason;
@@ -1058,7 +1068,7 @@ impl Simulation {
                 self.metrics.modes[mode.index()].errors += 1;
                 self.metrics.regions[region].errors += 1;
                 self.metrics.region_modes[region][mode.index()].errors += 1;
-                self.metrics.series[region][b].1 += 1;
+                self.metrics.series[region][b].read_errors += 1;
                 *self
                     .metrics
                     .counters

@@ -168,12 +168,15 @@ impl Simulation {
                     .iter()
                     .take(last_bucket + 1)
                     .enumerate()
-                    .map(|(b, (bins, errors))| SeriesPoint {
+                    .map(|(b, x)| SeriesPoint {
                         t_s: b as f64 * bucket_s,
-                        reads: bins.count() + errors,
-                        errors: *errors,
-                        p50_ms: bins.quantile_us(0.5) as f64 / 1_000.0,
-                        p99_ms: bins.quantile_us(0.99) as f64 / 1_000.0,
+                        reads: x.reads.count() + x.read_errors,
+                        errors: x.read_errors,
+                        p50_ms: x.reads.quantile_us(0.5) as f64 / 1_000.0,
+                        p99_ms: x.reads.quantile_us(0.99) as f64 / 1_000.0,
+                        write_errors: x.write_errors,
+                        hedges: x.hedges,
+                        failovers: x.failovers,
                     })
                     .collect();
                 (r.to_string(), pts)

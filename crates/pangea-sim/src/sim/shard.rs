@@ -1058,8 +1058,7 @@ impl Simulation {
         }
         for (a, b) in m.series.iter_mut().zip(&om.series) {
             for (x, y) in a.iter_mut().zip(b) {
-                x.0.absorb(&y.0);
-                x.1 += y.1;
+                x.absorb(y);
             }
         }
         for (a, b) in m.lag_series.iter_mut().zip(&om.lag_series) {
