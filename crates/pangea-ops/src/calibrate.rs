@@ -24,7 +24,7 @@ use pangea_sim::scenario::{
     Fault, FaultKind, KeyDistribution, ModeMix, Scenario, ValueSize, Workload,
 };
 use pangea_sim::sim::Simulation;
-use pangea_sim::sim::metrics::RunReport;
+use pangea_sim::sim::metrics::{FRONTENDS, RunReport};
 use pangea_sim::workload::{Generator, Mode, OpKind};
 use pangea_topology::Deployment;
 use serde::Serialize;
@@ -122,6 +122,9 @@ pub struct Fit {
     /// the simulated machine is as busy as the live one (`fit_levels`).
     pub cpu_scale: f64,
     pub background: f64,
+    /// The frontends' CPU per request sent and per answer received, µs
+    /// (`[host] frontend_us`): the live frontends share the machine.
+    pub frontend_us: f64,
 }
 
 /// Both runs and their comparison (`--json` writes it whole).
@@ -199,6 +202,10 @@ pub struct LiveFigures {
     /// The machine's busy share of its cores over the run (`/proc/stat`: every
     /// process, the replicas and these frontends alike); `None` off Linux.
     pub machine_busy: Option<f64>,
+    /// The frontends' (this process's) share of it.
+    pub frontend_busy: Option<f64>,
+    /// Requests the frontends sent (attempts, hedges and failovers included).
+    pub requests: u64,
     /// The [`KILL_WINDOW`] after the kill, if the run had one.
     pub kill: Option<Window>,
 }
@@ -358,14 +365,16 @@ pub fn finish(
 ) -> Result<Calibration> {
     let Measured { sc, sim, live } = m;
     let mut fitted_sc = sc.clone();
-    apply_fit(&mut fitted_sc.host.default, &fit);
+    apply_fit(&mut fitted_sc.host, &fit);
     say(&format!(
         "Simulating again with the fitted host costs (overhead {} µs, commit {} µs, CPU \
-         costs ×{:.1}, {:.0} % of the cores busy with unitemized work) ...",
+         costs ×{:.1}, {:.0} % of the cores busy with unitemized work, frontends {:.0} µs a \
+         message) ...",
         fit.overhead_us,
         fit.commit_us,
         fit.cpu_scale,
-        fit.background * 100.0
+        fit.background * 100.0,
+        fit.frontend_us
     ));
     let kill = match (&a.kill, live.kill) {
         (Some(k), Some(live_window)) => {
@@ -528,7 +537,7 @@ pub fn saturation(
     let mut sim = Vec::new();
     let (sim_met, sim_missed) = pangea_sim::capacity::search_rate(a.rate, bisect, |rate| {
         let mut sc = at(rate)?;
-        apply_fit(&mut sc.host.default, &fit);
+        apply_fit(&mut sc.host, &fit);
         let s = SaturationStep::sim(rate, &Simulation::new(sc)?.run()?);
         say(&format!("  {s}"));
         let met = s.met;
@@ -674,7 +683,7 @@ async fn live_run(
         .flat_map(|(_, _, f, _)| f.iter().map(|f| f.client.clone()))
         .collect();
     let duration = Duration::from_micros(sc.duration.as_us());
-    let cpu_before = machine_cpu();
+    let cpu_before = machine_cpu().zip(process_cpu());
     let start = tokio::time::Instant::now();
     let window = kill.map(|k| (start + k.at, start + k.at + KILL_WINDOW));
     tally.lock().unwrap_or_else(|p| p.into_inner()).window = window;
@@ -749,10 +758,23 @@ async fn live_run(
         figures.writes = t.writes;
         figures.write_errors = t.write_errors;
     }
-    figures.machine_busy = cpu_before.zip(machine_cpu()).and_then(|(a, b)| {
-        let (busy, total) = (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1));
-        (total > 0).then(|| busy as f64 / total as f64)
-    });
+    if let Some((((busy0, total0), own0), ((busy1, total1), own1))) =
+        cpu_before.zip(machine_cpu().zip(process_cpu()))
+    {
+        let total = total1.saturating_sub(total0);
+        if total > 0 {
+            figures.machine_busy = Some(busy1.saturating_sub(busy0) as f64 / total as f64);
+            figures.frontend_busy = Some(own1.saturating_sub(own0) as f64 / total as f64);
+        }
+    }
+    figures.requests = all
+        .iter()
+        .map(|c| {
+            c.stats()
+                .requests
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .sum();
     figures.hedges = all
         .iter()
         .map(|c| c.stats().hedges.load(std::sync::atomic::Ordering::Relaxed))
@@ -884,14 +906,46 @@ fn machine_cpu() -> Option<(u64, u64)> {
     Some((total - idle, total))
 }
 
+/// This process's CPU time so far (`/proc/self/stat`'s utime + stime, in the
+/// same ticks as `/proc/stat`): the live frontends'.
+fn process_cpu() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // After the command name's closing parenthesis: state is field 3, utime 14.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
 /// The simulated machine's busy share: its hosts' shares summed (they share one
-/// machine's cores, `Hosts::machine_cores`).
+/// machine's cores, `Hosts::machine_cores`), the frontends' included.
 fn sim_machine_busy(sim: &RunReport) -> f64 {
     sim.hosts.values().map(|h| h.cpu).sum()
 }
 
-/// The host model with the fitted costs.
-fn apply_fit(host: &mut pangea_sim::host::HostModel, fit: &Fit) {
+/// The simulated replicas' share of the machine (the frontends' left out).
+fn sim_replicas_busy(sim: &RunReport) -> f64 {
+    sim.hosts
+        .iter()
+        .filter(|(id, _)| id.as_str() != FRONTENDS)
+        .map(|(_, h)| h.cpu)
+        .sum()
+}
+
+/// The live replicas' share of the machine: all of it but the frontends'.
+fn live_replicas_busy(live: &LiveFigures) -> Option<f64> {
+    Some(live.machine_busy? - live.frontend_busy.unwrap_or(0.0))
+}
+
+/// The live frontends' CPU time over the run, µs.
+fn frontend_cpu_us(live: &LiveFigures, duration_s: f64) -> Option<f64> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    Some(live.frontend_busy? * cores * duration_s * 1e6)
+}
+
+/// The run's hosts with the fitted costs.
+fn apply_fit(hosts: &mut pangea_sim::host::Hosts, fit: &Fit) {
+    hosts.frontend_us = fit.frontend_us;
+    let host = &mut hosts.default;
     host.overhead_us = fit.overhead_us;
     host.commit_us = fit.commit_us as f64;
     host.background = fit.background;
@@ -907,17 +961,34 @@ fn apply_fit(host: &mut pangea_sim::host::HostModel, fit: &Fit) {
 }
 
 /// The host costs from measured load levels: the request overhead and the fsync
-/// from the first (`fit`); the CPU from how busy the live machine was against the
-/// simulated one. With two levels or more, a line through the first two: its slope
-/// scales the itemized costs, and what it leaves at zero load is background (the
-/// live cluster's heartbeats, probes, timers and WAN emulation); with one, the
-/// itemized costs alone are scaled. The request overhead is fitted last, against
+/// from the first (`fit`); the frontends' CPU per message from this process's CPU
+/// time (the live frontends run here); the replicas' CPU from how busy the live
+/// machine was, less the frontends, against the simulated replicas. With two
+/// levels or more, a line through the first two: its slope scales the itemized
+/// costs, and what it leaves at zero load is background (the live cluster's
+/// heartbeats, probes, timers and WAN emulation); with one, the itemized costs
+/// alone are scaled. The request overhead is fitted last, against
 /// the first level simulated with the CPU fitted (the queueing the fitted CPU adds
 /// is not overhead).
 pub fn fit_levels(levels: &[&Measured]) -> Result<Fit> {
     let first = levels[0];
     let mut f = fit(&first.sc, &first.sim, &first.live);
-    let busy = |m: &Measured| Some((sim_machine_busy(&m.sim), m.live.machine_busy?));
+    // The frontends' CPU per message (a request sent, its answer received): with
+    // two levels, the slope of their CPU time over messages (what does not grow
+    // with load — timers, probes — is left out); with one, the ratio.
+    let messages = |m: &Measured| {
+        let cpu = frontend_cpu_us(&m.live, m.sc.duration.as_secs_f64())?;
+        Some((2.0 * m.live.requests as f64, cpu))
+    };
+    f.frontend_us = match (
+        levels.first().and_then(|m| messages(m)),
+        levels.get(1).and_then(|m| messages(m)),
+    ) {
+        (Some((n1, c1)), Some((n2, c2))) if n2 > n1 && c2 > c1 => (c2 - c1) / (n2 - n1),
+        (Some((n1, c1)), _) if n1 > 0.0 => c1 / n1,
+        _ => 0.0,
+    };
+    let busy = |m: &Measured| Some((sim_replicas_busy(&m.sim), live_replicas_busy(&m.live)?));
     match (
         levels.first().and_then(|m| busy(m)),
         levels.get(1).and_then(|m| busy(m)),
@@ -932,7 +1003,7 @@ pub fn fit_levels(levels: &[&Measured]) -> Result<Fit> {
     let shipped_overhead = first.sc.host.default.overhead_us;
     let mut sc = first.sc.clone();
     apply_fit(
-        &mut sc.host.default,
+        &mut sc.host,
         &Fit {
             overhead_us: shipped_overhead,
             ..f
@@ -1016,6 +1087,7 @@ fn fit(sc: &Scenario, sim: &RunReport, live: &LiveFigures) -> Fit {
         commit_us: host.commit_us.round() as u64 + median(lag_excess).map_or(0, us),
         cpu_scale: 1.0,
         background: 0.0,
+        frontend_us: 0.0,
     }
 }
 
@@ -1110,6 +1182,11 @@ impl Calibration {
     }
 }
 
+/// A share as a percentage, or "-".
+fn pct(share: Option<f64>) -> String {
+    share.map_or_else(|| "-".to_owned(), |b| format!("{:.0} %", b * 100.0))
+}
+
 impl std::fmt::Display for Calibration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let c = self;
@@ -1126,15 +1203,17 @@ impl std::fmt::Display for Calibration {
         writeln!(
             f,
             "SIM: the simulator as shipped; FITTED: with [host] overhead_us = {}, commit_us = {}, \
-         background = {:.2} and CPU costs ×{:.1}; machine busy live {}, fitted {:.0} %",
+         background = {:.2}, frontend_us = {:.0} and CPU costs ×{:.1}; machine busy live {} \
+         (frontends {}), fitted {:.0} % (frontends {:.0} %)",
             c.fitted_host.overhead_us,
             c.fitted_host.commit_us,
             c.fitted_host.background,
+            c.fitted_host.frontend_us,
             c.fitted_host.cpu_scale,
-            c.live
-                .machine_busy
-                .map_or_else(|| "-".to_owned(), |b| format!("{:.0} %", b * 100.0)),
-            sim_machine_busy(&c.sim_fitted) * 100.0
+            pct(c.live.machine_busy),
+            pct(c.live.frontend_busy),
+            sim_machine_busy(&c.sim_fitted) * 100.0,
+            c.sim_fitted.hosts.get(FRONTENDS).map_or(0.0, |h| h.cpu) * 100.0
         )?;
         for (title, rows) in [
             ("READ P99 (ms)", &c.reads_p99),

@@ -114,9 +114,10 @@ pub fn search(base: &Scenario, q: &Query, mut progress: impl FnMut(&Step)) -> Re
 
 /// The search both capacity drills and `pangea sim calibrate`'s live saturation
 /// run: `met(rate)` runs a step and says whether it met the SLO; rates go up by
-/// half from `from` until one misses (at most 40 steps: ×10^7), then `bisect`
-/// steps halve the gap between the highest rate met and the lowest missed.
-/// Returns those two rates.
+/// half from `from` until one misses (at most 40 steps: ×10^7) — or, if `from`
+/// already misses, down by a third until one meets it (at most 10 steps) — then
+/// `bisect` steps halve the gap between the highest rate met and the lowest
+/// missed. Returns those two rates (`None` for a side never reached).
 pub fn search_rate(
     from: f64,
     bisect: u32,
@@ -142,6 +143,14 @@ pub fn search_rate(
     }
     if found.1.is_none() {
         bail!("the SLO held up to {rate:.0} ops/s: is the load reaching it?");
+    }
+    let mut rate = from;
+    for _ in 0..10 {
+        if found.0.is_some() {
+            break;
+        }
+        rate /= 1.5;
+        step(rate, &mut found)?;
     }
     for _ in 0..bisect {
         let (Some(lo), Some(hi)) = found else {
@@ -219,5 +228,37 @@ fn step_of(base: &Scenario, r: &RunReport, q: &Query, rate: f64) -> Step {
         cpu_max,
         met_slo,
         wall_s: r.wall_s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::search_rate;
+
+    /// The rates `search_rate` tries against a system that meets its SLO up to
+    /// `limit`, and what it finds.
+    fn search(from: f64, limit: f64) -> (Vec<f64>, (Option<f64>, Option<f64>)) {
+        let mut tried = Vec::new();
+        let found = search_rate(from, 2, |rate| {
+            tried.push(rate);
+            Ok(rate <= limit)
+        })
+        .expect("a limit to find");
+        (tried, found)
+    }
+
+    #[test]
+    fn the_search_brackets_the_limit_from_below_and_from_above() {
+        let (tried, found) = search(400.0, 1_000.0);
+        assert_eq!(tried[..4], [400.0, 600.0, 900.0, 1_350.0]);
+        assert_eq!(tried[4], 1_125.0, "bisected");
+        assert_eq!(found, (Some(900.0), Some(1_012.5)));
+        // Starting above the limit: down by a third a step until one is met.
+        let (tried, found) = search(3_000.0, 1_000.0);
+        assert_eq!(tried[..3], [3_000.0, 2_000.0, 2_000.0 / 1.5]);
+        let (met, missed) = (found.0.expect("met"), found.1.expect("missed"));
+        assert!(met <= 1_000.0 && 1_000.0 < missed && missed - met < 1_000.0);
+        // A limit that is never reached is an error, not a capacity.
+        assert!(search_rate(10.0, 0, |_| Ok(true)).is_err());
     }
 }

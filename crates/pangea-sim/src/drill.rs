@@ -132,6 +132,9 @@ struct RawHost {
     background: Option<f64>,
     /// Every host on one machine of this many cores (top level only).
     machine_cores: Option<u32>,
+    /// The frontends' CPU per request and per answer on that machine (top level,
+    /// with `machine_cores`).
+    frontend_us: Option<f64>,
     #[serde(default)]
     regions: BTreeMap<String, RawHost>,
     #[serde(default)]
@@ -643,8 +646,23 @@ fn hosts(cx: &mut Ctx<'_>, r: &RawHost) -> Hosts {
     let mut hosts = Hosts {
         default: host_patch(cx, &p!["host"], r).apply_to(HostModel::default()),
         machine_cores: r.machine_cores,
+        frontend_us: r.frontend_us.unwrap_or(0.0),
         ..Hosts::default()
     };
+    if let Some(f) = r.frontend_us {
+        if !(0.0..=1e6).contains(&f) {
+            cx.err(
+                &p!["host", "frontend_us"],
+                format!("must be 0 to 1000000 µs, not {f}"),
+            );
+        } else if r.machine_cores.is_none() {
+            cx.err(
+                &p!["host", "frontend_us"],
+                "frontends take the replicas' CPU only on a shared machine: set \
+                 machine_cores too",
+            );
+        }
+    }
     if let Some(c) = r.machine_cores
         && !(1..=4096).contains(&c)
     {
@@ -663,10 +681,12 @@ fn hosts(cx: &mut Ctx<'_>, r: &RawHost) -> Hosts {
             if !patch.regions.is_empty()
                 || !patch.replicas.is_empty()
                 || patch.machine_cores.is_some()
+                || patch.frontend_us.is_some()
             {
                 cx.err(
                     &at,
-                    "a region's or replica's host takes no regions, replicas or machine_cores",
+                    "a region's or replica's host takes no regions, replicas, machine_cores \
+                     or frontend_us",
                 );
             }
             if known {

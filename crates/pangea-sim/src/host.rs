@@ -160,6 +160,12 @@ pub struct Hosts {
     /// local cluster, as `pangea sim calibrate` runs live). Such a run is never
     /// split across threads.
     pub machine_cores: Option<u32>,
+    /// CPU a frontend spends on each request it sends and each answer it
+    /// receives, in µs (mean; the cores' spread), on the machine's cores: with
+    /// `machine_cores` only, where the frontends share the machine with the
+    /// replicas (a local cluster and its load generator). 0: not modelled
+    /// (frontends on machines of their own).
+    pub frontend_us: f64,
     pub regions: std::collections::BTreeMap<String, HostPatch>,
     pub replicas: std::collections::BTreeMap<String, HostPatch>,
 }

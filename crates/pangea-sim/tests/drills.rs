@@ -7,6 +7,7 @@ use pangea_sim::SimDuration;
 use pangea_sim::drill::{Drill, drill_files};
 use pangea_sim::scenario::FaultKind;
 use pangea_sim::sim::Simulation;
+use pangea_sim::sim::metrics::FRONTENDS;
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -347,7 +348,11 @@ fn host_costs_add_to_reads_writes_and_lag() -> Result<()> {
         ("background = 1.5", "host.background: must be 0 to 0.9"),
         (
             "[host.regions.eu-west-1]\nmachine_cores = 2",
-            "takes no regions, replicas or machine_cores",
+            "takes no regions, replicas, machine_cores or frontend_us",
+        ),
+        (
+            "frontend_us = 80",
+            "host.frontend_us: frontends take the replicas' CPU only on a shared machine",
         ),
         (
             "[host.regions.mars-1]\ncores = 2",
@@ -368,6 +373,34 @@ fn host_costs_add_to_reads_writes_and_lag() -> Result<()> {
 /// Hosts are queues: given more reads than their cores serve, a region's replicas
 /// fall behind and its reads miss their deadline, while the same load on a region
 /// given bigger hosts (`[host.regions.*]`) is served within a few ms.
+#[test]
+fn frontends_on_the_replicas_machine_take_their_cores() -> Result<()> {
+    // One 16-core machine: no queueing to speak of at 300 ops/s, so a frontend's
+    // 400 µs for the request and 400 µs for the answer add about 0.8 ms to a read.
+    let on = |frontend: &str| {
+        HEAD.replace(
+            "[workload]",
+            &format!("[host]\nmachine_cores = 16\ncpu_sigma = 0\n{frontend}[workload]"),
+        )
+    };
+    let a = Simulation::new(drill("machine.toml", &on(""))?.scenario)?.run()?;
+    let b =
+        Simulation::new(drill("frontends.toml", &on("frontend_us = 400\n"))?.scenario)?.run()?;
+    let (ea, eb) = (&a.reads_by_mode["eventual"], &b.reads_by_mode["eventual"]);
+    assert!(
+        eb.p50_ms >= ea.p50_ms + 0.75 && eb.p50_ms <= ea.p50_ms + 0.9,
+        "eventual p50 {} -> {}",
+        ea.p50_ms,
+        eb.p50_ms
+    );
+    // Their share of the machine is reported beside the replicas'.
+    assert!(!a.hosts.contains_key(FRONTENDS));
+    let share = b.hosts[FRONTENDS].cpu;
+    // About 300 ops/s × 2 × 400 µs of 16 cores (more for hedges and failovers).
+    assert!((0.014..0.03).contains(&share), "frontends' share {share}");
+    Ok(())
+}
+
 #[test]
 fn a_host_saturates_and_a_bigger_one_does_not() -> Result<()> {
     // 1 ms a read on 2 cores: 2,000 reads/s a replica. Two regions, each with two

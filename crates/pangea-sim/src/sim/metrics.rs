@@ -323,6 +323,10 @@ pub struct MigrationSummary {
     pub error: String,
 }
 
+/// The key of the frontends' share in `RunReport::hosts`, when they run on the
+/// replicas' machine (`Hosts::frontend_us`).
+pub const FRONTENDS: &str = "(frontends)";
+
 /// How busy one replica's host was (`RunReport::hosts`).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct HostLoad {

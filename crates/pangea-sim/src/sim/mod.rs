@@ -285,6 +285,8 @@ enum Ev {
         attempt: u16,
         r: u32,
         reply: Box<Reply>,
+        /// The frontend has spent its CPU on it (`Simulation::frontends`).
+        received: bool,
     },
     /// An operation's call asked to be woken now (`poll_timeout`).
     Wake {
@@ -638,6 +640,10 @@ pub struct Simulation {
     turn_leave: SimTime,
     /// Requests of ended calls still followed (`ops::learn`).
     detached: HashMap<(OpRef, u16), Detached, Xxh3DefaultBuilder>,
+    /// The frontends' CPU on the machine's cores, when they share it with the
+    /// replicas (`Hosts::frontend_us`): every request sent and answer received
+    /// takes a turn on them.
+    frontends: Option<Host>,
     /// `xxh3_64` of each frame kind's name the trace has hashed, by the name's
     /// address (`Frame::kind` names are `'static`): hashed once per kind.
     kind_hashes: Vec<(&'static str, u64)>,
@@ -950,6 +956,21 @@ impl Simulation {
             violations: Vec::new(),
             schema: d.placement.schema.clone(),
         };
+        let frontends = match &machine {
+            Some(cores) if sc.host.frontend_us > 0.0 => {
+                let model = crate::host::HostModel {
+                    read: crate::host::Cost {
+                        mean_us: sc.host.frontend_us,
+                        per_kib_us: 0.0,
+                    },
+                    background: 0.0,
+                    ..sc.host.default
+                };
+                let rng = SimRng::new(xxh3_64(&[sc.seed.to_le_bytes(), *b"frontend"].concat()));
+                Some(Host::on(model, rng, cores.clone()))
+            }
+            _ => None,
+        };
         let generator = Generator::new(&sc.workload, rng.next_u64())?;
         let path_rng = rng.fork(2);
         // Split, both shards run every fault and must draw the same (a rollout's
@@ -1008,6 +1029,7 @@ impl Simulation {
             events_buf: Vec::new(),
             turn_leave: SimTime::ZERO,
             detached: HashMap::default(),
+            frontends,
             kind_hashes: Vec::new(),
             leak_bytes: 0,
             shard,
@@ -1167,7 +1189,8 @@ impl Simulation {
                 attempt,
                 r,
                 reply,
-            } => self.on_response(op, attempt as usize, r as usize, *reply),
+                received,
+            } => self.on_response(op, attempt as usize, r as usize, reply, received),
             Ev::Wake { op } => self.on_wake(op),
             Ev::Jobs { r } => self.on_jobs(r as usize),
             Ev::Inbox { r, generation } => self.on_inbox(r as usize, generation),

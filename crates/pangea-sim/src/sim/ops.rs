@@ -568,6 +568,8 @@ impl Simulation {
             + op.mutation.as_ref().map_or(0, RowMutation::payload_bytes);
         let region = self.clients[client].region;
         self.count_client_bytes(region, replica, bytes);
+        // The frontend's CPU first, when it shares the replicas' machine.
+        let now = self.frontend_cpu(now);
         if let Some(delay) = self.client_path(region, replica, true) {
             let to = self.shard_of_replica(replica);
             let remote = (!self.replica_here(replica) && write.is_none())
@@ -640,6 +642,7 @@ impl Simulation {
                     attempt,
                     r: r as u32,
                     reply: Box::new(reply),
+                    received: false,
                 },
             );
         }
@@ -881,7 +884,44 @@ impl Simulation {
 
     // ---- back at the client ---------------------------------------------------------
 
-    pub(super) fn on_response(&mut self, op_ref: OpRef, attempt: usize, r: usize, reply: Reply) {
+    /// When a frontend that takes up CPU at `at` is done with it: at once, unless
+    /// the frontends share the replicas' machine (`Simulation::frontends`).
+    fn frontend_cpu(&mut self, at: SimTime) -> SimTime {
+        match &mut self.frontends {
+            Some(f) => {
+                let cost = f.model().read;
+                f.run(at, cost, 1, 0)
+            }
+            None => at,
+        }
+    }
+
+    /// An answer reached its frontend (`received`: and the frontend has spent its
+    /// CPU on it, when that is modelled — the answer is then judged dropped by a
+    /// partition or not once that is done, a moment after it arrived).
+    pub(super) fn on_response(
+        &mut self,
+        op_ref: OpRef,
+        attempt: usize,
+        r: usize,
+        reply: Box<Reply>,
+        received: bool,
+    ) {
+        if !received && self.frontends.is_some() {
+            let at = self.frontend_cpu(self.now);
+            self.queue.push(
+                at,
+                Ev::Response {
+                    op: op_ref,
+                    attempt: attempt as u16,
+                    r: r as u32,
+                    reply,
+                    received: true,
+                },
+            );
+            return;
+        }
+        let reply = *reply;
         if self.ops.get(op_ref).is_none() {
             // The call is over; a request it left out still teaches its round trip.
             if let Some(d) = self.detached.remove(&(op_ref, attempt as u16)) {

@@ -221,6 +221,15 @@ impl Simulation {
                 };
                 (node.id.to_string(), load)
             })
+            .chain(self.frontends.as_ref().map(|f| {
+                let (cpu, _) = f.utilization(over);
+                let load = metrics::HostLoad {
+                    cpu,
+                    disk: 0.0,
+                    fsyncs: 0,
+                };
+                (metrics::FRONTENDS.to_owned(), load)
+            }))
             .collect();
         let mut report = RunReport {
             hosts,
