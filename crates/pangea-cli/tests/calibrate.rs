@@ -100,8 +100,8 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
     ensure!(report["fitted_host"]["overhead_us"].as_u64() >= Some(shipped.overhead_us));
     ensure!(report["fitted_host"]["commit_us"].as_u64() >= Some(shipped.commit_us as u64));
     // The kill: live, the frontends noticed (errors, hedges or failovers in the
-    // 10 s after it) and so did the simulated ones (a crashed process refuses at
-    // once: failovers); the killed replica's lag is not asked of a dead process.
+    // 10 s after it) and so did the simulated ones, the killed process silent or
+    // refusing; the killed replica's lag is not asked of a dead process.
     let kill = &all["kill"]["kill"];
     ensure!(kill["replica"] == "euw1-b", "{kill}");
     let noticed = |w: &serde_json::Value| {
@@ -110,17 +110,19 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
             .filter_map(|k| w[k].as_u64())
             .sum::<u64>()
     };
-    for side in ["live", "sim_crash", "sim_silent"] {
+    for side in ["live", "sim_refused", "sim_silent"] {
         ensure!(kill[side]["reads"].as_u64() > Some(0), "{side}: {kill}");
     }
     ensure!(
         noticed(&kill["live"]) > 0,
         "the live frontends did not notice: {kill}"
     );
-    ensure!(
-        noticed(&kill["sim_crash"]) > 0,
-        "the simulated ones did not: {kill}"
-    );
+    for side in ["sim_refused", "sim_silent"] {
+        ensure!(
+            noticed(&kill[side]) > 0,
+            "{side}: the simulated ones did not: {kill}"
+        );
+    }
     ensure!(stdout.contains("KILL of euw1-b"));
     // The live cluster was stopped.
     let cluster = pangea_topology::cluster::ClusterFile::load(&data.join("cluster.toml"))

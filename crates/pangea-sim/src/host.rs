@@ -60,7 +60,9 @@ pub struct HostModel {
     /// no core.
     pub overhead_us: u64,
     /// Share of the cores busy with work not itemized here (timers, heartbeats,
-    /// other processes): every service time stretches by 1 / (1 − background).
+    /// other processes): pieces of [`BACKGROUND_JOB_US`] arriving at random that
+    /// take turns on the cores with the itemized work (on a shared machine, the
+    /// default host's share, once for the machine).
     pub background: f64,
 }
 
@@ -202,27 +204,128 @@ impl UnitLogNormal {
     }
 }
 
-/// When each core finishes the work it was given: a host's own cores, or those of
-/// a machine every host of the run shares ([`Hosts::machine_cores`]).
+/// The mean size of one piece of unitemized work ([`HostModel::background`]).
+pub const BACKGROUND_JOB_US: f64 = 100.0;
+
+/// Work the model does not itemize (timers, heartbeats, other processes): pieces
+/// of [`BACKGROUND_JOB_US`] (mean, the cores' spread) arriving at random on each
+/// core, as many as keep `share` of it busy. They take turns on the cores like any
+/// other work, so the queues they make are queues, and a core they fill is busy.
+#[derive(Debug, Clone)]
+struct Background {
+    share: f64,
+    /// Each core's next piece's arrival.
+    next: Vec<SimTime>,
+    size: UnitLogNormal,
+    rng: SimRng,
+}
+
+impl Background {
+    fn new(share: f64, cores: usize, sigma: f64, rng: SimRng) -> Option<Background> {
+        if share <= 0.0 {
+            return None;
+        }
+        let mut b = Background {
+            share: share.min(0.99),
+            next: Vec::with_capacity(cores),
+            size: UnitLogNormal::new(sigma),
+            rng,
+        };
+        for _ in 0..cores {
+            let first = SimTime::ZERO + b.gap();
+            b.next.push(first);
+        }
+        Some(b)
+    }
+
+    /// Exponential time to the next piece on a core.
+    fn gap(&mut self) -> SimDuration {
+        let mean_us = BACKGROUND_JOB_US / self.share;
+        let u = self.rng.next_f64().max(f64::MIN_POSITIVE);
+        SimDuration::from_us((-u.ln() * mean_us).round() as u64)
+    }
+
+    /// Runs on `free` the pieces that arrived up to `at`; returns their time.
+    fn advance(&mut self, free: &mut [SimTime], at: SimTime) -> SimDuration {
+        let mut spent = SimDuration::ZERO;
+        for (core, free) in free.iter_mut().enumerate() {
+            while self.next[core] <= at {
+                let us = (BACKGROUND_JOB_US * self.size.draw(&mut self.rng)).round() as u64;
+                let d = SimDuration::from_us(us.max(1));
+                *free = (*free).max(self.next[core]) + d;
+                spent += d;
+                let gap = self.gap();
+                self.next[core] += gap;
+            }
+        }
+        spent
+    }
+}
+
+/// Cores and when each finishes the work it was given, with the background work
+/// that takes turns on them.
+#[derive(Debug, Clone)]
+pub struct CoreSet {
+    free: Vec<SimTime>,
+    background: Option<Background>,
+    /// Time the background work took on these cores.
+    background_busy: SimDuration,
+}
+
+impl CoreSet {
+    fn new(n: u32, background: Option<Background>) -> CoreSet {
+        CoreSet {
+            free: vec![SimTime::ZERO; n.max(1) as usize],
+            background,
+            background_busy: SimDuration::ZERO,
+        }
+    }
+
+    /// Work of `service` arriving at `at` on `core` (`None`: the first free one
+    /// once the background work until `at` has run): when it is done.
+    fn take(&mut self, core: Option<usize>, at: SimTime, service: SimDuration) -> SimTime {
+        if let Some(b) = &mut self.background {
+            self.background_busy += b.advance(&mut self.free, at);
+        }
+        let core = core.unwrap_or_else(|| first_free(&self.free));
+        let done = self.free[core].max(at) + service;
+        self.free[core] = done;
+        done
+    }
+}
+
+/// A host's own cores, or those of a machine every host of the run shares
+/// ([`Hosts::machine_cores`]).
 #[derive(Debug, Clone)]
 pub enum Cores {
-    Own(Vec<SimTime>),
+    Own(CoreSet),
     /// A machine's: replication work takes any free core (a process's driver thread
     /// is one of many threads on the machine), and a crash leaves the other
     /// processes' work queued.
-    Shared(Arc<Mutex<Vec<SimTime>>>),
+    Shared(Arc<Mutex<CoreSet>>),
 }
 
 impl Cores {
-    /// A machine of `n` cores, for every host of a run.
-    pub fn machine(n: u32) -> Cores {
-        Cores::Shared(Arc::new(Mutex::new(vec![SimTime::ZERO; n.max(1) as usize])))
+    /// A machine of `n` cores for every host of a run, `background` of each core
+    /// busy with unitemized work (drawn from `seed`).
+    pub fn machine(n: u32, background: f64, sigma: f64, seed: u64) -> Cores {
+        let bg = Background::new(background, n.max(1) as usize, sigma, SimRng::new(seed));
+        Cores::Shared(Arc::new(Mutex::new(CoreSet::new(n, bg))))
     }
 
     fn count(&self) -> usize {
         match self {
-            Cores::Own(c) => c.len(),
-            Cores::Shared(m) => m.lock().unwrap_or_else(|p| p.into_inner()).len(),
+            Cores::Own(c) => c.free.len(),
+            Cores::Shared(m) => m.lock().unwrap_or_else(|p| p.into_inner()).free.len(),
+        }
+    }
+
+    /// Time the background work took on the shared machine's cores (`None`: the
+    /// host's own cores, whose background counts as the host's busy time).
+    pub fn machine_background_busy(&self) -> Option<SimDuration> {
+        match self {
+            Cores::Own(_) => None,
+            Cores::Shared(m) => Some(m.lock().unwrap_or_else(|p| p.into_inner()).background_busy),
         }
     }
 }
@@ -258,8 +361,19 @@ pub struct Host {
 impl Host {
     /// A host with `model.cores` cores of its own.
     pub fn new(model: HostModel, rng: SimRng) -> Host {
-        let cores = Cores::Own(vec![SimTime::ZERO; model.cores.max(1) as usize]);
-        Host::on(model, rng, cores)
+        let mut rng = rng;
+        let bg_rng = if model.background > 0.0 {
+            rng.fork(0x6267)
+        } else {
+            SimRng::new(0)
+        };
+        let bg = Background::new(
+            model.background,
+            model.cores.max(1) as usize,
+            model.cpu_sigma,
+            bg_rng,
+        );
+        Host::on(model, rng, Cores::Own(CoreSet::new(model.cores, bg)))
     }
 
     /// A host on `cores` (a machine's, [`Cores::machine`]).
@@ -311,29 +425,19 @@ impl Host {
         items: usize,
         bytes: usize,
     ) -> SimTime {
-        let mean = cost.mean_for(items, bytes) * self.slow
-            / (1.0 - self.model.background.clamp(0.0, 0.99));
+        let mean = cost.mean_for(items, bytes) * self.slow;
         if mean <= 0.0 {
             return at;
         }
         let us = (mean * self.cpu.draw(&mut self.rng)).round() as u64;
         let service = SimDuration::from_us(us.max(1));
         self.busy += service;
-        let take = |cores: &mut [SimTime], core: usize| {
-            let done = cores[core].max(at) + service;
-            cores[core] = done;
-            done
-        };
         match &mut self.cores {
-            Cores::Own(cores) => {
-                let core = core.unwrap_or_else(|| first_free(cores));
-                take(cores, core)
-            }
-            Cores::Shared(machine) => {
-                let mut cores = machine.lock().unwrap_or_else(|p| p.into_inner());
-                let core = first_free(&cores);
-                take(&mut cores, core)
-            }
+            Cores::Own(cores) => cores.take(core, at, service),
+            Cores::Shared(machine) => machine
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(None, at, service),
         }
     }
 
@@ -359,10 +463,19 @@ impl Host {
     /// `over`.
     pub fn utilization(&self, over: SimDuration) -> (f64, f64) {
         let t = over.as_us().max(1) as f64;
+        let own_background = match &self.cores {
+            Cores::Own(c) => c.background_busy,
+            Cores::Shared(_) => SimDuration::ZERO,
+        };
         (
-            self.busy.as_us() as f64 / (t * self.cores.count() as f64),
+            (self.busy + own_background).as_us() as f64 / (t * self.cores.count() as f64),
             self.disk_busy.as_us() as f64 / t,
         )
+    }
+
+    /// The machine's cores this host shares, if it shares them.
+    pub fn cores(&self) -> &Cores {
+        &self.cores
     }
 
     /// When the last fsync given ends (the replica's writes until then are durable).
@@ -379,7 +492,7 @@ impl Host {
     /// whose cores hold the other processes' work too, it is left to run out).
     pub fn crash(&mut self, now: SimTime) {
         if let Cores::Own(cores) = &mut self.cores {
-            for c in cores {
+            for c in &mut cores.free {
                 *c = (*c).min(now);
             }
         }
@@ -455,7 +568,7 @@ mod tests {
             cpu_sigma: 0.0,
             ..HostModel::default()
         };
-        let machine = Cores::machine(2);
+        let machine = Cores::machine(2, 0.0, 0.0, 0);
         let mut a = Host::on(model, SimRng::new(1), machine.clone());
         let mut b = Host::on(model, SimRng::new(2), machine);
         let t = SimTime::ZERO;
@@ -464,6 +577,58 @@ mod tests {
         assert_eq!(b.run(t, US10, 1, 0), SimTime::from_us(10));
         assert_eq!(a.run_driver(t, US10, 1, 0), SimTime::from_us(20));
         assert_eq!(b.run(t, US10, 1, 0), SimTime::from_us(20));
+    }
+
+    #[test]
+    fn background_work_keeps_its_share_of_the_cores_busy_and_queues_the_rest() {
+        // 30 % of each of two cores: about that share of their time is background,
+        // and a light load (10 µs every 100 µs, on the first free core) waits
+        // behind it now and then, where without background it never waits.
+        let model = HostModel {
+            cpu_sigma: 0.0,
+            background: 0.3,
+            ..HostModel::default()
+        };
+        let run = |model: HostModel| {
+            let mut h = Host::new(model, SimRng::new(7));
+            let mut waited = 0;
+            for i in 0..100_000u64 {
+                let at = SimTime::from_us(i * 100);
+                if h.run(at, US10, 1, 0) > at + SimDuration::from_us(10) {
+                    waited += 1;
+                }
+            }
+            let (cpu, _) = h.utilization(SimDuration::from_secs(10));
+            (waited, cpu)
+        };
+        let (waited, cpu) = run(model);
+        // 5 % of the cores is the load's own (10 µs per 100 µs over two).
+        assert!((0.33..0.37).contains(&cpu), "busy {cpu}");
+        // It waits when both cores are busy: about 0.3² of the time.
+        assert!(
+            (6_000..13_000).contains(&waited),
+            "{waited} of 100,000 waited"
+        );
+        let (waited, cpu) = run(HostModel {
+            background: 0.0,
+            ..model
+        });
+        assert_eq!(waited, 0);
+        assert!((0.049..0.051).contains(&cpu), "busy {cpu}");
+        // On a shared machine the background is the machine's, reported apart.
+        let machine = Cores::machine(2, 0.3, 0.0, 9);
+        let mut h = Host::on(
+            HostModel {
+                background: 0.3,
+                ..model
+            },
+            SimRng::new(1),
+            machine,
+        );
+        h.run(SimTime::from_secs(10), US10, 1, 0);
+        let bg = h.cores().machine_background_busy().expect("shared");
+        let share = bg.as_us() as f64 / 20e6;
+        assert!((0.28..0.32).contains(&share), "machine background {share}");
     }
 
     #[test]

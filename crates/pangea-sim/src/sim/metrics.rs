@@ -327,6 +327,10 @@ pub struct MigrationSummary {
 /// replicas' machine (`Hosts::frontend_us`).
 pub const FRONTENDS: &str = "(frontends)";
 
+/// The key of the shared machine's unitemized work in `RunReport::hosts`
+/// (`HostModel::background`, with `Hosts::machine_cores`).
+pub const BACKGROUND: &str = "(background)";
+
 /// How busy one replica's host was (`RunReport::hosts`).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct HostLoad {
@@ -358,6 +362,8 @@ pub struct RunReport {
     /// (drill, seed) on any machine (C6).
     pub trace_hash: String,
     pub operations: u64,
+    /// Every read, whatever its mode and region.
+    pub reads: LatencySummary,
     pub reads_by_mode: BTreeMap<String, LatencySummary>,
     pub reads_by_region: BTreeMap<String, LatencySummary>,
     /// By the client's region, then mode.

@@ -725,7 +725,11 @@ impl Simulation {
         let shared_rows: Arc<dyn pangea_core::storage::RowSharing> =
             Arc::new(crate::shared_rows::SharedRows::new());
         // Every host on one machine, or each on its own cores.
-        let machine = sc.host.machine_cores.map(crate::host::Cores::machine);
+        let machine = sc.host.machine_cores.map(|n| {
+            let d = &sc.host.default;
+            let seed = xxh3_64(&[sc.seed.to_le_bytes(), *b"machine\0"].concat());
+            crate::host::Cores::machine(n, d.background, d.cpu_sigma, seed)
+        });
         let skew_max = sc.clock_skew_ms_max as i64;
         let mut skew_rng = rng.fork(1);
         for (i, (idx, id)) in net.replicas().enumerate() {

@@ -101,6 +101,13 @@ impl Simulation {
                 )
             })
             .collect();
+        let reads = {
+            let mut all = metrics::OpStats::default();
+            for m in &self.metrics.modes {
+                all.absorb(m);
+            }
+            all.summary()
+        };
         let reads_by_region: BTreeMap<String, _> = self
             .net
             .regions()
@@ -221,6 +228,21 @@ impl Simulation {
                 };
                 (node.id.to_string(), load)
             })
+            .chain(
+                self.nodes
+                    .first()
+                    .and_then(|n| n.host.cores().machine_background_busy())
+                    .filter(|b| *b > SimDuration::ZERO)
+                    .map(|b| {
+                        let cores = self.sc.host.machine_cores.unwrap_or(1).max(1) as f64;
+                        let load = metrics::HostLoad {
+                            cpu: b.as_us() as f64 / (over.as_us().max(1) as f64 * cores),
+                            disk: 0.0,
+                            fsyncs: 0,
+                        };
+                        (metrics::BACKGROUND.to_owned(), load)
+                    }),
+            )
             .chain(self.frontends.as_ref().map(|f| {
                 let (cpu, _) = f.utilization(over);
                 let load = metrics::HostLoad {
@@ -251,6 +273,7 @@ impl Simulation {
             speedup_cpu: None,
             trace_hash: format!("{:016x}", self.trace.0.digest()),
             operations: self.metrics.reads + self.metrics.writes.count,
+            reads,
             reads_by_mode,
             reads_by_region,
             reads_by_region_mode,
