@@ -3,7 +3,7 @@
 
 use crate::charts::write_report_dir;
 use crate::drill::Drill;
-use crate::sim::metrics::RunReport;
+use crate::sim::metrics::{BACKGROUND, FRONTENDS, RunReport};
 use anyhow::{Context, Result};
 use std::path::Path;
 
@@ -87,6 +87,7 @@ pub fn one_screen(run: &DrillRun) -> String {
     let busiest = |load: fn(&crate::sim::metrics::HostLoad) -> f64| {
         r.hosts
             .iter()
+            .filter(|(id, _)| ![FRONTENDS, BACKGROUND].contains(&id.as_str()))
             .max_by(|a, b| load(a.1).total_cmp(&load(b.1)))
             .map(|(id, h)| (id.as_str(), load(h) * 100.0))
     };

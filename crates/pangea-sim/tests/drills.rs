@@ -384,8 +384,8 @@ fn frontends_on_the_replicas_machine_take_their_cores() -> Result<()> {
         )
     };
     let a = Simulation::new(drill("machine.toml", &on(""))?.scenario)?.run()?;
-    let b =
-        Simulation::new(drill("frontends.toml", &on("frontend_us = 400\n"))?.scenario)?.run()?;
+    let fd = drill("frontends.toml", &on("frontend_us = 400\n"))?;
+    let b = Simulation::new(fd.scenario.clone())?.run()?;
     let (ea, eb) = (&a.reads_by_mode["eventual"], &b.reads_by_mode["eventual"]);
     assert!(
         eb.p50_ms >= ea.p50_ms + 0.75 && eb.p50_ms <= ea.p50_ms + 0.9,
@@ -398,6 +398,22 @@ fn frontends_on_the_replicas_machine_take_their_cores() -> Result<()> {
     let share = b.hosts[FRONTENDS].cpu;
     // About 300 ops/s × 2 × 400 µs of 16 cores (more for hedges and failovers).
     assert!((0.014..0.03).contains(&share), "frontends' share {share}");
+    // They are busier than any replica, but the terminal summary's busiest host
+    // is a replica's.
+    assert!(
+        b.hosts
+            .iter()
+            .all(|(id, h)| id == FRONTENDS || h.cpu < share)
+    );
+    let screen = pangea_sim::runner::one_screen(&pangea_sim::runner::DrillRun {
+        drill: fd,
+        report: b,
+    });
+    let busiest = screen
+        .lines()
+        .find(|l| l.contains("busiest host"))
+        .expect("a busiest host line");
+    assert!(!busiest.contains(FRONTENDS), "{busiest}");
     Ok(())
 }
 
