@@ -2,7 +2,10 @@
 //! twice — in the simulator, and on a live local cluster with emulated WAN
 //! (`cluster up --emulate-wan`, the same topology and placement) — and the two are
 //! printed side by side: p99 read latency per client region and consistency mode, and
-//! p99 replication lag per (origin, replica) pair. Target: within 20 %
+//! p99 replication lag per (origin, replica) pair, at several load levels
+//! ([`measure`], [`fit_levels`], [`finish`]); what the frontends saw in the
+//! [`KILL_WINDOW`] after a replica is killed ([`Kill`]); and the load at which each
+//! side stops meeting the SLO ([`saturation`]). Target: within 20 %
 //! (docs/drills.md, "Fidelity").
 //!
 //! Both runs draw their operations from the same `pangea_sim::workload::Generator`
