@@ -30,6 +30,7 @@ use pangea_sim::sim::Simulation;
 use pangea_sim::sim::metrics::{BACKGROUND, FRONTENDS, RunReport};
 use pangea_sim::workload::{Generator, Mode, OpKind};
 use pangea_topology::Deployment;
+use pangea_topology::cluster::ClusterFile;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -359,28 +360,11 @@ pub fn measure(a: &Options, say: &mut dyn FnMut(&str)) -> Result<Measured> {
         sim.wall_s, sim.speedup
     ));
 
-    let dir = match &a.data_dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("pangea-calibrate-{}", std::process::id())),
-    };
-    say(&format!(
-        "Starting the live cluster with emulated WAN in {} ...",
-        dir.display()
-    ));
-    let cluster = local::up(&UpOptions::emulated_wan(
-        a.binary.clone(),
-        a.topology.clone(),
-        Some(a.placement.clone()),
-        dir.clone(),
-    ))?;
+    let (cluster, stop) = live_cluster(a, "calibrate", say)?;
     say(&format!(
         "Running the same workload live for {} s ...",
         sc.duration.as_secs_f64()
     ));
-    let stop = StopOnDrop {
-        dir,
-        remove: a.data_dir.is_none(),
-    };
     let live = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
@@ -577,25 +561,11 @@ pub fn saturation(
         sim.push(s);
         Ok(met)
     })?;
-    let dir = match &a.data_dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("pangea-saturate-{}", std::process::id())),
-    };
+    let (cluster, _stop) = live_cluster(a, "saturate", say)?;
     say(&format!(
-        "Saturation, live ({} s a step, one cluster in {}):",
-        step.as_secs(),
-        dir.display()
+        "Saturation, live ({} s a step, one cluster):",
+        step.as_secs()
     ));
-    let cluster = local::up(&UpOptions::emulated_wan(
-        a.binary.clone(),
-        a.topology.clone(),
-        Some(a.placement.clone()),
-        dir.clone(),
-    ))?;
-    let _stop = StopOnDrop {
-        dir,
-        remove: a.data_dir.is_none(),
-    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -639,6 +609,35 @@ impl Saturation {
             rate(self.sim_missed)
         )
     }
+}
+
+/// Starts `a`'s topology as a live local cluster with emulated WAN, in
+/// `a.data_dir` or a temporary `pangea-{what}-PID` directory; the guard stops
+/// it (and removes a temporary directory) however the caller ends.
+fn live_cluster(
+    a: &Options,
+    what: &str,
+    say: &mut dyn FnMut(&str),
+) -> Result<(ClusterFile, StopOnDrop)> {
+    let dir = match &a.data_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("pangea-{what}-{}", std::process::id())),
+    };
+    say(&format!(
+        "Starting the live cluster with emulated WAN in {} ...",
+        dir.display()
+    ));
+    let cluster = local::up(&UpOptions::emulated_wan(
+        a.binary.clone(),
+        a.topology.clone(),
+        Some(a.placement.clone()),
+        dir.clone(),
+    ))?;
+    let stop = StopOnDrop {
+        dir,
+        remove: a.data_dir.is_none(),
+    };
+    Ok((cluster, stop))
 }
 
 /// Stops the live cluster however the run ends (an error, a panic).
