@@ -268,6 +268,16 @@ pub enum Error {
     #[error("peer certificate rejected: {0}")]
     PeerCertificateRejected(String),
 
+    /// A thread the crate needs could not be started.
+    #[error("cannot start the {what} thread: {source}")]
+    Thread {
+        /// Which thread.
+        what: &'static str,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// An operation that spawns tasks or registers sockets ran outside a tokio runtime.
     #[error("no tokio runtime: {0} must be called from within a tokio runtime")]
     NoRuntime(&'static str),

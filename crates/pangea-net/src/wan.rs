@@ -22,8 +22,15 @@
 //!   so a given sequence of sends replays. (Which datagrams quinn sends still
 //!   depends on real timing, so whole runs are not bit-for-bit reproducible;
 //!   the simulator is the tool for that.)
-//! - **No busy loop.** The sender task sleeps until the earliest release time, or
-//!   until a new datagram is queued.
+//! - **Released on time, whatever the process is doing.** A thread of its own
+//!   per socket releases queued datagrams, sleeping until the earliest release
+//!   time or a new datagram (no busy loop). Not a tokio task: tokio's timers
+//!   tick in whole milliseconds (`tokio::time::sleep` "operates at millisecond
+//!   granularity"), which turned a 0.5 ms one-way delay into 1–2 ms, and fire
+//!   only when the runtime's thread gets to them, so a busy replica delayed its
+//!   own packets further — an emulated network slower and noisier under load
+//!   than the one it stands for. The thread's sleeps are accurate to the
+//!   kernel's timer slack (50 µs by default).
 //! - **Bounded.** At most [`WAN_QUEUE_BYTES_MAX`] bytes wait in the queue; beyond it
 //!   datagrams are tail-dropped, like a router's full buffer.
 //! - **Rules change at runtime.** [`WanControl`] is a cheap clone of an
@@ -44,8 +51,8 @@ use std::time::Duration;
 
 use quinn::udp::{EcnCodepoint, RecvMeta, Transmit};
 use quinn::{AsyncUdpSocket, UdpPoller};
-use tokio::sync::Notify;
-use tokio::time::Instant;
+use std::sync::Condvar;
+use std::time::Instant;
 
 use crate::error::{Error, Result};
 use pangea_core::rng::Rng;
@@ -224,11 +231,9 @@ impl WanEmulator {
         &self.control
     }
 
-    /// Wraps a real socket and starts the sender task on the current tokio runtime.
-    /// The task ends when the returned socket is dropped.
+    /// Wraps a real socket and starts its sender thread, which ends when the
+    /// returned socket is dropped.
     pub fn wrap(self, inner: Arc<dyn AsyncUdpSocket>) -> Result<Arc<WanSocket>> {
-        let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|_| Error::NoRuntime("WanEmulator::wrap"))?;
         let shared = Arc::new(Shared {
             control: self.control,
             state: Mutex::new(SendState {
@@ -238,10 +243,17 @@ impl WanEmulator {
                 queued_bytes: 0,
                 next_seq: 0,
             }),
-            wake: Notify::new(),
+            wake: Condvar::new(),
             closed: AtomicBool::new(false),
         });
-        runtime.spawn(run_sender(shared.clone(), inner.clone()));
+        let (s, i) = (shared.clone(), inner.clone());
+        std::thread::Builder::new()
+            .name("pangea-wan".into())
+            .spawn(move || run_sender(&s, &*i))
+            .map_err(|source| Error::Thread {
+                what: "WAN emulator sender",
+                source,
+            })?;
         Ok(Arc::new(WanSocket { inner, shared }))
     }
 }
@@ -250,9 +262,9 @@ impl WanEmulator {
 /// destination according to a [`WanControl`]. Implements quinn's
 /// [`AsyncUdpSocket`], so an endpoint runs over it unchanged.
 pub struct WanSocket {
-    /// The real socket: receives directly, sends directly or from the sender task.
+    /// The real socket: receives directly, sends directly or from the sender thread.
     inner: Arc<dyn AsyncUdpSocket>,
-    /// State shared with the sender task.
+    /// State shared with the sender thread.
     shared: Arc<Shared>,
 }
 
@@ -269,9 +281,11 @@ impl fmt::Debug for WanSocket {
 struct Shared {
     control: WanControl,
     state: Mutex<SendState>,
-    /// Wakes the sender task: a datagram was queued, or the socket closed.
-    wake: Notify,
-    /// Set when the [`WanSocket`] is dropped; the sender task then exits.
+    /// Wakes the sender thread (waiting on `state`): a datagram was queued, or
+    /// the socket closed.
+    wake: Condvar,
+    /// Set, under the `state` lock, when the [`WanSocket`] is dropped; the sender
+    /// thread then exits.
     closed: AtomicBool,
 }
 
@@ -448,42 +462,53 @@ impl AsyncUdpSocket for WanSocket {
 
 impl Drop for WanSocket {
     fn drop(&mut self) {
+        // Under the lock, so the sender cannot miss it between its check and its
+        // wait.
+        let state = self.shared.state();
         self.shared.closed.store(true, Ordering::Release);
+        drop(state);
         self.shared.wake.notify_one();
     }
 }
 
-/// The sender task: releases queued datagrams at their release times.
-async fn run_sender(shared: Arc<Shared>, inner: Arc<dyn AsyncUdpSocket>) {
-    let mut poller = inner.clone().create_io_poller();
+/// The sender thread: releases queued datagrams at their release times.
+fn run_sender(shared: &Shared, inner: &dyn AsyncUdpSocket) {
+    let mut state = shared.state();
     loop {
         if shared.closed.load(Ordering::Acquire) {
             return;
         }
-        let next_release = shared.state().queue.peek().map(|q| q.0.release_at);
-        match next_release {
-            None => shared.wake.notified().await,
-            Some(at) if at > Instant::now() => {
-                // A newly queued datagram to another destination may be due
-                // earlier, so a wake-up also ends the sleep.
-                tokio::select! {
-                    () = tokio::time::sleep_until(at) => {}
-                    () = shared.wake.notified() => {}
-                }
+        let now = Instant::now();
+        match state.queue.peek().map(|q| q.0.release_at) {
+            None => {
+                state = shared
+                    .wake
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            // A newly queued datagram to another destination may be due
+            // earlier, so a wake-up also ends the wait.
+            Some(at) if at > now => {
+                state = shared
+                    .wake
+                    .wait_timeout(state, at - now)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
             }
             Some(_) => {
-                let popped = shared.state().queue.pop().map(|q| q.0);
-                if let Some(datagram) = popped {
-                    release(&shared, &inner, &mut poller, &datagram).await;
-                    let mut state = shared.state();
-                    state.queued_bytes = state.queued_bytes.saturating_sub(datagram.contents.len());
-                    // Counted down only after the send, so an immediate send to
-                    // the same destination cannot overtake this one.
-                    if let Some(p) = state.pending.get_mut(&datagram.destination) {
-                        p.count = p.count.saturating_sub(1);
-                        if p.count == 0 {
-                            state.pending.remove(&datagram.destination);
-                        }
+                let Some(Reverse(datagram)) = state.queue.pop() else {
+                    continue;
+                };
+                drop(state);
+                release(shared, inner, &datagram);
+                state = shared.state();
+                state.queued_bytes = state.queued_bytes.saturating_sub(datagram.contents.len());
+                // Counted down only after the send, so an immediate send to the
+                // same destination cannot overtake this one.
+                if let Some(p) = state.pending.get_mut(&datagram.destination) {
+                    p.count = p.count.saturating_sub(1);
+                    if p.count == 0 {
+                        state.pending.remove(&datagram.destination);
                     }
                 }
             }
@@ -491,13 +516,12 @@ async fn run_sender(shared: Arc<Shared>, inner: Arc<dyn AsyncUdpSocket>) {
     }
 }
 
+/// How long a release retries a full socket buffer before dropping the datagram
+/// (as loss, which QUIC recovers from): 20,000 × 50 µs = 1 s.
+const SEND_RETRIES_MAX: u32 = 20_000;
+
 /// Sends one due datagram (unless a partition began meanwhile).
-async fn release(
-    shared: &Shared,
-    inner: &Arc<dyn AsyncUdpSocket>,
-    poller: &mut Pin<Box<dyn UdpPoller>>,
-    datagram: &Queued,
-) {
+fn release(shared: &Shared, inner: &dyn AsyncUdpSocket, datagram: &Queued) {
     let counters = &shared.control.counters;
     if shared.control.rule_for(datagram.destination).partitioned {
         bump(&counters.dropped_partition);
@@ -510,17 +534,14 @@ async fn release(
         segment_size: datagram.segment_size,
         src_ip: datagram.src_ip,
     };
-    loop {
+    for _ in 0..SEND_RETRIES_MAX {
         match inner.try_send(&transmit) {
             Ok(()) => {
                 bump(&counters.sent);
                 return;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if let Err(e) = std::future::poll_fn(|cx| poller.as_mut().poll_writable(cx)).await {
-                    tracing::debug!(error = %e, "WAN emulator: socket unusable, datagram dropped");
-                    return;
-                }
+                std::thread::sleep(Duration::from_micros(50));
             }
             Err(e) => {
                 // quinn treats send errors as loss too; so do we.
@@ -529,6 +550,7 @@ async fn release(
             }
         }
     }
+    tracing::debug!(dest = %datagram.destination, "WAN emulator: socket full for 1 s, datagram dropped");
 }
 
 #[cfg(test)]
