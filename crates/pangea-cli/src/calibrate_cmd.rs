@@ -105,9 +105,10 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
         reports.push(report);
     }
     if reports.len() > 1 {
+        let fitted_at: Vec<String> = a.rate.iter().take(2).map(|r| r.to_string()).collect();
         println!(
             "\nAcross load levels (host costs fitted at {} ops/s):",
-            a.rate[0]
+            fitted_at.join(" and ")
         );
         for r in &reports {
             println!("  {}", r.agreement());

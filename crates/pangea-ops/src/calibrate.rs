@@ -144,6 +144,11 @@ pub struct Fit {
     /// the simulated machine is as busy as the live one (`fit_levels`).
     pub cpu_scale: f64,
     pub background: f64,
+    /// How long a piece of that work holds a core, µs (`[host] background_us`):
+    /// fitted so that the first level's simulated read p99 (every read pooled)
+    /// is the live one, since it sets how long a request that finds every core
+    /// taken waits.
+    pub background_us: f64,
     /// The frontends' CPU per request sent and per answer received, µs
     /// (`[host] frontend_us`): the live frontends share the machine.
     pub frontend_us: f64,
@@ -385,12 +390,13 @@ pub fn finish(
     apply_fit(&mut fitted_sc.host, &fit);
     say(&format!(
         "Simulating again with the fitted host costs (overhead {} µs, commit {} µs, CPU \
-         costs ×{:.1}, {:.0} % of the cores busy with unitemized work, frontends {:.0} µs a \
-         message) ...",
+         costs ×{:.1}, {:.0} % of the cores busy with unitemized work in pieces of {:.0} µs, \
+         frontends {:.0} µs a message) ...",
         fit.overhead_us,
         fit.commit_us,
         fit.cpu_scale,
         fit.background * 100.0,
+        fit.background_us,
         fit.frontend_us
     ));
     let kill = match (&a.kill, live.kill) {
@@ -1015,6 +1021,7 @@ fn apply_fit(hosts: &mut pangea_sim::host::Hosts, fit: &Fit) {
     host.overhead_us = fit.overhead_us;
     host.commit_us = fit.commit_us as f64;
     host.background = fit.background;
+    host.background_us = fit.background_us;
     for c in [
         &mut host.read,
         &mut host.write,
@@ -1033,9 +1040,11 @@ fn apply_fit(hosts: &mut pangea_sim::host::Hosts, fit: &Fit) {
 /// levels or more, a line through the first two: its slope scales the itemized
 /// costs, and what it leaves at zero load is background (the live cluster's
 /// heartbeats, probes, timers and WAN emulation); with one, the itemized costs
-/// alone are scaled. The request overhead is fitted last, against
+/// alone are scaled. The request overhead is fitted next, against
 /// the first level simulated with the CPU fitted (the queueing the fitted CPU adds
-/// is not overhead).
+/// is not overhead); last, how long a piece of the background holds a core, to
+/// the first level's read p99 (the other levels' tails are the model's to
+/// predict).
 pub fn fit_levels(levels: &[&Measured]) -> Result<Fit> {
     let first = levels[0];
     let mut f = fit(&first.sc, &first.sim, &first.live);
@@ -1077,7 +1086,41 @@ pub fn fit_levels(levels: &[&Measured]) -> Result<Fit> {
     );
     let cpu_only = Simulation::new(sc)?.run()?;
     f.overhead_us = fit(&first.sc, &cpu_only, &first.live).overhead_us;
+    let (reads, _, live_p99) = first.live.all_reads;
+    if f.background > 0.0 && reads > 0 && live_p99 > 0.0 {
+        f.background_us = fit_background_piece(first, &f, live_p99)?;
+    }
     Ok(f)
+}
+
+/// The length of a piece of unitemized work that makes the simulated read p99
+/// (every read pooled) of level `m` the live one: a bisection on a log scale
+/// from 10 µs to 20 ms, the p99 growing with the piece; the closest tried wins.
+fn fit_background_piece(m: &Measured, f: &Fit, live_p99_ms: f64) -> Result<f64> {
+    let (mut lo, mut hi) = (10f64.ln(), 20_000f64.ln());
+    let mut best = (f64::INFINITY, f.background_us);
+    for _ in 0..8 {
+        let mid = (lo + hi) / 2.0;
+        let piece = mid.exp().round();
+        let mut sc = m.sc.clone();
+        apply_fit(
+            &mut sc.host,
+            &Fit {
+                background_us: piece,
+                ..*f
+            },
+        );
+        let p99 = Simulation::new(sc)?.run()?.reads.p99_ms;
+        if (p99 - live_p99_ms).abs() < best.0 {
+            best = ((p99 - live_p99_ms).abs(), piece);
+        }
+        if p99 < live_p99_ms {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(best.1)
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -1145,6 +1188,7 @@ fn fit(sc: &Scenario, sim: &RunReport, live: &LiveFigures) -> Fit {
         commit_us: host.commit_us.round() as u64 + median(lag_excess).map_or(0, us),
         cpu_scale: 1.0,
         background: 0.0,
+        background_us: host.background_us,
         frontend_us: 0.0,
     }
 }
@@ -1289,11 +1333,12 @@ impl std::fmt::Display for Calibration {
         writeln!(
             f,
             "SIM: the simulator as shipped; FITTED: with [host] overhead_us = {}, commit_us = {}, \
-         background = {:.2}, frontend_us = {:.0} and CPU costs ×{:.1}; machine busy live {} \
-         (frontends {}), fitted {:.0} % (frontends {:.0} %)",
+         background = {:.2}, background_us = {:.0}, frontend_us = {:.0} and CPU costs ×{:.1}; \
+         machine busy live {} (frontends {}), fitted {:.0} % (frontends {:.0} %)",
             c.fitted_host.overhead_us,
             c.fitted_host.commit_us,
             c.fitted_host.background,
+            c.fitted_host.background_us,
             c.fitted_host.frontend_us,
             c.fitted_host.cpu_scale,
             pct(c.live.machine_busy),

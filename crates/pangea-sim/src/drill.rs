@@ -130,6 +130,8 @@ struct RawHost {
     overhead_us: Option<u64>,
     /// Share of the cores busy with work not itemized (0 to 0.9).
     background: Option<f64>,
+    /// Mean length of one piece of that work, µs (> 0).
+    background_us: Option<f64>,
     /// Every host on one machine of this many cores (top level only).
     machine_cores: Option<u32>,
     /// The frontends' CPU per request and per answer on that machine (top level,
@@ -729,6 +731,14 @@ fn host_patch(cx: &mut Ctx<'_>, at: &[Seg], r: &RawHost) -> HostPatch {
     {
         cx.err(&field("background"), format!("must be 0 to 0.9, not {b}"));
     }
+    if let Some(us) = r.background_us
+        && !(us.is_finite() && (1.0..=1_000_000.0).contains(&us))
+    {
+        cx.err(
+            &field("background_us"),
+            format!("must be 1 to 1000000 µs, not {us}"),
+        );
+    }
     HostPatch {
         cores: r.cores,
         read_us: r.read_us,
@@ -740,6 +750,7 @@ fn host_patch(cx: &mut Ctx<'_>, at: &[Seg], r: &RawHost) -> HostPatch {
         commit_sigma: r.commit_sigma,
         overhead_us: r.overhead_us,
         background: r.background,
+        background_us: r.background_us,
     }
 }
 

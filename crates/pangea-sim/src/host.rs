@@ -60,10 +60,16 @@ pub struct HostModel {
     /// no core.
     pub overhead_us: u64,
     /// Share of the cores busy with work not itemized here (timers, heartbeats,
-    /// other processes): pieces of [`BACKGROUND_JOB_US`] arriving at random that
-    /// take turns on the cores with the itemized work (on a shared machine, the
+    /// other processes): pieces of `background_us` arriving at random that take
+    /// turns on the cores with the itemized work (on a shared machine, the
     /// default host's share, once for the machine).
     pub background: f64,
+    /// Mean length of one piece of that work: how long it holds a core once it
+    /// has one. On a machine whose threads outnumber its cores this is the
+    /// scheduler's time slice more than any one task's length, and it sets how
+    /// long a request that finds every core taken waits (`pangea sim calibrate`
+    /// fits it to the live tail).
+    pub background_us: f64,
 }
 
 impl Default for HostModel {
@@ -93,6 +99,7 @@ impl Default for HostModel {
             commit_sigma: 0.26,
             overhead_us: 60,
             background: 0.0,
+            background_us: BACKGROUND_JOB_US,
         }
     }
 }
@@ -111,6 +118,7 @@ pub struct HostPatch {
     pub commit_sigma: Option<f64>,
     pub overhead_us: Option<u64>,
     pub background: Option<f64>,
+    pub background_us: Option<f64>,
 }
 
 impl HostPatch {
@@ -148,6 +156,9 @@ impl HostPatch {
         }
         if let Some(b) = self.background {
             m.background = b;
+        }
+        if let Some(us) = self.background_us {
+            m.background_us = us;
         }
         m
     }
@@ -204,16 +215,18 @@ impl UnitLogNormal {
     }
 }
 
-/// The mean size of one piece of unitemized work ([`HostModel::background`]).
+/// The default mean size of one piece of unitemized work
+/// ([`HostModel::background_us`]).
 pub const BACKGROUND_JOB_US: f64 = 100.0;
 
 /// Work the model does not itemize (timers, heartbeats, other processes): pieces
-/// of [`BACKGROUND_JOB_US`] (mean, the cores' spread) arriving at random on each
-/// core, as many as keep `share` of it busy. They take turns on the cores like any
+/// of `piece_us` (mean, the cores' spread) arriving at random on each core, as
+/// many as keep `share` of it busy. They take turns on the cores like any
 /// other work, so the queues they make are queues, and a core they fill is busy.
 #[derive(Debug, Clone)]
 struct Background {
     share: f64,
+    piece_us: f64,
     /// Each core's next piece's arrival.
     next: Vec<SimTime>,
     size: UnitLogNormal,
@@ -221,12 +234,13 @@ struct Background {
 }
 
 impl Background {
-    fn new(share: f64, cores: usize, sigma: f64, rng: SimRng) -> Option<Background> {
-        if share <= 0.0 {
+    fn new(share: f64, piece_us: f64, cores: usize, sigma: f64, rng: SimRng) -> Option<Background> {
+        if share <= 0.0 || piece_us <= 0.0 {
             return None;
         }
         let mut b = Background {
             share: share.min(0.99),
+            piece_us,
             next: Vec::with_capacity(cores),
             size: UnitLogNormal::new(sigma),
             rng,
@@ -240,7 +254,7 @@ impl Background {
 
     /// Exponential time to the next piece on a core.
     fn gap(&mut self) -> SimDuration {
-        let mean_us = BACKGROUND_JOB_US / self.share;
+        let mean_us = self.piece_us / self.share;
         let u = self.rng.next_f64().max(f64::MIN_POSITIVE);
         SimDuration::from_us((-u.ln() * mean_us).round() as u64)
     }
@@ -250,7 +264,7 @@ impl Background {
         let mut spent = SimDuration::ZERO;
         for (core, free) in free.iter_mut().enumerate() {
             while self.next[core] <= at {
-                let us = (BACKGROUND_JOB_US * self.size.draw(&mut self.rng)).round() as u64;
+                let us = (self.piece_us * self.size.draw(&mut self.rng)).round() as u64;
                 let d = SimDuration::from_us(us.max(1));
                 *free = (*free).max(self.next[core]) + d;
                 spent += d;
@@ -307,9 +321,15 @@ pub enum Cores {
 
 impl Cores {
     /// A machine of `n` cores for every host of a run, `background` of each core
-    /// busy with unitemized work (drawn from `seed`).
-    pub fn machine(n: u32, background: f64, sigma: f64, seed: u64) -> Cores {
-        let bg = Background::new(background, n.max(1) as usize, sigma, SimRng::new(seed));
+    /// busy with unitemized work in pieces of `piece_us` (drawn from `seed`).
+    pub fn machine(n: u32, background: f64, piece_us: f64, sigma: f64, seed: u64) -> Cores {
+        let bg = Background::new(
+            background,
+            piece_us,
+            n.max(1) as usize,
+            sigma,
+            SimRng::new(seed),
+        );
         Cores::Shared(Arc::new(Mutex::new(CoreSet::new(n, bg))))
     }
 
@@ -369,6 +389,7 @@ impl Host {
         };
         let bg = Background::new(
             model.background,
+            model.background_us,
             model.cores.max(1) as usize,
             model.cpu_sigma,
             bg_rng,
@@ -568,7 +589,7 @@ mod tests {
             cpu_sigma: 0.0,
             ..HostModel::default()
         };
-        let machine = Cores::machine(2, 0.0, 0.0, 0);
+        let machine = Cores::machine(2, 0.0, BACKGROUND_JOB_US, 0.0, 0);
         let mut a = Host::on(model, SimRng::new(1), machine.clone());
         let mut b = Host::on(model, SimRng::new(2), machine);
         let t = SimTime::ZERO;
@@ -577,6 +598,40 @@ mod tests {
         assert_eq!(b.run(t, US10, 1, 0), SimTime::from_us(10));
         assert_eq!(a.run_driver(t, US10, 1, 0), SimTime::from_us(20));
         assert_eq!(b.run(t, US10, 1, 0), SimTime::from_us(20));
+    }
+
+    #[test]
+    fn longer_background_pieces_keep_the_share_and_lengthen_the_waits() {
+        // 30 % of each of two cores either way, so work finds both taken as often;
+        // what it then waits out is one piece: the p99 wait is set by their length.
+        let run = |background_us: f64| {
+            let model = HostModel {
+                cpu_sigma: 0.0,
+                background: 0.3,
+                background_us,
+                ..HostModel::default()
+            };
+            let mut h = Host::new(model, SimRng::new(7));
+            let mut waits: Vec<u64> = (0..100_000u64)
+                .map(|i| {
+                    let at = SimTime::from_us(i * 100);
+                    (h.run(at, US10, 1, 0) - at).as_us() - 10
+                })
+                .collect();
+            waits.sort_unstable();
+            let (cpu, _) = h.utilization(SimDuration::from_secs(10));
+            (waits[waits.len() * 99 / 100], cpu)
+        };
+        let (short, cpu_short) = run(BACKGROUND_JOB_US);
+        let (long, cpu_long) = run(2_000.0);
+        for cpu in [cpu_short, cpu_long] {
+            assert!((0.32..0.38).contains(&cpu), "busy {cpu}");
+        }
+        assert!(short <= 100, "p99 wait behind 100 µs pieces: {short} µs");
+        assert!(
+            (700..=2_000).contains(&long),
+            "p99 wait behind 2 ms pieces: {long} µs"
+        );
     }
 
     #[test]
@@ -616,7 +671,7 @@ mod tests {
         assert_eq!(waited, 0);
         assert!((0.049..0.051).contains(&cpu), "busy {cpu}");
         // On a shared machine the background is the machine's, reported apart.
-        let machine = Cores::machine(2, 0.3, 0.0, 9);
+        let machine = Cores::machine(2, 0.3, BACKGROUND_JOB_US, 0.0, 9);
         let mut h = Host::on(
             HostModel {
                 background: 0.3,

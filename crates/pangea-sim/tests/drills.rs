@@ -347,6 +347,10 @@ fn host_costs_add_to_reads_writes_and_lag() -> Result<()> {
         ("read_us = -1", "host.read_us: must be a finite number"),
         ("background = 1.5", "host.background: must be 0 to 0.9"),
         (
+            "background_us = 0",
+            "host.background_us: must be 1 to 1000000 µs",
+        ),
+        (
             "[host.regions.eu-west-1]\nmachine_cores = 2",
             "takes no regions, replicas, machine_cores or frontend_us",
         ),

@@ -728,7 +728,7 @@ impl Simulation {
         let machine = sc.host.machine_cores.map(|n| {
             let d = &sc.host.default;
             let seed = xxh3_64(&[sc.seed.to_le_bytes(), *b"machine\0"].concat());
-            crate::host::Cores::machine(n, d.background, d.cpu_sigma, seed)
+            crate::host::Cores::machine(n, d.background, d.background_us, d.cpu_sigma, seed)
         });
         let skew_max = sc.clock_skew_ms_max as i64;
         let mut skew_rng = rng.fork(1);
