@@ -22,6 +22,48 @@ async fn a_new_replica_that_hears_no_peer_never_serves_emptiness() -> Result<()>
         let m = common::profile_set(k.clone(), &b"v"[..])?;
         fe.mutate(m, &WriteOptions::default()).await?;
     }
+    // An acknowledged write is durable at the replica that took it, not yet on
+    // every other: before use1-b loses its disk, the others must hold all it has.
+    let lonely_admin = c.replica(LONELY)?.admin.clone();
+    let scopes: Vec<String> = pangea_ops::admin::Admin::new(&lonely_admin)?
+        .watermarks()?
+        .scopes
+        .into_iter()
+        .map(|s| s.scope)
+        .collect();
+    let mut need = Vec::new();
+    for scope in scopes {
+        need.push((
+            scope.clone(),
+            common::admin_watermarks(&lonely_admin, &scope)?,
+        ));
+    }
+    let others: Vec<String> = c.ids().into_iter().filter(|id| id != LONELY).collect();
+    eventually(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        "every write reached the other replicas",
+        || async {
+            for id in &others {
+                let admin = &c.replica(id)?.admin;
+                for (scope, origins) in &need {
+                    let have = common::admin_watermarks(admin, scope)?;
+                    // A replica outside the scope's regions holds none of it.
+                    if have.is_empty() {
+                        continue;
+                    }
+                    if origins
+                        .iter()
+                        .any(|(o, seq)| have.get(o).copied().unwrap_or(0) < *seq)
+                    {
+                        return Ok(None);
+                    }
+                }
+            }
+            Ok(Some(()))
+        },
+    )
+    .await?;
     // use1-b is replaced by a new, empty replica of the same id, which no peer can
     // reach: every other replica drops what it sends there.
     c.kill9(LONELY)?;
