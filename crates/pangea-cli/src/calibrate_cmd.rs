@@ -54,6 +54,33 @@ pub(crate) struct CalibrateArgs {
     /// Write every run and comparison as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Run no live cluster: compare with the live figures of an earlier `--json`
+    /// (its levels and kill, at its rates, duration and seed; no saturation
+    /// search), to try a change of the model on the same live runs.
+    #[arg(long, conflicts_with_all = ["rate", "kill", "saturate", "duration", "seed"])]
+    replay: Option<PathBuf>,
+}
+
+/// What `--replay` reads of an earlier `--json`.
+#[derive(serde::Deserialize)]
+struct Recorded {
+    levels: Vec<RecordedLevel>,
+    kill: Option<RecordedLevel>,
+}
+
+#[derive(serde::Deserialize)]
+struct RecordedLevel {
+    rate: f64,
+    duration_s: f64,
+    seed: u64,
+    live: pangea_ops::calibrate::LiveFigures,
+    kill: Option<RecordedKill>,
+}
+
+#[derive(serde::Deserialize)]
+struct RecordedKill {
+    replica: String,
+    at_s: f64,
 }
 
 /// What `--json` writes.
@@ -65,6 +92,9 @@ struct Report {
 }
 
 pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
+    if let Some(path) = &a.replay {
+        return replay(&a, path);
+    }
     let duration = parse_duration(&a.duration)?;
     let kill = match &a.kill {
         Some(replica) => Some(Kill {
@@ -145,6 +175,75 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
         };
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `--replay`: the levels and the kill of an earlier `--json`, simulated again
+/// (as shipped, then fitted) against its live figures.
+fn replay(a: &CalibrateArgs, path: &std::path::Path) -> Result<()> {
+    let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let recorded: Recorded = serde_json::from_slice(&text)
+        .with_context(|| format!("{}: not the --json of pangea sim calibrate", path.display()))?;
+    anyhow::ensure!(
+        !recorded.levels.is_empty(),
+        "{}: no load levels recorded",
+        path.display()
+    );
+    let options = |l: &RecordedLevel| Options {
+        topology: a.topology.clone(),
+        placement: a.placement.clone(),
+        duration: std::time::Duration::from_secs_f64(l.duration_s),
+        rate: l.rate,
+        clients_per_region: a.clients_per_region,
+        seed: l.seed,
+        data_dir: None,
+        binary: PathBuf::new(),
+        fitted: None,
+        kill: l.kill.as_ref().map(|k| Kill {
+            replica: k.replica.clone(),
+            at: std::time::Duration::from_secs_f64(k.at_s),
+        }),
+    };
+    let mut say = |line: &str| println!("{line}");
+    let mut measured = Vec::new();
+    for l in recorded.levels {
+        let o = options(&l);
+        measured.push((
+            o.clone(),
+            pangea_ops::calibrate::replay(&o, l.live, &mut say)?,
+        ));
+    }
+    let levels: Vec<&Measured> = measured.iter().map(|(_, m)| m).collect();
+    let fit = pangea_ops::calibrate::fit_levels(&levels)?;
+    let mut reports = Vec::new();
+    for (o, m) in measured {
+        let report = pangea_ops::calibrate::finish(&o, m, fit, &mut say)?;
+        println!("\n{report}");
+        reports.push(report);
+    }
+    println!("\nAcross load levels (replayed from {}):", path.display());
+    for r in &reports {
+        println!("  {}", r.agreement());
+    }
+    let kill = match recorded.kill {
+        Some(l) => {
+            let o = options(&l);
+            let m = pangea_ops::calibrate::replay(&o, l.live, &mut say)?;
+            let report = pangea_ops::calibrate::finish(&o, m, fit, &mut say)?;
+            println!("\n{report}");
+            Some(report)
+        }
+        None => None,
+    };
+    if let Some(out) = &a.json {
+        let report = Report {
+            levels: reports,
+            kill,
+            saturation: None,
+        };
+        std::fs::write(out, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(())
 }

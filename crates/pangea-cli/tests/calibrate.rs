@@ -124,6 +124,40 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
         );
     }
     ensure!(stdout.contains("KILL of euw1-b"));
+    // Replayed against the recorded live figures, without a live cluster, the
+    // model gives back the same comparison, figure for figure.
+    let replayed = dir.path().join("replayed.json");
+    let out = common::pangea(
+        &[
+            "sim",
+            "calibrate",
+            "--topology",
+            topology.to_str().context("path")?,
+            "--placement",
+            placement.to_str().context("path")?,
+            "--replay",
+            json.to_str().context("path")?,
+            "--json",
+            replayed.to_str().context("path")?,
+        ],
+        Duration::from_secs(60),
+    )?;
+    ensure!(
+        out.status.success(),
+        "replay failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again: serde_json::Value = serde_json::from_slice(&std::fs::read(&replayed)?)?;
+    for key in ["fitted_host", "reads_p99", "replication_lag_p99", "live"] {
+        ensure!(
+            again["levels"][0][key] == all["levels"][0][key],
+            "replayed {key} differs"
+        );
+    }
+    ensure!(
+        again["kill"]["kill"] == all["kill"]["kill"],
+        "replayed kill differs"
+    );
     // The live cluster was stopped.
     let cluster = pangea_topology::cluster::ClusterFile::load(&data.join("cluster.toml"))
         .map_err(|e| anyhow::anyhow!(e))?;

@@ -31,7 +31,7 @@ use pangea_sim::sim::metrics::{BACKGROUND, FRONTENDS, RunReport};
 use pangea_sim::workload::{Generator, Mode, OpKind};
 use pangea_topology::Deployment;
 use pangea_topology::cluster::ClusterFile;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -191,7 +191,7 @@ pub struct KillFigures {
 }
 
 /// What every frontend together saw in a span of a run.
-#[derive(Debug, Default, Clone, Copy, Serialize)]
+#[derive(Debug, Default, Clone, Copy, Serialize, Deserialize)]
 pub struct Window {
     /// Reads that ended in it, and those of them that failed.
     pub reads: u64,
@@ -221,7 +221,7 @@ impl Window {
     }
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct LiveFigures {
     /// region → mode → (answered, errors, p99 ms).
     pub reads: BTreeMap<String, BTreeMap<String, (u64, u64, f64)>>,
@@ -349,6 +349,30 @@ pub fn run(a: &Options, say: &mut dyn FnMut(&str)) -> Result<Calibration> {
 
 /// The simulator as shipped and the live cluster at `a.rate`.
 pub fn measure(a: &Options, say: &mut dyn FnMut(&str)) -> Result<Measured> {
+    let (sc, sim) = simulate(a, say)?;
+    let (cluster, stop) = live_cluster(a, "calibrate", say)?;
+    say(&format!(
+        "Running the same workload live for {} s ...",
+        sc.duration.as_secs_f64()
+    ));
+    let live = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(live_run(&sc, &cluster, a.kill.as_ref()))?;
+    drop(stop);
+    Ok(Measured { sc, sim, live })
+}
+
+/// The simulator as shipped at `a.rate`, against live figures recorded before
+/// (`pangea sim calibrate --json`): to try a change of the model on the same
+/// live runs, without running them again.
+pub fn replay(a: &Options, live: LiveFigures, say: &mut dyn FnMut(&str)) -> Result<Measured> {
+    let (sc, sim) = simulate(a, say)?;
+    Ok(Measured { sc, sim, live })
+}
+
+/// The scenario of `a` and its run in the simulator as shipped.
+fn simulate(a: &Options, say: &mut dyn FnMut(&str)) -> Result<(Scenario, RunReport)> {
     let deployment = Arc::new(
         Deployment::load(&a.topology, Some(&a.placement)).map_err(|p| anyhow::anyhow!("{p}"))?,
     );
@@ -364,18 +388,7 @@ pub fn measure(a: &Options, say: &mut dyn FnMut(&str)) -> Result<Measured> {
         "  done in {:.1} s of wall time ({:.0}x real time)",
         sim.wall_s, sim.speedup
     ));
-
-    let (cluster, stop) = live_cluster(a, "calibrate", say)?;
-    say(&format!(
-        "Running the same workload live for {} s ...",
-        sc.duration.as_secs_f64()
-    ));
-    let live = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(live_run(&sc, &cluster, a.kill.as_ref()))?;
-    drop(stop);
-    Ok(Measured { sc, sim, live })
+    Ok((sc, sim))
 }
 
 /// Simulates `m` again with the host costs `fit` and compares it with the live run.
