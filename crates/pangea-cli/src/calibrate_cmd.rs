@@ -3,7 +3,7 @@
 use crate::parse_duration;
 use anyhow::{Context, Result};
 use clap::Args;
-use pangea_ops::calibrate::{Calibration, KILL_WINDOW, Kill, Measured, Options, Saturation};
+use pangea_ops::calibrate::{Calibration, Fit, KILL_WINDOW, Kill, Measured, Options, Saturation};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -55,9 +55,13 @@ pub(crate) struct CalibrateArgs {
     #[arg(long)]
     json: Option<PathBuf>,
     /// Run no live cluster: compare with the live figures of an earlier `--json`
-    /// (its levels and kill, at its rates, duration and seed; no saturation
-    /// search), to try a change of the model on the same live runs.
-    #[arg(long, conflicts_with_all = ["rate", "kill", "saturate", "duration", "seed"])]
+    /// (its levels and kill, with its files, rates, durations, seeds and
+    /// frontends; no saturation search), to try a change of the model on the
+    /// same live runs.
+    #[arg(long, conflicts_with_all = [
+        "topology", "placement", "rate", "clients_per_region", "kill", "saturate",
+        "duration", "seed",
+    ])]
     replay: Option<PathBuf>,
 }
 
@@ -70,11 +74,20 @@ struct Recorded {
 
 #[derive(serde::Deserialize)]
 struct RecordedLevel {
+    topology: PathBuf,
+    placement: PathBuf,
     rate: f64,
     duration_s: f64,
     seed: u64,
+    /// Recorded since `--replay` exists; the default before.
+    #[serde(default = "two")]
+    clients_per_region: u32,
     live: pangea_ops::calibrate::LiveFigures,
     kill: Option<RecordedKill>,
+}
+
+fn two() -> u32 {
+    2
 }
 
 #[derive(serde::Deserialize)]
@@ -121,29 +134,13 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
     let mut say = |line: &str| println!("{line}");
     let mut measured = Vec::new();
     for &rate in &a.rate {
-        measured.push((
-            rate,
-            pangea_ops::calibrate::measure(&options(rate), &mut say)?,
-        ));
+        let o = options(rate);
+        let m = pangea_ops::calibrate::measure(&o, &mut say)?;
+        measured.push((o, m));
     }
-    let levels: Vec<&Measured> = measured.iter().map(|(_, m)| m).collect();
-    let fit = pangea_ops::calibrate::fit_levels(&levels)?;
-    let mut reports = Vec::new();
-    for (rate, m) in measured {
-        let report = pangea_ops::calibrate::finish(&options(rate), m, fit, &mut say)?;
-        println!("\n{report}");
-        reports.push(report);
-    }
-    if reports.len() > 1 {
-        let fitted_at: Vec<String> = a.rate.iter().take(2).map(|r| r.to_string()).collect();
-        println!(
-            "\nAcross load levels (host costs fitted at {} ops/s):",
-            fitted_at.join(" and ")
-        );
-        for r in &reports {
-            println!("  {}", r.agreement());
-        }
-    }
+    let fitted_at: Vec<String> = a.rate.iter().take(2).map(|r| r.to_string()).collect();
+    let heading = format!("host costs fitted at {} ops/s", fitted_at.join(" and "));
+    let (fit, levels) = compare_levels(measured, &heading, &mut say)?;
     let kill = match kill {
         Some(k) => {
             let rate = a.kill_rate.unwrap_or(a.rate[a.rate.len() / 2]);
@@ -153,9 +150,7 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
                 ..options(rate)
             };
             let m = pangea_ops::calibrate::measure(&o, &mut say)?;
-            let report = pangea_ops::calibrate::finish(&o, m, fit, &mut say)?;
-            println!("\n{report}");
-            Some(report)
+            Some(compare_kill(&o, m, fit, &mut say)?)
         }
         None => None,
     };
@@ -167,20 +162,19 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
     } else {
         None
     };
-    if let Some(path) = &a.json {
-        let report = Report {
-            levels: reports,
+    write_json(
+        a.json.as_deref(),
+        &Report {
+            levels,
             kill,
             saturation,
-        };
-        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
+        },
+    )
 }
 
-/// `--replay`: the levels and the kill of an earlier `--json`, simulated again
-/// (as shipped, then fitted) against its live figures.
+/// `--replay`: the levels and the kill of an earlier `--json` (its files, rates,
+/// durations, seeds and frontends), simulated again, as shipped and then fitted,
+/// against its live figures.
 fn replay(a: &CalibrateArgs, path: &std::path::Path) -> Result<()> {
     let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let recorded: Recorded = serde_json::from_slice(&text)
@@ -191,11 +185,11 @@ fn replay(a: &CalibrateArgs, path: &std::path::Path) -> Result<()> {
         path.display()
     );
     let options = |l: &RecordedLevel| Options {
-        topology: a.topology.clone(),
-        placement: a.placement.clone(),
+        topology: l.topology.clone(),
+        placement: l.placement.clone(),
         duration: std::time::Duration::from_secs_f64(l.duration_s),
         rate: l.rate,
-        clients_per_region: a.clients_per_region,
+        clients_per_region: l.clients_per_region,
         seed: l.seed,
         data_dir: None,
         binary: PathBuf::new(),
@@ -209,41 +203,70 @@ fn replay(a: &CalibrateArgs, path: &std::path::Path) -> Result<()> {
     let mut measured = Vec::new();
     for l in recorded.levels {
         let o = options(&l);
-        measured.push((
-            o.clone(),
-            pangea_ops::calibrate::replay(&o, l.live, &mut say)?,
-        ));
+        let m = pangea_ops::calibrate::replay(&o, l.live, &mut say)?;
+        measured.push((o, m));
     }
-    let levels: Vec<&Measured> = measured.iter().map(|(_, m)| m).collect();
-    let fit = pangea_ops::calibrate::fit_levels(&levels)?;
-    let mut reports = Vec::new();
-    for (o, m) in measured {
-        let report = pangea_ops::calibrate::finish(&o, m, fit, &mut say)?;
-        println!("\n{report}");
-        reports.push(report);
-    }
-    println!("\nAcross load levels (replayed from {}):", path.display());
-    for r in &reports {
-        println!("  {}", r.agreement());
-    }
+    let heading = format!("replayed from {}", path.display());
+    let (fit, levels) = compare_levels(measured, &heading, &mut say)?;
     let kill = match recorded.kill {
         Some(l) => {
             let o = options(&l);
             let m = pangea_ops::calibrate::replay(&o, l.live, &mut say)?;
-            let report = pangea_ops::calibrate::finish(&o, m, fit, &mut say)?;
-            println!("\n{report}");
-            Some(report)
+            Some(compare_kill(&o, m, fit, &mut say)?)
         }
         None => None,
     };
-    if let Some(out) = &a.json {
-        let report = Report {
-            levels: reports,
+    write_json(
+        a.json.as_deref(),
+        &Report {
+            levels,
             kill,
             saturation: None,
-        };
-        std::fs::write(out, serde_json::to_vec_pretty(&report)?)
-            .with_context(|| format!("writing {}", out.display()))?;
+        },
+    )
+}
+
+/// Fits the host costs to the measured levels, simulates each again with them,
+/// and prints every comparison and, for several levels, a line each under
+/// `heading`.
+fn compare_levels(
+    measured: Vec<(Options, Measured)>,
+    heading: &str,
+    say: &mut dyn FnMut(&str),
+) -> Result<(Fit, Vec<Calibration>)> {
+    let levels: Vec<&Measured> = measured.iter().map(|(_, m)| m).collect();
+    let fit = pangea_ops::calibrate::fit_levels(&levels)?;
+    let mut reports = Vec::new();
+    for (o, m) in measured {
+        let report = pangea_ops::calibrate::finish(&o, m, fit, say)?;
+        println!("\n{report}");
+        reports.push(report);
+    }
+    if reports.len() > 1 {
+        println!("\nAcross load levels ({heading}):");
+        for r in &reports {
+            println!("  {}", r.agreement());
+        }
+    }
+    Ok((fit, reports))
+}
+
+/// The kill's level simulated again with the fitted costs, compared and printed.
+fn compare_kill(
+    o: &Options,
+    m: Measured,
+    fit: Fit,
+    say: &mut dyn FnMut(&str),
+) -> Result<Calibration> {
+    let report = pangea_ops::calibrate::finish(o, m, fit, say)?;
+    println!("\n{report}");
+    Ok(report)
+}
+
+fn write_json(path: Option<&std::path::Path>, report: &Report) -> Result<()> {
+    if let Some(path) = path {
+        std::fs::write(path, serde_json::to_vec_pretty(report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

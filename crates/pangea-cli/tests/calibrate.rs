@@ -131,10 +131,6 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
         &[
             "sim",
             "calibrate",
-            "--topology",
-            topology.to_str().context("path")?,
-            "--placement",
-            placement.to_str().context("path")?,
             "--replay",
             json.to_str().context("path")?,
             "--json",

@@ -163,6 +163,7 @@ pub struct Calibration {
     pub duration_s: f64,
     pub rate: f64,
     pub seed: u64,
+    pub clients_per_region: u32,
     /// Put these in a drill's `[host]` section to simulate this machine.
     pub fitted_host: Fit,
     /// Every read pooled: many more samples than one region × mode has, so its
@@ -1280,6 +1281,7 @@ fn compare(
         duration_s,
         rate: a.rate,
         seed: a.seed,
+        clients_per_region: a.clients_per_region,
         fitted_host,
         all_reads_p99,
         reads_p99,
