@@ -4,7 +4,11 @@
 //! 1. puts, one writer, fsync per write (the default durability);
 //! 2. puts, 16 writers sharing fsyncs (group commit);
 //! 3. point gets of 1 KiB rows, one reader, random keys;
-//! 4. reopen time of a store holding `PANGEA_BENCH_ROWS` (default 1,000,000) 1 KiB rows.
+//! 4. reopen time of a store holding `PANGEA_BENCH_ROWS` (default 1,000,000) 1 KiB rows;
+//! 5. the replication log as a replica keeps it: appends, with a purge of what
+//!    every peer has and a bounds lookup every 10 entries, early and after
+//!    `PANGEA_BENCH_LOG_ENTRIES` (default 200,000) entries (each purge must cost
+//!    the same however long the replica has run).
 //!
 //! `PANGEA_BENCH_DIR` chooses where the data goes (default: a temporary directory).
 
@@ -162,6 +166,12 @@ fn main() {
         reopen.as_secs_f64()
     );
 
+    let log_entries = std::env::var("PANGEA_BENCH_LOG_ENTRIES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200_000);
+    log_purges(dir.path(), log_entries);
+
     let mut h = hist();
     let mut rng = pangea_core::rng::Rng::new(0x2545_f491_4f6c_dd1d);
     let start = Instant::now();
@@ -174,4 +184,52 @@ fn main() {
         assert!(row.is_some());
     }
     report("get 1 KiB, 1 reader, random keys", &h, start.elapsed());
+}
+
+/// Benchmark 5: appends to one origin's log, each tenth with a purge of all but
+/// the last 100 entries and a bounds lookup (the core's compaction). Reports the
+/// purges of the first 10,000 entries and of the last 10,000 of `entries`.
+fn log_purges(dir: &std::path::Path, entries: u64) {
+    let opts = StoreOptions {
+        durability: Durability::OsBuffer,
+        ..Default::default()
+    };
+    let mut store = Store::open(dir.join("purges"), opts).unwrap();
+    let (g, o) = (ScopeId::global(), pangea_core::ReplicaId::from("o"));
+    let (mut early, mut late) = (hist(), hist());
+    let (mut early_time, mut late_time) = (Duration::ZERO, Duration::ZERO);
+    for seq in 1..=entries {
+        let mut batch = write("o", seq, &format!("k{:06}", seq % 1_000));
+        if seq % 10 == 0 {
+            batch
+                .truncate_log
+                .push((g.clone(), o.clone(), seq.saturating_sub(100)));
+            let t = Instant::now();
+            store.write(batch).unwrap();
+            let bounds = store.log_bounds(&g, &o).unwrap();
+            let took = t.elapsed();
+            assert_eq!(bounds, Some((seq.saturating_sub(100).max(1), seq)));
+            let (h, time) = if seq <= 10_000 {
+                (&mut early, &mut early_time)
+            } else if seq > entries.saturating_sub(10_000) {
+                (&mut late, &mut late_time)
+            } else {
+                continue;
+            };
+            h.record(took.as_nanos() as u64).unwrap();
+            *time += took;
+        } else {
+            store.write(batch).unwrap();
+        }
+    }
+    report(
+        "append + purge + bounds, first 10k entries",
+        &early,
+        early_time,
+    );
+    report(
+        &format!("append + purge + bounds, last 10k of {}k", entries / 1_000),
+        &late,
+        late_time,
+    );
 }

@@ -27,6 +27,7 @@ use pangea_core::storage::{LogEntry, Storage, Watermark, WriteBatch};
 use pangea_core::{Limits, ReplicaId, RowState, ScopeId, StorageError, Timestamp};
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -64,6 +65,41 @@ fn io(doing: &'static str) -> impl FnOnce(fjall::Error) -> StorageError {
     move |e| StorageError::Io {
         doing,
         source: pangea_core::EngineError::new(e),
+    }
+}
+
+/// Per stream (its log key prefix), a sequence below which the log holds no
+/// entry: where the last purge ended. Log scans start there, so the tombstones
+/// purges leave behind (kept by the LSM tree until compaction reaches the last
+/// level) are not stepped over again by every purge and every bounds lookup —
+/// which, with a purge per stream every few heartbeats, made a replica's apply
+/// thread slower with every minute of writes. Not persisted: after a restart a
+/// stream's first purge scans from 0, once.
+#[derive(Default)]
+struct LogFloors(std::sync::Mutex<HashMap<Vec<u8>, u64>>);
+
+impl LogFloors {
+    fn get(&self, prefix: &[u8]) -> u64 {
+        let floors = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        floors.get(prefix).copied().unwrap_or(0)
+    }
+
+    /// After a commit: purges raise their stream's floor to where they ended,
+    /// entries appended below a floor bring it down to them.
+    fn moved(&self, purged: Vec<(Vec<u8>, u64)>, appended: Vec<(Vec<u8>, u64)>) {
+        if purged.is_empty() && appended.is_empty() {
+            return;
+        }
+        let mut floors = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for (prefix, below) in purged {
+            let floor = floors.entry(prefix).or_insert(0);
+            *floor = (*floor).max(below);
+        }
+        for (prefix, sequence) in appended {
+            if let Some(floor) = floors.get_mut(&prefix) {
+                *floor = (*floor).min(sequence);
+            }
+        }
     }
 }
 
@@ -112,6 +148,8 @@ pub struct Store {
     path: Arc<Path>,
     group: Arc<GroupCommit>,
     row_cache: Option<Arc<row_cache::RowCache>>,
+    /// Where each stream's retained log starts, as far as this process knows.
+    log_floors: Arc<LogFloors>,
     /// This handle wrote since its last [`Storage::sync`], which therefore has work
     /// to do (a driver turn that wrote nothing then costs no fsync).
     unsynced: bool,
@@ -160,6 +198,7 @@ impl Store {
         Ok(Store {
             group: Arc::new(GroupCommit::new(db.clone(), persist)),
             row_cache: row_cache::RowCache::new(options.row_cache_bytes).map(Arc::new),
+            log_floors: Arc::default(),
             db,
             rows,
             log,
@@ -202,9 +241,16 @@ impl Store {
             }
             written.push(key);
         }
+        // Appended entries, as (stream prefix, sequence): one may land below a
+        // stream's floor (a log rebuilt after a snapshot), which then comes down.
+        let mut appended = Vec::with_capacity(batch.log.len());
         for e in &batch.log {
             let key = keys::log_key(e.scope.as_str(), e.origin.as_str(), e.sequence);
             b.insert(&self.log, key, encode(&e.to_frame()));
+            appended.push((
+                keys::log_prefix(e.scope.as_str(), e.origin.as_str()),
+                e.sequence,
+            ));
         }
         for (scope, origin, wm) in &batch.watermarks {
             let mut v = Vec::with_capacity(16);
@@ -216,12 +262,21 @@ impl Store {
                 v,
             );
         }
+        let mut purged = Vec::with_capacity(batch.truncate_log.len());
         for (scope, origin, below) in &batch.truncate_log {
-            let start = keys::log_key(scope.as_str(), origin.as_str(), 0);
+            let prefix = keys::log_prefix(scope.as_str(), origin.as_str());
+            // From the floor, not from 0: below it lie only the tombstones of
+            // earlier purges, which every scan from 0 would step over again.
+            let floor = self.log_floors.get(&prefix);
+            if floor >= *below {
+                continue;
+            }
+            let start = keys::log_key(scope.as_str(), origin.as_str(), floor);
             let end = keys::log_key(scope.as_str(), origin.as_str(), *below);
             for kv in self.log.range(start..end) {
                 b.remove(&self.log, kv.key().map_err(io("purging the log"))?);
             }
+            purged.push((prefix, *below));
         }
         for (name, value) in batch.meta {
             match value {
@@ -230,6 +285,9 @@ impl Store {
             }
         }
         let committed = b.commit().map_err(io("committing a batch"));
+        if committed.is_ok() {
+            self.log_floors.moved(purged, appended);
+        }
         // Before returning, so before anyone can learn of this commit (row_cache).
         if let Some(cache) = &self.row_cache {
             for key in &written {
@@ -509,6 +567,11 @@ impl Storage for Store {
         from: u64,
         max_entries: usize,
     ) -> Result<Vec<LogEntry>, StorageError> {
+        // Nothing lies below the floor but purged entries' tombstones.
+        let from = from.max(
+            self.log_floors
+                .get(&keys::log_prefix(scope.as_str(), origin.as_str())),
+        );
         let start = keys::log_key(scope.as_str(), origin.as_str(), from);
         let end = keys::log_key(scope.as_str(), origin.as_str(), u64::MAX);
         let mut out = Vec::new();
@@ -530,7 +593,10 @@ impl Storage for Store {
         origin: &ReplicaId,
     ) -> Result<Option<(u64, u64)>, StorageError> {
         let prefix = keys::log_prefix(scope.as_str(), origin.as_str());
-        let mut iter = self.log.prefix(&prefix);
+        let floor = self.log_floors.get(&prefix);
+        let start = keys::log_key(scope.as_str(), origin.as_str(), floor);
+        let end = keys::log_key(scope.as_str(), origin.as_str(), u64::MAX);
+        let mut iter = self.log.range(start..=end);
         let first = iter
             .next()
             .map(|g| g.key())

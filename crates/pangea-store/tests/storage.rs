@@ -129,6 +129,30 @@ fn contract(s: &mut dyn Storage) -> Result<()> {
     assert_eq!(s.log_bounds(&ScopeId::global(), &"o".into())?, Some((4, 5)));
     assert_eq!(s.get_row("t", b"ab")?, None);
     assert_eq!(s.meta("hlc")?, None);
+
+    // A purge past the end empties the stream; entries written afterwards below
+    // where it ended (a log rebuilt after a snapshot) are found, read and purged.
+    let purge = |below| WriteBatch {
+        truncate_log: vec![(ScopeId::global(), "o".into(), below)],
+        ..WriteBatch::default()
+    };
+    s.write(purge(100))?;
+    assert_eq!(s.log_bounds(&ScopeId::global(), &"o".into())?, None);
+    assert_eq!(s.read_log(&ScopeId::global(), &"o".into(), 0, 10)?, vec![]);
+    s.write(WriteBatch {
+        log: vec![entry(2), entry(3)],
+        ..WriteBatch::default()
+    })?;
+    assert_eq!(s.log_bounds(&ScopeId::global(), &"o".into())?, Some((2, 3)));
+    assert_eq!(
+        s.read_log(&ScopeId::global(), &"o".into(), 1, 10)?,
+        vec![entry(2), entry(3)]
+    );
+    s.write(purge(3))?;
+    assert_eq!(s.log_bounds(&ScopeId::global(), &"o".into())?, Some((3, 3)));
+    // A purge below where the log starts changes nothing.
+    s.write(purge(1))?;
+    assert_eq!(s.log_bounds(&ScopeId::global(), &"o".into())?, Some((3, 3)));
     Ok(())
 }
 
