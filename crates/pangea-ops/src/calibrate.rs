@@ -234,6 +234,9 @@ pub struct LiveFigures {
     pub reads_p99_interval: BTreeMap<String, BTreeMap<String, (f64, f64)>>,
     pub writes: u64,
     pub write_errors: u64,
+    /// Failed writes by the client's error kind: (count, the first message).
+    #[serde(default)]
+    pub write_error_kinds: BTreeMap<String, (u64, String)>,
     /// replica → origin → (applies, p50 ms, p99 ms).
     pub apply_lag: BTreeMap<String, BTreeMap<String, (u64, f64, f64)>>,
     pub hedges: u64,
@@ -688,6 +691,7 @@ struct Tally {
     reads: BTreeMap<(String, &'static str), (Histogram<u64>, u64)>,
     writes: u64,
     write_errors: u64,
+    write_error_kinds: BTreeMap<&'static str, (u64, String)>,
     /// The span after a kill, and what ended in it.
     window: Option<(tokio::time::Instant, tokio::time::Instant)>,
     in_window: Window,
@@ -779,6 +783,9 @@ async fn live_run(
                     break;
                 }
                 tokio::time::sleep_until(at).await;
+                // A JoinSet keeps each finished task until it is joined: reap
+                // them as we go, or a long run holds every operation it made.
+                while ops.try_join_next().is_some() {}
                 let frontend = frontends[generator.pick(frontends.len())].clone();
                 let drawn = generator.draw("", &w.global_prefix);
                 let (region, w, tally) = (region.clone(), w.clone(), tally.clone());
@@ -833,6 +840,11 @@ async fn live_run(
         }
         figures.writes = t.writes;
         figures.write_errors = t.write_errors;
+        figures.write_error_kinds = t
+            .write_error_kinds
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect();
     }
     if let Some((((busy0, total0), own0), ((busy1, total1), own1))) =
         cpu_before.zip(machine_cpu().zip(process_cpu()))
@@ -947,20 +959,28 @@ async fn one_op(
                 ..Default::default()
             };
             let result = frontend.client.mutate(mutation, &opts).await;
-            let ok = result.is_ok();
-            if let Ok(r) = result {
-                *frontend
-                    .last_write
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = Some((drawn.key, r.value));
-            }
+            let failed = match result {
+                Ok(r) => {
+                    *frontend
+                        .last_write
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = Some((drawn.key, r.value));
+                    None
+                }
+                Err(e) => Some(e),
+            };
             let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
-            if ok {
-                t.writes += 1;
-            } else {
-                t.write_errors += 1;
-                if t.in_window() {
-                    t.in_window.write_errors += 1;
+            match failed {
+                None => t.writes += 1,
+                Some(e) => {
+                    t.write_errors += 1;
+                    if t.in_window() {
+                        t.in_window.write_errors += 1;
+                    }
+                    t.write_error_kinds
+                        .entry(e.kind())
+                        .or_insert_with(|| (0, e.to_string()))
+                        .0 += 1;
                 }
             }
         }
@@ -1316,15 +1336,28 @@ impl Calibration {
         format!(
             "{} ops/s: within {:.0} % of live: {ra} of {rn} read figures ({noise} of the live \
              p99's 95 % interval), {la} of {ln} lag figures; all reads' p99 live/fitted {all}; \
-             hedges live {}, fitted {}; live write errors {} of {}",
+             hedges live {}, fitted {}; live write errors {} of {}{}",
             self.rate,
             TOLERANCE * 100.0,
             self.live.hedges,
             self.sim_fitted.counters.hedges,
             self.live.write_errors,
-            self.live.writes + self.live.write_errors
+            self.live.writes + self.live.write_errors,
+            error_kinds(&self.live.write_error_kinds)
         )
     }
+}
+
+/// Failed calls by kind, with the first message of each: " (deadline 3: …)".
+fn error_kinds(kinds: &BTreeMap<String, (u64, String)>) -> String {
+    if kinds.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = kinds
+        .iter()
+        .map(|(kind, (n, first))| format!("{kind} {n}, first: {first}"))
+        .collect();
+    format!(" ({})", each.join("; "))
 }
 
 /// A share as a percentage, or "-".
