@@ -6,11 +6,15 @@
 # latency idle and during the load, the load's rate, and how long after the load
 # ended euw1-a had every row (the last row readable there). Raw JSON in $OUT, with
 # euw1-a's own request-duration buckets for gets after each phase (handled-*.txt).
+# OP=put measures writes at euw1-a instead: each waits for euw1-a's driver, which
+# is applying the load's replicated rows meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${P:-target/release/pangea}   # cargo build --release -p pangea-cli
 ROWS=${ROWS:-200000}
-RATE=${RATE:-1000}              # reads per second at euw1-a
+RATE=${RATE:-1000}              # requests per second at euw1-a
+OP=${OP:-get}                   # what the frontend at euw1-a sends: get, or put (writes
+                                # that euw1-a makes durable among the replicated ones)
 SECS=${SECS:-20}                # seconds of reading, idle
 DURING_SECS=${DURING_SECS:-10}  # seconds of reading during the load (it must outlast them)
 OUT=${OUT:-$(mktemp -d)}
@@ -37,12 +41,12 @@ awk -v n="$ROWS" 'BEGIN { v = sprintf("%1024s", ""); gsub(/ /, "x", v);
   > "$D/rows.ndjson"
 last=$(printf 'load/%08d' $((ROWS - 1)))
 bench() {
-  "${READER[@]}" $P bench --cluster "$C" --region eu-west-1 --op get --value-bytes 1024 --keys 1000 \
+  "${READER[@]}" $P bench --cluster "$C" --region eu-west-1 --op "$OP" --value-bytes 1024 --keys 1000 \
     --concurrency 16 --rate "$RATE" --duration "$1" --json
 }
 # euw1-a's own view: its request-duration histogram for gets, after each phase.
 ADMIN=$(awk '/^id = "euw1-a"/ { f = 1 } f && /^admin/ { gsub(/"/, "", $3); print $3; exit }' "$C")
-handled() { curl -s "http://$ADMIN/metrics" | grep 'request_duration_seconds_bucket{.*op="get"' > "$1"; }
+handled() { curl -s "http://$ADMIN/metrics" | grep "request_duration_seconds_bucket{.*op=\"$([ "$OP" = put ] && echo mutate || echo get)\"" > "$1"; }
 bench "${SECS}s" > "$OUT/idle.json"
 handled "$OUT/handled-idle.txt"
 start=$(date +%s.%N)
@@ -64,15 +68,16 @@ handled "$OUT/handled-during.txt"
 wait $load
 loaded=$(cat "$OUT/load-end")
 caught=$(cat "$OUT/caught")
-python3 - "$OUT" "$start" "$loaded" "$caught" "$ROWS" "$during_end" <<'PY'
+python3 - "$OUT" "$start" "$loaded" "$caught" "$ROWS" "$during_end" "$OP" <<'PY'
 import json, sys
 out, start, loaded, caught, rows, during_end = sys.argv[1], *map(float, sys.argv[2:5]), int(sys.argv[5]), float(sys.argv[6])
+what = "writes" if sys.argv[7] == "put" else "reads"
 if during_end > loaded:
     print(f"warning: the load ended {during_end - loaded:.1f} s before the reading did: 'during' mixes in idle time (lower DURING_SECS)")
 for name in ["idle", "during"]:
     try:
-        r = json.load(open(f"{out}/{name}.json"))["reads"]
-        print(f"{name:>6}: {r['ops_per_s']:.0f} reads/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  p999 {r['p999_ms']:.2f} ms  max {r['max_ms']:.2f} ms  errors {r['errors']}")
+        r = json.load(open(f"{out}/{name}.json"))[what]
+        print(f"{name:>6}: {r['ops_per_s']:.0f} {what}/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  p999 {r['p999_ms']:.2f} ms  max {r['max_ms']:.2f} ms  errors {r['errors']}")
     except Exception as e:
         print(f"{name:>6}: no report ({e})")
 print(f"load: {rows} rows in {loaded - start:.1f} s ({rows / (loaded - start):.0f} rows/s); "

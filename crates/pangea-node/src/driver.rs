@@ -24,6 +24,54 @@ use tokio::sync::{mpsc, oneshot};
 /// acknowledgements indefinitely.
 const INPUTS_PER_TURN_MAX: usize = 1_024;
 
+/// Most time spent handling inputs in one turn before its flush: a burst of
+/// replication frames (a peer's bulk load, a gap fill) is applied in slices, and
+/// a client's write that arrives meanwhile is made durable and acknowledged
+/// after at most one slice and one fsync, not after the whole burst. Long
+/// enough that the flush's fsync stays a small share of a busy turn.
+const TURN_BUDGET: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// What the driver reads from: clients' writes (and their waits for other
+/// regions) in a lane of their own, taken before anything in the other lane —
+/// peers' frames, send reports, operators' requests. A replication flood that
+/// fills its lane therefore neither blocks a client's write from being queued
+/// nor puts it behind the frames already queued. Writes cannot starve the rest:
+/// each waits for its turn's flush before its caller can send another, so a turn
+/// takes at most the client requests admitted at once (`client_requests_max`)
+/// before the frames.
+#[derive(Debug)]
+pub struct Inbox {
+    writes: mpsc::Receiver<Input>,
+    rest: mpsc::Receiver<Input>,
+}
+
+impl Inbox {
+    /// The driver's inbox, and the senders for the writes' lane and the rest.
+    pub fn new(capacity: usize) -> (mpsc::Sender<Input>, mpsc::Sender<Input>, Inbox) {
+        let (writes_tx, writes) = mpsc::channel(capacity);
+        let (rest_tx, rest) = mpsc::channel(capacity);
+        (writes_tx, rest_tx, Inbox { writes, rest })
+    }
+
+    /// The next input, writes first; `None` once both lanes are closed.
+    async fn recv(&mut self) -> Option<Input> {
+        tokio::select! {
+            biased;
+            Some(input) = self.writes.recv() => Some(input),
+            Some(input) = self.rest.recv() => Some(input),
+            else => None,
+        }
+    }
+
+    /// An input already queued, writes first.
+    fn try_recv(&mut self) -> Option<Input> {
+        self.writes
+            .try_recv()
+            .or_else(|_| self.rest.try_recv())
+            .ok()
+    }
+}
+
 /// What the driver is told.
 #[derive(Debug)]
 pub enum Input {
@@ -143,7 +191,7 @@ fn step_jobs(
 
 pub async fn run(
     mut replica: Replica<Store>,
-    mut rx: mpsc::Receiver<Input>,
+    mut inbox: Inbox,
     shared: Arc<Shared>,
     mut peers: PeerQueues,
 ) {
@@ -166,7 +214,7 @@ pub async fn run(
         let mut jobs = resume(&replica);
         let failed = turns(
             &mut replica,
-            &mut rx,
+            &mut inbox,
             &shared,
             &mut peers,
             (&mut waiters, &mut jobs),
@@ -177,7 +225,7 @@ pub async fn run(
         let Some(error) = failed else { return };
         // The store failed (a full disk, most likely): close it, reopen it once
         // there is room, and carry on with a core rebuilt from it.
-        match recover(replica, &shared, &mut rx, error).await {
+        match recover(replica, &shared, &mut inbox, error).await {
             Some(r) => replica = r,
             None => return,
         }
@@ -235,7 +283,7 @@ fn told(shared: &Shared) -> CoreError {
 /// write told so).
 async fn turns(
     replica: &mut Replica<Store>,
-    rx: &mut mpsc::Receiver<Input>,
+    inbox: &mut Inbox,
     shared: &Arc<Shared>,
     peers: &mut PeerQueues,
     (waiters, jobs): (&mut Waiters, &mut Jobs),
@@ -258,8 +306,9 @@ async fn turns(
                 .map(|t| tokio::time::Instant::from_std(shared.clock.instant_of(t)))
         };
         tokio::select! {
-            input = rx.recv() => {
+            input = inbox.recv() => {
                 let input = input?;
+                let started = std::time::Instant::now();
                 let mut next = Some(input);
                 let mut handled = 0;
                 while let Some(input) = next.take() {
@@ -269,10 +318,13 @@ async fn turns(
                         return Some(store_failed(shared, waiters, e));
                     }
                     handled += 1;
-                    if handled >= INPUTS_PER_TURN_MAX || shutdown.is_some() {
+                    if handled >= INPUTS_PER_TURN_MAX
+                        || shutdown.is_some()
+                        || started.elapsed() >= TURN_BUDGET
+                    {
                         break;
                     }
-                    next = rx.try_recv().ok();
+                    next = inbox.try_recv();
                 }
             }
             _ = sleep_until(deadline) => {
@@ -383,7 +435,7 @@ const REOPEN_FREE_MIN_BYTES: u64 = 16 << 20;
 async fn recover(
     replica: Replica<Store>,
     shared: &Arc<Shared>,
-    rx: &mut mpsc::Receiver<Input>,
+    inbox: &mut Inbox,
     error: CoreError,
 ) -> Option<Replica<Store>> {
     // `shared.disk` already says why (the failed flush set it).
@@ -400,7 +452,7 @@ async fn recover(
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tokio::select! {
-            input = rx.recv() => match input {
+            input = inbox.recv() => match input {
                 None => return None,
                 Some(Input::Shutdown { done }) => {
                     let _ = done.send(());
@@ -673,4 +725,48 @@ fn publish(replica: &Replica<Store>, shared: &Shared) {
         .collect();
     let suspected = replica.suspected().cloned().collect();
     shared.published.publish(wms, suspected, replica.location());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(bytes: usize) -> Input {
+        Input::Sent {
+            to: ReplicaId::from("peer"),
+            bytes,
+        }
+    }
+
+    /// Writes queued after a backlog of replication work are taken first, and
+    /// the backlog after them in its own order.
+    #[tokio::test]
+    async fn the_inbox_takes_clients_writes_before_replication() {
+        let (writes, rest, mut inbox) = Inbox::new(16);
+        for bytes in 1..=3 {
+            rest.send(sent(bytes)).await.unwrap();
+        }
+        let (reply, _answer) = oneshot::channel();
+        writes
+            .send(Input::RegionsApplied {
+                scope: ScopeId::global(),
+                sequence: 7,
+                reply,
+            })
+            .await
+            .unwrap();
+        assert!(matches!(
+            inbox.recv().await,
+            Some(Input::RegionsApplied { sequence: 7, .. })
+        ));
+        let order: Vec<usize> = std::iter::from_fn(|| match inbox.try_recv() {
+            Some(Input::Sent { bytes, .. }) => Some(bytes),
+            _ => None,
+        })
+        .collect();
+        assert_eq!(order, vec![1, 2, 3]);
+        // Both lanes closed and empty: the driver's inbox ends.
+        drop((writes, rest));
+        assert!(inbox.recv().await.is_none());
+    }
 }

@@ -52,7 +52,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 pub use config::NodeConfig;
 pub use shared::{Inflight, InflightGuard, Shared, Sources};
@@ -348,7 +347,7 @@ pub async fn run_with_sockets(
         seed,
         clock.now(),
     )?;
-    let (tx, rx) = mpsc::channel(DRIVER_QUEUE_MAX);
+    let (writes_tx, tx, inbox) = driver::Inbox::new(DRIVER_QUEUE_MAX);
     let shared = Arc::new(Shared::new(shared::Parts {
         id: id.clone(),
         region: me.region.clone(),
@@ -362,6 +361,7 @@ pub async fn run_with_sockets(
         store,
         disk,
         driver: tx,
+        driver_writes: writes_tx,
         endpoint: endpoint.clone(),
         tls,
         faults,
@@ -381,7 +381,7 @@ pub async fn run_with_sockets(
                 .enable_time()
                 .build()
             {
-                Ok(rt) => rt.block_on(driver::run(replica, rx, driver_shared, queues)),
+                Ok(rt) => rt.block_on(driver::run(replica, inbox, driver_shared, queues)),
                 Err(e) => tracing::error!(error = %e, "cannot start the driver runtime"),
             }
         })?;

@@ -874,7 +874,7 @@ async fn wait_for_regions(
             reply,
         };
         let gone = || Failure::new(Code::Unavailable, "replica is shutting down");
-        shared.driver.send(asked).await.map_err(|_| gone())?;
+        shared.driver_writes.send(asked).await.map_err(|_| gone())?;
         let (mut reached, all) = answer.await.map_err(|_| gone())?.unwrap_or_default();
         reached.remove(&shared.region);
         if reached.len() >= regions {
@@ -1105,7 +1105,7 @@ async fn execute(
             let wait_regions = regions_to_wait_for(shared, &d, &scope, &m_wait)?;
             let (reply, wait) = oneshot::channel();
             shared
-                .driver
+                .driver_writes
                 .send(Input::Propose { mutation, reply })
                 .await
                 .map_err(|_| Failure::new(Code::Unavailable, "replica is shutting down"))?;

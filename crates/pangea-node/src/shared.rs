@@ -38,7 +38,12 @@ pub struct Shared {
     store: RwLock<Option<Store>>,
     /// Free space against the reserve, and whether the store failed (`disk`).
     pub disk: Arc<disk::Disk>,
+    /// The driver's inbox for everything but clients' writes: peers' frames,
+    /// send reports, operators' requests, reloads.
     pub driver: mpsc::Sender<driver::Input>,
+    /// Its lane for clients' writes and their waits for other regions, taken
+    /// first ([`driver::Inbox`]).
+    pub driver_writes: mpsc::Sender<driver::Input>,
     pub intake: Intake,
     /// The QUIC endpoint (peer links are started from it, also after a reload).
     pub endpoint: quinn::Endpoint,
@@ -81,6 +86,7 @@ pub(crate) struct Parts {
     pub store: Store,
     pub disk: Arc<disk::Disk>,
     pub driver: mpsc::Sender<driver::Input>,
+    pub driver_writes: mpsc::Sender<driver::Input>,
     pub endpoint: quinn::Endpoint,
     pub tls: Arc<pangea_net::LiveTls>,
     pub faults: Option<fault::FaultControl>,
@@ -102,6 +108,7 @@ impl Shared {
             store: RwLock::new(Some(p.store)),
             disk: p.disk,
             driver: p.driver,
+            driver_writes: p.driver_writes,
             endpoint: p.endpoint,
             runtime: tokio::runtime::Handle::current(),
             tls: p.tls,
