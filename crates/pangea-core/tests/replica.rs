@@ -1082,3 +1082,55 @@ fn replicas_report_a_write_a_client_waits_for_at_once() {
         "not even durable at the origin: {reached:?}"
     );
 }
+
+/// A log every member has applied is purged in slices of at most 2,000 entries,
+/// the next one due 10 ms after a slice that stopped at the budget, until it is
+/// all gone: a replica taking in a bulk load is never held up by one purge of
+/// everything a second brought.
+#[test]
+fn a_long_applied_log_is_purged_in_slices() {
+    let d = deployment();
+    let mut rs = all_replicas(&d);
+    let a = rs.get_mut("euw1-a").unwrap();
+    let mut last = None;
+    for i in 0..5_000 {
+        last = Some(a.propose(at(1), set(&format!("us/{i:05}"), "v")).unwrap());
+        if i % 500 == 499 {
+            a.flush(at(1)).unwrap();
+        }
+    }
+    let last = last.unwrap();
+    pump(&mut rs, at(2));
+    let origin = ReplicaId::from("euw1-a");
+    let bounds = |rs: &BTreeMap<String, Replica<MemStorage>>| {
+        rs["euw1-a"]
+            .storage()
+            .log_bounds(&last.scope, &origin)
+            .unwrap()
+    };
+    assert_eq!(bounds(&rs), Some((1, 5_000)));
+    // Timers every 5 ms, so that a purge's next slice is seen on time.
+    let mut firsts = vec![1];
+    let mut ms = 3;
+    while ms < 10_000 && bounds(&rs).is_some() {
+        for r in rs.values_mut() {
+            r.handle_timeout(at(ms)).unwrap();
+        }
+        pump(&mut rs, at(ms));
+        let first = bounds(&rs).map_or(5_001, |(f, _)| f);
+        if first != *firsts.last().unwrap() {
+            firsts.push(first);
+            // A slice that stopped at its budget has its next one due soon.
+            if first <= 5_000 {
+                let due = rs["euw1-a"].poll_timeout().unwrap();
+                assert!(due <= at(ms).mono_us + 10_000, "next slice due at {due}");
+            }
+        }
+        ms += 5;
+    }
+    assert_eq!(
+        firsts,
+        vec![1, 2_001, 4_001, 5_001],
+        "purged in slices of 2,000, then the rest"
+    );
+}

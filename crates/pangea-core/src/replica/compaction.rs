@@ -3,12 +3,32 @@
 
 use super::*;
 
+/// Most log entries one purge removes, over all streams. A replica taking in a
+/// bulk load gathers ~15,000 entries a second that every member has; removing
+/// them in one go held its driver (and every local write waiting for it) for
+/// ~25 ms each compaction. A purge that stops here goes on after
+/// [`PURGE_AGAIN_US`], in slices of a few ms with the driver's other work between.
+pub(super) const PURGE_ENTRIES_MAX: u64 = 2_000;
+
+/// How soon a purge that stopped at [`PURGE_ENTRIES_MAX`] goes on.
+pub(super) const PURGE_AGAIN_US: u64 = 10_000;
+
 impl<S: Storage> Replica<S> {
-    /// Recomputes purge horizons, truncates logs below them, and sweeps some rows.
+    /// Recomputes purge horizons, truncates logs below them (at most
+    /// [`PURGE_ENTRIES_MAX`] entries), and sweeps some rows. `true`: the purge
+    /// stopped at its budget, and should go on soon.
     #[inline(never)]
-    pub(super) fn compact(&mut self, now: Now) -> Result<(), Error> {
-        const SWEEP_ROWS_MAX: usize = 1_000;
-        let d = self.deployment.clone();
+    pub(super) fn compact(&mut self, now: Now) -> Result<bool, Error> {
+        let more = self.purge_logs()?;
+        self.sweep_rows(now)?;
+        Ok(more)
+    }
+
+    /// Recomputes purge horizons and truncates the logs below them, removing at
+    /// most [`PURGE_ENTRIES_MAX`] entries; `true` if it left some for later.
+    pub(super) fn purge_logs(&mut self) -> Result<bool, Error> {
+        let mut budget = PURGE_ENTRIES_MAX;
+        let mut more = false;
         let scopes: Vec<ScopeId> = self.scopes.keys().cloned().collect();
         for scope in scopes {
             let s = self.scopes.get_mut(&scope).expect("listed above");
@@ -47,16 +67,28 @@ impl<S: Storage> Replica<S> {
                 if let Some((first, _)) = self.storage.log_bounds(&scope, o)?
                     && first < keep_from
                 {
-                    batch
-                        .truncate_log
-                        .push((scope.clone(), o.clone(), keep_from));
+                    let take = (keep_from - first).min(budget);
+                    more |= take < keep_from - first;
+                    budget -= take;
+                    if take > 0 {
+                        batch
+                            .truncate_log
+                            .push((scope.clone(), o.clone(), first + take));
+                    }
                 }
             }
             if !batch.is_empty() {
                 self.storage.write(batch)?;
             }
         }
-        // Sweep: purge tombstones and expired versions of rows nobody writes to.
+        Ok(more)
+    }
+
+    /// Purges tombstones and expired versions of rows nobody writes to, in a sweep
+    /// of a bounded number of rows that resumes where the last one stopped.
+    fn sweep_rows(&mut self, now: Now) -> Result<(), Error> {
+        const SWEEP_ROWS_MAX: usize = 1_000;
+        let d = self.deployment.clone();
         if self.stores_rows {
             let tables: Vec<Arc<str>> = d.placement.schema.tables.keys().cloned().collect();
             if tables.is_empty() {

@@ -816,6 +816,9 @@ pub struct Replica<S: Storage> {
     forward_heartbeats_at_us: Option<u64>,
     next_probe_us: u64,
     next_compaction_us: u64,
+    /// When a log purge that stopped at its budget goes on
+    /// ([`Replica::purge_logs`]), before the next compaction.
+    purge_again_at_us: Option<u64>,
     next_check_us: u64,
     /// Where the compaction sweep resumes: (table, after this key).
     sweep: Option<(Arc<str>, Bytes)>,
@@ -878,6 +881,7 @@ impl<S: Storage> Replica<S> {
             forward_heartbeats_at_us: None,
             next_probe_us: now.mono_us,
             next_compaction_us: now.mono_us,
+            purge_again_at_us: None,
             next_check_us: now.mono_us,
             sweep: None,
             location: Location::new(),
@@ -1444,7 +1448,12 @@ impl<S: Storage> Replica<S> {
         }
         if now.mono_us >= self.next_compaction_us {
             self.next_compaction_us = now.mono_us + self.config.compaction_interval_ms * 1_000;
-            self.compact(now)?;
+            self.purge_again_at_us = None;
+            let more = self.compact(now)?;
+            self.purge_again_at_us = more.then_some(now.mono_us + compaction::PURGE_AGAIN_US);
+        } else if self.purge_again_at_us.is_some_and(|t| now.mono_us >= t) {
+            let more = self.purge_logs()?;
+            self.purge_again_at_us = more.then_some(now.mono_us + compaction::PURGE_AGAIN_US);
         }
         Ok(())
     }
@@ -1657,6 +1666,9 @@ impl<S: Storage> Replica<S> {
             .min(self.next_compaction_us);
         if let Some(f) = self.forward_heartbeats_at_us {
             t = t.min(f);
+        }
+        if let Some(p) = self.purge_again_at_us {
+            t = t.min(p);
         }
         Some(t)
     }
