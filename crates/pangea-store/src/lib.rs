@@ -68,36 +68,40 @@ fn io(doing: &'static str) -> impl FnOnce(fjall::Error) -> StorageError {
     }
 }
 
-/// Per stream (its log key prefix), a sequence below which the log holds no
-/// entry: where the last purge ended. Log scans start there, so the tombstones
-/// purges leave behind (kept by the LSM tree until compaction reaches the last
-/// level) are not stepped over again by every purge and every bounds lookup —
-/// which, with a purge per stream every few heartbeats, made a replica's apply
-/// thread slower with every minute of writes. Not persisted: after a restart a
-/// stream's first purge scans from 0, once.
+/// Per stream, a sequence below which the log holds no entry: where the last
+/// purge ended. Log scans start there, so the tombstones purges leave behind
+/// (kept by the LSM tree until compaction reaches the last level) are not
+/// stepped over again by every purge and every bounds lookup — which, with a
+/// purge per stream every few heartbeats, made a replica's apply thread slower
+/// with every minute of writes. Not persisted: after a restart a stream's first
+/// purge scans from 0, once.
 #[derive(Default)]
-struct LogFloors(std::sync::Mutex<HashMap<Vec<u8>, u64>>);
+struct LogFloors(std::sync::Mutex<HashMap<(ScopeId, ReplicaId), u64>>);
 
 impl LogFloors {
-    fn get(&self, prefix: &[u8]) -> u64 {
+    fn get(&self, scope: &ScopeId, origin: &ReplicaId) -> u64 {
         let floors = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        floors.get(prefix).copied().unwrap_or(0)
+        floors
+            .get(&(scope.clone(), origin.clone()))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// After a commit: purges raise their stream's floor to where they ended,
-    /// entries appended below a floor bring it down to them.
-    fn moved(&self, purged: Vec<(Vec<u8>, u64)>, appended: Vec<(Vec<u8>, u64)>) {
-        if purged.is_empty() && appended.is_empty() {
-            return;
-        }
+    /// entries appended below a floor (a log rebuilt after a snapshot) bring it
+    /// down to them.
+    fn moved(&self, purged: Vec<(ScopeId, ReplicaId, u64)>, appended: &[LogEntry]) {
         let mut floors = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        for (prefix, below) in purged {
-            let floor = floors.entry(prefix).or_insert(0);
+        for (scope, origin, below) in purged {
+            let floor = floors.entry((scope, origin)).or_insert(0);
             *floor = (*floor).max(below);
         }
-        for (prefix, sequence) in appended {
-            if let Some(floor) = floors.get_mut(&prefix) {
-                *floor = (*floor).min(sequence);
+        if floors.is_empty() {
+            return;
+        }
+        for e in appended {
+            if let Some(floor) = floors.get_mut(&(e.scope.clone(), e.origin.clone())) {
+                *floor = (*floor).min(e.sequence);
             }
         }
     }
@@ -241,16 +245,9 @@ impl Store {
             }
             written.push(key);
         }
-        // Appended entries, as (stream prefix, sequence): one may land below a
-        // stream's floor (a log rebuilt after a snapshot), which then comes down.
-        let mut appended = Vec::with_capacity(batch.log.len());
         for e in &batch.log {
             let key = keys::log_key(e.scope.as_str(), e.origin.as_str(), e.sequence);
             b.insert(&self.log, key, encode(&e.to_frame()));
-            appended.push((
-                keys::log_prefix(e.scope.as_str(), e.origin.as_str()),
-                e.sequence,
-            ));
         }
         for (scope, origin, wm) in &batch.watermarks {
             let mut v = Vec::with_capacity(16);
@@ -264,10 +261,9 @@ impl Store {
         }
         let mut purged = Vec::with_capacity(batch.truncate_log.len());
         for (scope, origin, below) in &batch.truncate_log {
-            let prefix = keys::log_prefix(scope.as_str(), origin.as_str());
             // From the floor, not from 0: below it lie only the tombstones of
             // earlier purges, which every scan from 0 would step over again.
-            let floor = self.log_floors.get(&prefix);
+            let floor = self.log_floors.get(scope, origin);
             if floor >= *below {
                 continue;
             }
@@ -276,7 +272,7 @@ impl Store {
             for kv in self.log.range(start..end) {
                 b.remove(&self.log, kv.key().map_err(io("purging the log"))?);
             }
-            purged.push((prefix, *below));
+            purged.push((scope.clone(), origin.clone(), *below));
         }
         for (name, value) in batch.meta {
             match value {
@@ -286,7 +282,7 @@ impl Store {
         }
         let committed = b.commit().map_err(io("committing a batch"));
         if committed.is_ok() {
-            self.log_floors.moved(purged, appended);
+            self.log_floors.moved(purged, &batch.log);
         }
         // Before returning, so before anyone can learn of this commit (row_cache).
         if let Some(cache) = &self.row_cache {
@@ -568,10 +564,7 @@ impl Storage for Store {
         max_entries: usize,
     ) -> Result<Vec<LogEntry>, StorageError> {
         // Nothing lies below the floor but purged entries' tombstones.
-        let from = from.max(
-            self.log_floors
-                .get(&keys::log_prefix(scope.as_str(), origin.as_str())),
-        );
+        let from = from.max(self.log_floors.get(scope, origin));
         let start = keys::log_key(scope.as_str(), origin.as_str(), from);
         let end = keys::log_key(scope.as_str(), origin.as_str(), u64::MAX);
         let mut out = Vec::new();
@@ -592,8 +585,7 @@ impl Storage for Store {
         scope: &ScopeId,
         origin: &ReplicaId,
     ) -> Result<Option<(u64, u64)>, StorageError> {
-        let prefix = keys::log_prefix(scope.as_str(), origin.as_str());
-        let floor = self.log_floors.get(&prefix);
+        let floor = self.log_floors.get(scope, origin);
         let start = keys::log_key(scope.as_str(), origin.as_str(), floor);
         let end = keys::log_key(scope.as_str(), origin.as_str(), u64::MAX);
         let mut iter = self.log.range(start..=end);
