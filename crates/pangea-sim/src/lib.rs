@@ -21,6 +21,8 @@
 //!   latency from the topology, jitter, bandwidth as serialization delay, loss as
 //!   retransmission delay, per-connection FIFO, partitions, down replicas, link
 //!   overrides, accounting;
+//! - `detach`: deep copies of a deployment that share no `Arc` with the
+//!   original, so each thread of a split run works on its own;
 //! - `ids`: dense indices for replica, region and scope names (the interner);
 //! - [`shared_rows`]: rows the in-memory stores of one run share (the core's
 //!   `RowSharing` hook), so a 27-replica run holds most rows once;
@@ -61,6 +63,7 @@
 
 pub mod capacity;
 pub mod charts;
+mod detach;
 pub mod drill;
 pub mod error;
 pub mod host;

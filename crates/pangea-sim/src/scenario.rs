@@ -344,12 +344,12 @@ impl Workload {
 
 impl Scenario {
     /// An equal scenario that shares no `Arc` with this one, for a shard on a
-    /// thread of its own: its deployments are detached (`Deployment::detached`), and
+    /// thread of its own: its deployments are detached (`detach::deployment`), and
     /// the regions of its workload and the replicas and regions of its faults are
     /// the detached deployment's.
     pub fn detached(&self) -> Scenario {
         let mut sc = self.clone();
-        let d = Arc::new(self.deployment.detached());
+        let d = Arc::new(crate::detach::deployment(&self.deployment));
         let region = |r: &mut RegionId| {
             if let Some((own, _)) = d.topology.regions.get_key_value(r.as_str()) {
                 *r = own.clone();
@@ -381,7 +381,7 @@ impl Scenario {
                     replicas.iter_mut().for_each(replica);
                 }
                 FaultKind::ChangePlacement { deployment, .. } => {
-                    *deployment = Arc::new(deployment.detached());
+                    *deployment = Arc::new(crate::detach::deployment(deployment));
                 }
                 FaultKind::Migrate { .. } => {}
             }

@@ -31,12 +31,9 @@
 //! - [`svg`]: a drawing of the topology and its trees;
 //! - [`cluster`]: the cluster file (`cluster.toml`): where a running deployment's
 //!   replicas listen;
-//! - `detach`: [`Deployment::detached`], a deep copy that shares no `Arc` with the
-//!   original, so each thread of a split simulator run works on its own.
 
 pub mod affinity;
 pub mod cluster;
-mod detach;
 pub mod generate;
 mod grants;
 pub mod ids;

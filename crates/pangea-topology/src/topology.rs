@@ -186,8 +186,8 @@ pub struct AppProfile {
     /// Where the profile's writes go unless a call says otherwise
     /// (`writes = "row-affinity"` in the file; default nearest).
     pub writes: WriteRouting,
-    /// Table → access. Keys are `Arc<str>` like the placement's table names (and
-    /// [`crate::Deployment::detached`] gives each copy its own); never a system table
+    /// Table → access. Keys are `Arc<str>` like the placement's table names (the
+    /// simulator's deep copies give each copy its own); never a system table
     /// (`_*`), never empty in a validated topology.
     pub tables: BTreeMap<Arc<str>, Access>,
     /// The placement policies (scopes) whose rows the profile may touch; `None`:
@@ -609,6 +609,13 @@ impl Topology {
 
     pub fn replica(&self, id: &str) -> Option<&Replica> {
         self.replicas.get(id)
+    }
+
+    /// Recomputes the round trips between regions from `regions` and `links`, for
+    /// a caller that edited either in place (the fields are public; the round
+    /// trips are derived from them at parse time).
+    pub fn recompute_paths(&mut self) {
+        self.region_rtt_ms = shortest_paths(&self.regions, &self.links);
     }
 
     pub fn region_of(&self, id: &str) -> Option<&RegionId> {

@@ -4,11 +4,16 @@
 //! that clone the same `Arc` write the same cache line, and every read of the
 //! name's bytes on the other core then misses: the simulator's two shards ran
 //! 10-80 % slower that way. Each thread works on its own copy instead.
+//!
+//! Simulator-only: the node shares one deployment among its threads read-only
+//! and never needs this, so it lives here rather than in `pangea-topology`.
+//! Row mutations have their deep copy in the core (`RowMutation::detached`),
+//! which alone can build one without checking it again.
 
-use crate::placement::{HomeRule, Placement, Policy, PrefixRule};
-use crate::schema::{Schema, TableSchema};
-use crate::topology::{Region, Replica, Routing, Topology};
-use crate::{Deployment, RegionId, ReplicaId, ScopeId};
+use pangea_topology::placement::{HomeRule, Placement, Policy, PrefixRule};
+use pangea_topology::schema::{Schema, TableSchema};
+use pangea_topology::topology::{Region, Replica, Routing, Topology};
+use pangea_topology::{Deployment, RegionId, ReplicaId, ScopeId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -87,10 +92,8 @@ impl Fresh {
                     .collect();
             }
         }
-        t.region_rtt_ms = std::mem::take(&mut t.region_rtt_ms)
-            .into_iter()
-            .map(|((a, b), rtt)| ((self.region(&a), self.region(&b)), rtt))
-            .collect();
+        // Derived from the regions and links, keyed by the copy's own names.
+        t.recompute_paths();
         t
     }
 
@@ -152,15 +155,13 @@ impl Fresh {
     }
 }
 
-impl Deployment {
-    /// An equal deployment that shares no `Arc` with this one, for a thread of its
-    /// own (see the module documentation).
-    pub fn detached(&self) -> Deployment {
-        let mut fresh = Fresh::default();
-        Deployment {
-            topology: fresh.topology(&self.topology),
-            placement: fresh.placement(&self.placement),
-        }
+/// An equal deployment that shares no `Arc` with `d`, for a thread of its own
+/// (see the module documentation).
+pub(crate) fn deployment(d: &Deployment) -> Deployment {
+    let mut fresh = Fresh::default();
+    Deployment {
+        topology: fresh.topology(&d.topology),
+        placement: fresh.placement(&d.placement),
     }
 }
 
@@ -201,10 +202,6 @@ mod tests {
             p.tables.keys().for_each(|t| add(t));
             p.policies.iter().flatten().for_each(|s| add(s.as_str()));
         }
-        for (a, b) in d.topology.region_rtt_ms.keys() {
-            add(a.as_str());
-            add(b.as_str());
-        }
         for (t, ts) in &d.placement.schema.tables {
             add(t);
             ts.families.keys().for_each(|f| add(f));
@@ -239,7 +236,7 @@ mod tests {
             .get_mut("frontend")
             .expect("the reference has a frontend profile")
             .policies = Some(policies);
-        let copy = d.detached();
+        let copy = deployment(&d);
         assert_eq!(copy, d);
         assert!(!d.placement.rules.is_empty() && !d.placement.home_rules.is_empty());
         let (old, new) = (names(&d), names(&copy));
