@@ -268,6 +268,46 @@ fn print_plan(d: &Deployment, plan: &Plan) {
         wan_line("tree", &s.wan_bytes_tree);
         wan_line("full mesh", &s.wan_bytes_mesh);
     }
+    print_shards(d, plan);
+}
+
+/// Shard groups: which process of each replica hosts which groups, and each
+/// table's partition key (docs/sharding.md).
+fn print_shards(d: &Deployment, plan: &Plan) {
+    let g = plan.shard_groups;
+    println!(
+        "
+shard groups: {g}"
+    );
+    for (table, schema) in &d.placement.schema.tables {
+        if let Some(pk) = &schema.partition_key {
+            println!(
+                "  table {table}: partition key = the row key up to separator {:?} number {}",
+                pk.separator as char, pk.fields
+            );
+        }
+    }
+    if plan.shards.iter().all(|r| r.groups.len() == 1) {
+        println!("  every replica: 1 process hosting every group");
+        return;
+    }
+    for r in &plan.shards {
+        let ranges: Vec<String> = r
+            .groups
+            .iter()
+            .map(|range| match range.len() {
+                1 => format!("{}", range.start),
+                _ => format!("{}–{}", range.start, range.end - 1),
+            })
+            .collect();
+        println!(
+            "  {:<14} {} process{}: groups {}",
+            r.replica,
+            r.groups.len(),
+            if r.groups.len() == 1 { "" } else { "es" },
+            ranges.join(" | ")
+        );
+    }
 }
 
 pub(crate) fn print_diff(diff: &Diff) {

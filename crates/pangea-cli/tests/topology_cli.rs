@@ -283,3 +283,54 @@ fn diff_names_replicas_edges_policies_and_moved_rows() {
         "{out}"
     );
 }
+
+/// Shard groups are planned in the files and shown by `plan`; a local cluster
+/// refuses them by name until replicas serve them (docs/sharding.md).
+#[test]
+fn plan_shows_shard_groups_and_cluster_up_refuses_what_is_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root().join("local-3-regions.toml")).unwrap();
+    let sharded = text
+        .replacen(
+            "intra_region_rtt_ms = 1.0\n",
+            "intra_region_rtt_ms = 1.0\nshard_groups = 8\n",
+            1,
+        )
+        .replacen(
+            "id = \"use1-a\"\n",
+            "id = \"use1-a\"\n    processes = 2\n",
+            1,
+        );
+    assert_ne!(sharded, text);
+    let f = dir.path().join("sharded.toml");
+    std::fs::write(&f, &sharded).unwrap();
+    let (ok, out, err) = pangea(&["topology", "plan", f.to_str().unwrap()], &[]);
+    assert!(ok, "{err}");
+    assert!(out.contains("shard groups: 8"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.contains("use1-a") && l.contains("2 processes: groups 0–3 | 4–7")),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.contains("euw1-a") && l.contains("1 process: groups 0–7")),
+        "{out}"
+    );
+    let data = dir.path().join("data");
+    let (ok, _, err) = pangea(
+        &[
+            "cluster",
+            "up",
+            f.to_str().unwrap(),
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(!ok, "a layout replicas cannot serve must not start");
+    assert!(
+        err.contains("shard_groups = 8") && err.contains("[use1-a]"),
+        "{err}"
+    );
+}

@@ -226,6 +226,9 @@ pub async fn run_with_sockets(
         Deployment::load(&config.topology, config.placement.as_deref())
             .map_err(|p| anyhow::anyhow!("{p}"))?,
     );
+    deployment
+        .check_served_layout()
+        .map_err(anyhow::Error::msg)?;
     let sources = Sources::read(&config).context("reading the deployment's files")?;
     let id = ReplicaId::from(config.replica.as_str());
     let me = deployment

@@ -43,7 +43,16 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<Vec<String>, String> {
             shared.id, shared.region, me.region
         ));
     }
+    new.check_served_layout()
+        .map_err(|why| format!("reload refused, nothing changed: {why}"))?;
     let old = shared.deployment();
+    let layout = old.layout_changes(&new);
+    if !layout.is_empty() {
+        return Err(format!(
+            "reload refused, nothing changed: {}",
+            layout.join("; ")
+        ));
+    }
     let location = shared
         .published
         .with_location(pangea_core::location::Location::clone);

@@ -108,6 +108,10 @@ impl Apply {
         }
         // Against the running files (what the replicas were last given).
         let old = local::load(&cluster.topology, cluster.placement.as_deref())?;
+        let layout = old.layout_changes(&new);
+        if !layout.is_empty() {
+            anyhow::bail!("{}; nothing changed", layout.join("; "));
+        }
         let diff = old.diff(&new);
         let destructive = old.destructive_changes(&new);
         Ok(Apply {

@@ -143,6 +143,9 @@ impl ReplicaSockets {
 /// Starts a local cluster and returns its cluster file (also written to DIR).
 pub fn up(o: &UpOptions) -> Result<ClusterFile> {
     let deployment = load(&o.topology, o.placement.as_deref())?;
+    deployment
+        .check_served_layout()
+        .map_err(anyhow::Error::msg)?;
     let dir = std::fs::canonicalize({
         std::fs::create_dir_all(&o.data_dir)
             .with_context(|| format!("creating {}", o.data_dir.display()))?;

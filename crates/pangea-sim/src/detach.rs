@@ -108,7 +108,11 @@ impl Fresh {
                         .iter()
                         .map(|(f, gc)| (self.name(f), *gc))
                         .collect();
-                    (self.name(name), TableSchema { families })
+                    let schema = TableSchema {
+                        families,
+                        partition_key: t.partition_key.clone(),
+                    };
+                    (self.name(name), schema)
                 })
                 .collect(),
         }

@@ -581,6 +581,9 @@ impl Drill {
         };
         let d =
             Deployment::load(&topology_path, placement_path.as_deref()).map_err(|p| top(p.0))?;
+        if let Err(why) = d.check_served_layout() {
+            return Err(DrillProblems(vec![src.problem(&p!["topology"], why)]));
+        }
         let d = Arc::new(d);
         let mut cx = Ctx {
             src: &src,

@@ -27,6 +27,7 @@
 //!   harness, the simulator's swarm);
 //! - [`tree`]: minimum spanning trees per scope, over any subset of live replicas;
 //! - [`affinity`]: weighted rendezvous hashing for row affinity;
+//! - [`shard`]: shard groups: partition keys, key → group, group → process;
 //! - [`plan`]: what `pangea topology plan` and `diff` report;
 //! - [`svg`]: a drawing of the topology and its trees;
 //! - [`cluster`]: the cluster file (`cluster.toml`): where a running deployment's
@@ -42,6 +43,7 @@ pub mod plan;
 pub mod problems;
 pub mod raw;
 pub mod schema;
+pub mod shard;
 pub mod svg;
 pub mod topology;
 pub mod tree;

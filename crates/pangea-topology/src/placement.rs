@@ -10,6 +10,7 @@ use crate::ids::{RegionId, ScopeId};
 use crate::problems::{KeyPath, Problem, ProblemKind, Problems, Source};
 use crate::raw::RawPlacement;
 use crate::schema::{GcPolicy, Schema, TableSchema, validate_name};
+use crate::shard::PartitionKey;
 use crate::topology::{Topology, region_components};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -64,7 +65,13 @@ fn add_system_tables(schema: &mut Schema) {
                 ttl_ms: None,
             },
         )]);
-        schema.tables.insert(table.into(), TableSchema { families });
+        schema.tables.insert(
+            table.into(),
+            TableSchema {
+                families,
+                partition_key: None,
+            },
+        );
     }
 }
 
@@ -305,8 +312,46 @@ impl Placement {
                     );
                 }
             }
+            let partition_key = t.partition_key.as_ref().and_then(|pk| {
+                let kk = k.key("partition_key");
+                let separator = match pk.separator.as_bytes() {
+                    [b] if b.is_ascii() => Some(*b),
+                    _ => {
+                        p(
+                            ProblemKind::InvalidValue,
+                            &kk.key("separator"),
+                            format!(
+                                "separator must be one ASCII character, got {:?}",
+                                pk.separator
+                            ),
+                        );
+                        None
+                    }
+                };
+                let fields = match pk.fields {
+                    n if n >= 1 && n <= i64::from(u32::MAX) => Some(n as u32),
+                    n => {
+                        p(
+                            ProblemKind::InvalidValue,
+                            &kk.key("fields"),
+                            format!("fields must be ≥ 1, got {n}"),
+                        );
+                        None
+                    }
+                };
+                Some(PartitionKey {
+                    separator: separator?,
+                    fields: fields?,
+                })
+            });
             table_defaults.insert(name.clone(), ScopeId::new(t.default_policy.as_str()));
-            schema.tables.insert(name, TableSchema { families });
+            schema.tables.insert(
+                name,
+                TableSchema {
+                    families,
+                    partition_key,
+                },
+            );
         }
 
         let mut rules: Vec<PrefixRule> = Vec::new();

@@ -76,6 +76,10 @@ pub struct Plan {
     pub topology: String,
     pub scopes: Vec<ScopePlan>,
     pub graph: Graph,
+    /// The deployment's shard groups, and which process of each replica hosts
+    /// which (docs/sharding.md).
+    pub shard_groups: u32,
+    pub shards: Vec<crate::shard::ReplicaShards>,
 }
 
 const MUTATION_BYTES: f64 = 1024.0;
@@ -98,6 +102,8 @@ impl Deployment {
             graph: Graph {
                 links: t.candidate_edges(&all),
             },
+            shard_groups: t.shard_groups,
+            shards: self.shards(),
         }
     }
 

@@ -12,6 +12,8 @@ pub struct RawTopology {
     pub name: String,
     /// Round trip between two replicas of one region, unless the region overrides it.
     pub intra_region_rtt_ms: f64,
+    /// Shard groups of the deployment (default 1): fixed once chosen.
+    pub shard_groups: Option<i64>,
     #[serde(default)]
     pub continents: Vec<RawContinent>,
     #[serde(default)]
@@ -50,6 +52,8 @@ pub struct RawReplica {
     /// Prefer (`true`) or avoid (`false`) this replica as a replication hub;
     /// default by role (relays, then serving, then batch replicas).
     pub hub: Option<bool>,
+    /// Processes the replica runs, each hosting a range of shard groups (default 1).
+    pub processes: Option<i64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -109,6 +113,16 @@ pub struct RawTable {
     pub default_policy: String,
     #[serde(default)]
     pub families: Vec<RawFamily>,
+    /// Which prefix of the row key picks the shard group; absent: the whole key.
+    pub partition_key: Option<RawPartitionKey>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPartitionKey {
+    /// One ASCII character.
+    pub separator: String,
+    pub fields: i64,
 }
 
 fn default_policy() -> String {

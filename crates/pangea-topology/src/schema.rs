@@ -80,10 +80,13 @@ pub struct GcPolicy {
     pub ttl_ms: Option<u64>,
 }
 
-/// One table: its families and their GC policies.
+/// One table: its families and their GC policies, and which prefix of its row
+/// keys picks a row's shard group.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TableSchema {
     pub families: BTreeMap<Arc<str>, GcPolicy>,
+    /// `None`: the whole row key ([`crate::shard`]).
+    pub partition_key: Option<crate::shard::PartitionKey>,
 }
 
 impl TableSchema {
@@ -110,8 +113,12 @@ impl Schema {
             .iter()
             .map(|(name, gc)| (Arc::from(*name), *gc))
             .collect();
+        let schema = TableSchema {
+            families,
+            partition_key: None,
+        };
         Schema {
-            tables: BTreeMap::from([(Arc::from(table), TableSchema { families })]),
+            tables: BTreeMap::from([(Arc::from(table), schema)]),
         }
     }
 }

@@ -5,6 +5,7 @@ use crate::ids::{RegionId, ReplicaId, ScopeId};
 use crate::problems::{KeyPath, Problem, ProblemKind, Problems, Source};
 use crate::raw::{RawAppProfile, RawTopology};
 use crate::schema::validate_name;
+use crate::shard::SHARD_GROUPS_MAX;
 use petgraph::graph::UnGraph;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,6 +44,9 @@ pub struct Replica {
     /// `hub = true | false` in the file: prefer or avoid this replica as a
     /// replication hub ([`Replica::hub_rank`]); `None`: by its role.
     pub hub: Option<bool>,
+    /// Processes the replica runs (≥ 1, ≤ the deployment's shard groups); process
+    /// `p` hosts [`crate::shard::groups_of_process`].
+    pub processes: u32,
 }
 
 impl Replica {
@@ -227,6 +231,9 @@ impl AppProfile {
 pub struct Topology {
     pub name: String,
     pub intra_region_rtt_ms: f64,
+    /// Shard groups of the deployment (1 ..= [`crate::shard::SHARD_GROUPS_MAX`];
+    /// docs/sharding.md).
+    pub shard_groups: u32,
     /// Continent names in file order.
     pub continents: Vec<String>,
     pub regions: BTreeMap<RegionId, Region>,
@@ -255,6 +262,20 @@ impl Topology {
                 format!("latency must be ≥ 0 ms, got {}", raw.intra_region_rtt_ms),
             );
         }
+        // `processes_max`: with a bad `shard_groups`, replicas are checked against
+        // the largest it may be, so that one mistake is one problem.
+        let (shard_groups, processes_max) = match raw.shard_groups {
+            None => (1, 1),
+            Some(g) if (1..=i64::from(SHARD_GROUPS_MAX)).contains(&g) => (g as u32, g as u32),
+            Some(g) => {
+                p(
+                    ProblemKind::InvalidValue,
+                    &root.key("shard_groups"),
+                    format!("shard_groups must be 1 ..= {SHARD_GROUPS_MAX}, got {g}"),
+                );
+                (1, SHARD_GROUPS_MAX)
+            }
+        };
         let mut continents = Vec::new();
         let mut regions: BTreeMap<RegionId, Region> = BTreeMap::new();
         let mut replicas: BTreeMap<ReplicaId, Replica> = BTreeMap::new();
@@ -321,6 +342,21 @@ impl Topology {
                             format!("weight must be > 0, got {weight}"),
                         );
                     }
+                    let processes = match rep.processes {
+                        None => 1,
+                        Some(n) if n >= 1 && n <= i64::from(processes_max) => n as u32,
+                        Some(n) => {
+                            p(
+                                ProblemKind::InvalidValue,
+                                &pk.key("processes"),
+                                format!(
+                                    "processes must be 1 ..= shard_groups ({processes_max}): \
+                                     each process hosts at least one group, got {n}"
+                                ),
+                            );
+                            1
+                        }
+                    };
                     let id = ReplicaId::new(rep.id.as_str());
                     if replicas.contains_key(&id) {
                         p(
@@ -342,6 +378,7 @@ impl Topology {
                             address: rep.address.clone(),
                             weight,
                             hub: rep.hub,
+                            processes,
                         },
                     );
                 }
@@ -598,6 +635,7 @@ impl Topology {
         Ok(Topology {
             name: raw.name,
             intra_region_rtt_ms: raw.intra_region_rtt_ms,
+            shard_groups,
             continents,
             regions,
             replicas,

@@ -1,0 +1,277 @@
+//! Shard groups: how rows spread over the processes of one replica.
+//!
+//! A deployment has a fixed number `G` of shard groups (`shard_groups` in the
+//! topology file, default 1). A row belongs to one group, chosen from its
+//! **partition key** — its row key, or the prefix a table declares
+//! (`partition_key` in the placement file) — so that rows sharing a partition key
+//! (one user's events, say) share a group. Each replica runs `processes` processes
+//! (default 1) and each hosts a contiguous range of groups. Specified in
+//! docs/sharding.md, with test vectors, so a client in any language maps a key to
+//! the process that serves it:
+//!
+//! 1. partition key: the row key up to, not including, the `fields`-th
+//!    occurrence of the table's separator; the whole row key if it has fewer
+//!    (or if the table declares none);
+//! 2. group `g = xxh3_64(partition key) mod G` (XXH3 64-bit, default secret);
+//! 3. in a replica of `P` processes, process `p` hosts the groups `g` with
+//!    `g · P / G = p` (integer division): contiguous ranges whose sizes differ by
+//!    at most one.
+
+use serde::Serialize;
+use std::ops::Range;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Most shard groups a deployment may have. Each group a process hosts costs it
+/// a replication state machine; 4,096 keeps that bounded on any host.
+pub const SHARD_GROUPS_MAX: u32 = 4_096;
+
+/// A shard group: `0 .. shard_groups`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct GroupId(pub u32);
+
+impl std::fmt::Display for GroupId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "g{}", self.0)
+    }
+}
+
+/// Which prefix of a table's row keys is its partition key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PartitionKey {
+    /// The byte that separates the key's fields (e.g. `,` in
+    /// `app_id,user_token,timestamp`).
+    pub separator: u8,
+    /// How many leading fields form the partition key (≥ 1).
+    pub fields: u32,
+}
+
+impl PartitionKey {
+    /// The partition key of `row_key` (step 1 of the module documentation).
+    pub fn of<'k>(&self, row_key: &'k [u8]) -> &'k [u8] {
+        let mut seen = 0;
+        for (i, &b) in row_key.iter().enumerate() {
+            if b == self.separator {
+                seen += 1;
+                if seen == self.fields {
+                    return &row_key[..i];
+                }
+            }
+        }
+        row_key
+    }
+}
+
+/// The partition key of `row_key` in a table that declares `spec` (or none).
+pub fn partition_key<'k>(spec: Option<&PartitionKey>, row_key: &'k [u8]) -> &'k [u8] {
+    spec.map_or(row_key, |s| s.of(row_key))
+}
+
+/// The group of a partition key among `groups` (step 2).
+pub fn group_of(groups: u32, partition_key: &[u8]) -> GroupId {
+    debug_assert!(groups >= 1);
+    GroupId((xxh3_64(partition_key) % u64::from(groups.max(1))) as u32)
+}
+
+/// The process, of `processes`, that hosts `group` of `groups` (step 3).
+pub fn process_of(groups: u32, processes: u32, group: GroupId) -> u32 {
+    debug_assert!(processes >= 1 && processes <= groups && group.0 < groups);
+    (u64::from(group.0) * u64::from(processes) / u64::from(groups.max(1))) as u32
+}
+
+/// The groups process `process` of `processes` hosts: the inverse of
+/// [`process_of`].
+pub fn groups_of_process(groups: u32, processes: u32, process: u32) -> Range<u32> {
+    // The smallest g with g·P/G ≥ p is ceil(p·G/P).
+    let first = |p: u32| (u64::from(p) * u64::from(groups)).div_ceil(u64::from(processes)) as u32;
+    first(process)..first(process + 1).min(groups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_key_is_the_declared_number_of_leading_fields() {
+        let two = PartitionKey {
+            separator: b',',
+            fields: 2,
+        };
+        assert_eq!(two.of(b"app,user,1700000000"), b"app,user");
+        assert_eq!(two.of(b"app,user,"), b"app,user");
+        assert_eq!(
+            two.of(b"app,user"),
+            b"app,user",
+            "fewer separators: the whole key"
+        );
+        assert_eq!(two.of(b"app"), b"app");
+        assert_eq!(two.of(b",,x"), b",");
+        let one = PartitionKey {
+            separator: b'#',
+            fields: 1,
+        };
+        assert_eq!(one.of(b"user#event"), b"user");
+        assert_eq!(one.of(b"#event"), b"");
+        assert_eq!(partition_key(None, b"a,b,c"), b"a,b,c");
+    }
+
+    /// The vectors of docs/sharding.md: a client in another language must get
+    /// these groups.
+    #[test]
+    fn groups_match_the_documented_vectors() {
+        for (key, groups, group) in [
+            (&b"user:1"[..], 1, 0),
+            (b"user:1", 64, 1),
+            (b"user:2", 64, 2),
+            (b"app,user-7", 64, 10),
+            (b"", 64, 2),
+            (b"user:1", 4096, 1281),
+        ] {
+            // The hashes themselves, as docs/sharding.md lists them.
+            let hash = match key {
+                b"user:1" => 0x3b57_7afd_7fed_9501,
+                b"user:2" => 0x69a0_366b_760b_5c02,
+                b"app,user-7" => 0x9811_5c0f_2855_3a8a,
+                _ => 0x2d06_8005_38d3_94c2,
+            };
+            assert_eq!(xxh3_64(key), hash);
+            assert_eq!(
+                group_of(groups, key),
+                GroupId(group),
+                "{:?} of {groups}",
+                String::from_utf8_lossy(key)
+            );
+        }
+    }
+
+    #[test]
+    fn processes_host_contiguous_ranges_that_cover_every_group_once() {
+        for groups in [1, 2, 3, 7, 64, 100, 4096] {
+            for processes in [1, 2, 3, 4, 7, 16, 64].into_iter().filter(|p| *p <= groups) {
+                let mut next = 0;
+                let (mut smallest, mut largest) = (u32::MAX, 0);
+                for p in 0..processes {
+                    let range = groups_of_process(groups, processes, p);
+                    assert_eq!(range.start, next, "G={groups} P={processes} p={p}");
+                    for g in range.clone() {
+                        assert_eq!(process_of(groups, processes, GroupId(g)), p);
+                    }
+                    smallest = smallest.min(range.len() as u32);
+                    largest = largest.max(range.len() as u32);
+                    next = range.end;
+                }
+                assert_eq!(next, groups, "G={groups} P={processes}: every group hosted");
+                assert!(
+                    largest - smallest <= 1,
+                    "G={groups} P={processes}: balanced"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn keys_spread_evenly_over_groups() {
+        let groups = 64;
+        let mut count = vec![0u32; groups as usize];
+        for i in 0..64_000 {
+            count[group_of(groups, format!("user:{i}").as_bytes()).0 as usize] += 1;
+        }
+        // 1,000 expected per group; ±15 % is over 4.5 standard deviations.
+        for (g, c) in count.iter().enumerate() {
+            assert!(
+                (850..=1150).contains(c),
+                "group {g} holds {c} of 64,000 keys"
+            );
+        }
+    }
+}
+
+/// The processes of one replica and the groups each hosts, as `topology plan`
+/// shows them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplicaShards {
+    pub replica: crate::ReplicaId,
+    /// Process `i` hosts `groups[i]`.
+    pub groups: Vec<Range<u32>>,
+}
+
+impl crate::Deployment {
+    /// Every replica's processes and their groups, in replica id order.
+    pub fn shards(&self) -> Vec<ReplicaShards> {
+        let g = self.topology.shard_groups;
+        self.topology
+            .replicas
+            .values()
+            .map(|r| ReplicaShards {
+                replica: r.id.clone(),
+                groups: (0..r.processes)
+                    .map(|p| groups_of_process(g, r.processes, p))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Whether replicas can serve this layout today. Files may declare shard
+    /// groups and processes (`topology check` and `plan` take them), but replicas,
+    /// local clusters and the simulator run one process per replica hosting one
+    /// group until docs/sharding.md's design is built: anything else is refused
+    /// rather than silently served as one group.
+    pub fn check_served_layout(&self) -> Result<(), String> {
+        let t = &self.topology;
+        let many: Vec<&str> = t
+            .replicas
+            .values()
+            .filter(|r| r.processes > 1)
+            .map(|r| r.id.as_str())
+            .collect();
+        if t.shard_groups > 1 || !many.is_empty() {
+            return Err(format!(
+                "topology {}: shard_groups = {} and processes > 1 on [{}]: replicas serve one \
+                 shard group in one process so far (docs/sharding.md says what is built); set \
+                 shard_groups = 1 and processes = 1 to run it",
+                t.name,
+                t.shard_groups,
+                many.join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    /// Changes from `self` to `new` that would move rows between shard groups or
+    /// groups between processes. None can be applied to a running deployment yet:
+    /// the number of groups and a table's partition key are fixed once chosen
+    /// (every row would change group), and moving groups between a replica's
+    /// processes is not built (docs/sharding.md). Empty: the layout is unchanged.
+    pub fn layout_changes(&self, new: &crate::Deployment) -> Vec<String> {
+        let mut out = Vec::new();
+        let (old_g, new_g) = (self.topology.shard_groups, new.topology.shard_groups);
+        if old_g != new_g {
+            out.push(format!(
+                "shard_groups would change from {old_g} to {new_g}: it is fixed once a \
+                 deployment is running (every row would change group)"
+            ));
+        }
+        for (table, schema) in &self.placement.schema.tables {
+            let Some(kept) = new.placement.schema.table(table) else {
+                continue;
+            };
+            if kept.partition_key != schema.partition_key {
+                out.push(format!(
+                    "the partition key of table {table} would change: it is fixed once \
+                     the table exists (its rows would change group)"
+                ));
+            }
+        }
+        for (id, r) in &self.topology.replicas {
+            if let Some(kept) = new.topology.replica(id.as_str())
+                && kept.processes != r.processes
+            {
+                out.push(format!(
+                    "replica {id} would go from {} to {} processes: moving shard groups \
+                     between a replica's processes is not built yet (docs/sharding.md)",
+                    r.processes, kept.processes
+                ));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,228 @@
+//! Shard groups in the files: `shard_groups`, a replica's `processes` and a
+//! table's `partition_key` are validated with file, line and key; the plan shows
+//! which process hosts which groups; changes to the layout are named; and the
+//! layouts replicas cannot serve yet are refused by name (docs/sharding.md).
+
+use pangea_topology::shard::{GroupId, PartitionKey, group_of};
+use pangea_topology::{Deployment, ProblemKind, Problems};
+use std::path::Path;
+
+const TOPOLOGY: &str = r#"name = "t"
+intra_region_rtt_ms = 1.0
+shard_groups = 64
+
+[[continents]]
+name = "na"
+
+  [[continents.regions]]
+  name = "us-east-1"
+
+    [[continents.regions.replicas]]
+    id = "use1-a"
+    role = "serving"
+    processes = 4
+
+    [[continents.regions.replicas]]
+    id = "use1-b"
+    role = "serving"
+
+[[continents]]
+name = "eu"
+
+  [[continents.regions]]
+  name = "eu-west-1"
+
+    [[continents.regions.replicas]]
+    id = "euw1-a"
+    role = "serving"
+    processes = 3
+
+[[links]]
+a = "us-east-1"
+b = "eu-west-1"
+rtt_ms = 70.0
+"#;
+
+const PLACEMENT: &str = r#"[[tables]]
+name = "events"
+partition_key = { separator = ",", fields = 2 }
+
+  [[tables.families]]
+  name = "e"
+
+[[tables]]
+name = "ad_profiles"
+
+  [[tables.families]]
+  name = "profile"
+"#;
+
+fn deployment(topology: &str, placement: &str) -> Result<Deployment, Problems> {
+    Deployment::parse(
+        Path::new("topo.toml"),
+        topology,
+        Some((Path::new("place.toml"), placement)),
+    )
+}
+
+fn line_of(text: &str, needle: &str) -> usize {
+    text.lines().position(|l| l.contains(needle)).unwrap() + 1
+}
+
+#[test]
+fn the_files_declare_groups_processes_and_partition_keys() {
+    let d = deployment(TOPOLOGY, PLACEMENT).unwrap();
+    assert_eq!(d.topology.shard_groups, 64);
+    assert_eq!(d.topology.replicas["use1-a"].processes, 4);
+    assert_eq!(d.topology.replicas["use1-b"].processes, 1, "the default");
+    let pk = d
+        .placement
+        .schema
+        .table("events")
+        .unwrap()
+        .partition_key
+        .clone();
+    assert_eq!(
+        pk,
+        Some(PartitionKey {
+            separator: b',',
+            fields: 2
+        })
+    );
+    assert_eq!(
+        d.placement
+            .schema
+            .table("ad_profiles")
+            .unwrap()
+            .partition_key,
+        None
+    );
+    // One user's events share a group: the group is the partition key's.
+    let pk = pk.unwrap();
+    let g = group_of(64, pk.of(b"app7,user42,1700000000"));
+    assert_eq!(g, group_of(64, b"app7,user42"));
+    assert_eq!(g, group_of(64, pk.of(b"app7,user42,1700000999")));
+}
+
+#[test]
+fn the_plan_shows_which_process_hosts_which_groups() {
+    let plan = deployment(TOPOLOGY, PLACEMENT).unwrap().plan();
+    assert_eq!(plan.shard_groups, 64);
+    let by_replica = |id: &str| {
+        plan.shards
+            .iter()
+            .find(|r| r.replica.as_str() == id)
+            .unwrap()
+            .groups
+            .clone()
+    };
+    assert_eq!(by_replica("use1-a"), vec![0..16, 16..32, 32..48, 48..64]);
+    assert_eq!(by_replica("use1-b"), vec![0..64]);
+    assert_eq!(by_replica("euw1-a"), vec![0..22, 22..43, 43..64]);
+}
+
+#[test]
+fn bad_groups_processes_and_partition_keys_are_named_with_their_line() {
+    let topology = TOPOLOGY
+        .replace("shard_groups = 64", "shard_groups = 0")
+        .replace("processes = 3", "processes = 0");
+    let p = deployment(&topology, PLACEMENT).unwrap_err();
+    let found = |key: &str, line: usize, text: &str| {
+        p.0.iter().any(|x| {
+            x.key == key
+                && x.line == Some(line)
+                && x.kind == ProblemKind::InvalidValue
+                && x.message.contains(text)
+        })
+    };
+    assert!(
+        found("shard_groups", line_of(&topology, "shard_groups"), "got 0"),
+        "{p}"
+    );
+    assert!(
+        found(
+            "continents[1].regions[0].replicas[0].processes",
+            line_of(&topology, "processes = 0"),
+            "got 0"
+        ),
+        "{p}"
+    );
+    // A bad group count is one problem: replicas are not also blamed for it.
+    assert_eq!(p.0.len(), 2, "{p}");
+
+    // More processes than groups: each must host at least one.
+    let topology = TOPOLOGY.replace("shard_groups = 64", "shard_groups = 2");
+    let p = deployment(&topology, PLACEMENT).unwrap_err();
+    assert!(
+        p.0.iter().any(
+            |x| x.key == "continents[0].regions[0].replicas[0].processes"
+                && x.message.contains("1 ..= shard_groups (2)")
+                && x.message.contains("got 4")
+        ),
+        "{p}"
+    );
+
+    let placement = PLACEMENT.replace(
+        "partition_key = { separator = \",\", fields = 2 }",
+        "partition_key = { separator = \"::\", fields = 0 }",
+    );
+    let p = deployment(TOPOLOGY, &placement).unwrap_err();
+    let line = line_of(&placement, "partition_key");
+    for (key, text) in [
+        ("tables[0].partition_key.separator", "one ASCII character"),
+        ("tables[0].partition_key.fields", "got 0"),
+    ] {
+        assert!(
+            p.0.iter().any(|x| x.key == key
+                && x.line == Some(line)
+                && x.file == Path::new("place.toml")
+                && x.message.contains(text)),
+            "{key}: {p}"
+        );
+    }
+}
+
+#[test]
+fn layout_changes_are_named_and_unchanged_files_have_none() {
+    let d = deployment(TOPOLOGY, PLACEMENT).unwrap();
+    assert!(d.layout_changes(&d).is_empty());
+    let changed = deployment(
+        &TOPOLOGY
+            .replace("shard_groups = 64", "shard_groups = 128")
+            .replace("processes = 4", "processes = 8"),
+        &PLACEMENT.replace("fields = 2", "fields = 1"),
+    )
+    .unwrap();
+    let changes = d.layout_changes(&changed).join("\n");
+    assert!(
+        changes.contains("shard_groups would change from 64 to 128"),
+        "{changes}"
+    );
+    assert!(
+        changes.contains("partition key of table events"),
+        "{changes}"
+    );
+    assert!(
+        changes.contains("replica use1-a would go from 4 to 8 processes"),
+        "{changes}"
+    );
+    assert!(!changes.contains("ad_profiles"), "{changes}");
+}
+
+#[test]
+fn replicas_refuse_a_layout_they_cannot_serve_yet() {
+    let d = deployment(TOPOLOGY, PLACEMENT).unwrap();
+    let why = d.check_served_layout().unwrap_err();
+    assert!(why.contains("shard_groups = 64"), "{why}");
+    assert!(why.contains("[euw1-a, use1-a]"), "{why}");
+    // One group in one process per replica, a partition key declared: served.
+    let one = TOPOLOGY
+        .replace("shard_groups = 64\n", "")
+        .replace("    processes = 4\n", "")
+        .replace("    processes = 3\n", "");
+    let d = deployment(&one, PLACEMENT).unwrap();
+    assert_eq!(d.topology.shard_groups, 1);
+    d.check_served_layout().unwrap();
+    assert_eq!(d.plan().shards.len(), 3);
+    assert_eq!(group_of(1, b"anything"), GroupId(0));
+}
