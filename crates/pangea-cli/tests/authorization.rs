@@ -158,8 +158,7 @@ async fn holdings(c: &Cluster, op: &pangea_client::Client) -> Result<BTreeMap<St
 async fn write_rows(fe: &pangea_client::Client, keys: impl Iterator<Item = String>) -> Result<()> {
     for key in keys {
         let m = common::profile_set(key, &b"v"[..])?;
-        fe.mutate(m, &pangea_client::WriteOptions::default())
-            .await?;
+        fe.mutate(m, &common::setup_writes()).await?;
     }
     Ok(())
 }

@@ -72,8 +72,7 @@ fn one_replica_stops_starts_and_restarts_and_its_log_grows() -> Result<()> {
             tasks.spawn(async move {
                 for i in (lane..3_000).step_by(16) {
                     let m = common::profile_set(format!("us/{i:05}"), &b"v"[..])?;
-                    fe.mutate(m, &pangea_client::WriteOptions::default())
-                        .await?;
+                    fe.mutate(m, &common::setup_writes()).await?;
                 }
                 anyhow::Ok(())
             });

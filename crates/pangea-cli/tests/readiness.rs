@@ -8,7 +8,7 @@ mod common;
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
 use common::{Cluster, US, eventually, http_post};
-use pangea_client::{Consistency, ReadOptions, WriteOptions};
+use pangea_client::{Consistency, ReadOptions};
 use std::time::Duration;
 
 const LONELY: &str = "use1-b";
@@ -20,7 +20,7 @@ async fn a_new_replica_that_hears_no_peer_never_serves_emptiness() -> Result<()>
     let keys: Vec<String> = (0..40).map(|i| format!("us/{i:03}")).collect();
     for k in &keys {
         let m = common::profile_set(k.clone(), &b"v"[..])?;
-        fe.mutate(m, &WriteOptions::default()).await?;
+        fe.mutate(m, &common::setup_writes()).await?;
     }
     // An acknowledged write is durable at the replica that took it, not yet on
     // every other: before use1-b loses its disk, the others must hold all it has.

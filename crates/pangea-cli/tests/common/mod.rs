@@ -556,6 +556,17 @@ pub fn set_cell(
     })
 }
 
+/// Options for the writes that set a test up (rows to read, authorize or audit
+/// later): a generous deadline, since the test judges something else and the
+/// default 200 ms budget is a latency target, which a CI machine running other
+/// tests beside it can miss (an `Ambiguous` write failed a setup that way).
+pub fn setup_writes() -> pangea_client::WriteOptions {
+    pangea_client::WriteOptions {
+        deadline: Some(std::time::Duration::from_secs(10)),
+        ..Default::default()
+    }
+}
+
 /// A write of `value` into `profile:p` of `ad_profiles` row `key` (the tests' rows).
 pub fn profile_set(
     key: impl Into<String>,
