@@ -172,7 +172,14 @@ pub(crate) fn run(cmd: TopologyCommand) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&diff)?);
             } else {
-                print_diff(&diff);
+                // What `apply` would refuse outright (docs/sharding.md).
+                let layout = a.layout_changes(&b);
+                if !diff.is_empty() || layout.is_empty() {
+                    print_diff(&diff);
+                }
+                for change in layout {
+                    println!("! {change}: `topology apply` refuses it");
+                }
             }
             Ok(())
         }

@@ -334,3 +334,34 @@ fn plan_shows_shard_groups_and_cluster_up_refuses_what_is_not_served() {
         "{err}"
     );
 }
+
+/// `topology diff` names a layout change that `apply` would refuse.
+#[test]
+fn diff_names_a_layout_change_apply_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = root().join("local-3-regions.toml");
+    let text = std::fs::read_to_string(&old).unwrap();
+    let grown = text.replacen(
+        "intra_region_rtt_ms = 1.0\n",
+        "intra_region_rtt_ms = 1.0\nshard_groups = 16\n",
+        1,
+    );
+    let f = dir.path().join("grown.toml");
+    std::fs::write(&f, &grown).unwrap();
+    let (ok, out, err) = pangea(
+        &[
+            "topology",
+            "diff",
+            old.to_str().unwrap(),
+            f.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("! shard_groups would change from 1 to 16")
+            && out.contains("`topology apply` refuses it"),
+        "{out}"
+    );
+    assert!(!out.contains("no changes"), "{out}");
+}
