@@ -38,8 +38,10 @@ pub const PROBE_DOWN_FOR: Duration = Duration::from_secs(3);
 /// How often a call refreshes location metadata and plans again after replicas
 /// refused its row. More than once: the replica answering the refresh (the one
 /// holding the client's cursor) may not yet have applied the change the refusing
-/// replica already acts on; it applies it milliseconds later.
-pub const POLICY_REFRESH_ROUNDS: u32 = 3;
+/// replica already acts on; it applies it milliseconds later — or, on a loaded
+/// machine or over a slow link, a few hundred: the waits double up to 320 ms
+/// (630 ms in all), and the call's deadline ends them first.
+pub const POLICY_REFRESH_ROUNDS: u32 = 7;
 /// The wait before the second and later refreshes (doubled each time).
 pub const POLICY_REFRESH_BACKOFF: Duration = Duration::from_millis(10);
 
@@ -236,6 +238,21 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000;
+
+    #[test]
+    fn refusal_refreshes_back_off_to_a_bounded_total() {
+        let waits: Vec<_> = (0..10).map_while(policy_refresh_wait).collect();
+        assert_eq!(waits.len(), POLICY_REFRESH_ROUNDS as usize);
+        assert_eq!(waits[0], Duration::ZERO, "the first refresh is at once");
+        assert_eq!(waits[1], POLICY_REFRESH_BACKOFF);
+        assert!(waits.windows(2).skip(1).all(|w| w[1] == w[0] * 2));
+        let total: Duration = waits.iter().sum();
+        assert_eq!(
+            total,
+            Duration::from_millis(630),
+            "below a read's 1 s default deadline"
+        );
+    }
 
     #[test]
     fn delay_follows_recent_latency_within_bounds() {

@@ -270,7 +270,7 @@ impl Simulation {
 
     /// Replicas refused `op`'s row, or no replica may take it: as the library,
     /// refresh location metadata and plan again (`frontend::policy_refresh_wait`:
-    /// at once, then after 10 and 20 ms, within the deadline), else fail it.
+    /// at once, then after 10, 20, 40 … 320 ms, within the deadline), else fail it.
     fn refused(&mut self, op_ref: OpRef) {
         let Some(op) = self.ops.get_mut(op_ref) else {
             return;
