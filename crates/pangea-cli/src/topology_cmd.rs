@@ -124,7 +124,7 @@ pub(crate) fn run(cmd: TopologyCommand) -> Result<()> {
         } => {
             let d = load(&topology, placement.as_deref())?;
             let plan = d.plan();
-            let trees: Vec<Tree> = d.scopes().map(|s| d.tree(s, None)).collect();
+            let trees: Vec<Tree> = d.policies().map(|s| d.tree(s, None)).collect();
             let write = |out: &Path, text: String| -> Result<()> {
                 std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
                 eprintln!("wrote {}", out.display());

@@ -571,7 +571,7 @@ impl Client {
         let cur = self.inner.current();
         let d = &cur.deployment;
         let mut out: Vec<ReplicaId> = Vec::new();
-        for scope in d.scopes() {
+        for scope in d.policies() {
             for r in pangea_core::read::eligible(d, &cur.profile, &self.inner.config.region, scope)
             {
                 if !out.contains(r) {

@@ -11,7 +11,7 @@ use crate::storage::{LogEntry, Watermark};
 use bytes::Bytes;
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
-use pangea_topology::schema::validate_name;
+use pangea_topology::schema::{validate_name, validate_scope};
 use std::sync::Arc;
 
 /// Bounds on one frame's contents, beyond the byte limit the transport enforces.
@@ -165,6 +165,11 @@ fn name<T: for<'a> From<&'a str>>(kind: &'static str, s: &str) -> Result<T, Erro
     Ok(T::from(s))
 }
 
+fn scope_name(s: &str) -> Result<ScopeId, Error> {
+    validate_scope(s)?;
+    Ok(ScopeId::from(s))
+}
+
 fn watermarks_from(
     p: Vec<pb::OriginWatermark>,
     max: usize,
@@ -306,7 +311,7 @@ impl Frame {
                     .into_iter()
                     .map(|h| {
                         Ok(Heartbeat {
-                            scope: name("scope", &h.scope)?,
+                            scope: scope_name(&h.scope)?,
                             origin: name("replica", &h.origin)?,
                             sequence: h.sequence,
                             timestamp: Timestamp::from_u64(h.timestamp),
@@ -327,14 +332,14 @@ impl Frame {
                     ));
                 }
                 Ok(Frame::GapRequest(GapRequest {
-                    scope: name("scope", &g.scope)?,
+                    scope: scope_name(&g.scope)?,
                     origin: name("replica", &g.origin)?,
                     from: g.from_sequence,
                     to: g.to_sequence,
                 }))
             }
             F::GapFill(g) => {
-                let scope: ScopeId = name("scope", &g.scope)?;
+                let scope: ScopeId = scope_name(&g.scope)?;
                 let origin: ReplicaId = name("replica", &g.origin)?;
                 let entries = entries_from(g.mutations, limits, fl)?;
                 if entries
@@ -351,7 +356,7 @@ impl Frame {
                 }))
             }
             F::SnapshotRequest(s) => Ok(Frame::SnapshotRequest {
-                scope: name("scope", &s.scope)?,
+                scope: scope_name(&s.scope)?,
             }),
             F::SnapshotChunk(c) => {
                 if c.rows.len() > fl.snapshot_rows_max {
@@ -381,7 +386,7 @@ impl Frame {
                     })
                     .collect::<Result<_, Error>>()?;
                 Ok(Frame::SnapshotChunk(SnapshotChunk {
-                    scope: name("scope", &c.scope)?,
+                    scope: scope_name(&c.scope)?,
                     snapshot_id: c.snapshot_id,
                     index: c.index,
                     table,

@@ -25,7 +25,7 @@ use crate::ids::{ReplicaId, ScopeId};
 use crate::limits::Limits;
 use crate::storage::Watermark;
 use pangea_proto::v1 as pb;
-use pangea_topology::schema::validate_name;
+use pangea_topology::schema::validate_scope;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -351,7 +351,9 @@ impl LinkDecoder {
             ));
         }
         for n in names {
-            validate_name("name", &n)?;
+            // Replica ids and scope names share the table: a scope's name is a
+            // valid name or one followed by `/` and a shard group.
+            validate_scope(&n)?;
             self.names.push(Arc::from(n));
         }
         let mut nums = Numbers { it: packed.iter() };

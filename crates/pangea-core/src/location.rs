@@ -554,15 +554,28 @@ impl Location {
         }
     }
 
-    /// The effective policy (scope) of a row.
+    /// The effective replication scope of a row: its policy (its location entry's,
+    /// else the placement file's), for the row's shard group.
     pub fn scope_of(&self, d: &Deployment, table: &str, key: &[u8]) -> ScopeId {
         if table.starts_with('_') {
-            return ScopeId::global();
+            return d.system_scope().clone();
         }
         match self.lookup(table, key) {
-            Some(e) => e.policy.clone(),
+            Some(e) => d.group_scope(&e.policy, table, key).clone(),
             None => d.scope_of(table, key).clone(),
         }
+    }
+
+    /// The replication scope a migration moves a row to, if one is under way: the
+    /// new policy's, for the row's shard group.
+    pub fn migrating_scope<'a>(
+        &'a self,
+        d: &'a Deployment,
+        table: &str,
+        key: &[u8],
+    ) -> Option<&'a ScopeId> {
+        self.migrating_to(table, key)
+            .map(|p| d.group_scope(p, table, key))
     }
 
     /// The effective home region of a row.

@@ -186,7 +186,9 @@ impl Job {
                 bound: bound.to_string(),
             });
         }
-        let from = replica.scope_of(&req.table, &req.prefix);
+        // The policy in force at the prefix (its scope names the prefix's shard
+        // group too, which says nothing about the rows under it).
+        let from = ScopeId::from(replica.scope_of(&req.table, &req.prefix).policy());
         if from == to {
             return Err(Refused::AlreadyThere {
                 prefix: String::from_utf8_lossy(&req.prefix).into_owned(),
@@ -362,7 +364,11 @@ impl Job {
                         vec![Mutation::MergeRow(Box::new(row))],
                         &Limits::STORED,
                     )?;
-                    copies.push(replica.propose_in(now, &to, mutation)?);
+                    let scope = replica
+                        .deployment()
+                        .group_scope(&to, &self.record.table, mutation.row_key())
+                        .clone();
+                    copies.push(replica.propose_in(now, &scope, mutation)?);
                 }
                 self.record.rows_copied += copies.len() as u64;
                 self.checkpoint(replica, now, copies)?;
@@ -374,14 +380,21 @@ impl Job {
                 // before the backfill. So wait until each of them has applied, in
                 // the new scope, every origin's stream as far as this replica has
                 // (the backfill and the dual writes it has seen).
-                let streams = replica
-                    .watermarks(&to)
-                    .map(|wm| {
-                        wm.iter()
-                            .map(|(o, w)| (to.clone(), o.clone(), w.sequence))
-                            .collect()
-                    })
+                let scopes = replica
+                    .deployment()
+                    .placement
+                    .policy(&to)
+                    .map(|p| p.scopes().to_vec())
                     .unwrap_or_default();
+                let streams = scopes
+                    .iter()
+                    .filter_map(|scope| replica.watermarks(scope).map(|wm| (scope, wm)))
+                    .flat_map(|(scope, wm)| {
+                        wm.iter()
+                            .map(|(o, w)| (scope.clone(), o.clone(), w.sequence))
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
                 self.wait = Wait::Everywhere(streams);
                 self.stage = Stage::CaughtUp;
                 Ok(Progress::Waiting)

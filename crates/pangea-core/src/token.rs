@@ -12,7 +12,7 @@ use crate::limits::{Limited, Limits};
 use bytes::{BufMut, Bytes, BytesMut};
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
-use pangea_topology::schema::validate_name;
+use pangea_topology::schema::{validate_name, validate_scope};
 
 /// The first byte of every token this version writes.
 pub const TOKEN_FORMAT_V1: u8 = 1;
@@ -55,7 +55,7 @@ impl Token {
             ));
         }
         let t = pb::TokenV1::decode(body).map_err(|e| Error::decode("token", e))?;
-        validate_name("scope", &t.scope)?;
+        validate_scope(&t.scope)?;
         validate_name("replica", &t.origin)?;
         if t.sequence == 0 {
             return Err(Error::malformed("token", "sequence 0 names no write"));
@@ -83,6 +83,21 @@ mod tests {
             timestamp: Timestamp::new(1_700_000_000_000, 3),
         };
         assert_eq!(Token::decode(&t.encode()).unwrap(), t);
+        // A token names its shard group through its scope.
+        let grouped = Token {
+            scope: "eu-resident/17".into(),
+            ..t.clone()
+        };
+        let back = Token::decode(&grouped.encode()).unwrap();
+        assert_eq!(back, grouped);
+        assert_eq!(back.scope.policy(), "eu-resident");
+        assert_eq!(back.scope.group().map(|g| g.0), Some(17));
+        let bad = Token {
+            scope: "eu-resident/017".into(),
+            ..t
+        };
+        let e = Token::decode(&bad.encode()).unwrap_err().to_string();
+        assert!(e.contains("eu-resident/017"), "{e}");
     }
 
     #[test]

@@ -138,7 +138,7 @@ impl admin::AdminState for Shared {
 /// topology file is where it is refused).
 pub fn peer_addresses(d: &Deployment, id: &ReplicaId) -> BTreeMap<ReplicaId, SocketAddr> {
     let mut peers = BTreeMap::new();
-    for scope in d.scopes().filter(|s| d.allowed(id, s)) {
+    for scope in d.policies().filter(|s| d.allowed(id, s)) {
         for m in d.scope_members(scope) {
             let Some(a) = d
                 .topology

@@ -527,7 +527,7 @@ pub fn write_report_dir(
     std::fs::write(dir.join("lag.svg"), lag_svg(r))?;
     std::fs::write(dir.join("lag-heatmap.svg"), heatmap_svg(r))?;
     let d = &sc.deployment;
-    let trees: Vec<_> = d.scopes().map(|s| d.tree(s, None)).collect();
+    let trees: Vec<_> = d.policies().map(|s| d.tree(s, None)).collect();
     std::fs::write(
         dir.join("topology.svg"),
         pangea_topology::svg::render(d, &trees),

@@ -118,17 +118,18 @@ impl Fresh {
         }
     }
 
-    fn placement(&mut self, p: &Placement) -> Placement {
+    fn placement(&mut self, p: &Placement, shard_groups: u32) -> Placement {
         Placement {
             schema: self.schema(&p.schema),
             policies: p
                 .policies
                 .iter()
                 .map(|(k, pol)| {
-                    let pol = Policy {
-                        name: self.scope(&pol.name),
-                        regions: pol.regions.iter().map(|r| self.region(r)).collect(),
-                    };
+                    let pol = Policy::new(
+                        self.scope(&pol.name),
+                        pol.regions.iter().map(|r| self.region(r)).collect(),
+                        shard_groups,
+                    );
                     (self.scope(k), pol)
                 })
                 .collect(),
@@ -165,7 +166,7 @@ pub(crate) fn deployment(d: &Deployment) -> Deployment {
     let mut fresh = Fresh::default();
     Deployment {
         topology: fresh.topology(&d.topology),
-        placement: fresh.placement(&d.placement),
+        placement: fresh.placement(&d.placement, d.topology.shard_groups),
     }
 }
 

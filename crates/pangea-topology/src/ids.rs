@@ -124,17 +124,56 @@ name_type!(
 );
 
 name_type!(
-    /// A replication scope: `global`, or the name of a placement policy. Each scope has
-    /// its own tree and its own per-origin sequence streams.
+    /// A replication scope: a placement policy's rows (`global`, or the policy's
+    /// name), or, in a deployment of several shard groups, one group of them
+    /// (`global/17`: policy, [`ScopeId::GROUP_SEPARATOR`], group). Each scope has its
+    /// own per-origin sequence streams and watermarks; its tree is its policy's.
+    /// A policy is named by the same type (its name is its scope in a deployment
+    /// of one group).
     ScopeId
 );
 
 impl ScopeId {
-    /// The scope of rows without a restricting placement policy.
+    /// Between a scope's policy and its group. Policy names cannot hold it
+    /// (`schema::validate_name`), so a scope's name splits one way only.
+    pub const GROUP_SEPARATOR: char = '/';
+
+    /// The scope of rows without a restricting placement policy, in a deployment
+    /// of one shard group.
     pub fn global() -> Self {
         Self::new(crate::placement::GLOBAL_POLICY)
     }
+
+    /// The scope of group `group` of `policy` in a deployment of `groups` shard
+    /// groups: the policy's own name when there is one group (so a deployment of
+    /// one group names its scopes as it always has), else `policy/group`.
+    pub fn of_group(policy: &ScopeId, groups: u32, group: GroupId) -> ScopeId {
+        if groups <= 1 {
+            policy.clone()
+        } else {
+            ScopeId::new(format!("{policy}{}{}", Self::GROUP_SEPARATOR, group.0))
+        }
+    }
+
+    /// The placement policy whose rows the scope replicates.
+    pub fn policy(&self) -> &str {
+        self.as_str()
+            .split_once(Self::GROUP_SEPARATOR)
+            .map_or(self.as_str(), |(p, _)| p)
+    }
+
+    /// The shard group the scope replicates; `None` for a policy's whole rows (a
+    /// deployment of one group) or a malformed group.
+    pub fn group(&self) -> Option<GroupId> {
+        let (_, g) = self.as_str().split_once(Self::GROUP_SEPARATOR)?;
+        if g.len() > 1 && g.starts_with('0') {
+            return None;
+        }
+        g.parse().ok().map(GroupId)
+    }
 }
+
+use crate::shard::GroupId;
 
 #[cfg(test)]
 mod tests {

@@ -266,8 +266,8 @@ impl Deployment {
         checked.with(placement)
     }
 
-    /// Every scope: `global` first, then policies by name.
-    pub fn scopes(&self) -> impl Iterator<Item = &ScopeId> {
+    /// Every placement policy: `global` first, then the others by name.
+    pub fn policies(&self) -> impl Iterator<Item = &ScopeId> {
         let global = self
             .placement
             .policies
@@ -279,6 +279,14 @@ impl Deployment {
                 .keys()
                 .filter(|s| s.as_str() != GLOBAL_POLICY),
         )
+    }
+
+    /// Every replication scope, in [`Deployment::policies`] order and by group
+    /// within a policy: the policies themselves in a deployment of one shard
+    /// group, else one scope per (policy, group) (docs/sharding.md).
+    pub fn scopes(&self) -> impl Iterator<Item = &ScopeId> {
+        self.policies()
+            .flat_map(|p| self.placement.policies[p].scopes().iter())
     }
 
     /// Replicas that may carry a scope's rows: those in the policy's regions (relays
@@ -314,9 +322,45 @@ impl Deployment {
         self.topology.spanning_tree(scope.clone(), &members)
     }
 
-    /// The scope (placement policy) of a row.
+    /// The replication scope of a row as the files place it: its placement
+    /// policy's, for the shard group of its partition key (system tables: group 0).
     pub fn scope_of(&self, table: &str, key: &[u8]) -> &ScopeId {
-        self.placement.policy_of(table, key)
+        let policy = self.placement.policy_of(table, key);
+        self.group_scope(policy, table, key)
+    }
+
+    /// The replication scope of a row of `policy` (one of this deployment's
+    /// policies): the policy's scope for the row's shard group.
+    pub fn group_scope<'a>(&'a self, policy: &'a ScopeId, table: &str, key: &[u8]) -> &'a ScopeId {
+        let groups = self.topology.shard_groups;
+        if groups <= 1 {
+            return policy;
+        }
+        let Some(p) = self.placement.policies.get(policy.policy()) else {
+            return policy;
+        };
+        p.scope(self.group_of(table, key))
+    }
+
+    /// The shard group of a row: its table's partition key hashed
+    /// ([`shard::group_of`]); system tables (`_location`, `_jobs`) are all in
+    /// group 0, so location metadata and jobs stay in one stream.
+    pub fn group_of(&self, table: &str, key: &[u8]) -> shard::GroupId {
+        let groups = self.topology.shard_groups;
+        if groups <= 1 || table.starts_with('_') {
+            return shard::GroupId(0);
+        }
+        let spec = self
+            .placement
+            .schema
+            .table(table)
+            .and_then(|t| t.partition_key.as_ref());
+        shard::group_of(groups, shard::partition_key(spec, key))
+    }
+
+    /// The scope system tables replicate in: group 0 of `global`.
+    pub fn system_scope(&self) -> &ScopeId {
+        self.placement.policies[GLOBAL_POLICY].scope(shard::GroupId(0))
     }
 
     /// The row-affinity replica of `key` among `region`'s serving replicas.

@@ -10,7 +10,7 @@ use crate::ids::{RegionId, ScopeId};
 use crate::problems::{KeyPath, Problem, ProblemKind, Problems, Source};
 use crate::raw::RawPlacement;
 use crate::schema::{GcPolicy, Schema, TableSchema, validate_name};
-use crate::shard::PartitionKey;
+use crate::shard::{GroupId, PartitionKey};
 use crate::topology::{Topology, region_components};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,6 +24,35 @@ pub const GLOBAL_POLICY: &str = "global";
 pub struct Policy {
     pub name: ScopeId,
     pub regions: BTreeSet<RegionId>,
+    /// The replication scope of each shard group of the policy's rows, by group
+    /// (`[name]` in a deployment of one group): named once, shared by every row.
+    #[serde(skip)]
+    scopes: Arc<[ScopeId]>,
+}
+
+impl Policy {
+    /// A policy of a deployment of `shard_groups` groups.
+    pub fn new(name: ScopeId, regions: BTreeSet<RegionId>, shard_groups: u32) -> Policy {
+        let scopes = (0..shard_groups.max(1))
+            .map(|g| ScopeId::of_group(&name, shard_groups, GroupId(g)))
+            .collect();
+        Policy {
+            name,
+            regions,
+            scopes,
+        }
+    }
+
+    /// The replication scope of group `g` of the policy's rows (group 0 past the
+    /// last group).
+    pub fn scope(&self, g: GroupId) -> &ScopeId {
+        self.scopes.get(g.0 as usize).unwrap_or(&self.scopes[0])
+    }
+
+    /// Every replication scope of the policy's rows, by group.
+    pub fn scopes(&self) -> &[ScopeId] {
+        &self.scopes
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -113,10 +142,11 @@ where
 impl Placement {
     /// A placement with no tables and only the global policy, for a topology alone.
     pub fn global_only(topology: &Topology) -> Placement {
-        let global = Policy {
-            name: ScopeId::global(),
-            regions: topology.all_regions(),
-        };
+        let global = Policy::new(
+            ScopeId::global(),
+            topology.all_regions(),
+            topology.shard_groups,
+        );
         let mut schema = Schema::default();
         add_system_tables(&mut schema);
         Placement {
@@ -213,7 +243,10 @@ impl Placement {
                     ),
                 );
             }
-            policies.insert(name.clone(), Policy { name, regions });
+            policies.insert(
+                name.clone(),
+                Policy::new(name, regions, topology.shard_groups),
+            );
         }
 
         let mut schema = Schema::default();
@@ -512,8 +545,9 @@ impl Placement {
         .map(|r| &r.home)
     }
 
+    /// The policy of a policy's name or of one of its replication scopes.
     pub fn policy(&self, scope: &ScopeId) -> Option<&Policy> {
-        self.policies.get(scope)
+        self.policies.get(scope.policy())
     }
 }
 

@@ -89,7 +89,7 @@ impl Deployment {
     pub fn plan(&self) -> Plan {
         let t = &self.topology;
         let scopes = self
-            .scopes()
+            .policies()
             .map(|scope| {
                 let tree = self.tree(scope, None);
                 self.scope_plan(scope, &tree)
@@ -170,7 +170,7 @@ impl Deployment {
         let old_reps: BTreeSet<_> = self.topology.replicas.keys().cloned().collect();
         let new_reps: BTreeSet<_> = new.topology.replicas.keys().cloned().collect();
         let key = |e: &Edge| (e.a.clone(), e.b.clone());
-        let scopes: BTreeSet<ScopeId> = self.scopes().chain(new.scopes()).cloned().collect();
+        let scopes: BTreeSet<ScopeId> = self.policies().chain(new.policies()).cloned().collect();
         let mut tree_changes = Vec::new();
         for scope in &scopes {
             let before: BTreeMap<_, _> = self

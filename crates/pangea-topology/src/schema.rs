@@ -32,6 +32,28 @@ pub enum NameError {
     /// directory, certificate files), where these would escape.
     #[error("{kind} name {name:?} consists only of dots, which is not path-safe")]
     DotsOnly { kind: &'static str, name: String },
+    #[error(
+        "scope name {name:?}: the shard group after '/' must be a number below {limit} without leading zeros"
+    )]
+    BadGroup { name: String, limit: u32 },
+}
+
+/// Checks a replication scope's name: a policy name, alone or followed by `/` and
+/// a shard group below [`crate::shard::SHARD_GROUPS_MAX`] ([`crate::ScopeId`]).
+pub fn validate_scope(name: &str) -> Result<(), NameError> {
+    let scope = crate::ScopeId::new(name);
+    validate_name("scope", scope.policy())?;
+    if scope.policy().len() < name.len()
+        && scope
+            .group()
+            .is_none_or(|g| g.0 >= crate::shard::SHARD_GROUPS_MAX)
+    {
+        return Err(NameError::BadGroup {
+            name: name.to_owned(),
+            limit: crate::shard::SHARD_GROUPS_MAX,
+        });
+    }
+    Ok(())
 }
 
 /// Checks a table, family, scope or replica name; `kind` says which, for the error.

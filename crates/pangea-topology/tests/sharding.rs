@@ -3,8 +3,9 @@
 //! which process hosts which groups; changes to the layout are named; and the
 //! layouts replicas cannot serve yet are refused by name (docs/sharding.md).
 
+use pangea_topology::schema::validate_scope;
 use pangea_topology::shard::{GroupId, PartitionKey, group_of};
-use pangea_topology::{Deployment, ProblemKind, Problems};
+use pangea_topology::{Deployment, ProblemKind, Problems, ScopeId};
 use std::path::Path;
 
 const TOPOLOGY: &str = r#"name = "t"
@@ -102,6 +103,95 @@ fn the_files_declare_groups_processes_and_partition_keys() {
     let g = group_of(64, pk.of(b"app7,user42,1700000000"));
     assert_eq!(g, group_of(64, b"app7,user42"));
     assert_eq!(g, group_of(64, pk.of(b"app7,user42,1700000999")));
+}
+
+/// With G groups each policy replicates as G scopes, `policy/g`, and a row's
+/// scope is its policy's scope for its partition key's group; with one group the
+/// scopes are the policies, named as always.
+#[test]
+fn every_policy_replicates_as_one_scope_per_group() {
+    let placement = format!(
+        "{PLACEMENT}\n[[policies]]\nname = \"eu-only\"\nregions = [\"eu-west-1\"]\n\n\
+         [[rules]]\ntable = \"ad_profiles\"\nprefix = \"eu/\"\npolicy = \"eu-only\"\n"
+    );
+    let d = deployment(TOPOLOGY, &placement).unwrap();
+    let policies: Vec<&str> = d.policies().map(|p| p.as_str()).collect();
+    assert_eq!(policies, ["global", "eu-only"]);
+    let scopes: Vec<&ScopeId> = d.scopes().collect();
+    assert_eq!(scopes.len(), 2 * 64);
+    assert_eq!(scopes[0].as_str(), "global/0");
+    assert_eq!(scopes[63].as_str(), "global/63");
+    assert_eq!(scopes[64].as_str(), "eu-only/0");
+    for s in &scopes {
+        let (policy, group) = s.as_str().split_once('/').unwrap();
+        assert_eq!(s.policy(), policy);
+        assert_eq!(s.group(), Some(GroupId(group.parse().unwrap())));
+        // A scope's members, residency and tree are its policy's.
+        let p = ScopeId::from(policy);
+        assert_eq!(d.scope_members(s), d.scope_members(&p));
+        assert_eq!(d.tree(s, None).edges, d.tree(&p, None).edges);
+        for r in d.topology.replicas.keys() {
+            assert_eq!(d.allowed(r, s), d.allowed(r, &p), "{r} in {s}");
+        }
+    }
+    // A row's scope: its policy's, for its partition key's group.
+    let pk = d
+        .placement
+        .schema
+        .table("events")
+        .unwrap()
+        .partition_key
+        .clone();
+    let key = b"app7,user42,1700000000";
+    let g = group_of(64, pk.as_ref().unwrap().of(key));
+    assert_eq!(d.group_of("events", key), g);
+    assert_eq!(
+        d.scope_of("events", key).as_str(),
+        format!("global/{}", g.0)
+    );
+    let g = group_of(64, b"eu/u1");
+    assert_eq!(
+        d.scope_of("ad_profiles", b"eu/u1").as_str(),
+        format!("eu-only/{}", g.0)
+    );
+    // System tables stay in one stream: group 0 of global.
+    assert_eq!(d.scope_of("_location", b"anything").as_str(), "global/0");
+    assert_eq!(d.system_scope().as_str(), "global/0");
+
+    // One group: the scopes are the policies, named as they always were.
+    let one = TOPOLOGY
+        .replace("shard_groups = 64", "shard_groups = 1")
+        .replace("processes = 4", "")
+        .replace("processes = 3", "");
+    let one = deployment(&one, &placement).unwrap();
+    let scopes: Vec<&str> = one.scopes().map(|s| s.as_str()).collect();
+    assert_eq!(scopes, ["global", "eu-only"]);
+    assert_eq!(one.scope_of("ad_profiles", b"eu/u1").as_str(), "eu-only");
+    assert_eq!(one.system_scope().as_str(), "global");
+    assert_eq!(one.scopes().next().unwrap().group(), None);
+}
+
+/// Scope names on the wire: a policy name alone, or followed by `/` and a group
+/// below the limit, written without leading zeros; anything else is refused.
+#[test]
+fn scope_names_are_checked() {
+    for ok in ["global", "eu-only", "global/0", "eu-only/17", "x/4095"] {
+        assert!(validate_scope(ok).is_ok(), "{ok}");
+    }
+    for bad in [
+        "",
+        "global/",
+        "global/01",
+        "global/4096",
+        "global/-1",
+        "global/1/2",
+        "/3",
+        "a b/1",
+    ] {
+        assert!(validate_scope(bad).is_err(), "{bad:?} accepted");
+    }
+    let e = validate_scope("global/4096").unwrap_err().to_string();
+    assert!(e.contains("global/4096") && e.contains("4096"), "{e}");
 }
 
 #[test]

@@ -144,6 +144,7 @@ struct Route {
 pub struct RouteTable {
     client_region: RegionId,
     profile: String,
+    /// By policy: a scope's routes are its policy's, whatever its shard group.
     scopes: std::collections::BTreeMap<ScopeId, Arc<[Route]>>,
 }
 
@@ -153,7 +154,7 @@ impl RouteTable {
             client_region: client_region.clone(),
             profile: profile.name.clone(),
             scopes: d
-                .scopes()
+                .policies()
                 .map(|s| (s.clone(), routes_of(d, profile, client_region, s).into()))
                 .collect(),
         }
@@ -330,7 +331,7 @@ pub fn order_read_routed_in(
     now_ms: u64,
 ) -> Result<ReadOrder, RouteError> {
     debug_check_routed(d, routes, &scope, location, req);
-    let eligible = match routes.scopes.get(&scope) {
+    let eligible = match routes.scopes.get(scope.policy()) {
         Some(r) => r.clone(),
         // A scope the deployment does not list (no such policy): worked out now.
         None => routes_of(d, req.profile, req.client_region, &scope).into(),
@@ -473,7 +474,7 @@ pub fn order_read_cached(
     view: &dyn PeerView,
     now_ms: u64,
 ) -> Result<ReadOrder, RouteError> {
-    let Some(eligible) = routes.scopes.get(&scope) else {
+    let Some(eligible) = routes.scopes.get(scope.policy()) else {
         return order_read_routed_in(d, routes, scope, location, req, view, now_ms);
     };
     debug_check_routed(d, routes, &scope, location, req);

@@ -1107,20 +1107,20 @@ impl<S: Storage> Replica<S> {
     /// moving it to a scope that does.
     fn may_hold(&self, table: &str, key: &[u8]) -> bool {
         // `scope_of` and `Location::migrating_to` with one lookup and no clone.
+        let d = &self.deployment;
         let entry = self.location.lookup(table, key);
         let ours = if table.starts_with('_') {
-            self.scopes
-                .contains_key(pangea_topology::placement::GLOBAL_POLICY)
+            self.scopes.contains_key(d.system_scope())
         } else {
             let scope = match entry {
-                Some(e) => &e.policy,
-                None => self.deployment.scope_of(table, key),
+                Some(e) => d.group_scope(&e.policy, table, key),
+                None => d.scope_of(table, key),
             };
             self.scopes.contains_key(scope)
         };
         ours || entry
             .and_then(|e| e.migrating_to.as_ref())
-            .is_some_and(|b| self.scopes.contains_key(b))
+            .is_some_and(|b| self.scopes.contains_key(d.group_scope(b, table, key)))
     }
 
     /// Whether this replica's write `token` is durable here.
@@ -1591,7 +1591,10 @@ impl<S: Storage> Replica<S> {
         // them all at once made every loss of a relay look like the loss of its
         // subtree, and the trees churn). One tree has no cycles, so the nearest
         // quiet peer on each path is always suspected.
-        let tree = self.scopes.get(&ScopeId::global()).map(|s| &s.tree);
+        let tree = self
+            .scopes
+            .get(self.deployment.system_scope())
+            .map(|s| &s.tree);
         let behind_quiet = |p: &ReplicaId| {
             tree.and_then(|t| t.path(&self.id, p))
                 .is_some_and(|path| path[1..path.len() - 1].iter().any(|q| silent.contains(q)))

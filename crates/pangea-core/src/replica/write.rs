@@ -20,7 +20,7 @@ impl<S: Storage> Replica<S> {
         // of both may take them (no write can slip past the backfill).
         let also = self
             .location
-            .migrating_to(mutation.table(), mutation.row_key())
+            .migrating_scope(&self.deployment, mutation.table(), mutation.row_key())
             .cloned();
         if let Some(b) = also.filter(|b| b != &scope) {
             if !self.scopes.contains_key(&b) {
@@ -78,7 +78,7 @@ impl<S: Storage> Replica<S> {
         self.check_row_size(&mutation)?;
         let (table, key) = (mutation.table(), mutation.row_key());
         let allowed = self.scope_of(table, key) == *scope
-            || self.location.migrating_to(table, key) == Some(scope);
+            || self.location.migrating_scope(&self.deployment, table, key) == Some(scope);
         if !allowed {
             return Err(Error::PolicyForbids {
                 scope: scope.to_string(),

@@ -60,8 +60,8 @@ impl LogEntry {
 
     /// Parses a frame from a peer or the store, checking names and `limits`.
     pub fn from_frame(f: pb::MutationFrame, limits: &Limits) -> Result<LogEntry, Error> {
-        use pangea_topology::schema::validate_name;
-        validate_name("scope", &f.scope)?;
+        use pangea_topology::schema::{validate_name, validate_scope};
+        validate_scope(&f.scope)?;
         validate_name("replica", &f.origin)?;
         if f.sequence == 0 {
             return Err(Error::malformed("MutationFrame", "sequence 0"));

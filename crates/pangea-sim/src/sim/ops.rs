@@ -1138,7 +1138,7 @@ impl Simulation {
         self.refresh_location(client);
         let d = self.views[self.client_view].clone();
         let mut usable: Vec<usize> = Vec::new();
-        for scope in d.scopes() {
+        for scope in d.policies() {
             for r in pangea_core::read::eligible(
                 &d,
                 &self.profile,
