@@ -207,7 +207,10 @@ impl AppProfile {
 
     /// Whether rows of placement policy `scope` are open to this profile.
     pub fn may_touch_policy(&self, scope: &ScopeId) -> bool {
-        self.policies.as_ref().is_none_or(|p| p.contains(scope))
+        // A grant names policies; a scope of one shard group answers for its policy.
+        self.policies
+            .as_ref()
+            .is_none_or(|p| p.contains(scope.policy()))
     }
 
     /// Whether callers of this profile may use `replica`: its priority class matches

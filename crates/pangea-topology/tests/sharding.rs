@@ -158,6 +158,17 @@ fn every_policy_replicates_as_one_scope_per_group() {
     assert_eq!(d.scope_of("_location", b"anything").as_str(), "global/0");
     assert_eq!(d.system_scope().as_str(), "global/0");
 
+    // A grant of policies opens every group of them, and no other policy's.
+    let granted = format!(
+        "{TOPOLOGY}\n[[app_profiles]]\nname = \"eu-app\"\nrouting = \"nearest\"\n\
+         priority = \"serving\"\ntables = {{ ad_profiles = \"read\" }}\npolicies = [\"eu-only\"]\n"
+    );
+    let d = deployment(&granted, &placement).unwrap();
+    let eu_app = &d.topology.app_profiles["eu-app"];
+    assert!(eu_app.may_touch_policy(&ScopeId::from("eu-only")));
+    assert!(eu_app.may_touch_policy(&ScopeId::from("eu-only/5")));
+    assert!(!eu_app.may_touch_policy(&ScopeId::from("global/5")));
+
     // One group: the scopes are the policies, named as they always were.
     let one = TOPOLOGY
         .replace("shard_groups = 64", "shard_groups = 1")
