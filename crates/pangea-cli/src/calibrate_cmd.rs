@@ -3,7 +3,9 @@
 use crate::parse_duration;
 use anyhow::{Context, Result};
 use clap::Args;
-use pangea_ops::calibrate::{Calibration, Fit, KILL_WINDOW, Kill, Measured, Options, Saturation};
+use pangea_ops::calibrate::{
+    self, Calibration, Fit, KILL_WINDOW, Kill, Measured, Options, Recording, Report,
+};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -65,45 +67,6 @@ pub(crate) struct CalibrateArgs {
     replay: Option<PathBuf>,
 }
 
-/// What `--replay` reads of an earlier `--json`.
-#[derive(serde::Deserialize)]
-struct Recorded {
-    levels: Vec<RecordedLevel>,
-    kill: Option<RecordedLevel>,
-}
-
-#[derive(serde::Deserialize)]
-struct RecordedLevel {
-    topology: PathBuf,
-    placement: PathBuf,
-    rate: f64,
-    duration_s: f64,
-    seed: u64,
-    /// Recorded since `--replay` exists; the default before.
-    #[serde(default = "two")]
-    clients_per_region: u32,
-    live: pangea_ops::calibrate::LiveFigures,
-    kill: Option<RecordedKill>,
-}
-
-fn two() -> u32 {
-    2
-}
-
-#[derive(serde::Deserialize)]
-struct RecordedKill {
-    replica: String,
-    at_s: f64,
-}
-
-/// What `--json` writes.
-#[derive(serde::Serialize)]
-struct Report {
-    levels: Vec<Calibration>,
-    kill: Option<Calibration>,
-    saturation: Option<Saturation>,
-}
-
 pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
     if let Some(path) = &a.replay {
         return replay(&a, path);
@@ -135,12 +98,12 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
     let mut measured = Vec::new();
     for &rate in &a.rate {
         let o = options(rate);
-        let m = pangea_ops::calibrate::measure(&o, &mut say)?;
+        let m = calibrate::measure(&o, &mut say)?;
         measured.push((o, m));
     }
     let fitted_at: Vec<String> = a.rate.iter().take(2).map(|r| r.to_string()).collect();
     let heading = format!("host costs fitted at {} ops/s", fitted_at.join(" and "));
-    let (fit, levels) = compare_levels(measured, &heading, &mut say)?;
+    let (fit, levels) = calibrate::compare_levels(measured, &heading, &mut say)?;
     let kill = match kill {
         Some(k) => {
             let rate = a.kill_rate.unwrap_or(a.rate[a.rate.len() / 2]);
@@ -149,14 +112,14 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
                 kill: Some(k),
                 ..options(rate)
             };
-            let m = pangea_ops::calibrate::measure(&o, &mut say)?;
+            let m = calibrate::measure(&o, &mut say)?;
             Some(compare_kill(&o, m, fit, &mut say)?)
         }
         None => None,
     };
     let saturation = if a.saturate {
         let from = a.rate[a.rate.len() - 1];
-        let s = pangea_ops::calibrate::saturation(&options(from), fit, step, a.bisect, &mut say)?;
+        let s = calibrate::saturation(&options(from), fit, step, a.bisect, &mut say)?;
         println!("\n{}", s.agreement());
         Some(s)
     } else {
@@ -176,42 +139,18 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
 /// durations, seeds and frontends), simulated again, as shipped and then fitted,
 /// against its live figures.
 fn replay(a: &CalibrateArgs, path: &std::path::Path) -> Result<()> {
-    let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let recorded: Recorded = serde_json::from_slice(&text)
-        .with_context(|| format!("{}: not the --json of pangea sim calibrate", path.display()))?;
-    anyhow::ensure!(
-        !recorded.levels.is_empty(),
-        "{}: no load levels recorded",
-        path.display()
-    );
-    let options = |l: &RecordedLevel| Options {
-        topology: l.topology.clone(),
-        placement: l.placement.clone(),
-        duration: std::time::Duration::from_secs_f64(l.duration_s),
-        rate: l.rate,
-        clients_per_region: l.clients_per_region,
-        seed: l.seed,
-        data_dir: None,
-        binary: PathBuf::new(),
-        fitted: None,
-        kill: l.kill.as_ref().map(|k| Kill {
-            replica: k.replica.clone(),
-            at: std::time::Duration::from_secs_f64(k.at_s),
-        }),
-    };
+    let recording = Recording::read(path)?;
     let mut say = |line: &str| println!("{line}");
     let mut measured = Vec::new();
-    for l in recorded.levels {
-        let o = options(&l);
-        let m = pangea_ops::calibrate::replay(&o, l.live, &mut say)?;
+    for (o, live) in recording.levels {
+        let m = calibrate::replay(&o, live, &mut say)?;
         measured.push((o, m));
     }
     let heading = format!("replayed from {}", path.display());
-    let (fit, levels) = compare_levels(measured, &heading, &mut say)?;
-    let kill = match recorded.kill {
-        Some(l) => {
-            let o = options(&l);
-            let m = pangea_ops::calibrate::replay(&o, l.live, &mut say)?;
+    let (fit, levels) = calibrate::compare_levels(measured, &heading, &mut say)?;
+    let kill = match recording.kill {
+        Some((o, live)) => {
+            let m = calibrate::replay(&o, live, &mut say)?;
             Some(compare_kill(&o, m, fit, &mut say)?)
         }
         None => None,
@@ -226,31 +165,6 @@ fn replay(a: &CalibrateArgs, path: &std::path::Path) -> Result<()> {
     )
 }
 
-/// Fits the host costs to the measured levels, simulates each again with them,
-/// and prints every comparison and, for several levels, a line each under
-/// `heading`.
-fn compare_levels(
-    measured: Vec<(Options, Measured)>,
-    heading: &str,
-    say: &mut dyn FnMut(&str),
-) -> Result<(Fit, Vec<Calibration>)> {
-    let levels: Vec<&Measured> = measured.iter().map(|(_, m)| m).collect();
-    let fit = pangea_ops::calibrate::fit_levels(&levels)?;
-    let mut reports = Vec::new();
-    for (o, m) in measured {
-        let report = pangea_ops::calibrate::finish(&o, m, fit, say)?;
-        println!("\n{report}");
-        reports.push(report);
-    }
-    if reports.len() > 1 {
-        println!("\nAcross load levels ({heading}):");
-        for r in &reports {
-            println!("  {}", r.agreement());
-        }
-    }
-    Ok((fit, reports))
-}
-
 /// The kill's level simulated again with the fitted costs, compared and printed.
 fn compare_kill(
     o: &Options,
@@ -258,15 +172,14 @@ fn compare_kill(
     fit: Fit,
     say: &mut dyn FnMut(&str),
 ) -> Result<Calibration> {
-    let report = pangea_ops::calibrate::finish(o, m, fit, say)?;
+    let report = calibrate::finish(o, m, fit, say)?;
     println!("\n{report}");
     Ok(report)
 }
 
 fn write_json(path: Option<&std::path::Path>, report: &Report) -> Result<()> {
-    if let Some(path) = path {
-        std::fs::write(path, serde_json::to_vec_pretty(report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+    match path {
+        Some(path) => report.write(path),
+        None => Ok(()),
     }
-    Ok(())
 }

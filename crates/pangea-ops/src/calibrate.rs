@@ -446,6 +446,130 @@ pub fn finish(
     Ok(c)
 }
 
+/// Fits the host costs to the measured levels ([`fit_levels`]), simulates each
+/// again with them ([`finish`]), and tells `say` every comparison and, for several
+/// levels, a line each under `heading`.
+pub fn compare_levels(
+    measured: Vec<(Options, Measured)>,
+    heading: &str,
+    say: &mut dyn FnMut(&str),
+) -> Result<(Fit, Vec<Calibration>)> {
+    let levels: Vec<&Measured> = measured.iter().map(|(_, m)| m).collect();
+    let fit = fit_levels(&levels)?;
+    let mut reports = Vec::new();
+    for (o, m) in measured {
+        let report = finish(&o, m, fit, say)?;
+        say(&format!("\n{report}"));
+        reports.push(report);
+    }
+    if reports.len() > 1 {
+        say(&format!("\nAcross load levels ({heading}):"));
+        for r in &reports {
+            say(&format!("  {}", r.agreement()));
+        }
+    }
+    Ok((fit, reports))
+}
+
+/// Everything one `pangea sim calibrate` compared: what `--json` writes, and what
+/// `--replay` reads back ([`Recording::read`]).
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub levels: Vec<Calibration>,
+    pub kill: Option<Calibration>,
+    pub saturation: Option<Saturation>,
+}
+
+impl Report {
+    pub fn write(&self, path: &std::path::Path) -> Result<()> {
+        std::fs::write(path, serde_json::to_vec_pretty(self)?)
+            .with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+/// The live runs of an earlier [`Report`] with the options that made them (files,
+/// rate, duration, seed, frontends, kill), to simulate them again with [`replay`].
+#[derive(Debug)]
+pub struct Recording {
+    pub levels: Vec<(Options, LiveFigures)>,
+    pub kill: Option<(Options, LiveFigures)>,
+}
+
+/// The part of a [`Report`] a [`Recording`] reads.
+#[derive(Deserialize)]
+struct Recorded {
+    levels: Vec<RecordedLevel>,
+    kill: Option<RecordedLevel>,
+}
+
+#[derive(Deserialize)]
+struct RecordedLevel {
+    topology: PathBuf,
+    placement: PathBuf,
+    rate: f64,
+    duration_s: f64,
+    seed: u64,
+    /// Recorded since `--replay` exists; the default before.
+    #[serde(default = "two")]
+    clients_per_region: u32,
+    live: LiveFigures,
+    kill: Option<RecordedKill>,
+}
+
+fn two() -> u32 {
+    2
+}
+
+#[derive(Deserialize)]
+struct RecordedKill {
+    replica: String,
+    at_s: f64,
+}
+
+impl RecordedLevel {
+    fn into_run(self) -> (Options, LiveFigures) {
+        let options = Options {
+            topology: self.topology,
+            placement: self.placement,
+            duration: Duration::from_secs_f64(self.duration_s),
+            rate: self.rate,
+            clients_per_region: self.clients_per_region,
+            seed: self.seed,
+            data_dir: None,
+            binary: PathBuf::new(),
+            fitted: None,
+            kill: self.kill.map(|k| Kill {
+                replica: k.replica,
+                at: Duration::from_secs_f64(k.at_s),
+            }),
+        };
+        (options, self.live)
+    }
+}
+
+impl Recording {
+    /// Reads the `--json` of an earlier calibration; an error names the file.
+    pub fn read(path: &std::path::Path) -> Result<Recording> {
+        let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let recorded: Recorded = serde_json::from_slice(&text).with_context(|| {
+            format!("{}: not the --json of pangea sim calibrate", path.display())
+        })?;
+        anyhow::ensure!(
+            !recorded.levels.is_empty(),
+            "{}: no load levels recorded",
+            path.display()
+        );
+        Ok(Recording {
+            levels: recorded
+                .levels
+                .into_iter()
+                .map(RecordedLevel::into_run)
+                .collect(),
+            kill: recorded.kill.map(RecordedLevel::into_run),
+        })
+    }
+}
+
 /// The load at which the live cluster stops meeting the SLO, against the fitted
 /// simulator's: both searched the same way (`pangea_sim::capacity::search_rate`,
 /// as `pangea sim capacity` does: ×1.5 a step from the first rate until one
