@@ -223,8 +223,9 @@ pub(crate) struct Inner {
     rtt_ms: DashMap<ReplicaId, f64>,
     /// Replicas that failed recently, until when.
     down: DashMap<ReplicaId, Instant>,
-    /// Last-known watermarks per replica and scope, from every response.
-    known: DashMap<ReplicaId, BTreeMap<ScopeId, ScopeWatermarks>>,
+    /// Last-known watermarks per replica and scope, from every response, with
+    /// when they arrived.
+    known: DashMap<ReplicaId, BTreeMap<ScopeId, Known>>,
     /// Location metadata (`_location`), refreshed in the background: run-time
     /// placement of rows, their policy and home region. Updated in place with what
     /// changed; a call reads it while it plans (never across an await).
@@ -298,7 +299,36 @@ pub(crate) struct Current {
     pub(crate) digest: u64,
 }
 
+/// A replica's watermarks for one scope, as its last answer gave them.
+#[derive(Debug, Clone)]
+struct Known {
+    watermarks: ScopeWatermarks,
+    /// The client's wall clock when the answer arrived, ms.
+    learned_ms: u64,
+}
+
 impl Inner {
+    /// Keeps what `replica` said of its watermarks in one scope.
+    fn learn_watermarks(&self, replica: &ReplicaId, wm: &ScopeWatermarks) {
+        let known = || Known {
+            watermarks: wm.clone(),
+            learned_ms: wall_ms(),
+        };
+        match self.known.get_mut(replica) {
+            Some(mut scopes) => match scopes.get_mut(&wm.scope) {
+                // Most answers repeat what the last one said: no copy then.
+                Some(k) if k.watermarks == *wm => k.learned_ms = wall_ms(),
+                _ => {
+                    scopes.insert(wm.scope.clone(), known());
+                }
+            },
+            None => {
+                let scopes = BTreeMap::from([(wm.scope.clone(), known())]);
+                self.known.insert(replica.clone(), scopes);
+            }
+        }
+    }
+
     pub(crate) fn current(&self) -> Arc<Current> {
         self.current
             .read()
@@ -314,6 +344,8 @@ impl Inner {
 struct LiveView<'a> {
     inner: &'a Inner,
     now: Instant,
+    /// The same instant on the wall clock, ms.
+    now_ms: u64,
 }
 
 impl PeerView for LiveView<'_> {
@@ -327,14 +359,21 @@ impl PeerView for LiveView<'_> {
             .is_some_and(|until| *until > self.now)
     }
     fn covers(&self, replica: &ReplicaId, token: &Token) -> bool {
-        self.inner
-            .known
-            .get(replica)
-            .is_some_and(|scopes| scopes.get(&token.scope).is_some_and(|w| w.covers(token)))
+        self.inner.known.get(replica).is_some_and(|scopes| {
+            scopes
+                .get(&token.scope)
+                .is_some_and(|k| k.watermarks.covers(token))
+        })
     }
     fn freshness(&self, replica: &ReplicaId, scope: &ScopeId) -> Option<pangea_core::Timestamp> {
         let scopes = self.inner.known.get(replica)?;
-        scopes.get(scope).map(ScopeWatermarks::freshness)
+        let k = scopes.get(scope)?;
+        let fresh = k.watermarks.freshness();
+        Some(pangea_core::read::freshness_now(
+            fresh,
+            k.learned_ms,
+            self.now_ms,
+        ))
     }
 }
 
@@ -608,12 +647,7 @@ impl Client {
                     inner.note_rtt(&r, started.elapsed());
                     if let Some(pb::client_response::Response::Watermarks(w)) = resp.response {
                         for s in &w.scopes {
-                            let wm = ScopeWatermarks::from_proto(s);
-                            inner
-                                .known
-                                .entry(r.clone())
-                                .or_default()
-                                .insert(wm.scope.clone(), wm);
+                            inner.learn_watermarks(&r, &ScopeWatermarks::from_proto(s));
                         }
                     }
                     inner.down.remove(&r);
@@ -816,10 +850,11 @@ impl Client {
             .unwrap_or_default()
     }
 
-    fn view(&self, now: Instant) -> LiveView<'_> {
+    fn view(&self, now: Instant, now_ms: u64) -> LiveView<'_> {
         LiveView {
             inner: &self.inner,
             now,
+            now_ms,
         }
     }
 
@@ -989,7 +1024,8 @@ impl Client {
     ) -> Result<Response<Token>, Error> {
         let cur = self.inner.current();
         let d = &cur.deployment;
-        let view = self.view(started);
+        let now_ms = wall_ms();
+        let view = self.view(started, now_ms);
         let req = ReadRequest {
             client_region: &self.inner.config.region,
             profile: &cur.profile,
@@ -1009,7 +1045,7 @@ impl Client {
         let (plan, migrating_to) = {
             let location = self.location_read();
             (
-                plan_read_at(d, &location, &req, &view, wall_ms()),
+                plan_read_at(d, &location, &req, &view, now_ms),
                 location
                     .migrating_to(mutation.table(), mutation.row_key())
                     .cloned(),
@@ -1450,7 +1486,8 @@ impl Client {
         let started = Instant::now();
         let cur = self.inner.current();
         let d = &cur.deployment;
-        let view = self.view(started);
+        let now_ms = wall_ms();
+        let view = self.view(started, now_ms);
         let req = ReadRequest {
             client_region: &self.inner.config.region,
             profile: &cur.profile,
@@ -1458,7 +1495,7 @@ impl Client {
             key,
             consistency: &opts.consistency,
         };
-        let mut plan = plan_read_at(d, &self.location_read(), &req, &view, wall_ms())
+        let mut plan = plan_read_at(d, &self.location_read(), &req, &view, now_ms)
             .map_err(|e| Error::PolicyForbids(e.to_string()))?;
         let (prefer, record) = match caller {
             Caller::App => (None, self.inner.recorder.wants_one()),
@@ -1642,17 +1679,7 @@ impl Inner {
         }
         let wm = served.watermarks.as_ref().map(ScopeWatermarks::from_proto);
         if let Some(w) = &wm {
-            match self.known.get_mut(&c.replica) {
-                // Most answers repeat what the last one said: no copy then.
-                Some(scopes) if scopes.get(&w.scope) == Some(w) => {}
-                Some(mut scopes) => {
-                    scopes.insert(w.scope.clone(), w.clone());
-                }
-                None => {
-                    let scopes = BTreeMap::from([(w.scope.clone(), w.clone())]);
-                    self.known.insert(c.replica.clone(), scopes);
-                }
-            }
+            self.learn_watermarks(&c.replica, w);
         }
         let served = Served {
             region: served.region,

@@ -130,6 +130,25 @@ pub fn staleness_ms(fresh_as_of: Timestamp, now_ms: u64) -> u64 {
     now_ms.saturating_sub(fresh_as_of.wall_ms())
 }
 
+/// A replica's freshness as a client can judge it at `now_ms`, from an answer
+/// that said `fresh` and reached the client at `learned_ms` (both on the
+/// client's clock): the lag the answer showed, carried forward, never older
+/// than the answer itself. Replication keeps flowing between two answers, so a
+/// replica's lag is what persists, not its freshness as of the last answer:
+/// judged by the aged freshness, the nearest replica of a scope the client had
+/// not read from for a second looked too stale for a 2 s bound, and bounded reads
+/// went to a farther replica answered from more lately, past their deadline
+/// (seen with many shard groups, where each scope hears fewer answers). A replica
+/// that did fall behind says so in its refusal, and the client learns it then.
+pub fn freshness_now(fresh: Timestamp, learned_ms: u64, now_ms: u64) -> Timestamp {
+    if fresh == Timestamp::ZERO {
+        return fresh; // nothing known of it: no lag to carry
+    }
+    let lag_ms = learned_ms.saturating_sub(fresh.wall_ms());
+    let now = Timestamp::new(now_ms.saturating_sub(lag_ms), 0);
+    now.max(fresh)
+}
+
 /// Why a replica was chosen; every response reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Reason {
@@ -166,6 +185,26 @@ impl fmt::Display for Reason {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client judges a replica by the lag its last answer showed, not by how
+    /// fresh it was when that answer came.
+    #[test]
+    fn freshness_carries_the_last_answers_lag_forward() {
+        let fresh = Timestamp::new(10_000, 7);
+        // Answered at 10,700 ms: 700 ms behind. At 12,000 it is judged 700 ms
+        // behind still (fresh as of 11,300), not 2,000.
+        let now = freshness_now(fresh, 10_700, 12_000);
+        assert_eq!(now.wall_ms(), 11_300);
+        assert_eq!(staleness_ms(now, 12_000), 700);
+        // Never older than the answer said, whatever the clocks did.
+        assert_eq!(freshness_now(fresh, 10_700, 10_000), fresh);
+        assert_eq!(freshness_now(fresh, 9_000, 12_000).wall_ms(), 12_000);
+        // Nothing known: nothing to carry.
+        assert_eq!(
+            freshness_now(Timestamp::ZERO, 10_700, 12_000),
+            Timestamp::ZERO
+        );
+    }
 
     #[test]
     fn a_token_is_vouched_for_by_its_own_scope_where_that_scope_is_held() {

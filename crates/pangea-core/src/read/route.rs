@@ -75,9 +75,10 @@ pub trait PeerView {
     fn is_down(&self, replica: &ReplicaId) -> bool;
     /// Whether `replica`'s last-known watermarks cover `token` (false if unknown).
     fn covers(&self, replica: &ReplicaId, token: &Token) -> bool;
-    /// `replica`'s last-known freshness in `scope`
-    /// ([`ScopeWatermarks::freshness`](crate::watermark::ScopeWatermarks::freshness)), if any: bounded reads go where it is
-    /// within their bound.
+    /// `replica`'s freshness in `scope` as the client judges it now: its last
+    /// answer's ([`ScopeWatermarks::freshness`](crate::watermark::ScopeWatermarks::freshness))
+    /// carried forward by [`freshness_now`](super::freshness_now), if any
+    /// answer said: bounded reads go where it is within their bound.
     fn freshness(&self, replica: &ReplicaId, scope: &ScopeId) -> Option<Timestamp>;
 
     /// [`PeerView::rtt_ms`] of the replica at position `rank` of the deployment's

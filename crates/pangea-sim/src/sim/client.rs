@@ -13,7 +13,7 @@ use crate::ids::Interner;
 use crate::time::{SimDuration, SimTime};
 use bytes::Bytes;
 use pangea_core::frontend;
-use pangea_core::read::{OrderCache, PeerView};
+use pangea_core::read::{OrderCache, PeerView, freshness_now};
 use pangea_core::{ReplicaId, ScopeId, ScopeWatermarks, Timestamp, Token};
 use std::sync::Arc;
 
@@ -48,7 +48,7 @@ pub(crate) struct Client {
     rank_of: Arc<[usize]>,
     /// Last-known watermarks, `[scope][replica]`, with their freshness computed
     /// once when learnt (planning a bounded read asks it of every candidate).
-    known: Vec<Vec<Option<(ScopeWatermarks, Timestamp)>>>,
+    known: Vec<Vec<Option<Known>>>,
     /// The library's hedger, on virtual time (µs).
     pub(crate) hedger: frontend::Hedger,
     /// The key and token of this frontend's last acknowledged write.
@@ -166,12 +166,30 @@ impl Client {
         }
     }
 
-    pub(crate) fn learn(&mut self, r: usize, scope: usize, wm: ScopeWatermarks) {
+    /// Keeps what replica `r` said, at `now_ms` on the frontends' clock, of its
+    /// watermarks in `scope`.
+    pub(crate) fn learn(&mut self, r: usize, scope: usize, wm: ScopeWatermarks, now_ms: u64) {
         if let Some(row) = self.known.get_mut(scope) {
             let fresh = wm.freshness();
-            row[r] = Some((wm, fresh));
+            row[r] = Some(Known {
+                watermarks: wm,
+                fresh,
+                learned_ms: now_ms,
+            });
         }
     }
+}
+
+/// A replica's watermarks for one scope as its last answer gave them (the
+/// library's `Known`).
+#[derive(Debug, Clone)]
+struct Known {
+    watermarks: ScopeWatermarks,
+    /// `watermarks.freshness()`, computed once (planning a bounded read asks it
+    /// of every candidate).
+    fresh: Timestamp,
+    /// The frontends' wall clock when the answer arrived, ms.
+    learned_ms: u64,
 }
 
 /// What `plan_read` sees: the client's state for one scope at one instant (the
@@ -183,6 +201,8 @@ pub(crate) struct View<'a> {
     pub(crate) ranked: &'a [Option<usize>],
     pub(crate) scope: usize,
     pub(crate) now: SimTime,
+    /// `now` on the frontends' wall clock, ms.
+    pub(crate) now_ms: u64,
 }
 
 impl PeerView for View<'_> {
@@ -198,11 +218,13 @@ impl PeerView for View<'_> {
     }
 
     fn covers(&self, replica: &ReplicaId, token: &Token) -> bool {
-        self.known(replica).is_some_and(|(w, _)| w.covers(token))
+        self.known(replica)
+            .is_some_and(|k| k.watermarks.covers(token))
     }
 
     fn freshness(&self, replica: &ReplicaId, _scope: &ScopeId) -> Option<Timestamp> {
-        self.known(replica).map(|(_, fresh)| *fresh)
+        self.known(replica)
+            .map(|k| freshness_now(k.fresh, k.learned_ms, self.now_ms))
     }
 
     fn rtt_ms_ranked(&self, rank: usize, replica: &ReplicaId) -> Option<f64> {
@@ -221,7 +243,7 @@ impl PeerView for View<'_> {
 
     fn covers_ranked(&self, rank: usize, replica: &ReplicaId, token: &Token) -> bool {
         self.known_ranked(rank, replica)
-            .is_some_and(|(w, _)| w.covers(token))
+            .is_some_and(|k| k.watermarks.covers(token))
     }
 
     fn freshness_ranked(
@@ -230,24 +252,20 @@ impl PeerView for View<'_> {
         replica: &ReplicaId,
         _scope: &ScopeId,
     ) -> Option<Timestamp> {
-        self.known_ranked(rank, replica).map(|(_, fresh)| *fresh)
+        self.known_ranked(rank, replica)
+            .map(|k| freshness_now(k.fresh, k.learned_ms, self.now_ms))
     }
 }
 
 impl View<'_> {
-    /// The client's last-known watermarks of `replica` for this view's scope, and
-    /// their freshness.
-    fn known(&self, replica: &ReplicaId) -> Option<&(ScopeWatermarks, Timestamp)> {
+    /// The client's last-known watermarks of `replica` for this view's scope.
+    fn known(&self, replica: &ReplicaId) -> Option<&Known> {
         let r = self.replicas.get(replica.as_str())?;
         self.client.known.get(self.scope)?.get(r)?.as_ref()
     }
 
     /// [`View::known`] by rank.
-    fn known_ranked(
-        &self,
-        rank: usize,
-        replica: &ReplicaId,
-    ) -> Option<&(ScopeWatermarks, Timestamp)> {
+    fn known_ranked(&self, rank: usize, replica: &ReplicaId) -> Option<&Known> {
         match self.ranked.get(rank) {
             Some(r) => self.client.known.get(self.scope)?.get((*r)?)?.as_ref(),
             None => self.known(replica),

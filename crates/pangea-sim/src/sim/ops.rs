@@ -517,6 +517,7 @@ impl Simulation {
             ranked: &self.rank_replica[self.client_view],
             scope,
             now: self.now,
+            now_ms: now_wall_ms,
         };
         let req = ReadRequest {
             client_region: &c.region_id,
@@ -966,6 +967,7 @@ impl Simulation {
         }
         let elapsed = now.saturating_since(SimTime::from_us(att.since_us));
         let scope = op.scope;
+        let now_ms = BASE_WALL_MS + now.as_us() / 1_000;
         // A write that waited for other regions took the WAN's time, not the
         // path's: routing and hedging must not learn from it (`Inner::ask`).
         let learns = op.mode.is_some() || self.sc.workload.write_ack == WriteAck::Origin;
@@ -988,7 +990,7 @@ impl Simulation {
                     self.metrics.counters.read_backs_stale += 1;
                 }
                 if let Some(w) = wm {
-                    client.learn(r, scope, w);
+                    client.learn(r, scope, w, now_ms);
                 }
                 Ok(token)
             }
@@ -997,7 +999,7 @@ impl Simulation {
                     client.note_rtt(r, elapsed);
                 }
                 if let Some(w) = wm {
-                    client.learn(r, scope, w);
+                    client.learn(r, scope, w, now_ms);
                 }
                 Err(kind)
             }
@@ -1237,6 +1239,7 @@ impl Simulation {
         wms: Option<Vec<(usize, ScopeWatermarks)>>,
     ) {
         let now = self.now;
+        let now_ms = self.now_wall_ms();
         let c = &mut self.clients[client];
         if c.probe_sent[r] != Some(sent_at) {
             return; // timed out already
@@ -1246,7 +1249,7 @@ impl Simulation {
             Some(wms) => {
                 c.note_rtt(r, now.saturating_since(sent_at));
                 for (s, w) in wms {
-                    c.learn(r, s, w);
+                    c.learn(r, s, w, now_ms);
                 }
                 c.mark_up(r);
             }
