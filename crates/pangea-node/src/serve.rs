@@ -989,16 +989,22 @@ async fn execute(
                     break;
                 }
                 let s = scope_here(shared, &g.table, key)?;
-                if scope.as_ref().is_some_and(|x| *x != s) {
-                    return Err(Failure::new(
-                        Code::InvalidArgument,
-                        "get-many keys span placement policies; split the request by policy",
-                    ));
-                }
-                if scope.is_none() {
-                    check_rows(shared, caller, &s)?;
-                    wm = Some(admit(shared, &s, &c)?);
-                    scope = Some(s);
+                match &scope {
+                    Some(first) if first.policy() != s.policy() => {
+                        return Err(Failure::new(
+                            Code::InvalidArgument,
+                            "get-many keys span placement policies; split the request by policy",
+                        ));
+                    }
+                    // Another shard group of the policy: its own watermarks
+                    // must meet the consistency asked for too.
+                    Some(first) if *first != s => _ = admit(shared, &s, &c)?,
+                    Some(_) => {}
+                    None => {
+                        check_rows(shared, caller, &s)?;
+                        wm = Some(admit(shared, &s, &c)?);
+                        scope = Some(s);
+                    }
                 }
                 let row = read_row(shared, &g.table, key, &f)?.unwrap_or_else(|| pb::Row {
                     key: key.clone(),
@@ -1014,13 +1020,23 @@ async fn execute(
             key_within(&limits, &s.resume_after, "resume_after")?;
             let scope = scope_here(shared, &s.table, &s.prefix)?;
             check_rows(shared, caller, &scope)?;
-            let wm = admit(shared, &scope, &consistency(s.consistency)?)?;
+            let c = consistency(s.consistency)?;
+            let wm = admit(shared, &scope, &c)?;
+            // A prefix that does not fix the partition key reaches every shard
+            // group of the policy: each must meet the consistency asked for.
+            let d = shared.deployment();
+            if d.prefix_group(&s.table, &s.prefix).is_none()
+                && let Some(policy) = d.placement.policies.get(scope.policy())
+            {
+                for other in policy.scopes().iter().filter(|o| **o != scope) {
+                    admit(shared, other, &c)?;
+                }
+            }
             let limit = match s.limit as usize {
                 0 => SCAN_ROWS_DEFAULT,
                 n => n.min(SCAN_ROWS_MAX),
             };
             let f = filter(s.filter);
-            let d = shared.deployment();
             let mut after = (!s.resume_after.is_empty()).then(|| s.resume_after.clone());
             let mut rows = Vec::new();
             let mut last = Bytes::new();

@@ -72,6 +72,9 @@ struct RawDrill {
     description: String,
     topology: String,
     placement: Option<String>,
+    /// Run the files' deployment with this many shard groups instead of the
+    /// topology file's (docs/sharding.md).
+    shard_groups: Option<u32>,
     seed: u64,
     duration: String,
     drain_max: Option<String>,
@@ -579,8 +582,13 @@ impl Drill {
             },
             None => None,
         };
-        let d =
+        let mut d =
             Deployment::load(&topology_path, placement_path.as_deref()).map_err(|p| top(p.0))?;
+        if let Some(g) = raw.shard_groups {
+            d = d
+                .with_shard_groups(g)
+                .map_err(|why| DrillProblems(vec![src.problem(&p!["shard_groups"], why)]))?;
+        }
         if let Err(why) = d.check_served_layout() {
             return Err(DrillProblems(vec![src.problem(&p!["topology"], why)]));
         }

@@ -63,7 +63,8 @@ fn every_shipped_drill_validates() -> Result<()> {
                 d.scenario
                     .deployment
                     .scope_of(&w.table, key.as_bytes())
-                    .to_string(),
+                    .policy()
+                    .to_owned(),
             );
         }
     }
@@ -122,6 +123,30 @@ local_fraction = 0.6
 modes = { eventual = 0.4, affinity = 0.2, watermark = 0.3, bounded = 0.1 }
 mix = { read = 0.8, write = 0.17, delete = 0.03 }
 "#;
+
+/// `shard_groups` runs the files' deployment at another G: every policy then
+/// replicates as that many scopes; a G out of range is named with its line.
+#[test]
+fn a_drill_may_spread_rows_over_shard_groups() -> Result<()> {
+    let text = HEAD.replacen("seed = 11", "shard_groups = 8\nseed = 11", 1);
+    let d = drill("sharded.toml", &text)?;
+    let deployment = &d.scenario.deployment;
+    assert_eq!(deployment.topology.shard_groups, 8);
+    assert_eq!(
+        deployment.scopes().count(),
+        8 * deployment.policies().count()
+    );
+    let scope = deployment.scope_of("ad_profiles", b"eu/00000001");
+    assert_eq!(scope.policy(), "eu-resident");
+    assert!(scope.group().is_some(), "{scope}");
+    let bad = HEAD.replacen("seed = 11", "shard_groups = 0\nseed = 11", 1);
+    let err = drill("bad.toml", &bad).unwrap_err().to_string();
+    assert!(
+        err.contains("bad.toml:4: shard_groups: shard_groups must be 1 ..= 4096, got 0"),
+        "{err}"
+    );
+    Ok(())
+}
 
 #[test]
 fn problems_name_file_line_and_key() {

@@ -21,6 +21,8 @@ pub struct Shape<'a> {
     pub replicas_per_region_max: usize,
     pub relays: bool,
     pub restricted: bool,
+    /// `shard_groups` of the topology (1: one group, the key left out).
+    pub shard_groups: u32,
 }
 
 /// A deployment of `shape`; `below(n)` draws uniformly from `[0, n)` (n ≥ 1), and
@@ -34,6 +36,9 @@ pub fn random_deployment(
 ) -> Deployment {
     let regions = shape.regions.max(2);
     let mut t = format!("name = \"{}\"\nintra_region_rtt_ms = 1.0\n", shape.name);
+    if shape.shard_groups > 1 {
+        t += &format!("shard_groups = {}\n", shape.shard_groups);
+    }
     let half = regions.div_ceil(2);
     let mut total = 0;
     for c in 0..2 {
@@ -124,6 +129,7 @@ mod tests {
                             replicas_per_region_max: per_region,
                             relays,
                             restricted,
+                            shard_groups: 1,
                         };
                         let mut i = pick;
                         let mut below = |n: u64| {

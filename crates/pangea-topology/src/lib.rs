@@ -359,6 +359,19 @@ impl Deployment {
     }
 
     /// The scope system tables replicate in: group 0 of `global`.
+    /// The one shard group every row of `table` starting with `prefix` is in, or
+    /// `None` when they may be in any: a prefix names one group when it holds the
+    /// whole partition key (the table declares one and the prefix reaches its
+    /// last separator), or when there is one group at all.
+    pub fn prefix_group(&self, table: &str, prefix: &[u8]) -> Option<shard::GroupId> {
+        if self.topology.shard_groups <= 1 || table.starts_with('_') {
+            return Some(shard::GroupId(0));
+        }
+        let spec = self.placement.schema.table(table)?.partition_key.as_ref()?;
+        let whole = spec.of(prefix).len() < prefix.len();
+        whole.then(|| self.group_of(table, prefix))
+    }
+
     pub fn system_scope(&self) -> &ScopeId {
         self.placement.policies[GLOBAL_POLICY].scope(shard::GroupId(0))
     }

@@ -210,11 +210,11 @@ impl crate::Deployment {
             .collect()
     }
 
-    /// Whether replicas can serve this layout today. Files may declare shard
-    /// groups and processes (`topology check` and `plan` take them), but replicas,
-    /// local clusters and the simulator run one process per replica hosting one
-    /// group until docs/sharding.md's design is built: anything else is refused
-    /// rather than silently served as one group.
+    /// Whether replicas can serve this layout today. Files may declare processes
+    /// per replica (`topology check` and `plan` take them), but replicas, local
+    /// clusters and the simulator run one process per replica, hosting every
+    /// shard group, until docs/sharding.md's design is built: more is refused
+    /// rather than silently served by one process.
     pub fn check_served_layout(&self) -> Result<(), String> {
         let t = &self.topology;
         let many: Vec<&str> = t
@@ -223,17 +223,46 @@ impl crate::Deployment {
             .filter(|r| r.processes > 1)
             .map(|r| r.id.as_str())
             .collect();
-        if t.shard_groups > 1 || !many.is_empty() {
+        if !many.is_empty() {
             return Err(format!(
-                "topology {}: shard_groups = {} and processes > 1 on [{}]: replicas serve one \
-                 shard group in one process so far (docs/sharding.md says what is built); set \
-                 shard_groups = 1 and processes = 1 to run it",
+                "topology {}: processes > 1 on [{}]: a replica runs as one process hosting \
+                 all {} shard groups so far (docs/sharding.md says what is built); set \
+                 processes = 1 to run it",
                 t.name,
+                many.join(", "),
                 t.shard_groups,
-                many.join(", ")
             ));
         }
         Ok(())
+    }
+
+    /// This deployment with its rows spread over `groups` shard groups instead
+    /// of the topology file's: every policy replicates as `groups` scopes. For a
+    /// drill that rehearses a deployment's files at another G; refused (saying
+    /// why) outside `1 ..= SHARD_GROUPS_MAX` or below a replica's `processes`.
+    pub fn with_shard_groups(mut self, groups: u32) -> Result<crate::Deployment, String> {
+        if !(1..=SHARD_GROUPS_MAX).contains(&groups) {
+            return Err(format!(
+                "shard_groups must be 1 ..= {SHARD_GROUPS_MAX}, got {groups}"
+            ));
+        }
+        if let Some(r) = self
+            .topology
+            .replicas
+            .values()
+            .find(|r| r.processes > groups)
+        {
+            return Err(format!(
+                "shard_groups = {groups} is below replica {}'s {} processes (each hosts a \
+                 group at least)",
+                r.id, r.processes
+            ));
+        }
+        self.topology.shard_groups = groups;
+        for p in self.placement.policies.values_mut() {
+            *p = crate::Policy::new(p.name.clone(), std::mem::take(&mut p.regions), groups);
+        }
+        Ok(self)
     }
 
     /// Changes from `self` to `new` that would move rows between shard groups or

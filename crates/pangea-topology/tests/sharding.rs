@@ -314,16 +314,45 @@ fn layout_changes_are_named_and_unchanged_files_have_none() {
 fn replicas_refuse_a_layout_they_cannot_serve_yet() {
     let d = deployment(TOPOLOGY, PLACEMENT).unwrap();
     let why = d.check_served_layout().unwrap_err();
-    assert!(why.contains("shard_groups = 64"), "{why}");
-    assert!(why.contains("[euw1-a, use1-a]"), "{why}");
-    // One group in one process per replica, a partition key declared: served.
-    let one = TOPOLOGY
-        .replace("shard_groups = 64\n", "")
+    assert!(why.contains("processes > 1 on [euw1-a, use1-a]"), "{why}");
+    assert!(why.contains("all 64 shard groups"), "{why}");
+    // Many groups in one process per replica: served.
+    let one_process = TOPOLOGY
         .replace("    processes = 4\n", "")
         .replace("    processes = 3\n", "");
+    let d = deployment(&one_process, PLACEMENT).unwrap();
+    assert_eq!(d.topology.shard_groups, 64);
+    d.check_served_layout().unwrap();
+    // One group in one process per replica, a partition key declared: served.
+    let one = one_process.replace("shard_groups = 64\n", "");
     let d = deployment(&one, PLACEMENT).unwrap();
     assert_eq!(d.topology.shard_groups, 1);
     d.check_served_layout().unwrap();
     assert_eq!(d.plan().shards.len(), 3);
     assert_eq!(group_of(1, b"anything"), GroupId(0));
+}
+
+/// A scan's prefix stays in one shard group only when it holds the whole
+/// partition key: the server then checks one group's watermarks, else all.
+#[test]
+fn a_prefix_names_one_group_only_when_it_holds_the_partition_key() {
+    let d = deployment(TOPOLOGY, PLACEMENT).unwrap();
+    let user = d.group_of("events", b"app,user,1700000000");
+    assert_eq!(d.prefix_group("events", b"app,user,"), Some(user));
+    assert_eq!(d.prefix_group("events", b"app,user,17"), Some(user));
+    assert_eq!(d.prefix_group("events", b"app,user"), None, "user10 too");
+    assert_eq!(d.prefix_group("events", b"app,"), None);
+    assert_eq!(d.prefix_group("events", b""), None);
+    assert_eq!(
+        d.prefix_group("ad_profiles", b"eu/user,1,"),
+        None,
+        "no partition key declared: the row key is the partition key"
+    );
+    assert_eq!(d.prefix_group("_location", b""), Some(GroupId(0)));
+    let one = TOPOLOGY
+        .replace("shard_groups = 64\n", "")
+        .replace("    processes = 4\n", "")
+        .replace("    processes = 3\n", "");
+    let d = deployment(&one, PLACEMENT).unwrap();
+    assert_eq!(d.prefix_group("ad_profiles", b""), Some(GroupId(0)));
 }

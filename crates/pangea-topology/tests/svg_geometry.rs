@@ -505,6 +505,7 @@ fn a_generated_40_replica_topology_draws_cleanly() {
         replicas_per_region_max: 7,
         relays: true,
         restricted: true,
+        shard_groups: 1,
     };
     let d = (0..)
         .map(|seed| generated(seed, &shape))
@@ -525,6 +526,7 @@ fn generated_topologies_of_every_shape_draw_cleanly() {
             replicas_per_region_max: 1 + (seed as usize * 5 % 13),
             relays: seed % 2 == 0,
             restricted: seed % 3 != 0,
+            shard_groups: 1,
         };
         check(&generated(seed, &shape), &format!("seed {seed}, {shape:?}"));
     }

@@ -1260,18 +1260,36 @@ impl<S: Storage> Replica<S> {
             .cloned()
             .collect();
         self.scopes.retain(|s, _| mine.contains(s));
+        // The shard groups of a policy share its members and tree: worked out
+        // once per policy, the tree then named after each group's scope.
+        let mut of_policy: BTreeMap<&str, (BTreeSet<ReplicaId>, BTreeSet<ReplicaId>, Tree)> =
+            BTreeMap::new();
         for scope in &mine {
-            let members = d.scope_members(scope);
-            for m in members.iter().filter(|m| **m != self.id) {
-                self.peers.insert_if_absent(m, || Peer::new(now.mono_us));
-            }
-            let origins: BTreeSet<ReplicaId> = members
-                .iter()
-                .filter(|m| d.topology.replicas[*m].role.stores_rows())
-                .cloned()
-                .collect();
-            let live = self.live_set(&members);
-            let tree = d.tree(scope, Some(&live));
+            let (members, origins, tree) = match of_policy.get(scope.policy()) {
+                Some((members, origins, tree)) => {
+                    let mut tree = tree.clone();
+                    tree.scope = scope.clone();
+                    (members.clone(), origins.clone(), tree)
+                }
+                None => {
+                    let members = d.scope_members(scope);
+                    for m in members.iter().filter(|m| **m != self.id) {
+                        self.peers.insert_if_absent(m, || Peer::new(now.mono_us));
+                    }
+                    let origins: BTreeSet<ReplicaId> = members
+                        .iter()
+                        .filter(|m| d.topology.replicas[*m].role.stores_rows())
+                        .cloned()
+                        .collect();
+                    let live = self.live_set(&members);
+                    let tree = d.tree(scope, Some(&live));
+                    of_policy.insert(
+                        scope.policy(),
+                        (members.clone(), origins.clone(), tree.clone()),
+                    );
+                    (members, origins, tree)
+                }
+            };
             match self.scopes.get_mut(scope) {
                 Some(s) => {
                     if s.tree != tree {

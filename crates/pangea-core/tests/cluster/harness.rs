@@ -71,6 +71,9 @@ pub(crate) struct Scenario {
     pub(crate) view_changes: bool,
     pub(crate) safety_ms: u64,
     pub(crate) config: Config,
+    /// The deployment's shard groups: every policy replicates as this many
+    /// scopes (docs/sharding.md).
+    pub(crate) shard_groups: u32,
 }
 
 impl Scenario {
@@ -121,6 +124,16 @@ impl Scenario {
                 },
                 ..config
             },
+            shard_groups: 1,
+        }
+    }
+
+    /// [`Scenario::random`] with rows spread over 2, 4 or 8 shard groups (by
+    /// seed, drawing nothing: the rest of the seed's scenario is the same).
+    pub(crate) fn random_sharded(seed: u64) -> Scenario {
+        Scenario {
+            shard_groups: 2 << (seed % 3),
+            ..Scenario::random(seed)
         }
     }
 }
@@ -135,6 +148,7 @@ pub(crate) fn deployment(s: &Scenario, rtt_scale: Option<&mut Rng>) -> Deploymen
         replicas_per_region_max: s.replicas_per_region_max,
         relays: s.relays,
         restricted: s.restricted && s.regions >= 2,
+        shard_groups: s.shard_groups,
     };
     match rtt_scale {
         Some(sr) => pangea_topology::generate::random_deployment(

@@ -12,22 +12,47 @@ fn run(seed: u64) -> Report {
     Cluster::new(Scenario::random(seed)).run()
 }
 
-fn check(seed: u64) -> Result<Report, String> {
-    let report = run(seed);
+/// The seeds' scenarios: one shard group, or 2, 4 or 8 (`PANGEA_SHARDED=1` replays
+/// those).
+#[derive(Clone, Copy)]
+enum Kind {
+    OneGroup,
+    Sharded,
+}
+
+impl Kind {
+    fn scenario(self, seed: u64) -> Scenario {
+        match self {
+            Kind::OneGroup => Scenario::random(seed),
+            Kind::Sharded => Scenario::random_sharded(seed),
+        }
+    }
+
+    fn replay_env(self) -> &'static str {
+        match self {
+            Kind::OneGroup => "",
+            Kind::Sharded => "PANGEA_SHARDED=1 ",
+        }
+    }
+}
+
+fn check(kind: Kind, seed: u64) -> Result<Report, String> {
+    let report = Cluster::new(kind.scenario(seed)).run();
     if report.violations.is_empty() {
         Ok(report)
     } else {
         Err(format!(
-            "seed {seed} failed ({} replicas, {} acknowledged writes):\n  {}\nreplay: PANGEA_SEED={seed} cargo test -p pangea-core --test cluster replay -- --nocapture",
+            "seed {seed} failed ({} replicas, {} acknowledged writes):\n  {}\nreplay: {}PANGEA_SEED={seed} cargo test -p pangea-core --test cluster replay -- --nocapture",
             report.replicas,
             report.acked,
-            report.violations.join("\n  ")
+            report.violations.join("\n  "),
+            kind.replay_env(),
         ))
     }
 }
 
 /// Runs `count` seeds from `start` on two threads; fails listing every failing seed.
-fn run_seeds(start: u64, count: u64) {
+fn run_seeds(kind: Kind, start: u64, count: u64) {
     let failures = std::sync::Mutex::new(Vec::new());
     let stats = std::sync::Mutex::new((0usize, 0u64, 0u64, 0u64, 0u64));
     std::thread::scope(|s| {
@@ -35,7 +60,7 @@ fn run_seeds(start: u64, count: u64) {
             let (failures, stats) = (&failures, &stats);
             s.spawn(move || {
                 for seed in (start + lane..start + count).step_by(2) {
-                    match check(seed) {
+                    match check(kind, seed) {
                         Ok(r) => {
                             let mut st = stats.lock().unwrap();
                             st.0 += r.acked;
@@ -78,6 +103,7 @@ fn env(name: &str) -> Option<u64> {
 #[test]
 fn seeds() {
     run_seeds(
+        Kind::OneGroup,
         env("PANGEA_SEED_START").unwrap_or(0),
         env("PANGEA_SEEDS").unwrap_or(500),
     );
@@ -86,7 +112,32 @@ fn seeds() {
 #[test]
 #[ignore = "long: 10,000 seeds"]
 fn seeds_10000() {
-    run_seeds(env("PANGEA_SEED_START").unwrap_or(1_000_000), 10_000);
+    run_seeds(
+        Kind::OneGroup,
+        env("PANGEA_SEED_START").unwrap_or(1_000_000),
+        10_000,
+    );
+}
+
+/// Rows spread over 2, 4 or 8 shard groups, each replicating as a scope of its
+/// own: the same checkers hold per group scope. CI budget: 200 seeds.
+#[test]
+fn sharded_seeds() {
+    run_seeds(
+        Kind::Sharded,
+        env("PANGEA_SEED_START").unwrap_or(0),
+        env("PANGEA_SEEDS").unwrap_or(200),
+    );
+}
+
+#[test]
+#[ignore = "long: 5,000 seeds with shard groups"]
+fn sharded_seeds_5000() {
+    run_seeds(
+        Kind::Sharded,
+        env("PANGEA_SEED_START").unwrap_or(2_000_000),
+        5_000,
+    );
 }
 
 /// C6: the same seed gives the same trace.
@@ -108,9 +159,13 @@ fn replay() {
     let Some(seed) = env("PANGEA_SEED") else {
         return;
     };
-    let s = Scenario::random(seed);
+    let kind = match env("PANGEA_SHARDED") {
+        Some(1) => Kind::Sharded,
+        _ => Kind::OneGroup,
+    };
+    let s = kind.scenario(seed);
     eprintln!("{s:#?}");
-    match check(seed) {
+    match check(kind, seed) {
         Ok(r) => eprintln!(
             "seed {seed}: ok, {} replicas, {} acked, converged at {:?} ms, trace {:016x}",
             r.replicas, r.acked, r.converged_at_ms, r.trace_hash
@@ -125,7 +180,7 @@ fn replay() {
 #[test]
 fn regression_split_views_starve_a_leaf() {
     for seed in [57, 233, 278, 334] {
-        if let Err(e) = check(seed) {
+        if let Err(e) = check(Kind::OneGroup, seed) {
             panic!("{e}");
         }
     }
@@ -137,7 +192,7 @@ fn regression_split_views_starve_a_leaf() {
 /// truthful answer and by retry timers of at least two round trips.
 #[test]
 fn regression_slow_truncated_answers_still_lead_to_a_snapshot() {
-    if let Err(e) = check(2429) {
+    if let Err(e) = check(Kind::OneGroup, 2429) {
         panic!("{e}");
     }
 }
