@@ -330,7 +330,7 @@ fn plan_shows_shard_groups_and_cluster_up_refuses_what_is_not_served() {
     );
     assert!(!ok, "a layout replicas cannot serve must not start");
     assert!(
-        err.contains("shard_groups = 8") && err.contains("[use1-a]"),
+        err.contains("processes > 1 on [use1-a]") && err.contains("all 8 shard groups"),
         "{err}"
     );
 }
