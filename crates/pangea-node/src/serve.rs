@@ -979,6 +979,8 @@ async fn execute(
             let c = consistency(g.consistency)?;
             let f = filter(g.filter);
             let mut scope: Option<ScopeId> = None;
+            // Other shard groups of the first key's policy, admitted.
+            let mut groups: Vec<ScopeId> = Vec::new();
             let mut rows = Vec::with_capacity(g.row_keys.len());
             let mut wm = None;
             let budget = response_bytes(g.max_bytes);
@@ -997,8 +999,11 @@ async fn execute(
                         ));
                     }
                     // Another shard group of the policy: its own watermarks
-                    // must meet the consistency asked for too.
-                    Some(first) if *first != s => _ = admit(shared, &s, &c)?,
+                    // must meet the consistency asked for too (once a group).
+                    Some(first) if *first != s && !groups.contains(&s) => {
+                        admit(shared, &s, &c)?;
+                        groups.push(s);
+                    }
                     Some(_) => {}
                     None => {
                         check_rows(shared, caller, &s)?;
