@@ -309,15 +309,16 @@ struct Known {
 
 impl Inner {
     /// Keeps what `replica` said of its watermarks in one scope.
-    fn learn_watermarks(&self, replica: &ReplicaId, wm: &ScopeWatermarks) {
+    /// Keeps what `replica` said of a scope's watermarks at `now_ms` (wall clock).
+    fn learn_watermarks(&self, replica: &ReplicaId, wm: &ScopeWatermarks, now_ms: u64) {
         let known = || Known {
             watermarks: wm.clone(),
-            learned_ms: wall_ms(),
+            learned_ms: now_ms,
         };
         match self.known.get_mut(replica) {
             Some(mut scopes) => match scopes.get_mut(&wm.scope) {
                 // Most answers repeat what the last one said: no copy then.
-                Some(k) if k.watermarks == *wm => k.learned_ms = wall_ms(),
+                Some(k) if k.watermarks == *wm => k.learned_ms = now_ms,
                 _ => {
                     scopes.insert(wm.scope.clone(), known());
                 }
@@ -646,8 +647,9 @@ impl Client {
                     let started = sent.at().unwrap_or_else(Instant::now);
                     inner.note_rtt(&r, started.elapsed());
                     if let Some(pb::client_response::Response::Watermarks(w)) = resp.response {
+                        let now_ms = wall_ms();
                         for s in &w.scopes {
-                            inner.learn_watermarks(&r, &ScopeWatermarks::from_proto(s));
+                            inner.learn_watermarks(&r, &ScopeWatermarks::from_proto(s), now_ms);
                         }
                     }
                     inner.down.remove(&r);
@@ -1679,7 +1681,7 @@ impl Inner {
         }
         let wm = served.watermarks.as_ref().map(ScopeWatermarks::from_proto);
         if let Some(w) = &wm {
-            self.learn_watermarks(&c.replica, w);
+            self.learn_watermarks(&c.replica, w, wall_ms());
         }
         let served = Served {
             region: served.region,

@@ -179,11 +179,6 @@ impl Roster {
     pub(crate) fn is_empty(&self) -> bool {
         self.0.entries.is_empty()
     }
-
-    /// Whether it holds exactly the ids of `set`.
-    pub(crate) fn is(&self, set: &BTreeSet<ReplicaId>) -> bool {
-        self.iter().eq(set)
-    }
 }
 
 impl From<BTreeSet<ReplicaId>> for Roster {
@@ -273,7 +268,7 @@ mod tests {
             // The same ids as a roster: `contains` as the set's, by either copy.
             let set: BTreeSet<ReplicaId> = oracle.keys().cloned().collect();
             let roster = Roster::from(set.clone());
-            prop_assert!(roster.is(&set));
+            prop_assert!(roster.iter().eq(&set));
             prop_assert_eq!(roster.len(), set.len());
             for (n, name) in names.iter().enumerate().step_by(7) {
                 let copy = ReplicaId::new(name.as_str());

@@ -45,7 +45,7 @@ impl<S: Storage> Replica<S> {
             // order, so each report is one walk.
             let mut horizon_seq = vec![u64::MAX; s.origins.len()];
             let mut horizon_ts = Timestamp::MAX;
-            for m in &s.members {
+            for m in s.members.iter() {
                 let mut report = s.applied_by[m].0.iter().peekable();
                 for (o, h) in s.origins.iter().zip(&mut horizon_seq) {
                     while report.next_if(|(r, _)| r < o).is_some() {}

@@ -375,9 +375,10 @@ impl Report {
 
 #[derive(Debug, Clone)]
 struct ScopeState {
-    members: Roster,
-    /// Members that store rows and write: the origins.
-    origins: Roster,
+    /// Shared by every shard group of the scope's policy.
+    members: Arc<Roster>,
+    /// Members that store rows and write: the origins (shared like `members`).
+    origins: Arc<Roster>,
     /// The same origins in one shared slice, which every watermark snapshot of
     /// the scope (one per read answered) holds instead of a copy of each id.
     origin_ids: Arc<[ReplicaId]>,
@@ -1261,9 +1262,10 @@ impl<S: Storage> Replica<S> {
             .collect();
         self.scopes.retain(|s, _| mine.contains(s));
         // The shard groups of a policy share its members and tree: worked out
-        // once per policy, the tree then named after each group's scope.
-        let mut of_policy: BTreeMap<&str, (BTreeSet<ReplicaId>, BTreeSet<ReplicaId>, Tree)> =
-            BTreeMap::new();
+        // once per policy, the rosters shared and the tree named after each
+        // group's scope.
+        type Shared = (Arc<Roster>, Arc<Roster>, Tree);
+        let mut of_policy: BTreeMap<&str, Shared> = BTreeMap::new();
         for scope in &mine {
             let (members, origins, tree) = match of_policy.get(scope.policy()) {
                 Some((members, origins, tree)) => {
@@ -1283,11 +1285,9 @@ impl<S: Storage> Replica<S> {
                         .collect();
                     let live = self.live_set(&members);
                     let tree = d.tree(scope, Some(&live));
-                    of_policy.insert(
-                        scope.policy(),
-                        (members.clone(), origins.clone(), tree.clone()),
-                    );
-                    (members, origins, tree)
+                    let shared: Shared = (Arc::new(members.into()), Arc::new(origins.into()), tree);
+                    of_policy.insert(scope.policy(), shared.clone());
+                    shared
                 }
             };
             match self.scopes.get_mut(scope) {
@@ -1299,9 +1299,9 @@ impl<S: Storage> Replica<S> {
                         });
                     }
                     s.tree = tree;
-                    s.members = members.into();
-                    if !s.origins.is(&origins) {
-                        s.origins = origins.into();
+                    s.members = members;
+                    if !s.origins.iter().eq(origins.iter()) {
+                        s.origins = origins;
                         s.refresh_origins();
                     }
                 }
@@ -1309,10 +1309,10 @@ impl<S: Storage> Replica<S> {
                     self.scopes.insert(
                         scope.clone(),
                         ScopeState {
-                            members: members.into(),
+                            members,
                             origin_ids: origins.iter().cloned().collect(),
                             durable_marks: vec![Watermark::default(); origins.len()],
-                            origins: origins.into(),
+                            origins,
                             tree,
                             streams: IdMap::default(),
                             applied_by: BTreeMap::new(),

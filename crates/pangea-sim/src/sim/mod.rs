@@ -93,6 +93,12 @@ use xxhash_rust::xxh3::{Xxh3, Xxh3DefaultBuilder, xxh3_64};
 
 /// Wall-clock time (Unix ms) at virtual time zero, as the core's cluster harness uses.
 pub const BASE_WALL_MS: u64 = 1_700_000_000_000;
+
+/// The wall clock, in ms since the Unix epoch, at simulated time `t` (an
+/// unskewed host's).
+pub fn wall_ms_at(t: SimTime) -> u64 {
+    BASE_WALL_MS + t.as_us() / 1_000
+}
 /// Bytes of a request or response beyond its key and value (headers, watermarks).
 const ENVELOPE_BYTES: usize = 96;
 /// How often convergence is checked after a heal, and during the drain.
@@ -204,7 +210,7 @@ struct Inbound {
 
 impl Node {
     fn now(&self, t: SimTime) -> Now {
-        let wall = (BASE_WALL_MS + t.as_us() / 1_000) as i64 + self.skew_ms;
+        let wall = wall_ms_at(t) as i64 + self.skew_ms;
         Now {
             mono_us: t.as_us(),
             wall_ms: wall.max(0) as u64,

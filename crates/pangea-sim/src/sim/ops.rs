@@ -543,7 +543,7 @@ impl Simulation {
 
     /// The clients' wall clock (true time; frontends are not skewed).
     pub(super) fn now_wall_ms(&self) -> u64 {
-        BASE_WALL_MS + self.now.as_us() / 1_000
+        wall_ms_at(self.now)
     }
 
     /// Sends attempt `attempt` of `op` to candidate `c`.
@@ -967,7 +967,7 @@ impl Simulation {
         }
         let elapsed = now.saturating_since(SimTime::from_us(att.since_us));
         let scope = op.scope;
-        let now_ms = BASE_WALL_MS + now.as_us() / 1_000;
+        let now_ms = wall_ms_at(now);
         // A write that waited for other regions took the WAN's time, not the
         // path's: routing and hedging must not learn from it (`Inner::ask`).
         let learns = op.mode.is_some() || self.sc.workload.write_ack == WriteAck::Origin;
