@@ -28,6 +28,14 @@ pub(crate) struct DemoArgs {
     /// Leave the cluster running at the end (stop it with `pangea cluster down`).
     #[arg(long)]
     keep: bool,
+    /// Run every replica as this many processes, each hosting a range of the
+    /// shard groups (docs/sharding.md).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    processes_per_replica: Option<u32>,
+    /// Spread rows over this many shard groups (default: the topology's; with
+    /// --processes-per-replica, at least 4 per process).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    shard_groups: Option<u32>,
 }
 
 pub(crate) fn run(a: DemoArgs) -> Result<()> {
@@ -40,6 +48,8 @@ pub(crate) fn run(a: DemoArgs) -> Result<()> {
             clients_per_region: a.clients_per_region,
             rate: a.rate,
             keep: a.keep,
+            processes_per_replica: a.processes_per_replica,
+            shard_groups: a.shard_groups,
             binary: crate::pangea_binary()?,
         },
         &|line| println!("{line}"),

@@ -2,7 +2,10 @@
 //! `shard_groups = 8`, each write's token names its row's group scope, the
 //! other region applies every group's stream (watermark reads with those
 //! tokens are served there), and get-many and scans whose rows span groups are
-//! answered whole under bounded staleness, each group's watermarks checked.
+//! answered whole under bounded staleness, each group's watermarks checked —
+//! with each replica one process hosting every group, and with replicas of 3
+//! and 2 processes each hosting a range of them (rows stored only by the
+//! process hosting their group, get-many split and scans merged by the client).
 
 mod common;
 
@@ -10,6 +13,7 @@ use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
 use common::{Cluster, cell_value};
 use pangea_client::{Consistency, Mutation, ReadOptions, RowMutation, ScanOptions, WriteOptions};
+use pangea_topology::shard::group_of;
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::time::timeout;
@@ -38,6 +42,69 @@ async fn rows_of_many_shard_groups_replicate_and_read_back_whole() -> Result<()>
         "crates/pangea-cli/tests/data/sharded.placement.toml",
         false,
     )?;
+    write_and_read_back(&cluster).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_of_many_processes_each_hold_their_groups_rows() -> Result<()> {
+    let cluster = Cluster::up_with(
+        "crates/pangea-cli/tests/data/sharded-processes.toml",
+        "crates/pangea-cli/tests/data/sharded.placement.toml",
+        false,
+    )?;
+    let ids = cluster.ids();
+    ensure!(
+        ids == ["one", "one.p1", "one.p2", "two", "two.p1"],
+        "every process is started: {ids:?}"
+    );
+    write_and_read_back(&cluster).await?;
+    // Each process stores the rows of its own groups only, and between them
+    // every row: `two` (2 processes) hosts groups 0–3 and 4–7 — and group 0 of
+    // `global` on both, since it carries the location metadata every process
+    // reads (docs/sharding.md).
+    timeout(Duration::from_secs(30), async {
+        let far = cluster.client("local-2", "frontend").await?;
+        let mut held: Vec<BTreeSet<Bytes>> = Vec::new();
+        for (id, hosted) in [("two", 0..4), ("two.p1", 4..8)] {
+            let page = far
+                .scan_at(
+                    &id.into(),
+                    "ad_profiles",
+                    "u/",
+                    &ScanOptions {
+                        limit: 1_000,
+                        ..Default::default()
+                    },
+                    Duration::from_secs(5),
+                )
+                .await?;
+            for row in &page.rows {
+                let g = group_of(8, &row.key).0;
+                ensure!(
+                    hosted.contains(&g) || g == 0,
+                    "{id} holds {:?} of group {g}",
+                    row.key
+                );
+            }
+            held.push(page.rows.into_iter().map(|r| r.key).collect());
+        }
+        let all: BTreeSet<&Bytes> = held.iter().flatten().collect();
+        ensure!(
+            all.len() == PROFILES,
+            "two's processes hold {} rows",
+            all.len()
+        );
+        ensure!(
+            held.iter().all(|h| !h.is_empty()),
+            "a process holds no rows"
+        );
+        anyhow::Ok(())
+    })
+    .await
+    .context("timed out")?
+}
+
+async fn write_and_read_back(cluster: &Cluster) -> Result<()> {
     timeout(Duration::from_secs(120), async {
         let near = cluster.client("local-1", "frontend").await?;
         let far = cluster.client("local-2", "frontend").await?;
@@ -113,10 +180,13 @@ async fn rows_of_many_shard_groups_replicate_and_read_back_whole() -> Result<()>
         let page = far
             .scan_prefix("ad_profiles", "u/", &ScanOptions::default(), &bounded)
             .await?;
+        let got: BTreeSet<&Bytes> = page.value.rows.iter().map(|r| &r.key).collect();
+        let missing: Vec<_> = keys.iter().filter(|k| !got.contains(k)).collect();
         ensure!(
             page.value.rows.len() == PROFILES,
-            "{} rows",
-            page.value.rows.len()
+            "{} rows from {}, missing {missing:?}",
+            page.value.rows.len(),
+            page.replica
         );
         let user = far
             .scan_prefix("events", "app,user2,", &ScanOptions::default(), &bounded)
@@ -129,6 +199,26 @@ async fn rows_of_many_shard_groups_replicate_and_read_back_whole() -> Result<()>
         ensure!(user.value.rows.iter().enumerate().all(|(t, r)| {
             cell_value(r, "profile", b"p") == Some(format!("e2.{t}").as_bytes())
         }));
+        // Pages of 10: every row exactly once, in key order.
+        let mut seen: Vec<Bytes> = Vec::new();
+        let mut scan = ScanOptions {
+            limit: 10,
+            ..Default::default()
+        };
+        loop {
+            let page = far
+                .scan_prefix("ad_profiles", "u/", &scan, &bounded)
+                .await?
+                .value;
+            ensure!(page.rows.len() <= 10, "a page of {} rows", page.rows.len());
+            seen.extend(page.rows.into_iter().map(|r| r.key));
+            if page.resume_key.is_empty() {
+                break;
+            }
+            ensure!(seen.len() <= PROFILES, "pages repeat rows: {seen:?}");
+            scan.resume_after = page.resume_key;
+        }
+        ensure!(seen == keys, "pages of 10 read {seen:?}");
         anyhow::Ok(())
     })
     .await

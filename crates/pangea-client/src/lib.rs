@@ -46,6 +46,7 @@ use pangea_core::read::{Candidate, PeerView, ReadRequest, plan_read_at};
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
 use pangea_topology::cluster::ClusterFile;
+use pangea_topology::shard::GroupId;
 use pangea_topology::{AppProfile, Deployment, RegionId, ReplicaId, ScopeId};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -610,16 +611,10 @@ impl Client {
     fn usable(&self) -> Vec<ReplicaId> {
         let cur = self.inner.current();
         let d = &cur.deployment;
-        let mut out: Vec<ReplicaId> = Vec::new();
-        for scope in d.policies() {
-            for r in pangea_core::read::eligible(d, &cur.profile, &self.inner.config.region, scope)
-            {
-                if !out.contains(r) {
-                    out.push(r.clone());
-                }
-            }
-        }
-        out
+        pangea_core::read::usable(d, &cur.profile, &self.inner.config.region)
+            .into_iter()
+            .cloned()
+            .collect()
     }
 
     /// Asks every usable replica for its watermarks: measures round trips and learns
@@ -886,10 +881,79 @@ impl Client {
     /// Reads several rows of one table (of one placement policy), in the order of `keys`.
     /// A replica answers as many rows as fit one response (4 MiB by default): the
     /// call then asks again for the rest, each request with the call's whole
-    /// options, until every row is read. The response's replica, reason and
-    /// watermarks are those of the first request; `latency` and `attempts` count
-    /// them all.
+    /// options, until every row is read. Where replicas run many processes, the
+    /// keys are split by the processes hosting their shard groups and read side
+    /// by side (docs/sharding.md). The response's replica, reason and watermarks
+    /// are those of the first request; `latency` and `attempts` count them all.
     pub async fn get_many(
+        &self,
+        table: &str,
+        keys: &[Bytes],
+        opts: &ReadOptions,
+    ) -> Result<Response<Vec<Row>>, Error> {
+        let classes = {
+            let cur = self.inner.current();
+            let d = &cur.deployment;
+            let layout = d.process_layout();
+            let mut classes: Vec<(Vec<u32>, Vec<usize>)> = Vec::new();
+            if layout.is_split() {
+                for (i, key) in keys.iter().enumerate() {
+                    let class = layout.class(d.group_of(table, key));
+                    match classes.iter_mut().find(|(c, _)| *c == class) {
+                        Some((_, at)) => at.push(i),
+                        None => classes.push((class, vec![i])),
+                    }
+                }
+                // A part is routed by its first key: not one of the system scope
+                // (on every process) when the part has another.
+                let system = d.system_scope();
+                for (_, at) in &mut classes {
+                    at.sort_by_key(|&i| d.scope_of(table, &keys[i]) == system);
+                }
+            }
+            classes
+        };
+        if classes.is_empty() {
+            return self.get_many_hosted(table, keys, opts).await;
+        }
+        let started = Instant::now();
+        let calls = classes.iter().map(|(_, at)| {
+            let part: Vec<Bytes> = at.iter().map(|&i| keys[i].clone()).collect();
+            async move { self.get_many_hosted(table, &part, opts).await }
+        });
+        let answers = futures_util::future::try_join_all(calls).await?;
+        let mut rows: Vec<Option<Row>> = (0..keys.len()).map(|_| None).collect();
+        let (mut attempts, mut first) = (0, None);
+        for ((_, at), answer) in classes.iter().zip(answers) {
+            attempts += answer.attempts;
+            let answer = answer.map(|got| {
+                for (&i, row) in at.iter().zip(got) {
+                    rows[i] = Some(row);
+                }
+                Ok(())
+            })?;
+            first.get_or_insert(answer);
+        }
+        let rows: Vec<Row> = rows.into_iter().flatten().collect();
+        if rows.len() != keys.len() {
+            return Err(Error::Internal(format!(
+                "{} rows answered for {} keys",
+                rows.len(),
+                keys.len()
+            )));
+        }
+        let Some(first) = first else {
+            return Err(Error::Internal("get-many of no part".into()));
+        };
+        first.map(|()| Ok(rows)).map(|r| Response {
+            latency: started.elapsed(),
+            attempts,
+            ..r
+        })
+    }
+
+    /// [`Client::get_many`] of keys one process of every replica hosts.
+    async fn get_many_hosted(
         &self,
         table: &str,
         keys: &[Bytes],
@@ -939,7 +1003,12 @@ impl Client {
         })
     }
 
-    /// Rows whose key starts with `prefix`, filters applied by the replica.
+    /// Rows whose key starts with `prefix`, filters applied by the replica. Where
+    /// replicas run many processes and the prefix does not fix the partition
+    /// key, one page is read from each process side by side and merged in key
+    /// order (a row two of them answer is kept once); the page ends where the
+    /// first of them would resume, so every row comes exactly once over the
+    /// pages.
     pub async fn scan_prefix(
         &self,
         table: &str,
@@ -948,6 +1017,94 @@ impl Client {
         opts: &ReadOptions,
     ) -> Result<Response<ScanPage>, Error> {
         let prefix = prefix.into();
+        let routes: Vec<Vec<u8>> = {
+            let cur = self.inner.current();
+            let d = &cur.deployment;
+            let layout = d.process_layout();
+            let mut routes: Vec<(Vec<u32>, Vec<u8>)> = Vec::new();
+            if layout.is_split() && d.prefix_group(table, &prefix).is_none() {
+                // Group 0 last: in `global` it is the system scope, on every
+                // process, so a key of it may be routed to any (and that
+                // process answers for group 0 with the groups it hosts).
+                let groups = d.topology.shard_groups;
+                for g in (1..groups).chain([0]) {
+                    let class = layout.class(GroupId(g));
+                    if routes.iter().any(|(c, _)| *c == class) {
+                        continue;
+                    }
+                    if let Some(key) = d.key_in_group(table, &prefix, GroupId(g)) {
+                        routes.push((class, key));
+                    }
+                }
+            }
+            routes.into_iter().map(|(_, key)| key).collect()
+        };
+        if routes.len() <= 1 {
+            return self.scan_hosted(table, &prefix, &prefix, scan, opts).await;
+        }
+        let started = Instant::now();
+        let pages = futures_util::future::try_join_all(
+            routes
+                .iter()
+                .map(|route| self.scan_hosted(table, &prefix, route, scan, opts)),
+        )
+        .await?;
+        // Where the first process that has more would resume: every process's
+        // rows up to it are all read.
+        let cut: Option<Bytes> = pages
+            .iter()
+            .map(|p| &p.value.resume_key)
+            .filter(|k| !k.is_empty())
+            .min()
+            .cloned();
+        let mut merged: BTreeMap<Bytes, Row> = BTreeMap::new();
+        let mut attempts = 0;
+        let mut first = None;
+        for page in pages {
+            attempts += page.attempts;
+            let page = page.map(|p| {
+                for row in p.rows {
+                    if cut.as_ref().is_none_or(|c| row.key <= *c) {
+                        merged.entry(row.key.clone()).or_insert(row);
+                    }
+                }
+                Ok(())
+            })?;
+            first.get_or_insert(page);
+        }
+        let Some(first) = first else {
+            return Err(Error::Internal("scan of no route".into()));
+        };
+        let limit = match scan.limit as usize {
+            0 => frontend::SCAN_ROWS_DEFAULT,
+            n => n.min(frontend::SCAN_ROWS_MAX),
+        };
+        let mut rows: Vec<Row> = merged.into_values().collect();
+        let mut resume_key = cut.unwrap_or_default();
+        if rows.len() > limit {
+            rows.truncate(limit);
+            resume_key = rows.last().map(|r| r.key.clone()).unwrap_or_default();
+        }
+        first
+            .map(|()| Ok(ScanPage { rows, resume_key }))
+            .map(|r| Response {
+                latency: started.elapsed(),
+                attempts,
+                ..r
+            })
+    }
+
+    /// One page of a prefix scan from one process of a replica, routed by `route`
+    /// (a key in the shard groups that process hosts; the prefix itself when it
+    /// fixes one).
+    async fn scan_hosted(
+        &self,
+        table: &str,
+        prefix: &Bytes,
+        route: &[u8],
+        scan: &ScanOptions,
+        opts: &ReadOptions,
+    ) -> Result<Response<ScanPage>, Error> {
         let req = pb::client_request::Request::ScanPrefix(pb::ScanPrefixRequest {
             table: table.to_owned(),
             prefix: prefix.clone(),
@@ -957,7 +1114,7 @@ impl Client {
             resume_after: scan.resume_after.clone(),
             max_bytes: scan.max_bytes,
         });
-        let r = self.read(Op::Scan, table, &prefix, 1, req, opts).await?;
+        let r = self.read(Op::Scan, table, route, 1, req, opts).await?;
         r.map(|resp| match resp {
             pb::client_response::Response::ScanPrefix(s) => Ok(ScanPage {
                 rows: s.rows,

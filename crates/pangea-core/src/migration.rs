@@ -96,6 +96,12 @@ pub enum Refused {
         from: String,
         to: String,
     },
+    #[error(
+        "replica {0} runs many processes: moving rows between placement policies on replicas \
+         of many processes is not built yet (docs/sharding.md); edit the placement file's \
+         rules with processes = 1, or wait for it"
+    )]
+    ManyProcesses(String),
 }
 
 /// What a step of a job left to do.
@@ -156,6 +162,11 @@ impl Job {
         let d = replica.deployment();
         if d.placement.schema.table(&req.table).is_none() || req.table.starts_with('_') {
             return Err(Refused::UnknownTable(req.table));
+        }
+        // A runner backfills the rows of its own store, which on a replica of
+        // many processes is only its groups' (docs/sharding.md).
+        if let Some(r) = d.topology.replicas.values().find(|r| r.processes > 1) {
+            return Err(Refused::ManyProcesses(r.of.to_string()));
         }
         let to = ScopeId::from(req.to.as_str());
         let Some(policy) = d.placement.policy(&to) else {

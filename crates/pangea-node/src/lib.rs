@@ -138,7 +138,9 @@ impl admin::AdminState for Shared {
 /// topology file is where it is refused).
 pub fn peer_addresses(d: &Deployment, id: &ReplicaId) -> BTreeMap<ReplicaId, SocketAddr> {
     let mut peers = BTreeMap::new();
-    for scope in d.policies().filter(|s| d.allowed(id, s)) {
+    // Every scope, not only every policy: a process of a many-process replica
+    // has the peers of the groups it hosts.
+    for scope in d.scopes().filter(|s| d.allowed(id, s)) {
         for m in d.scope_members(scope) {
             let Some(a) = d
                 .topology
@@ -226,9 +228,6 @@ pub async fn run_with_sockets(
         Deployment::load(&config.topology, config.placement.as_deref())
             .map_err(|p| anyhow::anyhow!("{p}"))?,
     );
-    deployment
-        .check_served_layout()
-        .map_err(anyhow::Error::msg)?;
     let sources = Sources::read(&config).context("reading the deployment's files")?;
     let id = ReplicaId::from(config.replica.as_str());
     let me = deployment

@@ -29,7 +29,8 @@ const STOP_REFUSED: u32 = 1;
 /// never read, which a finished stream means (docs/protocol.md, §2 "Streams").
 const RESET_UNANSWERED: u32 = 2;
 use pangea_proto::v1 as pb;
-use pangea_topology::{Deployment, RegionId};
+use pangea_topology::shard::{GroupId, process_of};
+use pangea_topology::{Deployment, RegionId, ReplicaId, process_id};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,10 +40,7 @@ use tokio::sync::oneshot;
 pub const CLIENT_FRAME_BYTES_MAX: usize = pangea_net::FRAME_BYTES_MAX;
 /// Requests without a deadline get this one.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
-/// Most rows one scan returns, whatever the client asks.
-pub const SCAN_ROWS_MAX: usize = 1_000;
-/// Rows a scan returns when the client does not say.
-pub const SCAN_ROWS_DEFAULT: usize = 100;
+pub use pangea_core::frontend::{SCAN_ROWS_DEFAULT, SCAN_ROWS_MAX};
 /// Most keys in one get-many.
 pub const GET_MANY_KEYS_MAX: usize = 1_000;
 /// Rows a scan reads from the store at a time.
@@ -582,16 +580,66 @@ fn scope_here(shared: &Shared, table: &str, key: &[u8]) -> Result<ScopeId, Failu
     }
     let scope = shared.scope_of(table, key);
     if !d.allowed(&shared.id, &scope) {
-        return Err(Failure::new(
-            Code::PolicyForbids,
-            format!(
-                "placement policy {:?} does not allow replica {} to serve this row",
-                scope.as_str(),
-                shared.id
-            ),
-        ));
+        return Err(not_here(&d, &shared.id, &scope));
     }
     Ok(scope)
+}
+
+/// Why replica `id` does not serve rows of `scope`: its placement policy keeps
+/// them out of this region, or another process of the replica hosts their group.
+fn not_here(d: &Deployment, id: &ReplicaId, scope: &ScopeId) -> Failure {
+    let me = d.topology.replica(id.as_str());
+    let hosted_elsewhere = me.is_some_and(|me| {
+        d.placement
+            .policy(scope)
+            .is_some_and(|p| p.regions.contains(&me.region))
+    });
+    let why = match me.filter(|_| hosted_elsewhere) {
+        Some(me) => {
+            let group = scope.group().unwrap_or(GroupId(0));
+            let host = process_of(d.topology.shard_groups, me.processes, group);
+            format!(
+                "replica {id} does not host shard group {} of scope {:?}: process {} of \
+                 replica {} does",
+                group.0,
+                scope.as_str(),
+                process_id(me.of.as_str(), host),
+                me.of
+            )
+        }
+        None => format!(
+            "placement policy {:?} does not allow replica {id} to serve this row",
+            scope.as_str()
+        ),
+    };
+    Failure::new(Code::PolicyForbids, why)
+}
+
+/// The scope a prefix scan answers for: the prefix's own when it fixes the
+/// shard group, else the first group of the prefix's policy this process hosts
+/// (a replica of many processes answers a scan one process at a time, the
+/// client merging them; docs/sharding.md). Refuses as [`scope_here`] does.
+fn scan_scope(shared: &Shared, table: &str, prefix: &[u8]) -> Result<ScopeId, Failure> {
+    let d = shared.deployment();
+    if d.prefix_group(table, prefix).is_some() {
+        return scope_here(shared, table, prefix);
+    }
+    if d.placement.schema.table(table).is_none() {
+        return Err(Failure::new(
+            Code::NotFound,
+            format!("unknown table {table:?}"),
+        ));
+    }
+    let scope = shared.scope_of(table, prefix);
+    let hosted = d
+        .placement
+        .policies
+        .get(scope.policy())
+        .and_then(|p| p.scopes().iter().find(|s| d.allowed(&shared.id, s)));
+    match hosted {
+        Some(s) => Ok(s.clone()),
+        None => Err(not_here(&d, &shared.id, &scope)),
+    }
 }
 
 /// Checks the consistency asked for against our durable watermarks.
@@ -1023,17 +1071,22 @@ async fn execute(
         R::ScanPrefix(s) => {
             key_within(&limits, &s.prefix, "prefix")?;
             key_within(&limits, &s.resume_after, "resume_after")?;
-            let scope = scope_here(shared, &s.table, &s.prefix)?;
+            let scope = scan_scope(shared, &s.table, &s.prefix)?;
             check_rows(shared, caller, &scope)?;
             let c = consistency(s.consistency)?;
             let wm = admit(shared, &scope, &c)?;
             // A prefix that does not fix the partition key reaches every shard
-            // group of the policy: each must meet the consistency asked for.
+            // group of the policy this process hosts: each must meet the
+            // consistency asked for.
             let d = shared.deployment();
             if d.prefix_group(&s.table, &s.prefix).is_none()
                 && let Some(policy) = d.placement.policies.get(scope.policy())
             {
-                for other in policy.scopes().iter().filter(|o| **o != scope) {
+                for other in policy
+                    .scopes()
+                    .iter()
+                    .filter(|o| **o != scope && d.allowed(&shared.id, o))
+                {
                     admit(shared, other, &c)?;
                 }
             }

@@ -43,6 +43,11 @@ pub struct Options {
     pub rate: u64,
     /// Leave the cluster running at the end.
     pub keep: bool,
+    /// Run every replica as this many processes (`None`: as the topology says).
+    pub processes_per_replica: Option<u32>,
+    /// Spread rows over this many shard groups (`None`: as the topology says;
+    /// with `processes_per_replica` above 1, at least 4 per process).
+    pub shard_groups: Option<u32>,
     /// The `pangea` binary the replicas run.
     pub binary: PathBuf,
 }
@@ -88,6 +93,31 @@ fn profile(user: &str, n: u64) -> AdProfile {
     }
 }
 
+/// The topology text with `shard_groups` and every replica's `processes` set
+/// (comments kept). With processes but no groups, the groups are at least 4 per
+/// process, so that each process hosts several (docs/sharding.md, choosing G).
+pub fn with_layout(text: &str, groups: Option<u32>, processes: Option<u32>) -> Result<String> {
+    let mut doc: toml_edit::DocumentMut = text.parse().context("not TOML")?;
+    let file_groups = doc
+        .get("shard_groups")
+        .and_then(|v| v.as_integer())
+        .unwrap_or(1);
+    let groups = match (groups, processes) {
+        (Some(g), _) => Some(i64::from(g)),
+        (None, Some(p)) if i64::from(p) * 4 > file_groups => Some(i64::from(p) * 4),
+        (None, _) => None,
+    };
+    if let Some(g) = groups {
+        doc["shard_groups"] = toml_edit::value(g);
+    }
+    if let Some(p) = processes {
+        local::for_each_replica(&mut doc, |r| {
+            r["processes"] = toml_edit::value(i64::from(p));
+        });
+    }
+    Ok(doc.to_string())
+}
+
 /// Starts the cluster, loads it, runs the clients and reports through `say`
 /// every 10 s and at the end.
 pub fn run(a: &Options, say: &(dyn Fn(&str) + Sync)) -> Result<()> {
@@ -105,6 +135,17 @@ pub fn run(a: &Options, say: &(dyn Fn(&str) + Sync)) -> Result<()> {
             std::fs::write(&p, PLACEMENT)?;
             (t, Some(p))
         }
+    };
+    let topology = if a.processes_per_replica.is_some() || a.shard_groups.is_some() {
+        let text = std::fs::read_to_string(&topology)
+            .with_context(|| format!("reading {}", topology.display()))?;
+        let text = with_layout(&text, a.shard_groups, a.processes_per_replica)
+            .with_context(|| format!("topology {}", topology.display()))?;
+        let t = dir.join("demo-topology-layout.toml");
+        std::fs::write(&t, text)?;
+        t
+    } else {
+        topology
     };
     say(&format!(
         "Starting a local cluster from {} with emulated WAN in {} ...",
@@ -454,5 +495,38 @@ async fn print_report(
             q(0.99),
             lags[lags.len() - 1]
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// `--processes-per-replica 2` on the embedded topology: every replica runs
+    /// 2 processes over 8 groups, and the file still checks.
+    #[test]
+    fn the_demo_layout_sets_processes_and_enough_groups() {
+        let text = with_layout(TOPOLOGY, None, Some(2)).unwrap();
+        let d = pangea_topology::Deployment::parse(
+            Path::new("t.toml"),
+            &text,
+            Some((Path::new("p.toml"), PLACEMENT)),
+        )
+        .unwrap();
+        assert_eq!(d.topology.shard_groups, 8);
+        let firsts: Vec<_> = d
+            .topology
+            .replicas
+            .values()
+            .filter(|r| r.index == 0)
+            .collect();
+        assert!(!firsts.is_empty());
+        assert!(firsts.iter().all(|r| r.processes == 2));
+        assert_eq!(d.topology.replicas.len(), 2 * firsts.len());
+        // Groups asked for win; no flags, no change.
+        let text = with_layout(TOPOLOGY, Some(32), Some(2)).unwrap();
+        assert!(text.contains("shard_groups = 32"), "{text}");
+        assert_eq!(with_layout(TOPOLOGY, None, None).unwrap(), TOPOLOGY);
     }
 }

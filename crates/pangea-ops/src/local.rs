@@ -103,6 +103,31 @@ impl ReplicaSockets {
         ReplicaSockets::bind("127.0.0.1:0", "127.0.0.1:0", "a new replica")
     }
 
+    /// Fresh sockets for the `n` processes of replica `id`: QUIC ports that
+    /// follow one another (process p on the first's port + p, as the topology
+    /// gives them), admin ports wherever the OS puts them.
+    pub fn fresh_run(n: u32, id: &str) -> Result<Vec<ReplicaSockets>> {
+        const TRIES: usize = 64;
+        for _ in 0..TRIES {
+            let first = ReplicaSockets::fresh()?;
+            let port = first.quic.local_addr()?.port();
+            let mut run = vec![first];
+            for p in 1..n {
+                let Some(next) = port.checked_add(p as u16) else {
+                    break;
+                };
+                match ReplicaSockets::bind(&format!("127.0.0.1:{next}"), "127.0.0.1:0", id) {
+                    Ok(s) => run.push(s),
+                    Err(_) => break,
+                }
+            }
+            if run.len() == n as usize {
+                return Ok(run);
+            }
+        }
+        anyhow::bail!("replica {id}: found no {n} consecutive free UDP ports in {TRIES} tries")
+    }
+
     /// The recorded addresses of replica `id` (a restart keeps its ports).
     pub fn bind(address: &str, admin: &str, id: &str) -> Result<ReplicaSockets> {
         let quic_addr: SocketAddr = address
@@ -143,9 +168,6 @@ impl ReplicaSockets {
 /// Starts a local cluster and returns its cluster file (also written to DIR).
 pub fn up(o: &UpOptions) -> Result<ClusterFile> {
     let deployment = load(&o.topology, o.placement.as_deref())?;
-    deployment
-        .check_served_layout()
-        .map_err(anyhow::Error::msg)?;
     let dir = std::fs::canonicalize({
         std::fs::create_dir_all(&o.data_dir)
             .with_context(|| format!("creating {}", o.data_dir.display()))?;
@@ -189,14 +211,32 @@ pub fn up(o: &UpOptions) -> Result<ClusterFile> {
     let earlier = ClusterFile::load(&cluster_path(&dir)).ok();
     let mut replicas = Vec::new();
     let mut sockets = Vec::new();
-    for r in deployment.topology.replicas.values() {
-        let before = earlier.as_ref().and_then(|c| c.replica(r.id.as_str()));
+    // A replica's processes listen on consecutive ports (process p on the
+    // replica's port + p), so they are bound together.
+    for r in deployment
+        .topology
+        .replicas
+        .values()
+        .filter(|r| r.index == 0)
+    {
+        let ids: Vec<_> = (0..r.processes)
+            .map(|p| pangea_topology::process_id(r.id.as_str(), p))
+            .collect();
+        let before: Option<Vec<_>> = ids
+            .iter()
+            .map(|id| earlier.as_ref().and_then(|c| c.replica(id.as_str())))
+            .collect();
         let bound = match before {
-            Some(b) => ReplicaSockets::bind(&b.address, &b.admin, r.id.as_str())?,
-            None => ReplicaSockets::fresh()?,
+            Some(before) => before
+                .iter()
+                .map(|b| ReplicaSockets::bind(&b.address, &b.admin, &b.id))
+                .collect::<Result<Vec<_>>>()?,
+            None => ReplicaSockets::fresh_run(r.processes, r.id.as_str())?,
         };
-        replicas.push(record(&dir, r.id.as_str(), r.region.as_str(), &bound)?);
-        sockets.push(bound);
+        for (id, bound) in ids.iter().zip(bound) {
+            replicas.push(record(&dir, id.as_str(), r.region.as_str(), &bound)?);
+            sockets.push(bound);
+        }
     }
     // The topology with addresses filled in (comments kept).
     let text = fill_addresses(&std::fs::read_to_string(&o.topology)?, &replicas)?;
@@ -281,38 +321,50 @@ pub fn fill_addresses(text: &str, replicas: &[ClusterReplica]) -> Result<String>
             .find(|r| r.id == id)
             .map(|r| r.address.clone())
     };
-    if let Some(continents) = doc
+    for_each_replica(&mut doc, |rep| {
+        let id = rep
+            .get("id")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_owned();
+        if let Some(a) = addr_of(&id) {
+            rep["address"] = toml_edit::value(a);
+        }
+    });
+    Ok(doc.to_string())
+}
+
+/// Calls `f` on every `[[continents.regions.replicas]]` table of a topology
+/// document, in file order.
+pub fn for_each_replica(
+    doc: &mut toml_edit::DocumentMut,
+    mut f: impl FnMut(&mut toml_edit::Table),
+) {
+    let Some(continents) = doc
         .get_mut("continents")
         .and_then(|c| c.as_array_of_tables_mut())
-    {
-        for c in continents.iter_mut() {
-            let Some(regions) = c
-                .get_mut("regions")
+    else {
+        return;
+    };
+    for c in continents.iter_mut() {
+        let Some(regions) = c
+            .get_mut("regions")
+            .and_then(|r| r.as_array_of_tables_mut())
+        else {
+            continue;
+        };
+        for region in regions.iter_mut() {
+            let Some(reps) = region
+                .get_mut("replicas")
                 .and_then(|r| r.as_array_of_tables_mut())
             else {
                 continue;
             };
-            for region in regions.iter_mut() {
-                let Some(reps) = region
-                    .get_mut("replicas")
-                    .and_then(|r| r.as_array_of_tables_mut())
-                else {
-                    continue;
-                };
-                for rep in reps.iter_mut() {
-                    let id = rep
-                        .get("id")
-                        .and_then(|v| v.as_str())
-                        .unwrap_or_default()
-                        .to_owned();
-                    if let Some(a) = addr_of(&id) {
-                        rep["address"] = toml_edit::value(a);
-                    }
-                }
+            for rep in reps.iter_mut() {
+                f(rep);
             }
         }
     }
-    Ok(doc.to_string())
 }
 
 /// Starts one replica process as `cluster up` does (its own process group, log file

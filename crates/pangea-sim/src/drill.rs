@@ -75,6 +75,9 @@ struct RawDrill {
     /// Run the files' deployment with this many shard groups instead of the
     /// topology file's (docs/sharding.md).
     shard_groups: Option<u32>,
+    /// Run every replica as this many processes, each hosting a range of the
+    /// shard groups (docs/sharding.md).
+    processes: Option<u32>,
     seed: u64,
     duration: String,
     drain_max: Option<String>,
@@ -589,8 +592,11 @@ impl Drill {
                 .with_shard_groups(g)
                 .map_err(|why| DrillProblems(vec![src.problem(&p!["shard_groups"], why)]))?;
         }
-        if let Err(why) = d.check_served_layout() {
-            return Err(DrillProblems(vec![src.problem(&p!["topology"], why)]));
+        if let Some(n) = raw.processes {
+            d.topology = d
+                .topology
+                .with_processes(n)
+                .map_err(|why| DrillProblems(vec![src.problem(&p!["processes"], why)]))?;
         }
         let d = Arc::new(d);
         let mut cx = Ctx {

@@ -33,6 +33,7 @@ fn deployment(seed: u64, rng: &mut SimRng, alt_rtt: bool) -> Deployment {
         relays: rng.chance(0.5),
         restricted: rng.chance(0.6),
         shard_groups: 1,
+        processes_max: 1,
     };
     let mut below = |n: u64| rng.next_u64_inclusive(n.saturating_sub(1));
     if alt_rtt {

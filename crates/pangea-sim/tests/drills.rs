@@ -50,9 +50,19 @@ fn every_shipped_drill_validates() -> Result<()> {
             "{} has no fault",
             f.display()
         );
-        // The reference deployment, or its five-continent growth (39 replicas).
-        let replicas = d.scenario.deployment.topology.replicas.len();
+        // The reference deployment, or its five-continent growth (39 replicas),
+        // each replica once however many processes it runs.
+        let topology = &d.scenario.deployment.topology;
+        let replicas = topology.replicas.values().filter(|r| r.index == 0).count();
         assert!([27, 39].contains(&replicas), "{}: {replicas}", f.display());
+        let processes = topology.replicas.values().map(|r| r.processes).max();
+        let expected = if f.ends_with("sharded-processes-region-outage.toml") {
+            2
+        } else {
+            1
+        };
+        assert_eq!(processes, Some(expected), "{}", f.display());
+        assert_eq!(topology.replicas.len(), expected as usize * replicas);
         // The workload's rows are the placement's own, so its key prefixes reach
         // the policies the placement's rules give them.
         let w = &d.scenario.workload;

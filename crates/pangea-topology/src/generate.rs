@@ -23,6 +23,10 @@ pub struct Shape<'a> {
     pub restricted: bool,
     /// `shard_groups` of the topology (1: one group, the key left out).
     pub shard_groups: u32,
+    /// Most processes a replica runs (≤ `shard_groups`; 1: the key left out).
+    /// Replicas run 1 ..= this many, by their place in the file (drawing
+    /// nothing, so the rest of the deployment is as with one).
+    pub processes_max: u32,
 }
 
 /// A deployment of `shape`; `below(n)` draws uniformly from `[0, n)` (n ≥ 1), and
@@ -55,6 +59,10 @@ pub fn random_deployment(
                 t += &format!(
                     "[[continents.regions.replicas]]\nid = \"r{region}-{k}\"\nrole = \"{role}\"\n"
                 );
+                if shape.processes_max > 1 {
+                    let processes = 1 + (total as u32 * 3 + region as u32) % shape.processes_max;
+                    t += &format!("processes = {processes}\n");
+                }
                 total += 1;
             }
             if region == 0 && total < 3 {
@@ -130,6 +138,7 @@ mod tests {
                             relays,
                             restricted,
                             shard_groups: 1,
+                            processes_max: 1,
                         };
                         let mut i = pick;
                         let mut below = |n: u64| {

@@ -52,7 +52,8 @@ pub use ids::{RegionId, ReplicaId, ScopeId};
 pub use placement::{GLOBAL_POLICY, Placement, Policy};
 pub use problems::{Problem, ProblemKind, Problems};
 pub use topology::{
-    Access, AppProfile, LinkClass, Priority, Region, Replica, Role, Routing, Topology, WriteRouting,
+    Access, AppProfile, LinkClass, Priority, Region, Replica, Role, Routing, Topology,
+    WriteRouting, process_id,
 };
 pub use tree::{Edge, Tree};
 
@@ -290,26 +291,46 @@ impl Deployment {
     }
 
     /// Replicas that may carry a scope's rows: those in the policy's regions (relays
-    /// included: they forward but store nothing).
+    /// included: they forward but store nothing) — of a replica of many processes,
+    /// the processes hosting the scope's group ([`Deployment::hosts`]).
     pub fn scope_members(&self, scope: &ScopeId) -> BTreeSet<ReplicaId> {
         match self.placement.policy(scope) {
             Some(p) => self
                 .topology
                 .replicas_in(&p.regions)
+                .filter(|r| self.hosts(r, scope))
                 .map(|r| r.id.clone())
                 .collect(),
             None => BTreeSet::new(),
         }
     }
 
-    /// Whether `replica` may hold or forward rows of `scope` (residency, principle 5).
+    /// Whether `replica` may hold or forward rows of `scope` (residency, principle 5):
+    /// it is in the scope's policy's regions and hosts the scope's group.
     pub fn allowed(&self, replica: &ReplicaId, scope: &ScopeId) -> bool {
         match (
             self.topology.replica(replica.as_str()),
             self.placement.policy(scope),
         ) {
-            (Some(r), Some(p)) => p.regions.contains(&r.region),
+            (Some(r), Some(p)) => p.regions.contains(&r.region) && self.hosts(r, scope),
             _ => false,
+        }
+    }
+
+    /// Whether process `r` hosts `scope`'s shard group: always for a replica of
+    /// one process, and for the system scope, which every process holds (location
+    /// metadata and jobs are read by every process); otherwise when the group is
+    /// in the process's range ([`shard::process_of`]). A policy named as a whole
+    /// (no group: its tree in `topology plan`) is hosted by each replica's
+    /// process 0, so that it has one member per replica.
+    pub fn hosts(&self, r: &Replica, scope: &ScopeId) -> bool {
+        if r.processes <= 1 {
+            return true;
+        }
+        match scope.group() {
+            None => r.index == 0,
+            Some(g) if g.0 == 0 && scope.policy() == GLOBAL_POLICY => true,
+            Some(g) => shard::process_of(self.topology.shard_groups, r.processes, g) == r.index,
         }
     }
 
@@ -358,7 +379,6 @@ impl Deployment {
         shard::group_of(groups, shard::partition_key(spec, key))
     }
 
-    /// The scope system tables replicate in: group 0 of `global`.
     /// The one shard group every row of `table` starting with `prefix` is in, or
     /// `None` when they may be in any: a prefix names one group when it holds the
     /// whole partition key (the table declares one and the prefix reaches its
@@ -372,6 +392,7 @@ impl Deployment {
         whole.then(|| self.group_of(table, prefix))
     }
 
+    /// The scope system tables replicate in: group 0 of `global`.
     pub fn system_scope(&self) -> &ScopeId {
         self.placement.policies[GLOBAL_POLICY].scope(shard::GroupId(0))
     }

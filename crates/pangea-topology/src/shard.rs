@@ -86,6 +86,37 @@ pub fn groups_of_process(groups: u32, processes: u32, process: u32) -> Range<u32
     first(process)..first(process + 1).min(groups)
 }
 
+/// How a deployment's replicas split the shard groups over their processes:
+/// the distinct process counts above one. Two groups of the same
+/// [`ProcessLayout::class`] are hosted by one process in every replica, so one
+/// request can read rows of both wherever it is sent; with every replica one
+/// process, every group is in one class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessLayout {
+    groups: u32,
+    counts: Vec<u32>,
+}
+
+impl ProcessLayout {
+    /// Whether some replica runs more than one process.
+    pub fn is_split(&self) -> bool {
+        !self.counts.is_empty()
+    }
+
+    /// The process hosting `group` under each distinct process count.
+    pub fn class(&self, group: GroupId) -> Vec<u32> {
+        self.counts
+            .iter()
+            .map(|&p| process_of(self.groups, p, group))
+            .collect()
+    }
+}
+
+/// Tries this many suffixes per group in [`crate::Deployment::key_in_group`]:
+/// each lands in a given group with chance 1/G, so a miss is (1 − 1/G)^(64·G),
+/// below e^−64.
+const KEY_SEARCH_PER_GROUP: u32 = 64;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,12 +226,44 @@ pub struct ReplicaShards {
 }
 
 impl crate::Deployment {
+    /// The deployment's [`ProcessLayout`].
+    pub fn process_layout(&self) -> ProcessLayout {
+        let counts: std::collections::BTreeSet<u32> = self
+            .topology
+            .replicas
+            .values()
+            .map(|r| r.processes)
+            .filter(|&p| p > 1)
+            .collect();
+        ProcessLayout {
+            groups: self.topology.shard_groups,
+            counts: counts.into_iter().collect(),
+        }
+    }
+
+    /// A row key of `table` starting with `prefix` in shard group `group`: what a
+    /// client routes by to reach the process hosting that group of a scan whose
+    /// prefix does not fix one. `None` only if no suffix of the search lands there
+    /// (vanishingly unlikely: [`KEY_SEARCH_PER_GROUP`]).
+    pub fn key_in_group(&self, table: &str, prefix: &[u8], group: GroupId) -> Option<Vec<u8>> {
+        let mut key = prefix.to_vec();
+        for n in 0..KEY_SEARCH_PER_GROUP * self.topology.shard_groups.max(1) {
+            key.truncate(prefix.len());
+            key.extend_from_slice(n.to_string().as_bytes());
+            if self.group_of(table, &key) == group {
+                return Some(key);
+            }
+        }
+        None
+    }
+
     /// Every replica's processes and their groups, in replica id order.
     pub fn shards(&self) -> Vec<ReplicaShards> {
         let g = self.topology.shard_groups;
         self.topology
             .replicas
             .values()
+            .filter(|r| r.index == 0)
             .map(|r| ReplicaShards {
                 replica: r.id.clone(),
                 groups: (0..r.processes)
@@ -208,32 +271,6 @@ impl crate::Deployment {
                     .collect(),
             })
             .collect()
-    }
-
-    /// Whether replicas can serve this layout today. Files may declare processes
-    /// per replica (`topology check` and `plan` take them), but replicas, local
-    /// clusters and the simulator run one process per replica, hosting every
-    /// shard group, until docs/sharding.md's design is built: more is refused
-    /// rather than silently served by one process.
-    pub fn check_served_layout(&self) -> Result<(), String> {
-        let t = &self.topology;
-        let many: Vec<&str> = t
-            .replicas
-            .values()
-            .filter(|r| r.processes > 1)
-            .map(|r| r.id.as_str())
-            .collect();
-        if !many.is_empty() {
-            return Err(format!(
-                "topology {}: processes > 1 on [{}]: a replica runs as one process hosting \
-                 all {} shard groups so far (docs/sharding.md says what is built); set \
-                 processes = 1 to run it",
-                t.name,
-                many.join(", "),
-                t.shard_groups,
-            ));
-        }
-        Ok(())
     }
 
     /// This deployment with its rows spread over `groups` shard groups instead
@@ -290,7 +327,7 @@ impl crate::Deployment {
                 ));
             }
         }
-        for (id, r) in &self.topology.replicas {
+        for (id, r) in self.topology.replicas.iter().filter(|(_, r)| r.index == 0) {
             if let Some(kept) = new.topology.replica(id.as_str())
                 && kept.processes != r.processes
             {

@@ -47,9 +47,54 @@ pub struct Replica {
     /// Processes the replica runs (≥ 1, ≤ the deployment's shard groups); process
     /// `p` hosts [`crate::shard::groups_of_process`].
     pub processes: u32,
+    /// The replica this entry is a process of. A replica of one process is one
+    /// entry, itself; a replica of P > 1 processes is P entries of
+    /// [`Topology::replicas`], `<id>` (process 0) and `<id>.p1` … `<id>.p<P-1>`,
+    /// each a member of replication in its own right for the groups it hosts
+    /// (docs/sharding.md).
+    pub of: ReplicaId,
+    /// This entry's process index in its replica (0 ..= processes − 1).
+    pub index: u32,
+}
+
+/// The id of process `index` of replica `replica`: the replica's own for 0.
+pub fn process_id(replica: &str, index: u32) -> ReplicaId {
+    if index == 0 {
+        ReplicaId::new(replica)
+    } else {
+        ReplicaId::new(format!("{replica}.p{index}").as_str())
+    }
+}
+
+/// The address process `index` listens on: the replica's `host:port` with the
+/// port plus `index` (`None` when the port cannot take it).
+fn process_address(address: &str, index: u32) -> Option<String> {
+    let (host, port) = address.rsplit_once(':')?;
+    let port = port
+        .parse::<u16>()
+        .ok()?
+        .checked_add(u16::try_from(index).ok()?)?;
+    Some(format!("{host}:{port}"))
 }
 
 impl Replica {
+    /// The entries of processes 1 ..= `processes` − 1 of this replica (process
+    /// 0's entry): ids from [`process_id`], addresses the port plus the index
+    /// (`None` where the replica's address has no port that can take it).
+    pub fn process_entries(&self) -> Vec<Replica> {
+        (1..self.processes)
+            .map(|index| Replica {
+                id: process_id(self.id.as_str(), index),
+                address: self
+                    .address
+                    .as_deref()
+                    .and_then(|a| process_address(a, index)),
+                index,
+                ..self.clone()
+            })
+            .collect()
+    }
+
     /// How much spanning trees avoid routing through this replica, where edges
     /// are equally long (the lower, the likelier a hub): `hub = true` 0, relays 1
     /// (they exist to forward), serving replicas 2, batch replicas 3 (batch loads
@@ -221,7 +266,7 @@ impl AppProfile {
             Priority::Batch => replica.role == Role::Batch,
         };
         let pinned_ok = match &self.routing {
-            Routing::Pinned(list) => list.contains(&replica.id),
+            Routing::Pinned(list) => list.contains(&replica.of),
             _ => true,
         };
         class_ok && pinned_ok
@@ -279,6 +324,14 @@ impl Topology {
                 (1, SHARD_GROUPS_MAX)
             }
         };
+        // Every id the file declares: a process id (`<id>.p<n>`) may not be one.
+        let declared: BTreeSet<&str> = raw
+            .continents
+            .iter()
+            .flat_map(|c| &c.regions)
+            .flat_map(|r| &r.replicas)
+            .map(|r| r.id.as_str())
+            .collect();
         let mut continents = Vec::new();
         let mut regions: BTreeMap<RegionId, Region> = BTreeMap::new();
         let mut replicas: BTreeMap<ReplicaId, Replica> = BTreeMap::new();
@@ -369,21 +422,50 @@ impl Topology {
                         );
                         continue;
                     }
+                    let entry = Replica {
+                        id: id.clone(),
+                        region: region_id.clone(),
+                        continent: c.name.clone(),
+                        zone: rep.zone.clone(),
+                        role,
+                        address: rep.address.clone(),
+                        weight,
+                        hub: rep.hub,
+                        processes,
+                        of: id.clone(),
+                        index: 0,
+                    };
+                    // Processes 1.. of the replica: entries of their own.
+                    let mut bad_port = false;
+                    for process in entry.process_entries() {
+                        if declared.contains(process.id.as_str()) {
+                            p(
+                                ProblemKind::Duplicate,
+                                &pk.key("processes"),
+                                format!(
+                                    "process {} of replica {:?} is named {:?}, which \
+                                     another replica of the file is called",
+                                    process.index, rep.id, process.id
+                                ),
+                            );
+                            continue;
+                        }
+                        if let (Some(a), None, false) = (&rep.address, &process.address, bad_port) {
+                            bad_port = true;
+                            p(
+                                ProblemKind::InvalidValue,
+                                &pk.key("address"),
+                                format!(
+                                    "address {a:?}: a replica of {processes} processes needs \
+                                     `host:port`, process p listening on port + p (≤ 65535)"
+                                ),
+                            );
+                        }
+                        ids.push(process.id.clone());
+                        replicas.insert(process.id.clone(), process);
+                    }
                     ids.push(id.clone());
-                    replicas.insert(
-                        id.clone(),
-                        Replica {
-                            id,
-                            region: region_id.clone(),
-                            continent: c.name.clone(),
-                            zone: rep.zone.clone(),
-                            role,
-                            address: rep.address.clone(),
-                            weight,
-                            hub: rep.hub,
-                            processes,
-                        },
-                    );
+                    replicas.insert(id, entry);
                 }
                 if !r.replicas.is_empty()
                     && !ids.iter().any(|id| replicas[id].role == Role::Serving)
@@ -657,6 +739,50 @@ impl Topology {
     /// trips are derived from them at parse time).
     pub fn recompute_paths(&mut self) {
         self.region_rtt_ms = shortest_paths(&self.regions, &self.links);
+    }
+
+    /// This topology with every replica running `processes` processes (for a
+    /// drill rehearsing a layout; docs/sharding.md). Refused, saying why,
+    /// outside `1 ..= shard_groups` or where a process id would be another
+    /// replica's.
+    pub fn with_processes(mut self, processes: u32) -> Result<Topology, String> {
+        if !(1..=self.shard_groups).contains(&processes) {
+            return Err(format!(
+                "processes must be 1 ..= shard_groups ({}): each process hosts at least one \
+                 group, got {processes}",
+                self.shard_groups
+            ));
+        }
+        let firsts: Vec<Replica> = self
+            .replicas
+            .values()
+            .filter(|r| r.index == 0)
+            .map(|r| Replica {
+                processes,
+                ..r.clone()
+            })
+            .collect();
+        self.replicas = firsts.iter().map(|r| (r.id.clone(), r.clone())).collect();
+        for r in &firsts {
+            for process in r.process_entries() {
+                if self.replicas.contains_key(&process.id) {
+                    return Err(format!(
+                        "process {} of replica {} would be named {}, another replica's id",
+                        process.index, r.id, process.id
+                    ));
+                }
+                self.replicas.insert(process.id.clone(), process);
+            }
+        }
+        for region in self.regions.values_mut() {
+            region.replicas = self
+                .replicas
+                .values()
+                .filter(|r| r.region == region.name)
+                .map(|r| r.id.clone())
+                .collect();
+        }
+        Ok(self)
     }
 
     pub fn region_of(&self, id: &str) -> Option<&RegionId> {

@@ -1,11 +1,12 @@
 //! Shard groups in the files: `shard_groups`, a replica's `processes` and a
 //! table's `partition_key` are validated with file, line and key; the plan shows
-//! which process hosts which groups; changes to the layout are named; and the
-//! layouts replicas cannot serve yet are refused by name (docs/sharding.md).
+//! which process hosts which groups; a replica of many processes is one member
+//! per process; changes to the layout are named (docs/sharding.md).
 
 use pangea_topology::schema::validate_scope;
 use pangea_topology::shard::{GroupId, PartitionKey, group_of};
-use pangea_topology::{Deployment, ProblemKind, Problems, ScopeId};
+use pangea_topology::{Deployment, ProblemKind, Problems, ReplicaId, ScopeId, Tree};
+use std::collections::BTreeSet;
 use std::path::Path;
 
 const TOPOLOGY: &str = r#"name = "t"
@@ -126,12 +127,33 @@ fn every_policy_replicates_as_one_scope_per_group() {
         let (policy, group) = s.as_str().split_once('/').unwrap();
         assert_eq!(s.policy(), policy);
         assert_eq!(s.group(), Some(GroupId(group.parse().unwrap())));
-        // A scope's members, residency and tree are its policy's.
+        // A scope's members, residency and tree are its policy's, one process
+        // of each replica standing for it (the system scope: every process).
+        if *s == d.system_scope() {
+            continue;
+        }
         let p = ScopeId::from(policy);
-        assert_eq!(d.scope_members(s), d.scope_members(&p));
-        assert_eq!(d.tree(s, None).edges, d.tree(&p, None).edges);
-        for r in d.topology.replicas.keys() {
-            assert_eq!(d.allowed(r, s), d.allowed(r, &p), "{r} in {s}");
+        let replica = |r: &ReplicaId| d.topology.replicas[r].of.clone();
+        let of = |set: BTreeSet<ReplicaId>| set.iter().map(replica).collect::<Vec<_>>();
+        assert_eq!(of(d.scope_members(s)), of(d.scope_members(&p)));
+        let edges = |t: Tree| {
+            let mut e: Vec<_> = t
+                .edges
+                .iter()
+                .map(|e| (replica(&e.a), replica(&e.b)))
+                .collect();
+            e.sort();
+            e
+        };
+        assert_eq!(edges(d.tree(s, None)), edges(d.tree(&p, None)));
+        for r in d.topology.replicas.values() {
+            let hosted = d.scope_members(s).contains(&r.id);
+            assert_eq!(
+                d.allowed(&r.id, s),
+                hosted && d.allowed(&r.of, &p),
+                "{} in {s}",
+                r.id
+            );
         }
     }
     // A row's scope: its policy's, for its partition key's group.
@@ -310,26 +332,77 @@ fn layout_changes_are_named_and_unchanged_files_have_none() {
     assert!(!changes.contains("ad_profiles"), "{changes}");
 }
 
+/// A replica of P processes is P entries of the topology — `<id>`, `<id>.p1` …
+/// — each a member of the scopes of the groups it hosts, listening on the
+/// replica's port plus its index; the system scope is on every process.
 #[test]
-fn replicas_refuse_a_layout_they_cannot_serve_yet() {
-    let d = deployment(TOPOLOGY, PLACEMENT).unwrap();
-    let why = d.check_served_layout().unwrap_err();
-    assert!(why.contains("processes > 1 on [euw1-a, use1-a]"), "{why}");
-    assert!(why.contains("all 64 shard groups"), "{why}");
-    // Many groups in one process per replica: served.
-    let one_process = TOPOLOGY
-        .replace("    processes = 4\n", "")
-        .replace("    processes = 3\n", "");
-    let d = deployment(&one_process, PLACEMENT).unwrap();
-    assert_eq!(d.topology.shard_groups, 64);
-    d.check_served_layout().unwrap();
-    // One group in one process per replica, a partition key declared: served.
-    let one = one_process.replace("shard_groups = 64\n", "");
-    let d = deployment(&one, PLACEMENT).unwrap();
-    assert_eq!(d.topology.shard_groups, 1);
-    d.check_served_layout().unwrap();
+fn a_replica_of_many_processes_is_one_member_per_process() {
+    let topology = TOPOLOGY.replace(
+        "    id = \"use1-a\"\n    role = \"serving\"\n",
+        "    id = \"use1-a\"\n    role = \"serving\"\n    address = \"127.0.0.1:7000\"\n",
+    );
+    let d = deployment(&topology, PLACEMENT).unwrap();
+    let ids: Vec<&str> = d.topology.replicas.keys().map(|r| r.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "euw1-a",
+            "euw1-a.p1",
+            "euw1-a.p2",
+            "use1-a",
+            "use1-a.p1",
+            "use1-a.p2",
+            "use1-a.p3",
+            "use1-b"
+        ]
+    );
+    let p2 = &d.topology.replicas["use1-a.p2"];
+    assert_eq!((p2.of.as_str(), p2.index, p2.processes), ("use1-a", 2, 4));
+    assert_eq!(p2.address.as_deref(), Some("127.0.0.1:7002"));
+    assert_eq!(p2.region.as_str(), "us-east-1");
+    assert_eq!(d.topology.regions["us-east-1"].replicas.len(), 5);
+    // Group 37 of 64: process 2 of 4 (32–47), process 1 of 3 (22–42), use1-b.
+    let global = d.policies().next().unwrap().clone();
+    let scope = ScopeId::of_group(&global, 64, GroupId(37));
+    let members: Vec<String> = d
+        .scope_members(&scope)
+        .iter()
+        .map(|r| r.to_string())
+        .collect();
+    assert_eq!(members, ["euw1-a.p1", "use1-a.p2", "use1-b"]);
+    assert!(d.allowed(&"use1-a.p2".into(), &scope));
+    assert!(!d.allowed(&"use1-a".into(), &scope));
+    // Every process holds the system scope: location metadata and jobs.
+    assert_eq!(d.scope_members(d.system_scope()).len(), 8);
+    // The plan shows each replica once, its processes' groups.
     assert_eq!(d.plan().shards.len(), 3);
     assert_eq!(group_of(1, b"anything"), GroupId(0));
+}
+
+/// A process's id may not be another replica's, and its port must exist.
+#[test]
+fn process_ids_and_ports_that_collide_are_named() {
+    let topology = TOPOLOGY
+        .replace("    id = \"use1-b\"\n", "    id = \"use1-a.p3\"\n")
+        .replace(
+            "    id = \"euw1-a\"\n    role = \"serving\"\n",
+            "    id = \"euw1-a\"\n    role = \"serving\"\n    address = \"127.0.0.1:65534\"\n",
+        );
+    let problems = deployment(&topology, PLACEMENT).unwrap_err();
+    let text = problems.to_string();
+    assert!(
+        text.contains("process 3 of replica \"use1-a\" is named \"use1-a.p3\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("continents[0].regions[0].replicas[0].processes"),
+        "{text}"
+    );
+    assert!(text.contains("address \"127.0.0.1:65534\""), "{text}");
+    assert!(
+        text.contains("continents[1].regions[0].replicas[0].address"),
+        "{text}"
+    );
 }
 
 /// A scan's prefix stays in one shard group only when it holds the whole

@@ -506,6 +506,7 @@ fn a_generated_40_replica_topology_draws_cleanly() {
         relays: true,
         restricted: true,
         shard_groups: 1,
+        processes_max: 1,
     };
     let d = (0..)
         .map(|seed| generated(seed, &shape))
@@ -527,6 +528,7 @@ fn generated_topologies_of_every_shape_draw_cleanly() {
             relays: seed % 2 == 0,
             restricted: seed % 3 != 0,
             shard_groups: 1,
+            processes_max: 1,
         };
         check(&generated(seed, &shape), &format!("seed {seed}, {shape:?}"));
     }

@@ -35,6 +35,12 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// reaches it, or for this long.
 pub const PROBE_DOWN_FOR: Duration = Duration::from_secs(3);
 
+/// Most rows one scan page holds, whatever the client asks (replicas cap it;
+/// a client merging pages of many processes cuts to it too).
+pub const SCAN_ROWS_MAX: usize = 1_000;
+/// Rows a scan page holds when the client does not say.
+pub const SCAN_ROWS_DEFAULT: usize = 100;
+
 /// How often a call refreshes location metadata and plans again after replicas
 /// refused its row. More than once: the replica answering the refresh (the one
 /// holding the client's cursor) may not yet have applied the change the refusing

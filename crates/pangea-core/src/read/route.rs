@@ -6,6 +6,7 @@ use crate::hlc::Timestamp;
 use crate::ids::{RegionId, ReplicaId, ScopeId};
 use crate::location::Location;
 use crate::token::Token;
+use pangea_topology::shard::GroupId;
 use pangea_topology::{AppProfile, Deployment, Priority, Replica, Role, Routing};
 use std::fmt;
 use std::sync::Arc;
@@ -145,21 +146,59 @@ struct Route {
 pub struct RouteTable {
     client_region: RegionId,
     profile: String,
-    /// By policy: a scope's routes are its policy's, whatever its shard group.
+    /// By scope. A scope's routes are its policy's, whatever its shard group,
+    /// unless replicas run many processes: then they are the processes hosting
+    /// its group. Scopes with the same routes share them.
     scopes: std::collections::BTreeMap<ScopeId, Arc<[Route]>>,
 }
 
 impl RouteTable {
     pub fn new(d: &Deployment, profile: &AppProfile, client_region: &RegionId) -> RouteTable {
+        let layout = d.process_layout();
+        let system = d.system_scope();
+        // By (policy, hosting class; none for the system scope, on every process).
+        type Class<'a> = (&'a str, Option<Vec<u32>>);
+        let mut shared: std::collections::BTreeMap<Class<'_>, Arc<[Route]>> =
+            std::collections::BTreeMap::new();
+        let mut scopes = std::collections::BTreeMap::new();
+        for s in d.scopes() {
+            let class = (s != system || !layout.is_split())
+                .then(|| layout.class(s.group().unwrap_or(GroupId(0))));
+            let routes = shared
+                .entry((s.policy(), class))
+                .or_insert_with(|| routes_of(d, profile, client_region, s).into());
+            scopes.insert(s.clone(), routes.clone());
+        }
         RouteTable {
             client_region: client_region.clone(),
             profile: profile.name.clone(),
-            scopes: d
-                .policies()
-                .map(|s| (s.clone(), routes_of(d, profile, client_region, s).into()))
-                .collect(),
+            scopes,
         }
     }
+}
+
+/// Every replica an app profile may use for some row (of a replica of many
+/// processes, each process): what a frontend probes for round trips and
+/// watermarks.
+pub fn usable<'a>(
+    d: &'a Deployment,
+    profile: &AppProfile,
+    client_region: &RegionId,
+) -> Vec<&'a ReplicaId> {
+    let mut out: Vec<&ReplicaId> = Vec::new();
+    let scopes: Box<dyn Iterator<Item = &ScopeId>> = if d.process_layout().is_split() {
+        Box::new(d.scopes())
+    } else {
+        Box::new(d.policies())
+    };
+    for scope in scopes {
+        for r in eligible(d, profile, client_region, scope) {
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+    }
+    out
 }
 
 /// [`eligible_replicas`] as routes, by the topology's round trip from the
@@ -227,13 +266,14 @@ fn eligible_replicas<'a>(
         .replicas
         .values()
         .filter(|r| r.role.stores_rows() && policy.regions.contains(&r.region))
+        .filter(|r| d.hosts(r, scope))
         .filter(|r| match profile.priority {
             Priority::Serving => r.role == Role::Serving,
             Priority::Batch => r.role == Role::Batch,
         })
         .filter(|r| match &profile.routing {
             Routing::Nearest => true,
-            Routing::Pinned(list) => list.contains(&r.id),
+            Routing::Pinned(list) => list.contains(&r.of),
             Routing::RegionLocal => &r.region == client_region,
         })
         .collect()
@@ -332,7 +372,7 @@ pub fn order_read_routed_in(
     now_ms: u64,
 ) -> Result<ReadOrder, RouteError> {
     debug_check_routed(d, routes, &scope, location, req);
-    let eligible = match routes.scopes.get(scope.policy()) {
+    let eligible = match routes.scopes.get(&scope) {
         Some(r) => r.clone(),
         // A scope the deployment does not list (no such policy): worked out now.
         None => routes_of(d, req.profile, req.client_region, &scope).into(),
@@ -475,7 +515,7 @@ pub fn order_read_cached(
     view: &dyn PeerView,
     now_ms: u64,
 ) -> Result<ReadOrder, RouteError> {
-    let Some(eligible) = routes.scopes.get(scope.policy()) else {
+    let Some(eligible) = routes.scopes.get(&scope) else {
         return order_read_routed_in(d, routes, scope, location, req, view, now_ms);
     };
     debug_check_routed(d, routes, &scope, location, req);

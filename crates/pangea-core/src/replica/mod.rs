@@ -1261,20 +1261,21 @@ impl<S: Storage> Replica<S> {
             .cloned()
             .collect();
         self.scopes.retain(|s, _| mine.contains(s));
-        // The shard groups of a policy share its members and tree: worked out
-        // once per policy, the rosters shared and the tree named after each
-        // group's scope.
+        // The shard groups of a policy share its members and tree, unless its
+        // replicas run many processes (each group's members are then the
+        // processes hosting it): worked out once per member set, the rosters
+        // shared and the tree named after each group's scope.
         type Shared = (Arc<Roster>, Arc<Roster>, Tree);
-        let mut of_policy: BTreeMap<&str, Shared> = BTreeMap::new();
+        let mut of_members: BTreeMap<BTreeSet<ReplicaId>, Shared> = BTreeMap::new();
         for scope in &mine {
-            let (members, origins, tree) = match of_policy.get(scope.policy()) {
+            let members = d.scope_members(scope);
+            let (members, origins, tree) = match of_members.get(&members) {
                 Some((members, origins, tree)) => {
                     let mut tree = tree.clone();
                     tree.scope = scope.clone();
                     (members.clone(), origins.clone(), tree)
                 }
                 None => {
-                    let members = d.scope_members(scope);
                     for m in members.iter().filter(|m| **m != self.id) {
                         self.peers.insert_if_absent(m, || Peer::new(now.mono_us));
                     }
@@ -1285,8 +1286,12 @@ impl<S: Storage> Replica<S> {
                         .collect();
                     let live = self.live_set(&members);
                     let tree = d.tree(scope, Some(&live));
-                    let shared: Shared = (Arc::new(members.into()), Arc::new(origins.into()), tree);
-                    of_policy.insert(scope.policy(), shared.clone());
+                    let shared: Shared = (
+                        Arc::new(members.clone().into()),
+                        Arc::new(origins.into()),
+                        tree,
+                    );
+                    of_members.insert(members, shared.clone());
                     shared
                 }
             };

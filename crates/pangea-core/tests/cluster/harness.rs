@@ -74,6 +74,9 @@ pub(crate) struct Scenario {
     /// The deployment's shard groups: every policy replicates as this many
     /// scopes (docs/sharding.md).
     pub(crate) shard_groups: u32,
+    /// Most processes a replica runs, each hosting a range of the groups
+    /// (`generate::Shape::processes_max`).
+    pub(crate) processes_max: u32,
 }
 
 impl Scenario {
@@ -125,14 +128,22 @@ impl Scenario {
                 ..config
             },
             shard_groups: 1,
+            processes_max: 1,
         }
     }
 
-    /// [`Scenario::random`] with rows spread over 2, 4 or 8 shard groups (by
+    /// [`Scenario::random`] with rows spread over 2, 4 or 8 shard groups, and on
+    /// odd seeds replicas of up to 4 processes each hosting part of them (by
     /// seed, drawing nothing: the rest of the seed's scenario is the same).
     pub(crate) fn random_sharded(seed: u64) -> Scenario {
+        let shard_groups = 2 << (seed % 3);
         Scenario {
-            shard_groups: 2 << (seed % 3),
+            shard_groups,
+            processes_max: if seed % 2 == 1 {
+                shard_groups.min(4)
+            } else {
+                1
+            },
             ..Scenario::random(seed)
         }
     }
@@ -149,6 +160,7 @@ pub(crate) fn deployment(s: &Scenario, rtt_scale: Option<&mut Rng>) -> Deploymen
         relays: s.relays,
         restricted: s.restricted && s.regions >= 2,
         shard_groups: s.shard_groups,
+        processes_max: s.processes_max,
     };
     match rtt_scale {
         Some(sr) => pangea_topology::generate::random_deployment(

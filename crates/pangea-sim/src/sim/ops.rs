@@ -1139,21 +1139,11 @@ impl Simulation {
         // The library's refresh task reads location metadata with each round.
         self.refresh_location(client);
         let d = self.views[self.client_view].clone();
-        let mut usable: Vec<usize> = Vec::new();
-        for scope in d.policies() {
-            for r in pangea_core::read::eligible(
-                &d,
-                &self.profile,
-                &self.clients[client].region_id,
-                scope,
-            ) {
-                if let Some(i) = self.names.get(r.as_str())
-                    && !usable.contains(&i)
-                {
-                    usable.push(i);
-                }
-            }
-        }
+        let mut usable: Vec<usize> =
+            pangea_core::read::usable(&d, &self.profile, &self.clients[client].region_id)
+                .into_iter()
+                .filter_map(|r| self.names.get(r.as_str()))
+                .collect();
         usable.sort_unstable();
         if usable.is_empty() {
             self.next_probe_round(client);
