@@ -204,6 +204,7 @@ fn plan_of(d: &Deployment, case: &RoutingCase) -> Expect {
         table: &case.table,
         key: case.key.as_bytes(),
         consistency: &consistency,
+        deadline: None,
     };
     let now = case.now_ms.unwrap_or(NOW_MS);
     match plan_read_at(d, &location, &req, &case.view, now) {

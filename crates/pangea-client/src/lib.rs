@@ -1200,6 +1200,7 @@ impl Client {
             } else {
                 &Consistency::Eventual
             },
+            deadline: Some(deadline),
         };
         let (plan, migrating_to) = {
             let location = self.location_read();
@@ -1653,6 +1654,7 @@ impl Client {
             table,
             key,
             consistency: &opts.consistency,
+            deadline: Some(opts.deadline),
         };
         let mut plan = plan_read_at(d, &self.location_read(), &req, &view, now_ms)
             .map_err(|e| Error::PolicyForbids(e.to_string()))?;

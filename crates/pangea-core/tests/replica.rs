@@ -486,6 +486,7 @@ fn read_plans_follow_mode_profile_and_placement() {
                 table: "ad_profiles",
                 key: key.as_bytes(),
                 consistency: c,
+                deadline: None,
             },
             view,
             T0,
@@ -507,6 +508,7 @@ fn read_plans_follow_mode_profile_and_placement() {
         table: "ad_profiles",
         key: b"eu/1",
         consistency: &Consistency::Eventual,
+        deadline: None,
     };
     let p = plan_read(&d, &req, &view, T0).unwrap();
     assert_eq!(
@@ -573,6 +575,45 @@ fn read_plans_follow_mode_profile_and_placement() {
             ("euw1-b", Reason::Covered)
         ]
     );
+    // Bounded staleness: a replica known to be fresh goes first — unless its
+    // round trip does not fit in the call's deadline (Tokyo to Virginia, in 20
+    // ms), when the nearest, whose freshness is unknown, keeps its place.
+    let view = View(BTreeMap::from([("use1-a".into(), known_fresh())]));
+    let bounded = Consistency::BoundedStaleness { max_ms: 2_000 };
+    let p = plan("x/1", &bounded, frontend, &view).unwrap();
+    assert_eq!(
+        (p.primary[0].replica.as_str(), p.primary[0].reason),
+        ("use1-a", Reason::Fresh)
+    );
+    let in_20ms = plan_read(
+        &d,
+        &ReadRequest {
+            client_region: &tokyo,
+            profile: frontend,
+            table: "ad_profiles",
+            key: b"x/1",
+            consistency: &bounded,
+            deadline: Some(std::time::Duration::from_millis(20)),
+        },
+        &view,
+        T0,
+    )
+    .unwrap();
+    assert_eq!(in_20ms.primary[0].replica.as_str(), "apne1-a");
+    assert!(in_20ms.primary.iter().all(|c| c.reason != Reason::Fresh));
+}
+
+/// What a replica that has applied use1-a's writes up to now reports.
+fn known_fresh() -> ScopeWatermarks {
+    let mut known = ScopeWatermarks::new(ScopeId::global());
+    known.insert(
+        "use1-a".into(),
+        pangea_core::Watermark {
+            sequence: 9,
+            timestamp: Timestamp::new(T0, 0),
+        },
+    );
+    known
 }
 
 #[test]

@@ -153,6 +153,7 @@ proptest! {
             table: "ad_profiles",
             key: key.as_bytes(),
             consistency: &consistency,
+            deadline: None,
         };
         let location = Location::default();
         let routes = RouteTable::new(d, profile, &region);
@@ -230,6 +231,7 @@ fn read<'a>(
         table: "ad_profiles",
         key: key.as_bytes(),
         consistency,
+        deadline: None,
     }
 }
 

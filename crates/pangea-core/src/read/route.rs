@@ -305,6 +305,12 @@ pub struct ReadRequest<'a> {
     pub table: &'a str,
     pub key: &'a [u8],
     pub consistency: &'a Consistency,
+    /// The call's deadline (`None`: none). A bounded-staleness read puts a
+    /// replica it believes fresh first only if its round trip fits in it:
+    /// one that cannot answer in time would spend the call on a sure miss
+    /// while a nearer replica may well be fresh by now (what the caller knows
+    /// of freshness is as old as the last answer).
+    pub deadline: Option<std::time::Duration>,
 }
 
 /// Plans one read. See the module documentation; docs/consistency.md explains it
@@ -832,6 +838,7 @@ fn order_sorted(
         client_region,
         key,
         consistency,
+        deadline,
         ..
     } = *req;
     let in_region = |r: &Route, region: &RegionId| &r.region == region;
@@ -912,13 +919,15 @@ fn order_sorted(
             fallback.sort_by_key(|c| c.reason != Reason::OriginFallback);
         }
         Consistency::BoundedStaleness { max_ms } => {
+            let in_time = |rtt_ms: f64| deadline.is_none_or(|d| rtt_ms < d.as_secs_f64() * 1e3);
             // Each replica looked at once: a live view may change between two
             // looks, and a sort must not see a key change under it.
             for p in primary.iter_mut() {
                 let r = &eligible[p.route];
-                if view
-                    .freshness_ranked(r.rank, &r.id, &scope)
-                    .is_some_and(|low| staleness_ms(low, now_ms) <= *max_ms)
+                if in_time(p.rtt_ms)
+                    && view
+                        .freshness_ranked(r.rank, &r.id, &scope)
+                        .is_some_and(|low| staleness_ms(low, now_ms) <= *max_ms)
                 {
                     p.reason = Reason::Fresh;
                 }

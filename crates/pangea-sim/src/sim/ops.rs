@@ -525,6 +525,7 @@ impl Simulation {
             table,
             key,
             consistency,
+            deadline: Some(Duration::from_micros(self.sc.workload.deadline.as_us())),
         };
         let order = order_read_cached(
             &self.views[self.client_view],
