@@ -24,7 +24,7 @@ use pangea_client::{
     WriteOptions,
 };
 use pangea_topology::cluster::ClusterFile;
-use pangea_topology::{Deployment, ReplicaId};
+use pangea_topology::{Deployment, ReplicaId, process_id};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -398,18 +398,41 @@ pub(super) async fn settle(
                 .collect(),
         });
     }
-    for id in &ids {
+    // What each replica holds, all its processes together: a process holds the
+    // rows of its shard groups; of a row on several (group 0 of `global`, on
+    // every process), the oldest copy is the one checked.
+    for r in deployment
+        .topology
+        .replicas
+        .values()
+        .filter(|r| r.index == 0)
+    {
         for prefix in PREFIXES {
             let prefix = format!("{prefix}{tag}/");
             let scope = deployment.scope_of(TABLE, prefix.as_bytes());
-            if !deployment.allowed(id, scope) {
+            let in_policy = deployment
+                .placement
+                .policy(scope)
+                .is_some_and(|p| p.regions.contains(&r.region));
+            if !in_policy {
                 continue;
             }
-            let rows = scan_all(&clients[id], id, &prefix).await?;
+            let mut held: BTreeMap<String, Cell> = BTreeMap::new();
+            for index in 0..r.processes {
+                let id = process_id(r.id.as_str(), index);
+                for cell in scan_all(&clients[&id], &id, &prefix).await? {
+                    match held.get(&cell.key) {
+                        Some(kept) if kept.version <= cell.version => {}
+                        _ => {
+                            held.insert(cell.key.clone(), cell);
+                        }
+                    }
+                }
+            }
             rec.record(Event::Final {
-                replica: id.to_string(),
+                replica: r.id.to_string(),
                 prefix,
-                rows,
+                rows: held.into_values().collect(),
             });
         }
     }
