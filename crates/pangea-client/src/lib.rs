@@ -309,7 +309,6 @@ struct Known {
 }
 
 impl Inner {
-    /// Keeps what `replica` said of its watermarks in one scope.
     /// Keeps what `replica` said of a scope's watermarks at `now_ms` (wall clock).
     fn learn_watermarks(&self, replica: &ReplicaId, wm: &ScopeWatermarks, now_ms: u64) {
         let known = || Known {

@@ -78,9 +78,10 @@ fn process_address(address: &str, index: u32) -> Option<String> {
 }
 
 impl Replica {
-    /// The entries of processes 1 ..= `processes` − 1 of this replica (process
-    /// 0's entry): ids from [`process_id`], addresses the port plus the index
-    /// (`None` where the replica's address has no port that can take it).
+    /// The entries of processes 1 ..= `processes` − 1 of the replica whose
+    /// process 0 this entry is: ids from [`process_id`], addresses the port plus
+    /// the index (`None` where the replica's address has no port that can take
+    /// it).
     pub fn process_entries(&self) -> Vec<Replica> {
         (1..self.processes)
             .map(|index| Replica {
