@@ -46,7 +46,7 @@ use pangea_core::read::{Candidate, PeerView, ReadRequest, plan_read_at};
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
 use pangea_topology::cluster::ClusterFile;
-use pangea_topology::shard::GroupId;
+use pangea_topology::shard::{GroupId, ProcessLayout};
 use pangea_topology::{AppProfile, Deployment, RegionId, ReplicaId, ScopeId};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -296,6 +296,8 @@ struct LocationRefresh {
 #[derive(Debug)]
 pub(crate) struct Current {
     pub(crate) deployment: Arc<Deployment>,
+    /// The deployment's shard groups over processes, worked out once.
+    pub(crate) layout: ProcessLayout,
     pub(crate) profile: AppProfile,
     pub(crate) digest: u64,
 }
@@ -423,6 +425,7 @@ impl Client {
             })?;
         let transport = transport::Transport::new(&config)?;
         let current = Current {
+            layout: config.deployment.process_layout(),
             deployment: config.deployment.clone(),
             profile,
             digest: config.deployment_digest,
@@ -586,6 +589,7 @@ impl Client {
                 ))
             })?;
         Ok(Current {
+            layout: deployment.process_layout(),
             deployment: Arc::new(deployment),
             profile,
             digest,
@@ -893,7 +897,7 @@ impl Client {
         let classes = {
             let cur = self.inner.current();
             let d = &cur.deployment;
-            let layout = d.process_layout();
+            let layout = &cur.layout;
             let mut classes: Vec<(Vec<u32>, Vec<usize>)> = Vec::new();
             if layout.is_split() {
                 for (i, key) in keys.iter().enumerate() {
@@ -1019,7 +1023,7 @@ impl Client {
         let routes: Vec<Vec<u8>> = {
             let cur = self.inner.current();
             let d = &cur.deployment;
-            let layout = d.process_layout();
+            let layout = &cur.layout;
             let mut routes: Vec<(Vec<u32>, Vec<u8>)> = Vec::new();
             if layout.is_split() && d.prefix_group(table, &prefix).is_none() {
                 // Group 0 last: in `global` it is the system scope, on every

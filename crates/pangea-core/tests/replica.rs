@@ -553,15 +553,7 @@ fn read_plans_follow_mode_profile_and_placement() {
         sequence: 5,
         timestamp: Timestamp::new(T0, 0),
     };
-    let mut known = ScopeWatermarks::new(ScopeId::global());
-    known.insert(
-        "use1-a".into(),
-        pangea_core::Watermark {
-            sequence: 9,
-            timestamp: Timestamp::new(T0, 0),
-        },
-    );
-    let view = View(BTreeMap::from([("euw1-b".into(), known)]));
+    let view = View(BTreeMap::from([("euw1-b".into(), known_fresh())]));
     let p = plan("x/1", &Consistency::Watermark(token), frontend, &view).unwrap();
     let fb: Vec<_> = p
         .fallback

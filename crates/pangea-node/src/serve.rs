@@ -572,17 +572,23 @@ fn audit_target(req: &pb::ClientRequest) -> String {
 /// The scope of a row, refusing rows this replica must not hold (residency).
 fn scope_here(shared: &Shared, table: &str, key: &[u8]) -> Result<ScopeId, Failure> {
     let d = shared.deployment();
-    if d.placement.schema.table(table).is_none() {
-        return Err(Failure::new(
-            Code::NotFound,
-            format!("unknown table {table:?}"),
-        ));
-    }
+    known_table(&d, table)?;
     let scope = shared.scope_of(table, key);
     if !d.allowed(&shared.id, &scope) {
         return Err(not_here(&d, &shared.id, &scope));
     }
     Ok(scope)
+}
+
+/// Refuses a table the placement's schema does not define.
+fn known_table(d: &Deployment, table: &str) -> Result<(), Failure> {
+    match d.placement.schema.table(table) {
+        Some(_) => Ok(()),
+        None => Err(Failure::new(
+            Code::NotFound,
+            format!("unknown table {table:?}"),
+        )),
+    }
 }
 
 /// Why replica `id` does not serve rows of `scope`: its placement policy keeps
@@ -624,12 +630,7 @@ fn scan_scope(shared: &Shared, table: &str, prefix: &[u8]) -> Result<ScopeId, Fa
     if d.prefix_group(table, prefix).is_some() {
         return scope_here(shared, table, prefix);
     }
-    if d.placement.schema.table(table).is_none() {
-        return Err(Failure::new(
-            Code::NotFound,
-            format!("unknown table {table:?}"),
-        ));
-    }
+    known_table(&d, table)?;
     let scope = shared.scope_of(table, prefix);
     let hosted = d
         .placement
