@@ -70,6 +70,29 @@ pub(crate) enum ClusterCommand {
     Nemesis(crate::nemesis_cmd::NemesisArgs),
     /// Run the checkers on a history recorded by `nemesis`.
     CheckHistory(crate::nemesis_cmd::CheckArgs),
+    /// Add processes to a running replica, or drain some, moving its shard
+    /// groups between them under load (docs/sharding.md, "Resizing a replica").
+    /// Run again after an interruption: it resumes from the step the cluster's
+    /// topology file records.
+    Resize {
+        /// The cluster file (DIR/cluster.toml).
+        #[arg(long)]
+        cluster: PathBuf,
+        /// The replica to resize.
+        #[arg(long)]
+        replica: String,
+        /// How many processes it should run.
+        #[arg(long)]
+        processes: u32,
+        /// Longest wait for the copy step, and for the serve step to drain (like
+        /// 10m, 90s).
+        #[arg(long, default_value = "10m")]
+        step_limit: String,
+        /// Least time the new layout serves before the old hosts let go, for
+        /// clients to take up the new files.
+        #[arg(long, default_value = "3s")]
+        serve_min: String,
+    },
     /// Process and health of every replica.
     Status {
         #[arg(long, conflicts_with = "cluster")]
@@ -147,6 +170,23 @@ pub(crate) fn run(cmd: ClusterCommand) -> Result<()> {
         }
         ClusterCommand::Nemesis(a) => crate::nemesis_cmd::nemesis(a),
         ClusterCommand::CheckHistory(a) => crate::nemesis_cmd::check_history(a),
+        ClusterCommand::Resize {
+            cluster,
+            replica,
+            processes,
+            step_limit,
+            serve_min,
+        } => pangea_ops::resize::run(
+            &pangea_ops::resize::Options {
+                cluster,
+                replica,
+                processes,
+                binary: crate::pangea_binary()?,
+                step_limit: crate::parse_duration(&step_limit)?,
+                serve_min: crate::parse_duration(&serve_min)?,
+            },
+            &mut |line| println!("{line}"),
+        ),
         ClusterCommand::Status {
             data_dir,
             cluster,

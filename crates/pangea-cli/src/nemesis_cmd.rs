@@ -13,7 +13,8 @@ pub(crate) struct NemesisArgs {
     #[arg(long)]
     cluster: PathBuf,
     /// Faults to inject, comma-separated: kill, pause, partition, loss, skew,
-    /// restart-region, disk-full, flood, new-replica.
+    /// restart-region, disk-full, flood, new-replica, resize (not among the
+    /// defaults: it grows a replica for good).
     #[arg(
         long,
         value_delimiter = ',',

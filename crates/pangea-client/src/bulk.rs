@@ -728,12 +728,7 @@ pub fn schema_for(d: &Deployment, table: &str) -> Result<Option<Schema>, String>
         return Ok(None);
     }
     if schema.table(table).is_none() {
-        let known: Vec<&str> = schema
-            .tables
-            .keys()
-            .map(|t| &**t)
-            .filter(|t| !t.starts_with('_'))
-            .collect();
+        let known: Vec<&str> = schema.user_tables().map(|t| &**t).collect();
         return Err(format!(
             "table {table:?} is not in the cluster's placement file (tables: {})",
             known.join(", ")

@@ -803,6 +803,9 @@ impl Client {
             }
             tokio::time::sleep(wait).await;
         }
+        // The refusing replica may run newer files (a resize moved the row's
+        // group to another process): take them up first.
+        self.follow_deployment().await;
         // Within the call's deadline: a refresh may take its own 500 ms.
         let left = deadline.saturating_sub(started.elapsed());
         matches!(

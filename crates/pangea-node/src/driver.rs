@@ -409,7 +409,14 @@ async fn turns(
                         "purge",
                         &target,
                         crate::audit_log::Outcome::Ok,
-                        &format!("{} rows moved away by migration job {}", p.rows, p.job_id),
+                        &if p.job_id == pangea_core::replica::RESIZE_PURGE {
+                            format!(
+                                "{} rows of shard groups this process no longer hosts (resize)",
+                                p.rows
+                            )
+                        } else {
+                            format!("{} rows moved away by migration job {}", p.rows, p.job_id)
+                        },
                     );
                 }
             }

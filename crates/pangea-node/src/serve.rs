@@ -569,12 +569,14 @@ fn audit_target(req: &pb::ClientRequest) -> String {
     }
 }
 
-/// The scope of a row, refusing rows this replica must not hold (residency).
-fn scope_here(shared: &Shared, table: &str, key: &[u8]) -> Result<ScopeId, Failure> {
+/// The scope of a row, refusing rows this replica must not hold (residency) or
+/// does not answer for (another process of the replica serves their group;
+/// `Deployment::answers`).
+fn scope_here(shared: &Shared, table: &str, key: &[u8], write: bool) -> Result<ScopeId, Failure> {
     let d = shared.deployment();
     known_table(&d, table)?;
     let scope = shared.scope_of(table, key);
-    if !d.allowed(&shared.id, &scope) {
+    if !d.answers(&shared.id, &scope, write) {
         return Err(not_here(&d, &shared.id, &scope));
     }
     Ok(scope)
@@ -603,7 +605,7 @@ fn not_here(d: &Deployment, id: &ReplicaId, scope: &ScopeId) -> Failure {
     let why = match me.filter(|_| hosted_elsewhere) {
         Some(me) => {
             let group = scope.group().unwrap_or(GroupId(0));
-            let host = process_of(d.topology.shard_groups, me.processes, group);
+            let host = process_of(d.topology.shard_groups, me.serving_processes(), group);
             format!(
                 "replica {id} does not host shard group {} of scope {:?}: process {} of \
                  replica {} does",
@@ -628,7 +630,7 @@ fn not_here(d: &Deployment, id: &ReplicaId, scope: &ScopeId) -> Failure {
 fn scan_scope(shared: &Shared, table: &str, prefix: &[u8]) -> Result<ScopeId, Failure> {
     let d = shared.deployment();
     if d.prefix_group(table, prefix).is_some() {
-        return scope_here(shared, table, prefix);
+        return scope_here(shared, table, prefix, false);
     }
     known_table(&d, table)?;
     let scope = shared.scope_of(table, prefix);
@@ -636,7 +638,7 @@ fn scan_scope(shared: &Shared, table: &str, prefix: &[u8]) -> Result<ScopeId, Fa
         .placement
         .policies
         .get(scope.policy())
-        .and_then(|p| p.scopes().iter().find(|s| d.allowed(&shared.id, s)));
+        .and_then(|p| p.scopes().iter().find(|s| d.answers(&shared.id, s, false)));
     match hosted {
         Some(s) => Ok(s.clone()),
         None => Err(not_here(&d, &shared.id, &scope)),
@@ -649,8 +651,16 @@ fn admit(
     scope: &ScopeId,
     c: &Consistency,
 ) -> Result<Arc<ScopeWatermarks>, Failure> {
-    let vouching = vouching_scope(scope, c, |s| shared.deployment().allowed(&shared.id, s));
+    let d = shared.deployment();
+    let vouching = vouching_scope(scope, c, |s| d.allowed(&shared.id, s));
     let wm = shared.watermarks_of(vouching);
+    // A token of a process a resize retired from its scope is covered here.
+    let c = match c {
+        Consistency::Watermark(t) if pangea_core::read::retired_origin(&d, t) => {
+            &Consistency::Eventual
+        }
+        c => c,
+    };
     match decide(c, &wm, shared.clock.now().wall_ms) {
         Decision::Serve => Ok(wm),
         Decision::NotCovered { origin, have, need } => Err(Failure {
@@ -730,13 +740,7 @@ async fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
         .filter(|s| d.allowed(&shared.id, s))
         .map(|s| (s.clone(), ContentDigest::new()))
         .collect();
-    for table in d
-        .placement
-        .schema
-        .tables
-        .keys()
-        .filter(|t| !t.starts_with('_'))
-    {
+    for table in d.placement.schema.user_tables() {
         let mut t = pb::AuditTable {
             table: table.to_string(),
             ..Default::default()
@@ -1004,7 +1008,7 @@ async fn execute(
     {
         R::Get(g) => {
             key_within(&limits, &g.row_key, "row_key")?;
-            let scope = scope_here(shared, &g.table, &g.row_key)?;
+            let scope = scope_here(shared, &g.table, &g.row_key, false)?;
             check_rows(shared, caller, &scope)?;
             let wm = admit(shared, &scope, &consistency(g.consistency)?)?;
             let f = filter(g.filter);
@@ -1039,7 +1043,7 @@ async fn execute(
                 if bytes >= budget {
                     break;
                 }
-                let s = scope_here(shared, &g.table, key)?;
+                let s = scope_here(shared, &g.table, key, false)?;
                 match &scope {
                     Some(first) if first.policy() != s.policy() => {
                         return Err(Failure::new(
@@ -1086,7 +1090,7 @@ async fn execute(
                 for other in policy
                     .scopes()
                     .iter()
-                    .filter(|o| **o != scope && d.allowed(&shared.id, o))
+                    .filter(|o| **o != scope && d.answers(&shared.id, o, false))
                 {
                     admit(shared, other, &c)?;
                 }
@@ -1124,7 +1128,7 @@ async fn execute(
                     // Rows of a policy this replica may not serve never leave it,
                     // nor rows of a policy the caller's app profile does not list.
                     let row_scope = shared.scope_of(&s.table, &key);
-                    if !d.allowed(&shared.id, &row_scope)
+                    if !d.answers(&shared.id, &row_scope, false)
                         || auth::authorize_rows(&d, caller, &row_scope).is_err()
                     {
                         continue;
@@ -1175,7 +1179,7 @@ async fn execute(
                     })?;
                 }
             }
-            let scope = scope_here(shared, mutation.table(), mutation.row_key())?;
+            let scope = scope_here(shared, mutation.table(), mutation.row_key(), true)?;
             check_rows(shared, caller, &scope)?;
             let wait_regions = regions_to_wait_for(shared, &d, &scope, &m_wait)?;
             let (reply, wait) = oneshot::channel();

@@ -227,7 +227,21 @@ impl Apply {
             if cluster.replica(r.id.as_str()).is_none() {
                 pangea_net::certs::issue_replica(&cluster.certs, r.id.as_str(), r.region.as_str())
                     .with_context(|| format!("issuing the certificate of replica {}", r.id))?;
-                let sockets = local::ReplicaSockets::fresh()?;
+                // A replica's process p listens on its port + p (a resize adds
+                // processes to a running replica); a new replica anywhere free.
+                let sockets = match (&r.address, r.index) {
+                    (Some(address), 1..) => {
+                        local::ReplicaSockets::bind(address, "127.0.0.1:0", r.id.as_str())
+                            .with_context(|| {
+                                format!(
+                                    "process {} of replica {} listens on its replica's port + \
+                                     {0}, which is taken",
+                                    r.index, r.of
+                                )
+                            })?
+                    }
+                    _ => local::ReplicaSockets::fresh()?,
+                };
                 added.push(local::record(
                     &dir,
                     r.id.as_str(),

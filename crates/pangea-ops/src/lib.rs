@@ -26,3 +26,4 @@ pub mod calibrate;
 pub mod demo;
 pub mod local;
 pub mod nemesis;
+pub mod resize;

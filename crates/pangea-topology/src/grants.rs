@@ -21,13 +21,7 @@ pub(crate) fn check(
     let mut problems = Vec::new();
     let mut p = |kind, key: &KeyPath, msg: String| problems.push(src.problem(kind, key, msg));
     let defined = || {
-        let names: Vec<&str> = placement
-            .schema
-            .tables
-            .keys()
-            .map(|t| &**t)
-            .filter(|t| !t.starts_with('_'))
-            .collect();
+        let names: Vec<&str> = placement.schema.user_tables().map(|t| &**t).collect();
         if names.is_empty() {
             "none".to_owned()
         } else {

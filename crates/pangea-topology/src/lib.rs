@@ -52,8 +52,8 @@ pub use ids::{RegionId, ReplicaId, ScopeId};
 pub use placement::{GLOBAL_POLICY, Placement, Policy};
 pub use problems::{Problem, ProblemKind, Problems};
 pub use topology::{
-    Access, AppProfile, LinkClass, Priority, Region, Replica, Role, Routing, Topology,
-    WriteRouting, process_id,
+    Access, AppProfile, LinkClass, Priority, Region, Replica, Resize, ResizePhase, Role, Routing,
+    Topology, WriteRouting, process_id,
 };
 pub use tree::{Edge, Tree};
 
@@ -320,27 +320,91 @@ impl Deployment {
     /// Whether process `r` hosts `scope`'s shard group: always for a replica of
     /// one process, and for the system scope, which every process holds (location
     /// metadata and jobs are read by every process); otherwise when the group is
-    /// in the process's range ([`shard::process_of`]). A policy named as a whole
-    /// (no group: its tree in `topology plan`) is hosted by each replica's
+    /// in the process's range ([`shard::process_of`]) — while the replica is
+    /// resized, in its range under the old process count or the new one
+    /// ([`Deployment::serves`] says which of the two serves). A policy named as a
+    /// whole (no group: its tree in `topology plan`) is hosted by each replica's
     /// process 0, so that it has one member per replica.
     pub fn hosts(&self, r: &Replica, scope: &ScopeId) -> bool {
-        if r.processes <= 1 {
+        self.hosts_under(r, scope, r.processes)
+            || r.resize.is_some_and(|z| self.hosts_under(r, scope, z.from))
+    }
+
+    /// Whether process `r` serves `scope`: requests for its rows are routed to it
+    /// and it is its replica's node in the scope's tree. The process hosting the
+    /// group, except while a resize moves it: then the host under
+    /// [`Replica::serving_processes`], the other one following as a leaf under it.
+    pub fn serves(&self, r: &Replica, scope: &ScopeId) -> bool {
+        self.hosts_under(r, scope, r.serving_processes())
+    }
+
+    /// [`Deployment::hosts`] were the replica of `r` to run `processes` processes.
+    fn hosts_under(&self, r: &Replica, scope: &ScopeId, processes: u32) -> bool {
+        if r.process_count() <= 1 {
             return true;
         }
         match scope.group() {
             None => r.index == 0,
-            Some(g) if g.0 == 0 && scope.policy() == GLOBAL_POLICY => true,
-            Some(g) => shard::process_of(self.topology.shard_groups, r.processes, g) == r.index,
+            // Every process, of those the count has (a resize's added processes
+            // follow the system scope until they serve; drained ones until they go).
+            Some(g) if g.0 == 0 && scope.policy() == GLOBAL_POLICY => r.index < processes,
+            Some(g) => shard::process_of(self.topology.shard_groups, processes, g) == r.index,
         }
     }
 
-    /// The scope's tree over the replicas in `live` (all members when `None`).
+    /// Whether process `id` answers a client's read (or, if `write`, write) of a
+    /// row of `scope`: it must be allowed it and serve it — except that during a
+    /// resize's serve phase the old host, which follows the group, still answers
+    /// reads (for clients that route by the old layout) while it refuses writes,
+    /// so that its own stream of the group ends before the move finishes.
+    pub fn answers(&self, id: &ReplicaId, scope: &ScopeId, write: bool) -> bool {
+        let Some(r) = self.topology.replica(id.as_str()) else {
+            return false;
+        };
+        self.allowed(id, scope)
+            && (self.serves(r, scope)
+                || (!write && r.resize.is_some_and(|z| z.phase == ResizePhase::Serve)))
+    }
+
+    /// The process of `r`'s replica that serves `scope` when `r` only follows it
+    /// (a resize moves its group), else `None`.
+    pub fn leader_of(&self, r: &Replica, scope: &ScopeId) -> Option<&Replica> {
+        if self.serves(r, scope) || !self.hosts(r, scope) {
+            return None;
+        }
+        let g = scope.group()?;
+        let index = shard::process_of(self.topology.shard_groups, r.serving_processes(), g);
+        self.topology
+            .replica(process_id(r.of.as_str(), index).as_str())
+    }
+
+    /// The scope's tree over the replicas in `live` (all members when `None`): the
+    /// minimum spanning tree of the members that serve it, each resize's
+    /// follower a leaf under the process it follows (or in the spanning tree,
+    /// should that process not be live).
     pub fn tree(&self, scope: &ScopeId, live: Option<&BTreeSet<ReplicaId>>) -> Tree {
         let mut members = self.scope_members(scope);
         if let Some(live) = live {
             members.retain(|m| live.contains(m));
         }
-        self.topology.spanning_tree(scope.clone(), &members)
+        let mut leaves = Vec::new();
+        for m in &members {
+            let r = &self.topology.replicas[m];
+            if let Some(leader) = self.leader_of(r, scope)
+                && members.contains(&leader.id)
+            {
+                leaves.push((m.clone(), leader));
+            }
+        }
+        for (leaf, _) in &leaves {
+            members.remove(leaf);
+        }
+        let mut tree = self.topology.spanning_tree(scope.clone(), &members);
+        for (leaf, leader) in leaves {
+            let rtt = self.topology.regions[&leader.region].intra_rtt_ms;
+            tree.attach_leaf(&leaf, &leader.id, rtt);
+        }
+        tree
     }
 
     /// The replication scope of a row as the files place it: its placement

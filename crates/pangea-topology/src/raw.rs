@@ -54,6 +54,11 @@ pub struct RawReplica {
     pub hub: Option<bool>,
     /// Processes the replica runs, each hosting a range of shard groups (default 1).
     pub processes: Option<i64>,
+    /// While the replica is resized (`pangea cluster resize` writes these): the
+    /// process count it had before, and the step the move is at (`"copy"` or
+    /// `"serve"`).
+    pub resize_from: Option<i64>,
+    pub resize_phase: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -129,6 +129,12 @@ impl Schema {
         self.tables.get(table)
     }
 
+    /// The tables applications use: all but the system tables (`_location`,
+    /// `_jobs`), in name order.
+    pub fn user_tables(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.tables.keys().filter(|t| !t.starts_with('_'))
+    }
+
     /// A schema with one table, for tests and examples.
     pub fn single_table(table: &str, families: &[(&str, GcPolicy)]) -> Self {
         let families = families

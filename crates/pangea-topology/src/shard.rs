@@ -232,7 +232,7 @@ impl crate::Deployment {
             .topology
             .replicas
             .values()
-            .map(|r| r.processes)
+            .map(|r| r.serving_processes())
             .filter(|&p| p > 1)
             .collect();
         ProcessLayout {
@@ -257,7 +257,7 @@ impl crate::Deployment {
         None
     }
 
-    /// Every replica's processes and their groups, in replica id order.
+    /// Every replica's processes and the groups each serves, in replica id order.
     pub fn shards(&self) -> Vec<ReplicaShards> {
         let g = self.topology.shard_groups;
         self.topology
@@ -266,8 +266,8 @@ impl crate::Deployment {
             .filter(|r| r.index == 0)
             .map(|r| ReplicaShards {
                 replica: r.id.clone(),
-                groups: (0..r.processes)
-                    .map(|p| groups_of_process(g, r.processes, p))
+                groups: (0..r.process_count())
+                    .map(|p| groups_of_process(g, r.serving_processes(), p))
                     .collect(),
             })
             .collect()
@@ -302,11 +302,14 @@ impl crate::Deployment {
         Ok(self)
     }
 
-    /// Changes from `self` to `new` that would move rows between shard groups or
-    /// groups between processes. None can be applied to a running deployment yet:
-    /// the number of groups and a table's partition key are fixed once chosen
-    /// (every row would change group), and moving groups between a replica's
-    /// processes is not built (docs/sharding.md). Empty: the layout is unchanged.
+    /// Changes from `self` to `new` that would move rows between shard groups, or
+    /// groups between processes other than by a resize's next step. The number
+    /// of groups and a table's partition key are fixed once chosen (every row
+    /// would change group); a replica's process count changes only through the
+    /// steps of a resize (`pangea cluster resize`, docs/sharding.md), one at a
+    /// time: start (P → copy from P), serve (copy → serve), finish (serve → the
+    /// new count alone), or abandon before serving (copy → P). Empty: the change
+    /// may be applied.
     pub fn layout_changes(&self, new: &crate::Deployment) -> Vec<String> {
         let mut out = Vec::new();
         let (old_g, new_g) = (self.topology.shard_groups, new.topology.shard_groups);
@@ -328,16 +331,49 @@ impl crate::Deployment {
             }
         }
         for (id, r) in self.topology.replicas.iter().filter(|(_, r)| r.index == 0) {
-            if let Some(kept) = new.topology.replica(id.as_str())
-                && kept.processes != r.processes
-            {
+            let Some(kept) = new.topology.replica(id.as_str()) else {
+                continue;
+            };
+            if !resize_step(r, kept) {
                 out.push(format!(
-                    "replica {id} would go from {} to {} processes: moving shard groups \
-                     between a replica's processes is not built yet (docs/sharding.md)",
-                    r.processes, kept.processes
+                    "replica {id} would go from {} to {}: a replica's processes change \
+                     only by the steps of `pangea cluster resize` (docs/sharding.md)",
+                    layout_name(r),
+                    layout_name(kept)
                 ));
             }
         }
         out
+    }
+}
+
+/// A replica's process layout as an operator reads it.
+fn layout_name(r: &crate::Replica) -> String {
+    match r.resize {
+        None => format!("{} processes", r.processes),
+        Some(z) => format!(
+            "a resize from {} to {} processes (phase {})",
+            z.from,
+            r.processes,
+            z.phase.name()
+        ),
+    }
+}
+
+/// Whether `new` is `old`'s layout or the next (or abandoning) step of a resize.
+fn resize_step(old: &crate::Replica, new: &crate::Replica) -> bool {
+    use crate::{Resize, ResizePhase::*};
+    let same = old.processes == new.processes && old.resize == new.resize;
+    same || match (old.resize, new.resize) {
+        // Start.
+        (None, Some(Resize { from, phase: Copy })) => from == old.processes,
+        // Serve.
+        (Some(a @ Resize { phase: Copy, .. }), Some(b @ Resize { phase: Serve, .. })) => {
+            a.from == b.from && old.processes == new.processes
+        }
+        // Finish, or abandon before serving.
+        (Some(Resize { phase: Serve, .. }), None) => new.processes == old.processes,
+        (Some(Resize { from, phase: Copy }), None) => new.processes == from,
+        _ => false,
     }
 }

@@ -53,8 +53,44 @@ pub struct Replica {
     /// each a member of replication in its own right for the groups it hosts
     /// (docs/sharding.md).
     pub of: ReplicaId,
-    /// This entry's process index in its replica (0 ..= processes − 1).
+    /// This entry's process index in its replica (0 ..= processes − 1, or up to
+    /// the old count − 1 while a resize drains processes).
     pub index: u32,
+    /// A resize of this replica in progress, if any (docs/sharding.md, "Resizing
+    /// a replica").
+    pub resize: Option<Resize>,
+}
+
+/// A replica moving from `from` processes to its `processes`: each shard group
+/// whose host changes is held by both its old and its new process while the move
+/// runs — one serving it (routes and the replication tree), the other a leaf
+/// of the tree under it that follows its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Resize {
+    /// The process count before the move.
+    pub from: u32,
+    pub phase: ResizePhase,
+}
+
+/// Where a resize is: which layout serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResizePhase {
+    /// The old layout serves; the new hosts copy their groups (snapshot, then the
+    /// stream) from the old ones.
+    Copy,
+    /// The new layout serves; the old hosts follow, answer reads of clients that
+    /// still route by the old layout, and refuse writes.
+    Serve,
+}
+
+impl ResizePhase {
+    pub fn name(self) -> &'static str {
+        match self {
+            ResizePhase::Copy => "copy",
+            ResizePhase::Serve => "serve",
+        }
+    }
 }
 
 /// The id of process `index` of replica `replica`: the replica's own for 0.
@@ -83,7 +119,7 @@ impl Replica {
     /// the index (`None` where the replica's address has no port that can take
     /// it).
     pub fn process_entries(&self) -> Vec<Replica> {
-        (1..self.processes)
+        (1..self.process_count())
             .map(|index| Replica {
                 id: process_id(self.id.as_str(), index),
                 address: self
@@ -94,6 +130,25 @@ impl Replica {
                 ..self.clone()
             })
             .collect()
+    }
+
+    /// How many processes the replica runs now: its `processes`, or more while a
+    /// resize drains some.
+    pub fn process_count(&self) -> u32 {
+        self.resize
+            .map_or(self.processes, |r| r.from.max(self.processes))
+    }
+
+    /// The process count whose layout routes requests ([`crate::shard::process_of`]):
+    /// the old one until a resize's serve phase.
+    pub fn serving_processes(&self) -> u32 {
+        match self.resize {
+            Some(Resize {
+                from,
+                phase: ResizePhase::Copy,
+            }) => from,
+            _ => self.processes,
+        }
     }
 
     /// How much spanning trees avoid routing through this replica, where edges
@@ -414,6 +469,57 @@ impl Topology {
                             1
                         }
                     };
+                    let resize = match (rep.resize_from, rep.resize_phase.as_deref()) {
+                        (None, None) => None,
+                        (Some(from), Some(phase)) => {
+                            let phase = match phase {
+                                "copy" => Some(ResizePhase::Copy),
+                                "serve" => Some(ResizePhase::Serve),
+                                other => {
+                                    p(
+                                        ProblemKind::InvalidValue,
+                                        &pk.key("resize_phase"),
+                                        format!("resize_phase {other:?} is not one of copy, serve"),
+                                    );
+                                    None
+                                }
+                            };
+                            let from_ok = from >= 1
+                                && from <= i64::from(processes_max)
+                                && from != i64::from(processes);
+                            if !from_ok {
+                                p(
+                                    ProblemKind::InvalidValue,
+                                    &pk.key("resize_from"),
+                                    format!(
+                                        "resize_from must be 1 ..= shard_groups ({processes_max}) and differ from \
+                                         processes ({processes}), got {from}"
+                                    ),
+                                );
+                            }
+                            phase.filter(|_| from_ok).map(|phase| Resize {
+                                from: from as u32,
+                                phase,
+                            })
+                        }
+                        (from, _) => {
+                            let (present, missing) = if from.is_some() {
+                                ("resize_from", "resize_phase")
+                            } else {
+                                ("resize_phase", "resize_from")
+                            };
+                            p(
+                                ProblemKind::InvalidValue,
+                                &pk.key(present),
+                                format!(
+                                    "a resize in progress needs both resize_from and \
+                                     resize_phase; {missing} is missing (pangea cluster \
+                                     resize writes them)"
+                                ),
+                            );
+                            None
+                        }
+                    };
                     let id = ReplicaId::new(rep.id.as_str());
                     if replicas.contains_key(&id) {
                         p(
@@ -435,6 +541,7 @@ impl Topology {
                         processes,
                         of: id.clone(),
                         index: 0,
+                        resize,
                     };
                     // Processes 1.. of the replica: entries of their own.
                     let mut bad_port = false;
@@ -760,6 +867,7 @@ impl Topology {
             .filter(|r| r.index == 0)
             .map(|r| Replica {
                 processes,
+                resize: None,
                 ..r.clone()
             })
             .collect();

@@ -55,6 +55,25 @@ pub struct Tree {
 }
 
 impl Tree {
+    /// Hangs `leaf` under `parent`, a member, by an edge of `latency_ms` (a
+    /// resize's follower under the process serving its group).
+    pub fn attach_leaf(&mut self, leaf: &ReplicaId, parent: &ReplicaId, latency_ms: f64) {
+        debug_assert!(self.replicas.contains(parent) && !self.replicas.contains(leaf));
+        let edge = Edge::new(leaf, parent, latency_ms);
+        let at = self
+            .edges
+            .partition_point(|e| (&e.a, &e.b) < (&edge.a, &edge.b));
+        self.edges.insert(at, edge);
+        self.replicas.insert(leaf.clone());
+        self.adjacency
+            .entry(leaf.clone())
+            .or_default()
+            .push(parent.clone());
+        let up = self.adjacency.entry(parent.clone()).or_default();
+        up.push(leaf.clone());
+        up.sort();
+    }
+
     /// Tree neighbours of `replica`, in id order (empty if it is not in the tree).
     pub fn neighbours(&self, replica: &ReplicaId) -> &[ReplicaId] {
         self.adjacency.get(replica).map_or(&[], Vec::as_slice)

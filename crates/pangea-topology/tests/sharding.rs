@@ -326,10 +326,147 @@ fn layout_changes_are_named_and_unchanged_files_have_none() {
         "{changes}"
     );
     assert!(
-        changes.contains("replica use1-a would go from 4 to 8 processes"),
+        changes.contains("replica use1-a would go from 4 processes to 8 processes"),
         "{changes}"
     );
     assert!(!changes.contains("ad_profiles"), "{changes}");
+}
+
+/// `use1-a` (4 processes) in the files of a resize to 6, at `phase`.
+fn resizing(phase: &str) -> Deployment {
+    deployment(
+        &TOPOLOGY.replace(
+            "processes = 4",
+            &format!("processes = 6\n    resize_from = 4\n    resize_phase = \"{phase}\""),
+        ),
+        PLACEMENT,
+    )
+    .unwrap()
+}
+
+/// A replica's processes change only by the steps of a resize, one at a time:
+/// start (copy), serve, finish — or abandon before serving.
+#[test]
+fn a_resize_goes_step_by_step() {
+    let before = deployment(TOPOLOGY, PLACEMENT).unwrap();
+    let (copy, serve) = (resizing("copy"), resizing("serve"));
+    let after = deployment(
+        &TOPOLOGY.replace("processes = 4", "processes = 6"),
+        PLACEMENT,
+    )
+    .unwrap();
+    for (from, to) in [
+        (&before, &copy),
+        (&copy, &serve),
+        (&serve, &after),
+        (&copy, &before),
+        (&serve, &serve),
+    ] {
+        assert_eq!(from.layout_changes(to), Vec::<String>::new());
+    }
+    for (from, to, says) in [
+        (&before, &after, "from 4 processes to 6 processes"),
+        (&before, &serve, "(phase serve)"),
+        (&copy, &after, "(phase copy) to 6 processes"),
+        (&serve, &before, "to 4 processes"),
+    ] {
+        let changes = from.layout_changes(to).join("\n");
+        assert!(
+            changes.contains("replica use1-a would go from") && changes.contains(says),
+            "{changes}"
+        );
+    }
+}
+
+/// Bad resize keys are named with their line.
+#[test]
+fn bad_resize_keys_are_named_with_their_line() {
+    for (keys, key, text) in [
+        (
+            "processes = 4\n    resize_from = 4\n    resize_phase = \"copy\"",
+            "resize_from",
+            "differ from processes (4), got 4",
+        ),
+        (
+            "processes = 4\n    resize_from = 2\n    resize_phase = \"flip\"",
+            "resize_phase",
+            "\"flip\" is not one of copy, serve",
+        ),
+        (
+            "processes = 4\n    resize_from = 2",
+            "resize_from",
+            "resize_phase is missing",
+        ),
+    ] {
+        let topology = TOPOLOGY.replace("processes = 4", keys);
+        let p = deployment(&topology, PLACEMENT).unwrap_err();
+        let field = format!("continents[0].regions[0].replicas[0].{key}");
+        assert!(
+            p.0.iter().any(|x| x.key == field
+                && x.line == Some(line_of(&topology, &format!("{key} =")))
+                && x.message.contains(text)),
+            "{key}: {p}"
+        );
+    }
+}
+
+/// While a resize runs, a moving group is hosted by its old and its new
+/// process: one serves it (routes, the tree), the other follows as a leaf under
+/// it; which one flips at the serve step. Processes being added exist from the
+/// copy step on.
+#[test]
+fn a_moving_group_has_a_serving_host_and_a_follower_leaf() {
+    // Group 12 of 64: process 0 of 4 (0–15), process 1 of 6 (11–21).
+    let global = deployment(TOPOLOGY, PLACEMENT)
+        .unwrap()
+        .policies()
+        .next()
+        .unwrap()
+        .clone();
+    let scope = ScopeId::of_group(&global, 64, GroupId(12));
+    for (phase, serving, following) in [
+        ("copy", "use1-a", "use1-a.p1"),
+        ("serve", "use1-a.p1", "use1-a"),
+    ] {
+        let d = resizing(phase);
+        assert!(
+            d.topology
+                .replicas
+                .contains_key(&ReplicaId::from("use1-a.p5"))
+        );
+        let r = |id: &str| &d.topology.replicas[&ReplicaId::from(id)];
+        assert!(d.hosts(r(serving), &scope) && d.hosts(r(following), &scope));
+        assert!(d.serves(r(serving), &scope) && !d.serves(r(following), &scope));
+        assert_eq!(
+            d.leader_of(r(following), &scope).map(|l| l.id.as_str()),
+            Some(serving)
+        );
+        let tree = d.tree(&scope, None);
+        assert_eq!(
+            tree.neighbours(&following.into()),
+            [ReplicaId::from(serving)]
+        );
+        assert!(
+            tree.neighbours(&serving.into()).len() >= 2,
+            "{phase}: {tree:?}"
+        );
+        // Reads and writes: the serving host; in the serve step the old host
+        // still answers reads.
+        assert!(d.answers(&serving.into(), &scope, true));
+        assert!(!d.answers(&following.into(), &scope, true));
+        assert_eq!(
+            d.answers(&following.into(), &scope, false),
+            phase == "serve"
+        );
+        // Clients route by the serving layout.
+        assert_eq!(
+            d.shards()
+                .iter()
+                .find(|s| s.replica.as_str() == "use1-a")
+                .map(|s| s.groups.len()),
+            Some(6)
+        );
+    }
 }
 
 /// A replica of P processes is P entries of the topology — `<id>`, `<id>.p1` …

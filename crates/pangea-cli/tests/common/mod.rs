@@ -129,6 +129,12 @@ impl Cluster {
         )
     }
 
+    /// [`Cluster::up_with`] with runtime fault injection on, for `pangea cluster
+    /// nemesis`.
+    pub fn up_with_faults_of(topology: &str, placement: &str) -> Result<Cluster> {
+        Cluster::up_inner(topology, placement, false, true, vec![])
+    }
+
     /// [`Cluster::up_with`] whose replicas run with extra environment variables.
     pub fn up_with_env(
         topology: &str,

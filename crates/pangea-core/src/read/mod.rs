@@ -108,6 +108,44 @@ pub fn decide(consistency: &Consistency, wm: &ScopeWatermarks, now_ms: u64) -> D
     }
 }
 
+/// Whether `token`'s origin has retired from the token's scope: a process of a
+/// replica of the scope's policy that no longer hosts the scope's group, or no
+/// longer exists — a resize moved the group to another process of its replica.
+/// A resize finishes only once every member of the scope has applied all of the
+/// retiring process's stream there (`pangea cluster resize`, docs/sharding.md),
+/// so every member covers such a token: [`decide`] is asked as for an eventual
+/// read. A token of a replica the topology dropped is not retired (nothing
+/// waited for its stream).
+pub fn retired_origin(d: &pangea_topology::Deployment, token: &Token) -> bool {
+    retired_from(d, &token.scope, &token.origin)
+}
+
+/// Whether `origin` is a process that has retired from `scope` (see
+/// [`retired_origin`]): a stream of it there is complete and ended.
+pub fn retired_from(d: &pangea_topology::Deployment, scope: &ScopeId, origin: &ReplicaId) -> bool {
+    let Some(policy) = d.placement.policy(scope) else {
+        return false;
+    };
+    let origin = origin.as_str();
+    let (replica, index) = match origin.rsplit_once(".p") {
+        Some((base, i)) => match i.parse::<u32>() {
+            Ok(i) if i >= 1 && pangea_topology::process_id(base, i).as_str() == origin => (base, i),
+            _ => (origin, 0),
+        },
+        None => (origin, 0),
+    };
+    let Some(first) = d.topology.replica(replica).filter(|r| r.index == 0) else {
+        return false;
+    };
+    if !policy.regions.contains(&first.region) {
+        return false;
+    }
+    match d.topology.replica(origin) {
+        Some(r) => r.of == first.id && !d.hosts(r, scope),
+        None => index >= first.process_count(),
+    }
+}
+
 /// Which scope's watermarks vouch for a read at a replica that holds the row's
 /// scope, `row_scope` — one rule for the node and the simulator. A watermark read's
 /// token is checked against its own scope's stream when the replica `holds` that

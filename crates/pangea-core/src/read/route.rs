@@ -266,7 +266,7 @@ fn eligible_replicas<'a>(
         .replicas
         .values()
         .filter(|r| r.role.stores_rows() && policy.regions.contains(&r.region))
-        .filter(|r| d.hosts(r, scope))
+        .filter(|r| d.serves(r, scope))
         .filter(|r| match profile.priority {
             Priority::Serving => r.role == Role::Serving,
             Priority::Batch => r.role == Role::Batch,

@@ -251,7 +251,12 @@ pub enum Event {
     },
 }
 
-/// Rows [`Replica::purge_moved_rows`] deleted after one migration's flip.
+/// The `job_id` of a [`Purged`] that a resize, not a migration, caused: the
+/// rows of shard groups this process no longer hosts.
+pub const RESIZE_PURGE: &str = "resize";
+
+/// Rows [`Replica::purge_moved_rows`] deleted after one migration's flip, or
+/// after a resize moved shard groups away ([`RESIZE_PURGE`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Purged {
     pub table: Arc<str>,
@@ -832,6 +837,11 @@ pub struct Replica<S: Storage> {
     /// Scopes whose own stream this replica is relearning from its peers
     /// ([`Replica::relearn_own_streams`]); it writes in none of them.
     relearning: BTreeMap<ScopeId, Relearning>,
+    /// Scopes this process joined as a resize's follower (a group moving to it,
+    /// `Deployment::leader_of`), by the process it follows: each is filled by a
+    /// snapshot from that process — asked again should it stall — then by the
+    /// stream.
+    copying: BTreeMap<ScopeId, ReplicaId>,
     stats: Stats,
 }
 
@@ -888,6 +898,7 @@ impl<S: Storage> Replica<S> {
             location: Location::new(),
             pending_purges: Vec::new(),
             relearning: BTreeMap::new(),
+            copying: BTreeMap::new(),
             stats: Stats::default(),
         };
         r.rebuild_scopes(now);
@@ -1260,7 +1271,28 @@ impl<S: Storage> Replica<S> {
             .filter(|s| d.allowed(&self.id, s))
             .cloned()
             .collect();
+        // A group this process stops hosting while its policy keeps this region
+        // (a resize finished, moving it to another process of the replica): its
+        // rows go, once the driver has published the new view.
+        let region = d.topology.replica(self.id.as_str()).map(|r| &r.region);
+        let moved_away = self.scopes.keys().any(|s| {
+            !mine.contains(s)
+                && s.group().is_some()
+                && d.placement
+                    .policy(s)
+                    .is_some_and(|p| region.is_some_and(|r| p.regions.contains(r)))
+        });
+        if moved_away && self.stores_rows {
+            for table in d.placement.schema.user_tables() {
+                self.pending_purges
+                    .push((table.clone(), Bytes::new(), RESIZE_PURGE.to_owned()));
+            }
+        }
         self.scopes.retain(|s, _| mine.contains(s));
+        self.copying.retain(|s, _| mine.contains(s));
+        let me = d.topology.replica(self.id.as_str());
+        let mut joined: Vec<(ScopeId, ReplicaId)> = Vec::new();
+        let mut added: Vec<ScopeId> = Vec::new();
         // The shard groups of a policy share its members and tree, unless its
         // replicas run many processes (each group's members are then the
         // processes hosting it): worked out once per member set, the rosters
@@ -1311,6 +1343,12 @@ impl<S: Storage> Replica<S> {
                     }
                 }
                 None => {
+                    if let Some(leader) = me.and_then(|me| d.leader_of(me, scope))
+                        && self.stores_rows
+                    {
+                        joined.push((scope.clone(), leader.id.clone()));
+                    }
+                    added.push(scope.clone());
                     self.scopes.insert(
                         scope.clone(),
                         ScopeState {
@@ -1341,6 +1379,46 @@ impl<S: Storage> Replica<S> {
             .flat_map(|s| s.members.iter().cloned())
             .collect();
         self.peers.retain(|id| all_members.contains(id));
+        self.restore_own_streams(now, &added);
+        for (scope, leader) in joined {
+            self.request_snapshot(now, &scope, &leader);
+            self.copying.insert(scope, leader);
+        }
+    }
+
+    /// For scopes this process (re)joins while running: how far its own stream
+    /// went there, should it have hosted them before (a resize moved their group
+    /// away and back), so that its sequences go on from there. If the store
+    /// cannot say, it relearns them from its peers before writing there.
+    #[cold]
+    fn restore_own_streams(&mut self, now: Now, added: &[ScopeId]) {
+        if added.is_empty() || !self.stores_rows {
+            return;
+        }
+        match self.storage.watermarks() {
+            Ok(all) => {
+                for (scope, origin, wm) in all {
+                    if origin != self.id || !added.contains(&scope) {
+                        continue;
+                    }
+                    let Some(s) = self.scopes.get_mut(&scope) else {
+                        continue;
+                    };
+                    let st = s.streams.get_or_default(&origin);
+                    if wm.sequence > st.applied.sequence {
+                        st.applied = wm;
+                        st.known_last = st.known_last.max(wm.sequence);
+                        s.set_durable(&origin, wm);
+                    }
+                }
+            }
+            Err(_) => {
+                for scope in added {
+                    self.relearning.insert(scope.clone(), Relearning::default());
+                }
+                self.settle_relearning(now);
+            }
+        }
     }
 
     /// A new deployment (topology or placement reloaded): scopes, members and trees
@@ -1665,6 +1743,7 @@ impl<S: Storage> Replica<S> {
     fn retry_gaps(&mut self, now: Now) {
         let snapshot_timeout_us = self.config.suspect_after_ms * 1_000 * 2;
         let mut work = Vec::new();
+        let mut work_copy = Vec::new();
         for (scope, s) in &mut self.scopes {
             if let Some(inc) = &s.incoming
                 && now.mono_us.saturating_sub(inc.asked_at_us) > snapshot_timeout_us
@@ -1673,11 +1752,21 @@ impl<S: Storage> Replica<S> {
                 // start over and ask someone else.
                 s.incoming = None;
             }
+            if s.incoming.is_none()
+                && let Some(leader) = self.copying.get(scope)
+            {
+                // A resize's follower still without its copy (its leader had not
+                // taken up the new layout yet, or went away): ask again.
+                work_copy.push((scope.clone(), leader.clone()));
+            }
             for (origin, st) in &s.streams {
                 if st.known_last > st.applied.sequence {
                     work.push((scope.clone(), origin.clone()));
                 }
             }
+        }
+        for (scope, leader) in work_copy {
+            self.request_snapshot(now, &scope, &leader);
         }
         for (scope, origin) in work {
             self.maybe_request_gap(now, &scope, &origin);

@@ -47,7 +47,19 @@ impl<S: Storage> Replica<S> {
         // The snapshot's rows are read over time while writes continue; every row
         // includes at least what these watermarks cover, and rows merge as CRDTs, so
         // a fuzzy snapshot plus the stream from these watermarks on converges (I9).
-        let watermarks: Vec<(ReplicaId, Watermark)> = s.durable_watermarks().collect();
+        // With the streams of origins that retired from the scope (a resize moved
+        // their group away): whoever takes the group from here must know how far
+        // they went, should the same process host it again (its sequences then
+        // go on from there).
+        let mut watermarks: Vec<(ReplicaId, Watermark)> = s.durable_watermarks().collect();
+        watermarks.extend(
+            s.streams
+                .iter()
+                .filter(|(o, _)| {
+                    !s.origins.contains(o) && crate::read::retired_from(&self.deployment, &scope, o)
+                })
+                .map(|(o, st)| (o.clone(), st.durable)),
+        );
         let tables: VecDeque<Arc<str>> = self
             .deployment
             .placement
@@ -202,7 +214,7 @@ impl<S: Storage> Replica<S> {
             let s = self.scopes.get_mut(&c.scope).expect("checked above");
             let rows = s.incoming.take().map_or(0, |i| i.rows);
             for (origin, wm) in &c.watermarks {
-                if !s.origins.contains(origin) {
+                if !s.origins.contains(origin) && !crate::read::retired_from(&d, &c.scope, origin) {
                     continue;
                 }
                 let st = s.streams.get_or_default(origin);
@@ -219,6 +231,7 @@ impl<S: Storage> Replica<S> {
             }
             self.storage.write(batch)?;
             self.stats.snapshots_installed += 1;
+            self.copying.remove(&c.scope);
             self.events.push_back(Event::SnapshotInstalled {
                 scope: c.scope.clone(),
                 rows,

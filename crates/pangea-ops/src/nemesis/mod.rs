@@ -20,7 +20,10 @@
 //! `disk-full` (one replica's disk reads as full: writes refused there, replication
 //! into it held back), `flood` (a flood of QUIC Initials at one replica, no
 //! certificate needed), `new-replica` (one replica replaced by an empty one that
-//! no peer can reach, then reached again: it must not serve until caught up).
+//! no peer can reach, then reached again: it must not serve until caught up),
+//! `resize` (one replica grown by two processes with `pangea cluster resize`, the
+//! mover SIGKILLed once while it waits in a step and run again to finish, then
+//! drained back by one process; the fault lasts as long as the moves take).
 //! The cluster must run with fault injection (`pangea cluster up --fault-injection`).
 
 pub mod check;
@@ -40,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Every fault the nemesis knows, in the order `--faults` lists them by default.
-pub const FAULTS: [&str; 9] = [
+pub const FAULTS: [&str; 10] = [
     "kill",
     "pause",
     "partition",
@@ -50,6 +53,7 @@ pub const FAULTS: [&str; 9] = [
     "disk-full",
     "flood",
     "new-replica",
+    "resize",
 ];
 
 /// QUIC Initials a `flood` sends per second of its hold.
@@ -185,7 +189,9 @@ pub fn run(o: &Options, say: Say) -> Result<(check::Report, PathBuf)> {
         rec.say("healed; stopping the workloads");
         load.stop().await;
         fault_result?;
+        // The files as the faults left them (a resize changes the processes).
         let cluster = ClusterFile::load(&o.cluster).map_err(anyhow::Error::msg)?;
+        let deployment = local::load(&cluster.topology, cluster.placement.as_deref())?;
         workload::settle(&cluster, &deployment, &rec, o.converge_limit, &tag).await
     });
     let events = rec.finish()?;
@@ -404,6 +410,7 @@ impl Nemesis {
                 let r = self.pick(&cluster.replicas).clone();
                 self.new_replica(&cluster, &r, hold)
             }
+            "resize" => self.resize(&cluster),
             other => anyhow::bail!("unknown fault {other:?}"),
         }
     }
@@ -502,6 +509,108 @@ impl Nemesis {
     }
 
     /// SIGKILL `replicas`, wait `hold`, restart them and wait until they are healthy.
+    /// Grows a replica by two processes (at most to one per shard group), the
+    /// mover SIGKILLed once while it waits in a step and run again, then drains
+    /// it back by one. Skipped, and said, where no replica can grow.
+    fn resize(&mut self, cluster: &ClusterFile) -> Result<()> {
+        let kind = "resize";
+        let d = local::load(&cluster.topology, cluster.placement.as_deref())?;
+        let groups = d.topology.shard_groups;
+        let growable: Vec<(String, u32)> = d
+            .topology
+            .replicas
+            .values()
+            .filter(|r| r.index == 0 && r.resize.is_none() && r.processes < groups)
+            .map(|r| (r.id.to_string(), r.processes))
+            .collect();
+        if growable.is_empty() {
+            self.rec.say(&format!(
+                "resize skipped: every replica already runs one process per shard group ({groups})"
+            ));
+            return Ok(());
+        }
+        let (id, before) = self.pick(&growable).clone();
+        let grown = (before + 2).min(groups);
+        let back = (grown - 1).max(before);
+        let targets = std::slice::from_ref(&id);
+        self.log(
+            kind,
+            Phase::Start,
+            targets,
+            format!("{before} -> {grown} processes, the mover killed once, then -> {back}"),
+        );
+        let killed = self.mover(&id, grown, true)?;
+        anyhow::ensure!(
+            self.mover(&id, grown, false)? == MoverEnd::Finished,
+            "resize of {id} did not finish after its mover was resumed"
+        );
+        if back != grown {
+            anyhow::ensure!(
+                self.mover(&id, back, false)? == MoverEnd::Finished,
+                "resize of {id} back to {back} processes did not finish"
+            );
+        }
+        self.log(
+            kind,
+            Phase::End,
+            targets,
+            format!(
+                "{id} runs {back} processes; mover {}",
+                match killed {
+                    MoverEnd::Killed(step) => format!("killed in its {step} step and resumed"),
+                    MoverEnd::Finished => "finished before it could be killed".to_owned(),
+                }
+            ),
+        );
+        Ok(())
+    }
+
+    /// Runs `pangea cluster resize` for `replica` to `processes`, its lines
+    /// relayed. With `kill`, SIGKILLs it at its first progress line that finds it
+    /// waiting: the copy step with groups not yet caught up, or the serve step
+    /// (which lasts its `--serve-min` at least).
+    fn mover(&self, replica: &str, processes: u32, kill: bool) -> Result<MoverEnd> {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(&self.binary)
+            .args(["cluster", "resize", "--cluster"])
+            .arg(&self.path)
+            .args(["--replica", replica, "--processes", &processes.to_string()])
+            .args(["--step-limit", "120s"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("starting pangea cluster resize")?;
+        let stdout = child.stdout.take().context("the mover's stdout")?;
+        let mut end = MoverEnd::Finished;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let line = line?;
+            self.rec.say(&format!("  mover: {line}"));
+            let waiting = match line.trim_start().split_once(':') {
+                Some(("copy", rest)) => rest
+                    .split_whitespace()
+                    .next()
+                    .and_then(|n| n.split_once('/'))
+                    .is_some_and(|(a, b)| a != b),
+                Some(("serve", _)) => true,
+                _ => false,
+            };
+            if kill && waiting {
+                signal(child.id(), Signal::SIGKILL);
+                let step = line.trim_start().split(':').next().unwrap_or_default();
+                self.rec
+                    .say(&format!("  mover SIGKILLed in its {step} step"));
+                end = MoverEnd::Killed(step.to_owned());
+                break;
+            }
+        }
+        let status = child.wait()?;
+        anyhow::ensure!(
+            end != MoverEnd::Finished || status.success(),
+            "pangea cluster resize --replica {replica} --processes {processes} failed \
+             ({status}; its error above)"
+        );
+        Ok(end)
+    }
+
     fn kill(&mut self, replicas: &[ClusterReplica], hold: Duration, kind: &str) -> Result<()> {
         let ids: Vec<String> = replicas.iter().map(|r| r.id.clone()).collect();
         self.log(kind, Phase::Start, &ids, "SIGKILL".into());
@@ -553,6 +662,14 @@ impl Nemesis {
         }
         Ok(())
     }
+}
+
+/// How a run of the mover ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum MoverEnd {
+    Finished,
+    /// SIGKILLed while waiting in this step.
+    Killed(String),
 }
 
 /// Per scope, the sequence replica `r`'s own stream has reached (its /watermarks).

@@ -418,7 +418,7 @@ pub(super) async fn settle(
                 continue;
             }
             let mut held: BTreeMap<String, Cell> = BTreeMap::new();
-            for index in 0..r.processes {
+            for index in 0..r.process_count() {
                 let id = process_id(r.id.as_str(), index);
                 for cell in scan_all(&clients[&id], &id, &prefix).await? {
                     match held.get(&cell.key) {

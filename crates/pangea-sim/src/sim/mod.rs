@@ -831,9 +831,7 @@ impl Simulation {
                     tables: d
                         .placement
                         .schema
-                        .tables
-                        .keys()
-                        .filter(|t| !t.starts_with('_'))
+                        .user_tables()
                         .map(|t| (t.clone(), pangea_topology::Access::ReadWrite))
                         .collect(),
                     policies: None,
