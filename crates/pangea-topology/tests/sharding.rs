@@ -344,6 +344,45 @@ fn resizing(phase: &str) -> Deployment {
     .unwrap()
 }
 
+/// The system scope is on every process of the count: a process being added
+/// follows it under process 0 until the new layout serves; one being drained
+/// follows it from then on, taking no writes there, until it goes.
+#[test]
+fn added_and_drained_processes_follow_the_system_scope() {
+    let drain = |phase: &str| {
+        deployment(
+            &TOPOLOGY.replace(
+                "processes = 4",
+                &format!("processes = 2\n    resize_from = 4\n    resize_phase = \"{phase}\""),
+            ),
+            PLACEMENT,
+        )
+        .unwrap()
+    };
+    for (d, process, serves) in [
+        (resizing("copy"), "use1-a.p5", false),
+        (resizing("serve"), "use1-a.p5", true),
+        (drain("copy"), "use1-a.p3", true),
+        (drain("serve"), "use1-a.p3", false),
+    ] {
+        let system = d.system_scope().clone();
+        let r = &d.topology.replicas[&ReplicaId::from(process)];
+        assert!(d.hosts(r, &system), "{process}");
+        assert_eq!(d.serves(r, &system), serves, "{process}");
+        assert_eq!(d.answers(&r.id, &system, true), serves, "{process}");
+        if !serves {
+            assert_eq!(
+                d.leader_of(r, &system).map(|l| l.id.as_str()),
+                Some("use1-a")
+            );
+            assert_eq!(
+                d.tree(&system, None).neighbours(&r.id),
+                [ReplicaId::from("use1-a")]
+            );
+        }
+    }
+}
+
 /// A replica's processes change only by the steps of a resize, one at a time:
 /// start (copy), serve, finish — or abandon before serving.
 #[test]

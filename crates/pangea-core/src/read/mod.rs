@@ -224,6 +224,48 @@ impl fmt::Display for Reason {
 mod tests {
     use super::*;
 
+    /// After a resize, a token of a process that left its group (or is gone) is
+    /// retired there; one of a process that still hosts it, of another replica,
+    /// or of a replica outside the scope's policy is not.
+    #[test]
+    fn tokens_of_processes_that_left_their_group_are_retired() {
+        let topology = r#"name = "t"
+intra_region_rtt_ms = 1.0
+shard_groups = 8
+[[continents]]
+name = "c"
+  [[continents.regions]]
+  name = "r1"
+    [[continents.regions.replicas]]
+    id = "one"
+    role = "serving"
+    processes = 3
+  [[continents.regions]]
+  name = "r2"
+    [[continents.regions.replicas]]
+    id = "two"
+    role = "serving"
+[[links]]
+a = "r1"
+b = "r2"
+rtt_ms = 2.0
+"#;
+        let d = pangea_topology::Deployment::parse(std::path::Path::new("t.toml"), topology, None)
+            .unwrap();
+        let scope = |g| {
+            let global = d.policies().next().unwrap().clone();
+            ScopeId::of_group(&global, 8, pangea_topology::shard::GroupId(g))
+        };
+        // Three processes: 0–2, 3–5, 6–7.
+        let retired = |origin: &str, g| retired_from(&d, &scope(g), &origin.into());
+        assert!(retired("one", 4), "process 0 does not host group 4");
+        assert!(!retired("one.p1", 4), "process 1 does");
+        assert!(retired("one.p3", 4), "no process 3: drained");
+        assert!(!retired("two", 4), "a replica of one process hosts all");
+        assert!(!retired("three", 4), "not a replica of the topology");
+        assert!(!retired("one.p01", 4), "not a process id");
+    }
+
     /// A client judges a replica by the lag its last answer showed, not by how
     /// fresh it was when that answer came.
     #[test]
