@@ -28,15 +28,17 @@
 //! - `POST /fault/heal`: every link back to its base rule, clock offset 0, the disk
 //!   as it is.
 //!
-//! Peers are those of the topology the replica started with; a peer added later by
-//! a live topology change cannot be targeted until the replica restarts.
+//! Peers are the other replicas (and processes) of the topology in force: one
+//! added by a live topology change (`topology apply`, a resize) gets its
+//! healthy rule when the replica reloads ([`Links::learn`]), and can be targeted
+//! from then on.
 
 use crate::clock::Clock;
 use crate::disk::Disk;
 use pangea_net::wan::{LinkRule, WanControl};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Largest clock offset a drill may inject: a day. Beyond it the wall clock plus
 /// offset could leave the range the hybrid clock encodes.
@@ -51,27 +53,73 @@ pub enum FaultError {
     BadRequest(String),
 }
 
+/// The emulated links of a replica's QUIC socket: each peer's address and the
+/// rule it has when healthy (the topology's delay when the replica emulates the
+/// WAN, none otherwise).
+#[derive(Debug)]
+pub struct Links {
+    wan: WanControl,
+    emulate_wan: bool,
+    base: Mutex<BTreeMap<String, (SocketAddr, LinkRule)>>,
+}
+
+impl Links {
+    pub fn new(wan: WanControl, emulate_wan: bool) -> Links {
+        Links {
+            wan,
+            emulate_wan,
+            base: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Sets the healthy rule toward every replica of `d` (but `me`) this one has
+    /// no rule for yet: at start, and after a reload that adds replicas or
+    /// processes. Known peers keep their rule (a fault in force stays).
+    pub fn learn(&self, d: &pangea_topology::Deployment, me: &pangea_topology::ReplicaId) {
+        let mut base = self.base();
+        for r in d.topology.replicas.values().filter(|r| r.id != *me) {
+            if base.contains_key(r.id.as_str()) {
+                continue;
+            }
+            let Some(addr) = r.address.as_deref().and_then(|a| a.parse().ok()) else {
+                continue;
+            };
+            let rtt_ms = if self.emulate_wan {
+                d.topology.rtt_ms(me, &r.id).unwrap_or(0.0)
+            } else {
+                0.0
+            };
+            let rule = LinkRule::delay(std::time::Duration::from_micros((rtt_ms * 500.0) as u64));
+            self.wan.set_link(addr, rule);
+            base.insert(r.id.to_string(), (addr, rule));
+        }
+    }
+
+    /// The emulator's control, which the socket's [`pangea_net::wan::WanEmulator`]
+    /// reads.
+    pub fn control(&self) -> &WanControl {
+        &self.wan
+    }
+
+    fn base(&self) -> MutexGuard<'_, BTreeMap<String, (SocketAddr, LinkRule)>> {
+        self.base.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// The faults one replica can inject into itself.
 #[derive(Debug)]
 pub struct FaultControl {
+    links: Arc<Links>,
     wan: WanControl,
-    /// Each peer's address and the rule it has when healthy.
-    base: BTreeMap<String, (SocketAddr, LinkRule)>,
     clock: Arc<Clock>,
     disk: Arc<Disk>,
 }
 
 impl FaultControl {
-    /// `base`: every peer's address and healthy rule, already set on `wan`.
-    pub fn new(
-        wan: WanControl,
-        base: BTreeMap<String, (SocketAddr, LinkRule)>,
-        clock: Arc<Clock>,
-        disk: Arc<Disk>,
-    ) -> Self {
+    pub fn new(links: Arc<Links>, clock: Arc<Clock>, disk: Arc<Disk>) -> Self {
         Self {
-            wan,
-            base,
+            wan: links.wan.clone(),
+            links,
             clock,
             disk,
         }
@@ -113,7 +161,7 @@ impl FaultControl {
                 self.disk.force_full(full);
             }
             "/heal" => {
-                for (addr, rule) in self.base.values() {
+                for (addr, rule) in self.links.base().values() {
                     self.wan.set_link(*addr, *rule);
                 }
                 self.clock.set_offset_ms(0);
@@ -136,13 +184,14 @@ impl FaultControl {
         }
         // Every id checked before any rule changes: a typo changes nothing.
         let mut targets = Vec::new();
+        let known = self.links.base();
         for id in peers.split(',').filter(|s| !s.is_empty()) {
-            let (addr, base) = self
-                .base
+            let (addr, base) = known
                 .get(id)
                 .ok_or_else(|| bad(format!("peers: {id:?} is not a peer of this replica")))?;
             targets.push((id, *addr, *base));
         }
+        drop(known);
         for (id, addr, base) in targets {
             tracing::warn!(peer = id, partitioned, loss, "fault injection: link rule");
             self.wan.set_link(
@@ -160,7 +209,8 @@ impl FaultControl {
     /// The rules in force, for `GET /fault` and every answer.
     pub fn state(&self) -> serde_json::Value {
         let links: serde_json::Map<String, serde_json::Value> = self
-            .base
+            .links
+            .base()
             .iter()
             .map(|(id, (addr, _))| {
                 let r = self.wan.rule_for(*addr);
@@ -235,11 +285,11 @@ mod tests {
         let addr: SocketAddr = "127.0.0.1:7001".parse().unwrap();
         let base = LinkRule::delay(Duration::from_millis(40));
         wan.set_link(addr, base);
-        let peers = BTreeMap::from([("euw1-a".to_string(), (addr, base))]);
+        let links = Links::new(wan, true);
+        links.base().insert("euw1-a".to_string(), (addr, base));
         (
             FaultControl::new(
-                wan,
-                peers,
+                Arc::new(links),
                 Arc::new(Clock::default()),
                 Arc::new(Disk::new(64 << 20)),
             ),

@@ -278,27 +278,14 @@ pub async fn run_with_sockets(
     let peers = peer_addresses(&deployment, &id);
     // The WAN emulator delays traffic by the topology's latencies; fault injection
     // needs it too (to cut or thin links), with no delay unless asked.
-    let wan_control = (config.emulate_wan || config.fault_injection).then(|| {
-        let control = pangea_net::wan::WanControl::new();
-        let mut base = BTreeMap::new();
-        for r in deployment.topology.replicas.values().filter(|r| r.id != id) {
-            let Some(addr) = r.address.as_deref().and_then(|a| a.parse().ok()) else {
-                continue;
-            };
-            let rtt_ms = if config.emulate_wan {
-                deployment.topology.rtt_ms(&id, &r.id).unwrap_or(0.0)
-            } else {
-                0.0
-            };
-            let rule = pangea_net::LinkRule::delay(Duration::from_micros((rtt_ms * 500.0) as u64));
-            control.set_link(addr, rule);
-            base.insert(r.id.to_string(), (addr, rule));
-        }
-        (control, base)
+    let links = (config.emulate_wan || config.fault_injection).then(|| {
+        let links = fault::Links::new(pangea_net::wan::WanControl::new(), config.emulate_wan);
+        links.learn(&deployment, &id);
+        Arc::new(links)
     });
-    let wan = wan_control
+    let wan = links
         .as_ref()
-        .map(|(control, _)| pangea_net::wan::WanEmulator::new(control.clone(), config.wan_seed));
+        .map(|l| pangea_net::wan::WanEmulator::new(l.control().clone(), config.wan_seed));
     let endpoint = match sockets.quic {
         Some(socket) => {
             let bound = socket.local_addr()?;
@@ -323,12 +310,11 @@ pub async fn run_with_sockets(
     let disk = Arc::new(disk::Disk::new(
         config.disk_reserve_mib.saturating_mul(1 << 20),
     ));
-    let faults = match wan_control {
-        Some((control, base)) if config.fault_injection => {
+    let faults = match &links {
+        Some(links) if config.fault_injection => {
             tracing::warn!("fault injection is on: /fault on the admin endpoint can cut links");
             Some(fault::FaultControl::new(
-                control,
-                base,
+                links.clone(),
                 clock.clone(),
                 disk.clone(),
             ))
@@ -367,6 +353,7 @@ pub async fn run_with_sockets(
         endpoint: endpoint.clone(),
         tls,
         faults,
+        links,
         audit: audit_log::AuditLog::open(&config.data_dir, id.as_str())?,
     }));
     let mut queues = driver::PeerQueues::new();

@@ -107,6 +107,9 @@ pub async fn reload(shared: &Arc<Shared>) -> Result<Vec<String>, String> {
         .rules
         .sort_by(|a, b| (&a.table, &a.prefix).cmp(&(&b.table, &b.prefix)));
     let effective = Arc::new(effective);
+    if let Some(links) = &shared.links {
+        links.learn(&new, &shared.id);
+    }
     shared.deployed.set_files(Arc::new(new), &shared.config);
     shared.deployed.set_deployment(effective.clone());
     shared

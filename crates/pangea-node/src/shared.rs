@@ -55,6 +55,9 @@ pub struct Shared {
     pub tls: Arc<pangea_net::LiveTls>,
     /// Runtime fault injection (drills), when started with `fault_injection`.
     pub faults: Option<fault::FaultControl>,
+    /// The emulated links (WAN emulation or fault injection), told of peers a
+    /// reload adds.
+    pub links: Option<Arc<fault::Links>>,
     pub metrics: Arc<metrics::NodeMetrics>,
     /// How long after their origin stamped them entries were applied here.
     pub apply_lag: lag::ApplyLag,
@@ -90,6 +93,7 @@ pub(crate) struct Parts {
     pub endpoint: quinn::Endpoint,
     pub tls: Arc<pangea_net::LiveTls>,
     pub faults: Option<fault::FaultControl>,
+    pub links: Option<Arc<fault::Links>>,
     pub audit: crate::audit_log::AuditLog,
 }
 
@@ -113,6 +117,7 @@ impl Shared {
             runtime: tokio::runtime::Handle::current(),
             tls: p.tls,
             faults: p.faults,
+            links: p.links,
             metrics: Arc::new(metrics::NodeMetrics::new()),
             apply_lag: lag::ApplyLag::default(),
             residency: ResidencyCounts::default(),
