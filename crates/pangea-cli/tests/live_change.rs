@@ -441,3 +441,123 @@ async fn add_and_remove_replicas_and_change_placement_with_no_failed_reads() -> 
     );
     Ok(())
 }
+
+/// Removing a replica while it takes writes loses none of them: `apply` first
+/// marks it draining (it refuses writes, routes leave it out) and waits until
+/// its stream has reached every peer, and only then drops it. Removed at once,
+/// its last acknowledged writes were refused by peers that no longer counted it
+/// as a member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_replica_under_write_load_loses_no_acknowledged_write() -> Result<()> {
+    let mut cluster = Cluster::up(false)?;
+    let writer = Arc::new(cluster.client(EU, "frontend").await?);
+    let stop = Arc::new(AtomicBool::new(false));
+    // Affinity writes: about half of the rows land on euw1-b.
+    let task = {
+        let (writer, stop) = (writer.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut acked: Vec<(String, String, String)> = Vec::new();
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let (key, value) = (format!("rm/{i:05}"), format!("v{i}"));
+                i += 1;
+                let m = Mutation::SetCell {
+                    family: "profile".into(),
+                    column: Bytes::from_static(b"p"),
+                    value: Bytes::from(value.clone()),
+                };
+                let Ok(row) =
+                    RowMutation::new("ad_profiles", key.clone(), vec![m], &Default::default())
+                else {
+                    continue;
+                };
+                let opts = WriteOptions {
+                    deadline: Some(Duration::from_secs(2)),
+                    row_affinity: Some(true),
+                    ..Default::default()
+                };
+                if let Ok(r) = writer.mutate(row, &opts).await {
+                    acked.push((key, value, r.replica.to_string()));
+                }
+            }
+            acked
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let work = tempfile::tempdir()?;
+    let original = std::fs::read_to_string(common::repo_file("topology/local-3-regions.toml"))?;
+    let euw1_b = "    [[continents.regions.replicas]]\n    id = \"euw1-b\"\n    role = \"serving\"\n    zone = \"eu-west-1b\"\n";
+    ensure!(original.contains(euw1_b), "topology layout changed");
+    let removed = work.path().join("removed.toml");
+    std::fs::write(&removed, original.replace(euw1_b, ""))?;
+    let gone_pid = cluster.pid("euw1-b")?;
+    let out = {
+        let cluster_path = cluster.cluster_path();
+        tokio::task::spawn_blocking(move || {
+            let out = pangea(
+                &[
+                    "topology",
+                    "apply",
+                    "--cluster",
+                    cluster_path.to_str().unwrap_or_default(),
+                    removed.to_str().unwrap_or_default(),
+                ],
+                APPLY_TIME_MAX,
+            )?;
+            ensure!(
+                out.status.success(),
+                "topology apply failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        })
+        .await?
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let acked = task.await?;
+    if alive(gone_pid) {
+        common::sigkill(gone_pid);
+    }
+    let out = out?;
+    ensure!(out.contains("draining euw1-b"), "{out}");
+    cluster.reload()?;
+    let at_b = acked.iter().filter(|(_, _, r)| r == "euw1-b").count();
+    ensure!(
+        at_b > 10,
+        "only {at_b} of {} acknowledged writes were taken by euw1-b",
+        acked.len()
+    );
+    // Every acknowledged write is in the other regions.
+    let reader = cluster.client("us-east-1", "frontend").await?;
+    for chunk in acked.chunks(200) {
+        let keys: Vec<Bytes> = chunk
+            .iter()
+            .map(|(k, _, _)| Bytes::from(k.clone()))
+            .collect();
+        eventually(
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            "every acknowledged write is read back in us-east-1",
+            || async {
+                let opts = ReadOptions {
+                    deadline: Duration::from_secs(2),
+                    ..Default::default()
+                };
+                let rows = reader.get_many("ad_profiles", &keys, &opts).await?.value;
+                let missing: Vec<&str> = chunk
+                    .iter()
+                    .zip(&rows)
+                    .filter(|((_, v, _), row)| {
+                        cell_value(row, "profile", b"p") != Some(v.as_bytes())
+                    })
+                    .map(|((k, _, _), _)| k.as_str())
+                    .collect();
+                Ok(missing.is_empty().then_some(()))
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}

@@ -195,6 +195,108 @@ fn reload_replicas(
     })
 }
 
+/// How long replicas leaving the topology may take to hand their stream on.
+const DRAIN_LIMIT: Duration = Duration::from_secs(60);
+
+/// Marks the replicas `leaving` as draining in the cluster's topology file
+/// (`draining = true`: they refuse writes, routes leave them out), has every
+/// running replica reload it, and waits until every peer holding a scope of
+/// theirs has applied all of their own stream there. On any failure the file
+/// `original` goes back and the replicas reload it.
+fn drain(
+    cluster: &ClusterFile,
+    leaving: &[String],
+    original: &[u8],
+    say: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let text = std::str::from_utf8(original).context("the topology file is not UTF-8")?;
+    let mut doc: toml_edit::DocumentMut = text.parse().context("topology")?;
+    local::for_each_replica(&mut doc, |rep| {
+        if rep
+            .get("id")
+            .and_then(|v| v.as_str())
+            .is_some_and(|id| leaving.iter().any(|l| l == id))
+        {
+            rep["draining"] = toml_edit::value(true);
+        }
+    });
+    write_replacing(&cluster.topology, doc.to_string().as_bytes())?;
+    let running: Vec<&ClusterReplica> = cluster
+        .replicas
+        .iter()
+        .filter(|r| r.pid.is_some_and(alive))
+        .collect();
+    say(&format!(
+        "draining {}: no more writes there; waiting for their writes to reach every peer",
+        leaving.join(", ")
+    ));
+    let drained = reload_replicas(cluster, &cluster.replicas, &running, say)
+        .and_then(|()| wait_drained(leaving, &running, say));
+    if let Err(e) = drained {
+        write_replacing(&cluster.topology, original)?;
+        let _ = reload_replicas(cluster, &cluster.replicas, &running, say);
+        return Err(e.context("nothing changed: the previous topology file is back in place"));
+    }
+    Ok(())
+}
+
+/// Until every running process that holds a scope of a process of `leaving`
+/// has applied that process's own stream there as far as it went.
+fn wait_drained(
+    leaving: &[String],
+    running: &[&ClusterReplica],
+    say: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let of_leaving = |id: &str| {
+        leaving.iter().any(|l| {
+            id == l
+                || id
+                    .strip_prefix(l.as_str())
+                    .is_some_and(|p| p.starts_with(".p"))
+        })
+    };
+    let started = std::time::Instant::now();
+    loop {
+        let marks: Vec<(&str, _)> = running
+            .iter()
+            .map(|r| (r.id.as_str(), crate::resize::marks(r)))
+            .collect();
+        let mut missing = 0;
+        for (id, own) in marks.iter().filter(|(id, _)| of_leaving(id)) {
+            let Some(own) = own else {
+                missing += 1;
+                continue;
+            };
+            for (scope, origins) in own {
+                let head = origins.get(*id).copied().unwrap_or(0);
+                if head == 0 {
+                    continue;
+                }
+                missing += marks
+                    .iter()
+                    .filter(|(peer, _)| peer != id && !of_leaving(peer))
+                    .filter_map(|(_, m)| m.as_ref()?.get(scope))
+                    .filter(|peer| peer.get(*id).copied().unwrap_or(0) < head)
+                    .count();
+            }
+        }
+        if missing == 0 {
+            say(&format!(
+                "  drained in {:.1} s",
+                started.elapsed().as_secs_f64()
+            ));
+            return Ok(());
+        }
+        anyhow::ensure!(
+            started.elapsed() < DRAIN_LIMIT,
+            "the writes of {} had not reached every peer after {DRAIN_LIMIT:?} ({missing} \
+             streams behind)",
+            leaving.join(", ")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 impl Apply {
     /// Makes the change: writes the new topology (addresses kept, new replicas given
     /// ports), starts added replicas (running `binary`; they bootstrap by snapshot),
@@ -271,6 +373,19 @@ impl Apply {
             Some(p) => Some((p.clone(), std::fs::read(p)?)),
             None => None,
         };
+        // Replicas that leave stop taking writes first, and go only once their
+        // stream has reached every peer: removed at once, their last writes
+        // would be refused by peers that no longer count them as members.
+        let leaving: Vec<String> = local::load(&cluster.topology, cluster.placement.as_deref())?
+            .topology
+            .replicas
+            .values()
+            .filter(|r| r.index == 0 && new.topology.replica(r.id.as_str()).is_none())
+            .map(|r| r.id.to_string())
+            .collect();
+        if !leaving.is_empty() {
+            drain(&cluster, &leaving, &old_topology, say)?;
+        }
         let previous = previous_dir(cluster_path);
         std::fs::create_dir_all(&previous)?;
         write_replacing(&previous.join("topology.toml"), &old_topology)?;

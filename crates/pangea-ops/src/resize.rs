@@ -261,7 +261,7 @@ fn resume(o: &Options, say: &mut dyn FnMut(&str)) -> Result<()> {
 
 /// Per scope and origin, the sequence a process has applied (its /watermarks);
 /// `None` while it does not answer.
-fn marks(r: &ClusterReplica) -> Option<BTreeMap<String, BTreeMap<String, u64>>> {
+pub(crate) fn marks(r: &ClusterReplica) -> Option<BTreeMap<String, BTreeMap<String, u64>>> {
     let w = Admin::new(&r.admin).ok()?.watermarks().ok()?;
     Some(
         w.scopes

@@ -353,7 +353,8 @@ impl Deployment {
     }
 
     /// Whether process `id` answers a client's read (or, if `write`, write) of a
-    /// row of `scope`: it must be allowed it and serve it — except that during a
+    /// row of `scope`: it must be allowed it, not be draining (for a write), and
+    /// serve it — except that during a
     /// resize's serve phase the old host, which follows the group, still answers
     /// reads (for clients that route by the old layout) while it refuses writes,
     /// so that its own stream of the group ends before the move finishes.
@@ -362,6 +363,7 @@ impl Deployment {
             return false;
         };
         self.allowed(id, scope)
+            && !(write && r.draining)
             && (self.serves(r, scope)
                 || (!write && r.resize.is_some_and(|z| z.phase == ResizePhase::Serve)))
     }

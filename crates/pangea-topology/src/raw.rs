@@ -59,6 +59,10 @@ pub struct RawReplica {
     /// `"serve"`).
     pub resize_from: Option<i64>,
     pub resize_phase: Option<String>,
+    /// The replica is being removed (`topology apply` sets it first): it takes
+    /// no more writes, and its stream reaches every peer before it goes.
+    #[serde(default)]
+    pub draining: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -59,6 +59,11 @@ pub struct Replica {
     /// A resize of this replica in progress, if any (docs/sharding.md, "Resizing
     /// a replica").
     pub resize: Option<Resize>,
+    /// The replica is being removed (`draining = true`, which `topology apply`
+    /// writes before it removes a replica): it refuses writes, routes leave it
+    /// out, and it stays a member of replication until its stream has reached
+    /// every peer (docs/operations.md, "Add a region or a replica").
+    pub draining: bool,
 }
 
 /// A replica moving from `from` processes to its `processes`: each shard group
@@ -542,6 +547,7 @@ impl Topology {
                         of: id.clone(),
                         index: 0,
                         resize,
+                        draining: rep.draining,
                     };
                     // Processes 1.. of the replica: entries of their own.
                     let mut bad_port = false;

@@ -265,7 +265,7 @@ fn eligible_replicas<'a>(
     d.topology
         .replicas
         .values()
-        .filter(|r| r.role.stores_rows() && policy.regions.contains(&r.region))
+        .filter(|r| r.role.stores_rows() && !r.draining && policy.regions.contains(&r.region))
         .filter(|r| d.serves(r, scope))
         .filter(|r| match profile.priority {
             Priority::Serving => r.role == Role::Serving,
