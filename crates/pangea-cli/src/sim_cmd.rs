@@ -111,8 +111,8 @@ pub(crate) fn run(cmd: SimCommand) -> Result<()> {
                 threads: pangea_sim::sim::default_threads(),
             };
             println!(
-                "{:>10}  {:>8}  {:>6}  {:>8}  p99 by mode (ms)",
-                "ops/s", "reads", "errors", "cpu max"
+                "{:>10}  {:>8}  {:>6}  {:>8}  {:>10}  p99 by mode (ms)",
+                "ops/s", "reads", "errors", "cpu max", "driver max"
             );
             let c = pangea_sim::capacity::search(&d.scenario, &q, |s| {
                 let p99: Vec<String> = s
@@ -121,11 +121,12 @@ pub(crate) fn run(cmd: SimCommand) -> Result<()> {
                     .map(|(m, p)| format!("{m} {p:.2}"))
                     .collect();
                 println!(
-                    "{:>10.0}  {:>8}  {:>6}  {:>7.1}%  {}  {}",
+                    "{:>10.0}  {:>8}  {:>6}  {:>7.1}%  {:>9.1}%  {}  {}",
                     s.rate,
                     s.reads,
                     s.errors,
                     s.cpu_max * 100.0,
+                    s.driver_max * 100.0,
                     p99.join(", "),
                     if s.met_slo { "ok" } else { "MISSED" }
                 );

@@ -51,6 +51,9 @@ pub struct Step {
     pub p99_ms: BTreeMap<String, f64>,
     /// The busiest of the region's hosts: its cores' busy share.
     pub cpu_max: f64,
+    /// The busiest replication driver of the region's hosts: the share of its
+    /// one core it kept busy.
+    pub driver_max: f64,
     pub met_slo: bool,
     pub wall_s: f64,
 }
@@ -219,6 +222,12 @@ fn step_of(base: &Scenario, r: &RunReport, q: &Query, rate: f64) -> Step {
         .filter_map(|id| r.hosts.get(id.as_str()))
         .map(|h| h.cpu)
         .fold(0.0, f64::max);
+    let driver_max = base.deployment.topology.regions[&q.region]
+        .replicas
+        .iter()
+        .filter_map(|id| r.hosts.get(id.as_str()))
+        .map(|h| h.driver)
+        .fold(0.0, f64::max);
     let met_slo = reads > 0 && errors * 1000 <= reads && p99_ms.values().all(|p| *p <= q.slo_ms);
     Step {
         rate,
@@ -226,6 +235,7 @@ fn step_of(base: &Scenario, r: &RunReport, q: &Query, rate: f64) -> Step {
         errors,
         p99_ms,
         cpu_max,
+        driver_max,
         met_slo,
         wall_s: r.wall_s,
     }

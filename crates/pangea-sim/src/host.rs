@@ -374,6 +374,9 @@ pub struct Host {
     rng: SimRng,
     /// Service time given to the cores, and to the disk, since the start.
     pub busy: SimDuration,
+    /// The part of `busy` that was replication work on the driver's core
+    /// ([`Host::run_driver`]).
+    pub driver_busy: SimDuration,
     pub disk_busy: SimDuration,
     pub fsyncs: u64,
 }
@@ -408,6 +411,7 @@ impl Host {
             model,
             rng,
             busy: SimDuration::ZERO,
+            driver_busy: SimDuration::ZERO,
             disk_busy: SimDuration::ZERO,
             fsyncs: 0,
         }
@@ -453,6 +457,9 @@ impl Host {
         let us = (mean * self.cpu.draw(&mut self.rng)).round() as u64;
         let service = SimDuration::from_us(us.max(1));
         self.busy += service;
+        if core.is_some() {
+            self.driver_busy += service;
+        }
         match &mut self.cores {
             Cores::Own(cores) => cores.take(core, at, service),
             Cores::Shared(machine) => machine

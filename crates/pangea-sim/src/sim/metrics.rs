@@ -335,6 +335,10 @@ pub const BACKGROUND: &str = "(background)";
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct HostLoad {
     pub cpu: f64,
+    /// The share of one core the replication driver kept busy (applying frames,
+    /// reading snapshots): the driver runs on one thread, so near 1 it bounds
+    /// the host however many cores are idle.
+    pub driver: f64,
     pub disk: f64,
     pub fsyncs: u64,
 }

@@ -223,6 +223,7 @@ impl Simulation {
                 let (cpu, disk) = node.host.utilization(over);
                 let load = metrics::HostLoad {
                     cpu,
+                    driver: node.host.driver_busy.as_us() as f64 / over.as_us().max(1) as f64,
                     disk,
                     fsyncs: node.host.fsyncs,
                 };
@@ -237,6 +238,7 @@ impl Simulation {
                         let cores = self.sc.host.machine_cores.unwrap_or(1).max(1) as f64;
                         let load = metrics::HostLoad {
                             cpu: b.as_us() as f64 / (over.as_us().max(1) as f64 * cores),
+                            driver: 0.0,
                             disk: 0.0,
                             fsyncs: 0,
                         };
@@ -247,6 +249,7 @@ impl Simulation {
                 let (cpu, _) = f.utilization(over);
                 let load = metrics::HostLoad {
                     cpu,
+                    driver: 0.0,
                     disk: 0.0,
                     fsyncs: 0,
                 };
