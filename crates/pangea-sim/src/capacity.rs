@@ -216,18 +216,13 @@ fn step_of(base: &Scenario, r: &RunReport, q: &Query, rate: f64) -> Step {
         .reads_by_region
         .get(region)
         .map_or((0, 0), |s| (s.count, s.errors));
-    let cpu_max = base.deployment.topology.regions[&q.region]
+    let (cpu_max, driver_max) = base.deployment.topology.regions[&q.region]
         .replicas
         .iter()
         .filter_map(|id| r.hosts.get(id.as_str()))
-        .map(|h| h.cpu)
-        .fold(0.0, f64::max);
-    let driver_max = base.deployment.topology.regions[&q.region]
-        .replicas
-        .iter()
-        .filter_map(|id| r.hosts.get(id.as_str()))
-        .map(|h| h.driver)
-        .fold(0.0, f64::max);
+        .fold((0.0, 0.0), |(cpu, driver), h| {
+            (f64::max(cpu, h.cpu), f64::max(driver, h.driver))
+        });
     let met_slo = reads > 0 && errors * 1000 <= reads && p99_ms.values().all(|p| *p <= q.slo_ms);
     Step {
         rate,

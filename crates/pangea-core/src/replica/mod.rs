@@ -901,7 +901,8 @@ impl<S: Storage> Replica<S> {
             copying: BTreeMap::new(),
             stats: Stats::default(),
         };
-        r.rebuild_scopes(now);
+        // Its streams come from the store just below, every scope's at once.
+        r.rebuild_scope_states(now);
         // Location metadata, as this replica last applied it.
         r.reload_location(now)?;
         // Restore durable watermarks; the clock never issues below what we wrote (I1).
@@ -1265,6 +1266,14 @@ impl<S: Storage> Replica<S> {
     /// (Re)computes scopes, members and trees from the deployment and the live view.
     #[cold]
     fn rebuild_scopes(&mut self, now: Now) {
+        let added = self.rebuild_scope_states(now);
+        self.restore_own_streams(now, &added);
+    }
+
+    /// [`Replica::rebuild_scopes`] but for the own streams of the scopes it
+    /// adds, which it returns.
+    #[cold]
+    fn rebuild_scope_states(&mut self, now: Now) -> Vec<ScopeId> {
         let d = self.deployment.clone();
         let mine: BTreeSet<ScopeId> = d
             .scopes()
@@ -1379,11 +1388,11 @@ impl<S: Storage> Replica<S> {
             .flat_map(|s| s.members.iter().cloned())
             .collect();
         self.peers.retain(|id| all_members.contains(id));
-        self.restore_own_streams(now, &added);
         for (scope, leader) in joined {
             self.request_snapshot(now, &scope, &leader);
             self.copying.insert(scope, leader);
         }
+        added
     }
 
     /// For scopes this process (re)joins while running: how far its own stream
