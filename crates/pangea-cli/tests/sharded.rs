@@ -224,3 +224,118 @@ async fn write_and_read_back(cluster: &Cluster) -> Result<()> {
     .await
     .context("timed out")?
 }
+
+/// A placement move on replicas of many processes (docs/placement.md): 4,000
+/// rows under `mv/` move from `global` to `local-1-only` while `one` runs 3
+/// processes and `two` 2. The job runs on `one`; `one.p1` and `one.p2` run its
+/// parts for their groups. `one.p1` is killed with SIGKILL once its part has
+/// copied rows, and restarted: the part resumes from its checkpoint and the
+/// job finishes. Then every row reads back from local-1 (a local-2 frontend's
+/// reads go there too), and no process of either replica holds a row its
+/// placement forbids (the residency audit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placement_move_on_replicas_of_many_processes_survives_a_kill_of_a_part() -> Result<()> {
+    let mut cluster = Cluster::up_with(
+        "crates/pangea-cli/tests/data/sharded-processes.toml",
+        "crates/pangea-cli/tests/data/sharded-move.placement.toml",
+        false,
+    )?;
+    const ROWS: usize = 4_000;
+    let near = cluster.client("local-1", "frontend").await?;
+    let keys: Vec<String> = (0..ROWS).map(|i| format!("mv/{i:05}")).collect();
+    timeout(Duration::from_secs(120), async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for lane in 0..16 {
+            let (near, keys) = (near.clone(), keys.clone());
+            tasks.spawn(async move {
+                for k in keys.iter().skip(lane).step_by(16) {
+                    let m = set("ad_profiles", k.clone(), format!("v-{k}"))?;
+                    near.mutate(m, &WriteOptions::default()).await?;
+                }
+                anyhow::Ok(())
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r??;
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .context("writing timed out")??;
+
+    let ops = cluster.operator("local-1").await?;
+    let (runner, job) = ops
+        .placement_move("ad_profiles", b"mv/", "local-1-only", None)
+        .await?;
+    ensure!(runner.as_str() == "one", "runner {runner}");
+    let part = format!("{job}.p1");
+    let copied_before_kill = timeout(Duration::from_secs(60), async {
+        loop {
+            if let Some(p) = ops.jobs().await?.into_iter().find(|j| j.id == part)
+                && (p.rows_copied > 0 || p.phase == "done")
+            {
+                return anyhow::Ok(p.rows_copied);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .context("the part on one.p1 never copied a row")??;
+    cluster.kill9("one.p1")?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.restart("one.p1")?;
+    let done = timeout(Duration::from_secs(90), async {
+        loop {
+            if let Ok(jobs) = ops.jobs().await
+                && let Some(j) = jobs.into_iter().find(|j| j.id == job)
+            {
+                ensure!(j.phase != "failed", "job failed: {}", j.error);
+                if j.phase == "done" {
+                    return anyhow::Ok(j);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .context("the job did not finish")??;
+    eprintln!(
+        "job {job}: {} rows copied by 3 processes; one.p1 killed after {copied_before_kill}",
+        done.rows_copied
+    );
+    ensure!(done.parts == 3, "{done:?}");
+    ensure!(
+        done.rows_copied >= ROWS as u64,
+        "{} rows copied",
+        done.rows_copied
+    );
+
+    timeout(Duration::from_secs(60), async {
+        let far = cluster.client("local-2", "frontend").await?;
+        let opts = ReadOptions::default().with_deadline(Duration::from_secs(2));
+        for k in keys.iter().step_by(37) {
+            for client in [&near, &far] {
+                let r = client
+                    .get("ad_profiles", Bytes::from(k.clone()), &opts)
+                    .await?;
+                let row = r.value.with_context(|| format!("{k} is gone"))?;
+                ensure!(
+                    cell_value(&row, "profile", b"p") == Some(format!("v-{k}").as_bytes()),
+                    "{k}: wrong value"
+                );
+                ensure!(r.region == "local-1", "{k} read from {}", r.region);
+            }
+        }
+        for id in cluster.ids() {
+            let a = ops.audit(&id.as_str().into()).await?;
+            let disallowed: u64 = a.tables.iter().map(|t| t.rows_disallowed).sum();
+            ensure!(
+                disallowed == 0,
+                "{id} holds {disallowed} rows its placement forbids"
+            );
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .context("reading back timed out")?
+}

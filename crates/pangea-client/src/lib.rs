@@ -1213,12 +1213,13 @@ impl Client {
             (
                 plan_read_at(d, &location, &req, &view, now_ms),
                 location
-                    .migrating_to(mutation.table(), mutation.row_key())
+                    .migrating_scope(d, mutation.table(), mutation.row_key())
                     .cloned(),
             )
         };
         let mut plan = plan.map_err(|e| Error::PolicyForbids(e.to_string()))?;
-        // During a migration only replicas of both policies take writes.
+        // During a migration only replicas of both policies take writes (the
+        // process of each that hosts the row's group there).
         if let Some(b) = migrating_to {
             plan.primary.retain(|c| d.allowed(&c.replica, &b));
         }
@@ -1396,7 +1397,9 @@ impl Client {
         }
         let cur = self.inner.current();
         let d = &cur.deployment;
-        let from = self.location_read().scope_of(d, table, prefix);
+        // The prefix's policy (its scope names the prefix's shard group too, which
+        // says nothing about the rows under it): the runner is a process 0.
+        let from = ScopeId::from(self.location_read().scope_of(d, table, prefix).policy());
         let to_scope = ScopeId::from(to);
         let mut runners: Vec<&ReplicaId> = d
             .topology

@@ -603,7 +603,7 @@ impl Location {
     ) -> bool {
         let in_force = d.allowed(replica, &self.scope_of(d, table, key))
             || self
-                .migrating_to(table, key)
+                .migrating_scope(d, table, key)
                 .is_some_and(|m| d.allowed(replica, m));
         let resident = files.allowed(replica, files.scope_of(table, key))
             || d.allowed(replica, d.scope_of(table, key));

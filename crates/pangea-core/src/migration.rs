@@ -28,6 +28,15 @@
 //! Every wait is on the job's own writes becoming durable here or on the other
 //! replicas' reports, so a replica that is down stalls the job (it resumes when
 //! the replica is back or leaves the topology); nothing is skipped.
+//!
+//! On a runner replica of many processes each process holds only its shard
+//! groups' rows (docs/sharding.md). The job runs on process 0, which writes the
+//! location entries; when its backfill starts it records one **part** per other
+//! process (`_jobs` rows `<id>.p<k>`, [`pb::MigrationJob::part_of`]), which that
+//! process takes up as it applies the row ([`Replica::take_assigned_jobs`]) and
+//! runs as the same state machine without the location writes: count, backfill
+//! and catch-up of its own groups, then done. The job flips only once every part
+//! is done (and fails if one fails).
 
 use crate::location::{
     JOBS_COLUMN, JOBS_FAMILY, JOBS_TABLE, LOCATION_COLUMN, LOCATION_FAMILY, LOCATION_TABLE,
@@ -38,7 +47,7 @@ use crate::{Error, Limits, Mutation, ReplicaId, RowMutation, ScopeId, Storage, T
 use bytes::Bytes;
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
-use pangea_topology::Deployment;
+use pangea_topology::{Deployment, process_id};
 
 /// Rows copied per step (and per checkpoint): one group commit.
 pub const BACKFILL_BATCH_ROWS: usize = 100;
@@ -97,11 +106,10 @@ pub enum Refused {
         to: String,
     },
     #[error(
-        "replica {0} runs many processes: moving rows between placement policies on replicas \
-         of many processes is not built yet (docs/sharding.md); edit the placement file's \
-         rules with processes = 1, or wait for it"
+        "replica {0} is being resized (pangea cluster resize): move the rows once the resize \
+         has finished"
     )]
-    ManyProcesses(String),
+    Resizing(String),
 }
 
 /// What a step of a job left to do.
@@ -163,10 +171,12 @@ impl Job {
         if d.placement.schema.table(&req.table).is_none() || req.table.starts_with('_') {
             return Err(Refused::UnknownTable(req.table));
         }
-        // A runner backfills the rows of its own store, which on a replica of
-        // many processes is only its groups' (docs/sharding.md).
-        if let Some(r) = d.topology.replicas.values().find(|r| r.processes > 1) {
-            return Err(Refused::ManyProcesses(r.of.to_string()));
+        // The job's parts are one per process of the runner's replica: a resize
+        // would change which process holds which rows under them.
+        if let Some(r) = d.topology.replica(replica.id().as_str())
+            && r.resize.is_some()
+        {
+            return Err(Refused::Resizing(r.of.to_string()));
         }
         let to = ScopeId::from(req.to.as_str());
         let Some(policy) = d.placement.policy(&to) else {
@@ -246,6 +256,11 @@ impl Job {
         &self.record.id
     }
 
+    /// Whether this is a part of a job run by another process of this replica.
+    fn is_part(&self) -> bool {
+        !self.record.part_of.is_empty()
+    }
+
     /// Whether the job's first checkpoint is durable here: from then on it runs to
     /// its end, through crashes of this replica.
     pub fn is_recorded(&self) -> bool {
@@ -308,7 +323,16 @@ impl Job {
         now: Now,
     ) -> Result<Progress, Error> {
         let to = ScopeId::from(self.record.to_policy.as_str());
+        let part = self.is_part();
         match (self.record.phase.as_str(), &mut self.stage) {
+            // A part's job already put the rows in dual-write everywhere.
+            ("planned", Stage::Start) if part => {
+                self.stage = Stage::Counting {
+                    rows: 0,
+                    after: None,
+                };
+                Ok(Progress::Again)
+            }
             ("planned", Stage::Start) => {
                 let from = self.record.from_policy.clone();
                 let to = self.record.to_policy.clone();
@@ -328,7 +352,7 @@ impl Job {
                     prefix,
                     after.as_deref(),
                     COUNT_PAGE_ROWS,
-                    &mut |_, _| page += 1,
+                    &mut |key, _| page += u64::from(copies_here(replica, &to, table, key)),
                 )?;
                 *rows += page;
                 match last {
@@ -337,7 +361,8 @@ impl Job {
                         self.record.rows_total = *rows;
                         self.record.phase = "backfill".into();
                         self.stage = Stage::Start;
-                        self.checkpoint(replica, now, Vec::new())?;
+                        let parts = self.record_parts(replica, now)?;
+                        self.checkpoint(replica, now, parts)?;
                     }
                 }
                 Ok(Progress::Again)
@@ -362,11 +387,20 @@ impl Job {
                 let mut copies = Vec::new();
                 for (key, row) in rows {
                     // A longer prefix with its own entry governs this row, not this job.
+                    let job_id = self.record.part_of.as_str();
+                    let job_id = if job_id.is_empty() {
+                        &self.record.id
+                    } else {
+                        job_id
+                    };
                     let governed = replica
                         .location()
                         .lookup(&self.record.table, &key)
-                        .is_some_and(|e| e.job_id == self.record.id);
-                    if !governed || row.is_empty() {
+                        .is_some_and(|e| e.job_id == *job_id);
+                    if !governed
+                        || row.is_empty()
+                        || !copies_here(replica, &to, &self.record.table, &key)
+                    {
                         continue;
                     }
                     let mutation = RowMutation::new(
@@ -410,7 +444,25 @@ impl Job {
                 self.stage = Stage::CaughtUp;
                 Ok(Progress::Waiting)
             }
+            ("flip", Stage::CaughtUp) if part => {
+                self.record.phase = "done".into();
+                self.checkpoint(replica, now, Vec::new())?;
+                Ok(Progress::Again)
+            }
             ("flip", Stage::CaughtUp) => {
+                match self.parts(replica)? {
+                    Parts::Running => return Ok(Progress::Waiting),
+                    Parts::Failed(why) => {
+                        self.record.phase = "failed".into();
+                        self.record.error = why;
+                        self.checkpoint(replica, now, Vec::new())?;
+                        return Ok(Progress::Again);
+                    }
+                    Parts::Done { total, copied } => {
+                        self.record.rows_total += total;
+                        self.record.rows_copied += copied;
+                    }
+                }
                 let home = self.record.home_region.clone();
                 let to = self.record.to_policy.clone();
                 let token = self.write_location(replica, now, &to, "", &home)?;
@@ -444,15 +496,79 @@ impl Job {
 
     /// Proposes the job's `_jobs` row as it stands.
     fn save<S: Storage>(&mut self, replica: &mut Replica<S>, now: Now) -> Result<Token, Error> {
-        self.record.updated_unix_ms = now.wall_ms as i64;
-        let m = set(
-            JOBS_TABLE,
-            Bytes::from(self.record.id.clone().into_bytes()),
-            JOBS_FAMILY,
-            JOBS_COLUMN,
-            self.record.encode_to_vec(),
-        )?;
-        replica.propose(now, m)
+        save(replica, now, &mut self.record)
+    }
+
+    /// On a runner replica of many processes, records the job's parts, one per
+    /// process but this one (those not recorded already: a resumed job counts
+    /// again). Returns their writes.
+    fn record_parts<S: Storage>(
+        &mut self,
+        replica: &mut Replica<S>,
+        now: Now,
+    ) -> Result<Vec<Token>, Error> {
+        let Some(me) = replica.deployment().topology.replica(replica.id().as_str()) else {
+            return Ok(Vec::new());
+        };
+        if self.is_part() || me.processes <= 1 {
+            return Ok(Vec::new());
+        }
+        let (of, processes) = (me.of.clone(), me.processes);
+        self.record.parts = processes;
+        let mut writes = Vec::new();
+        for k in 1..processes {
+            let id = part_id(&self.record.id, k);
+            if replica
+                .storage()
+                .get_row(JOBS_TABLE, id.as_bytes())?
+                .is_some()
+            {
+                continue;
+            }
+            let mut part = pb::MigrationJob {
+                id,
+                runner: process_id(of.as_str(), k).to_string(),
+                part_of: self.record.id.clone(),
+                phase: "planned".into(),
+                backfill_after: Bytes::new(),
+                rows_copied: 0,
+                rows_total: 0,
+                parts: 0,
+                ..self.record.clone()
+            };
+            writes.push(save(replica, now, &mut part)?);
+        }
+        Ok(writes)
+    }
+
+    /// Where the job's parts are, from their `_jobs` rows here.
+    fn parts<S: Storage>(&self, replica: &Replica<S>) -> Result<Parts, Error> {
+        let (mut total, mut copied, mut running) = (0, 0, false);
+        for k in 1..self.record.parts {
+            let key = Bytes::from(part_id(&self.record.id, k).into_bytes());
+            let part = replica
+                .storage()
+                .get_row(JOBS_TABLE, &key)?
+                .and_then(|row| crate::location::decode_job(&key, &row));
+            match part {
+                Some(p) if p.phase == "done" => {
+                    total += p.rows_total;
+                    copied += p.rows_copied;
+                }
+                Some(p) if p.phase == "failed" => {
+                    return Ok(Parts::Failed(format!(
+                        "part {} (process {}) failed: {}",
+                        p.id, p.runner, p.error
+                    )));
+                }
+                _ => running = true,
+            }
+        }
+        Ok(if running {
+            Parts::Running
+        } else {
+            Parts::Done { total, copied }
+        })
     }
 
     /// Proposes the rows' location entry: `policy`, migrating to `migrating_to`
@@ -499,10 +615,56 @@ impl Job {
     }
 }
 
+/// Where a job's parts are.
+enum Parts {
+    Running,
+    /// One failed: why.
+    Failed(String),
+    /// All done: the rows they counted and copied.
+    Done {
+        total: u64,
+        copied: u64,
+    },
+}
+
+/// The id of part `k` of job `job`.
+fn part_id(job: &str, k: u32) -> String {
+    format!("{job}.p{k}")
+}
+
+/// Whether this process copies `key`'s row into policy `to`: it serves the
+/// row's shard group there. Always on a replica of one process; on one of many,
+/// rows of the global policy's group 0, which every process holds, are copied by
+/// the process that serves their group in `to` only.
+fn copies_here<S: Storage>(replica: &Replica<S>, to: &ScopeId, table: &str, key: &[u8]) -> bool {
+    let d = replica.deployment();
+    replica.belongs_to(d.group_scope(to, table, key))
+}
+
+/// Proposes a job's `_jobs` row as it stands.
+fn save<S: Storage>(
+    replica: &mut Replica<S>,
+    now: Now,
+    record: &mut pb::MigrationJob,
+) -> Result<Token, Error> {
+    record.updated_unix_ms = now.wall_ms as i64;
+    let m = set(
+        JOBS_TABLE,
+        Bytes::from(record.id.clone().into_bytes()),
+        JOBS_FAMILY,
+        JOBS_COLUMN,
+        record.encode_to_vec(),
+    )?;
+    replica.propose(now, m)
+}
+
 /// The replica that runs a move from policy `from` to `to`: the smallest id of a
 /// row-storing replica of both, so that every replica agrees without talking
 /// (`None`: no replica is in both; the rows move through `global` in two steps).
+/// Of a replica of many processes, process 0 (a shard group's scope names its
+/// policy here).
 pub fn runner_for(d: &Deployment, from: &ScopeId, to: &ScopeId) -> Option<ReplicaId> {
+    let (from, to) = (&ScopeId::from(from.policy()), &ScopeId::from(to.policy()));
     d.topology
         .replicas
         .values()
@@ -523,13 +685,21 @@ pub fn resumable<S: Storage>(replica: &Replica<S>) -> Result<Vec<Job>, Error> {
         .filter(|j| {
             j.runner == replica.id().as_str() && !matches!(j.phase.as_str(), "done" | "failed")
         })
-        .map(|record| Job {
+        .map(Job::resumed)
+        .collect())
+}
+
+impl Job {
+    /// A job recorded in `_jobs` (by this replica, or a part its process 0
+    /// recorded for it), taken up where its checkpoint says.
+    pub fn resumed(record: pb::MigrationJob) -> Job {
+        Job {
             record,
             stage: Stage::Start,
             wait: Wait::Nothing,
             recorded: true,
-        })
-        .collect())
+        }
+    }
 }
 
 fn set(

@@ -210,3 +210,193 @@ fn moves_that_would_widen_residency_or_run_outside_a_policy_are_refused() {
         Err(Refused::UnknownPolicy(_))
     ));
 }
+
+/// The local deployment with rows in 8 shard groups and every serving replica
+/// running 2 processes (groups 0–3 and 4–7; the batch replica one).
+fn sharded() -> Arc<Deployment> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology");
+    let (t, p) = (
+        root.join("local-3-regions.toml"),
+        root.join("local-3-regions.placement.toml"),
+    );
+    let text = std::fs::read_to_string(&t)
+        .unwrap()
+        .replace(
+            "intra_region_rtt_ms = 1.0",
+            "intra_region_rtt_ms = 1.0\nshard_groups = 8",
+        )
+        .replace(
+            "role = \"serving\"",
+            "role = \"serving\"\n    processes = 2",
+        );
+    let placement = std::fs::read_to_string(&p).unwrap();
+    Arc::new(Deployment::parse(&t, &text, Some((&p, &placement))).unwrap())
+}
+
+/// Every process's jobs, by process id.
+type Jobs = BTreeMap<String, Vec<Job>>;
+
+/// One millisecond of a cluster running `jobs`: parts handed to their processes
+/// start (as the node's driver starts them), every job steps on its process, and
+/// finished ones move to `done`.
+fn tick_jobs(c: &mut Cluster, jobs: &mut Jobs, done: &mut Vec<Job>, now: Now) {
+    for (id, r) in c.iter_mut() {
+        if r.poll_timeout().is_some_and(|t| t <= now.mono_us) {
+            r.handle_timeout(now).unwrap();
+        }
+        for record in r.take_assigned_jobs() {
+            let mine = jobs.entry(id.clone()).or_default();
+            if !mine.iter().any(|j| j.id() == record.id) {
+                mine.push(Job::resumed(record));
+            }
+        }
+    }
+    for (id, mine) in jobs.iter_mut() {
+        let r = c.get_mut(id).unwrap();
+        let mut k = 0;
+        while k < mine.len() {
+            if mine[k].step(r, now).unwrap() == Progress::Finished {
+                done.push(mine.swap_remove(k));
+            } else {
+                k += 1;
+            }
+        }
+    }
+    pump(c, now);
+    for r in c.values_mut() {
+        r.purge_moved_rows().unwrap();
+        while r.poll_event().is_some() {}
+    }
+}
+
+/// The process of replica `of` that serves `key`'s row where it lives now.
+fn serving<'a>(c: &'a mut Cluster, of: &str, key: &[u8]) -> &'a mut Replica<MemStorage> {
+    c.values_mut()
+        .find(|r| {
+            r.id().as_str().split('.').next() == Some(of)
+                && r.belongs_to(&r.scope_of("ad_profiles", key))
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_job_on_replicas_of_many_processes_moves_every_groups_rows() {
+    let d = sharded();
+    assert!(d.topology.replicas.contains_key("euw1-a.p1"));
+    let mut c = cluster(&d);
+    const N: usize = 400;
+    for i in 0..N {
+        let key = format!("us/{i:04}");
+        serving(&mut c, "use1-a", key.as_bytes())
+            .propose(at(0), set(&key))
+            .unwrap();
+    }
+    let (mut jobs, mut done) = (Jobs::new(), Vec::new());
+    for ms in 0..1_000 {
+        tick_jobs(&mut c, &mut jobs, &mut done, at(ms));
+    }
+    // Every process holds the rows of its groups (and all of the global
+    // policy's group 0, which every process hosts).
+    let held = |c: &Cluster, of: &str| -> usize {
+        let mut keys: Vec<_> = c
+            .iter()
+            .filter(|(id, _)| id.split('.').next() == Some(of))
+            .flat_map(|(_, r)| {
+                r.storage()
+                    .scan_rows("ad_profiles", b"us/", None, usize::MAX)
+                    .unwrap()
+            })
+            .map(|(k, _)| k)
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys.len()
+    };
+    assert_eq!(held(&c, "apne1-b"), N);
+
+    let job = Job::plan(&c[RUNNER], &d, move_us("eu-resident"), at(1_000)).unwrap();
+    jobs.entry(RUNNER.into()).or_default().push(job);
+    let (mut wrote_during, mut restarted) = (false, false);
+    let mut ms = 1_000;
+    while done.iter().all(|j| !j.record().part_of.is_empty()) {
+        // A write while the rows migrate, taken by the process of a replica of
+        // both policies that serves its group: the dual write carries it.
+        let backfilling = jobs
+            .values()
+            .flatten()
+            .any(|j| j.record().phase == "backfill");
+        if !wrote_during && backfilling {
+            serving(&mut c, "euw1-b", b"us/written-during")
+                .propose(at(ms), set("us/written-during"))
+                .unwrap();
+            wrote_during = true;
+        }
+        // The part on process 1 of the runner's replica restarts mid-backfill:
+        // it resumes from its own checkpoint.
+        let part = format!("{RUNNER}.p1");
+        if !restarted
+            && jobs
+                .get(&part)
+                .is_some_and(|js| js.iter().any(|j| j.record().rows_copied > 0))
+        {
+            jobs.remove(&part);
+            let resumed = resumable(&c[&part]).unwrap();
+            assert_eq!(resumed.len(), 1, "the part's checkpoint");
+            assert_eq!(resumed[0].record().part_of, jobs[RUNNER][0].id());
+            jobs.insert(part, resumed);
+            restarted = true;
+        }
+        tick_jobs(&mut c, &mut jobs, &mut done, at(ms));
+        ms += 1;
+        assert!(
+            ms < 61_000,
+            "stuck: {:?}",
+            jobs.values()
+                .flatten()
+                .map(|j| j.record())
+                .collect::<Vec<_>>()
+        );
+    }
+    assert!(wrote_during && restarted);
+    let job = done.iter().find(|j| j.record().part_of.is_empty()).unwrap();
+    let r = job.record();
+    assert_eq!(r.phase, "done", "{r:?}");
+    assert_eq!(r.parts, 2);
+    // Counted and copied by both processes (the write made during the move may
+    // be copied too: its copy merges with the dual write's versions).
+    assert_eq!(r.rows_total, N as u64);
+    assert!((N as u64..=N as u64 + 1).contains(&r.rows_copied), "{r:?}");
+    let part = done
+        .iter()
+        .find(|j| !j.record().part_of.is_empty())
+        .unwrap();
+    assert_eq!(part.record().phase, "done");
+    assert!(part.record().rows_copied > 0);
+
+    let eu = ScopeId::from("eu-resident");
+    for (id, rep) in &c {
+        assert_eq!(
+            rep.scope_of("ad_profiles", b"us/0001").policy(),
+            eu.as_str(),
+            "{id}"
+        );
+        let rows = rep
+            .storage()
+            .scan_rows("ad_profiles", b"us/", None, usize::MAX)
+            .unwrap();
+        if !id.starts_with("euw1") {
+            assert!(rows.is_empty(), "{id} keeps {} rows", rows.len());
+        }
+        // Each process holds only the rows of the groups it serves now.
+        for (key, _) in rows {
+            assert!(
+                rep.belongs_to(&rep.scope_of("ad_profiles", &key)),
+                "{id} holds {key:?}"
+            );
+        }
+    }
+    for of in ["euw1-a", "euw1-b"] {
+        assert_eq!(held(&c, of), N + 1, "{of}");
+    }
+    assert!(resumable(&c[RUNNER]).unwrap().is_empty());
+}

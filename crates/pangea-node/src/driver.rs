@@ -161,6 +161,12 @@ fn step_jobs(
     jobs: &mut Jobs,
 ) -> Result<bool, CoreError> {
     let now = shared.clock.now();
+    for record in replica.take_assigned_jobs() {
+        if !jobs.iter().any(|(j, _)| j.id() == record.id) {
+            tracing::info!(job = %record.id, of = %record.part_of, "starting a part of a migration job");
+            jobs.push((Job::resumed(record), None));
+        }
+    }
     let mut again = false;
     let mut i = 0;
     while i < jobs.len() {

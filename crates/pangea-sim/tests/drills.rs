@@ -56,7 +56,10 @@ fn every_shipped_drill_validates() -> Result<()> {
         let replicas = topology.replicas.values().filter(|r| r.index == 0).count();
         assert!([27, 39].contains(&replicas), "{}: {replicas}", f.display());
         let processes = topology.replicas.values().map(|r| r.processes).max();
-        let expected = if f.ends_with("sharded-processes-region-outage.toml") {
+        let expected = if f
+            .file_stem()
+            .is_some_and(|n| n.to_string_lossy().starts_with("sharded-processes-"))
+        {
             2
         } else {
             1
@@ -155,6 +158,39 @@ fn a_drill_may_spread_rows_over_shard_groups() -> Result<()> {
         err.contains("bad.toml:4: shard_groups: shard_groups must be 1 ..= 4096, got 0"),
         "{err}"
     );
+    Ok(())
+}
+
+/// A placement move on replicas of many processes: the job on process 0 of its
+/// runner's replica, a part on process 1 for its groups; the rows reach the new
+/// policy whole (C5), leave the others (I10 at rest), and no write is lost.
+#[test]
+fn a_placement_move_runs_on_replicas_of_many_processes() -> Result<()> {
+    let text = format!(
+        r#"{}
+[[faults]]
+at = "1s"
+kind = "migrate"
+table = "ad_profiles"
+prefix = "us/"
+to = "eu-resident"
+"#,
+        HEAD.replacen("seed = 11", "shard_groups = 8\nprocesses = 2\nseed = 11", 1)
+    );
+    let d = drill("sharded-move.toml", &text)?;
+    let r = Simulation::new(d.scenario)?.run()?;
+    assert_eq!(r.migrations.len(), 1, "{:?}", r.violations);
+    let m = &r.migrations[0];
+    assert_eq!(
+        (m.runner.as_str(), m.phase.as_str()),
+        ("euc1-a", "done"),
+        "{m:?}"
+    );
+    assert!(m.rows_copied > 0 && m.rows_copied >= m.rows_total, "{m:?}");
+    assert_eq!(r.lost_writes, 0, "{:?}", r.violations);
+    assert_eq!(r.residency_leak_bytes, 0, "{:?}", r.violations);
+    assert!(r.final_convergence_ms.is_some(), "{:?}", r.violations);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
     Ok(())
 }
 

@@ -20,6 +20,7 @@ impl<S: Storage> Replica<S> {
             timestamp: e.timestamp.max(applied.unwrap_or_default().timestamp),
         };
         let is_location = &**e.mutation.table() == LOCATION_TABLE;
+        let is_job = &**e.mutation.table() == JOBS_TABLE;
         let mut location_row = None;
         if holds_row {
             let a = RowApply {
@@ -63,6 +64,36 @@ impl<S: Storage> Replica<S> {
         if is_location {
             self.location_changed(e.mutation.row_key(), location_row.as_ref())?;
         }
+        if is_job && holds_row && self.is_first_process_of_mine(&e.origin) {
+            self.note_assigned_job(e.mutation.row_key())?;
+        }
+        Ok(())
+    }
+
+    /// Whether `origin` is process 0 of this process's replica (and not this
+    /// process): the one that records the parts of the migrations its replica runs.
+    fn is_first_process_of_mine(&self, origin: &ReplicaId) -> bool {
+        origin != &self.id
+            && self
+                .deployment
+                .topology
+                .replica(self.id.as_str())
+                .is_some_and(|me| me.index > 0 && *origin == me.of)
+    }
+
+    /// A `_jobs` row changed: if it records a part of a migration for this process
+    /// to run, not yet started, hand it to the driver
+    /// ([`Replica::take_assigned_jobs`]).
+    pub(super) fn note_assigned_job(&mut self, key: &Bytes) -> Result<(), StorageError> {
+        let job = self
+            .storage
+            .get_row(JOBS_TABLE, key)?
+            .and_then(|row| crate::location::decode_job(key, &row));
+        if let Some(job) = job.filter(|j| {
+            j.runner == self.id.as_str() && !j.part_of.is_empty() && j.phase == "planned"
+        }) {
+            self.assigned_jobs.push(job);
+        }
         Ok(())
     }
 
@@ -85,7 +116,28 @@ impl<S: Storage> Replica<S> {
                 return Ok(());
             }
         };
-        if !self.stores_rows || self.may_hold(&entry.table, &entry.prefix) {
+        if !self.stores_rows {
+            return Ok(());
+        }
+        // Whether rows under the prefix may still be held here. With shard
+        // groups: whether this process hosts any group of the entry's policies.
+        // Then a flip still purges the rows that may not stay (rows of the global
+        // policy's group 0, which every process holds, moved to a policy that
+        // puts their group on one process), and nothing else is withheld.
+        let d = &self.deployment;
+        let grouped = d.topology.shard_groups > 1;
+        let may_stay = if grouped {
+            let some_group = |p: &ScopeId| {
+                d.placement
+                    .policy(p)
+                    .is_some_and(|p| p.scopes().iter().any(|s| self.scopes.contains_key(s)))
+            };
+            some_group(&entry.policy) || entry.migrating_to.as_ref().is_some_and(some_group)
+        } else {
+            self.may_hold(&entry.table, &entry.prefix)
+        };
+        let some_may_go = grouped && may_stay && entry.migrating_to.is_none();
+        if may_stay && !some_may_go {
             return Ok(());
         }
         let job_key = Bytes::from(entry.job_id.clone().into_bytes());
@@ -96,7 +148,7 @@ impl<S: Storage> Replica<S> {
         if job.is_some_and(|job| entry.is_flip_of(&job)) {
             self.pending_purges
                 .push((entry.table, entry.prefix, entry.job_id));
-        } else {
+        } else if !may_stay {
             self.events.push_back(Event::PurgeWithheld {
                 table: entry.table,
                 prefix: entry.prefix,

@@ -47,7 +47,8 @@ use crate::token::Token;
 use crate::watermark::ScopeWatermarks;
 use crate::{Error, StorageError};
 use bytes::Bytes;
-use pangea_topology::{Deployment, RegionId, Tree};
+use pangea_proto::v1 as pb;
+use pangea_topology::{Deployment, RegionId, Role, Tree};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
@@ -834,6 +835,10 @@ pub struct Replica<S: Storage> {
     /// [`Replica::purge_moved_rows`] once the driver has published the new location
     /// (so no read sees a purged row under the old placement).
     pending_purges: Vec<(Arc<str>, Bytes, String)>,
+    /// Parts of migration jobs this process was given to run (`_jobs` rows its
+    /// replica's process 0 recorded, just applied), for the driver
+    /// ([`Replica::take_assigned_jobs`]).
+    assigned_jobs: Vec<pb::MigrationJob>,
     /// Scopes whose own stream this replica is relearning from its peers
     /// ([`Replica::relearn_own_streams`]); it writes in none of them.
     relearning: BTreeMap<ScopeId, Relearning>,
@@ -897,6 +902,7 @@ impl<S: Storage> Replica<S> {
             sweep: None,
             location: Location::new(),
             pending_purges: Vec::new(),
+            assigned_jobs: Vec::new(),
             relearning: BTreeMap::new(),
             copying: BTreeMap::new(),
             stats: Stats::default(),
@@ -952,6 +958,19 @@ impl<S: Storage> Replica<S> {
     /// The scopes this replica belongs to.
     pub fn scopes(&self) -> impl Iterator<Item = &ScopeId> {
         self.scopes.keys()
+    }
+
+    /// Whether this replica belongs to `scope`.
+    pub fn belongs_to(&self, scope: &ScopeId) -> bool {
+        self.scopes.contains_key(scope)
+    }
+
+    /// The parts of migration jobs this process was given since the last call:
+    /// rows of `_jobs` that its replica's process 0 recorded for it (applied in
+    /// the system scope's stream, or installed by a snapshot of it). The driver
+    /// runs each ([`crate::migration::Job::resumed`]) unless it already does.
+    pub fn take_assigned_jobs(&mut self) -> Vec<pb::MigrationJob> {
+        std::mem::take(&mut self.assigned_jobs)
     }
 
     /// The current tree of a scope, as this replica sees it.
@@ -1145,12 +1164,19 @@ impl<S: Storage> Replica<S> {
     }
 
     /// Whether every member of `scope` has reported applying `origin`'s stream up to
-    /// `sequence` (from the applied-watermark gossip of heartbeats).
+    /// `sequence` (from the applied-watermark gossip of heartbeats). Relays the
+    /// scope's tree leaves out are not asked: they store nothing and forward
+    /// nothing (the second process of a relay, say), so nothing reaches them to
+    /// report.
     pub fn applied_everywhere(&self, scope: &ScopeId, origin: &ReplicaId, sequence: u64) -> bool {
         let Some(s) = self.scopes.get(scope) else {
             return false;
         };
-        s.members.iter().all(|m| {
+        let relays = &self.deployment.topology.replicas;
+        let idle = |m: &ReplicaId| {
+            !s.tree.contains(m) && relays.get(m).is_some_and(|r| r.role == Role::Relay)
+        };
+        s.members.iter().filter(|m| !idle(m)).all(|m| {
             if m == &self.id {
                 s.streams
                     .get(origin)

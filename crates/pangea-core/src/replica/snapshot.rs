@@ -236,6 +236,13 @@ impl<S: Storage> Replica<S> {
                 scope: c.scope.clone(),
                 rows,
             });
+            // Parts of migrations recorded for this process while it was away.
+            if &c.scope == d.system_scope() && self.stores_rows {
+                let jobs = self.storage.scan_rows(JOBS_TABLE, b"", None, usize::MAX)?;
+                for (key, _) in jobs {
+                    self.note_assigned_job(&key)?;
+                }
+            }
             let origins: Vec<ReplicaId> = self.scopes[&c.scope].origins.iter().cloned().collect();
             let relearning = self.relearning.contains_key(&c.scope);
             for origin in origins {

@@ -588,7 +588,7 @@ impl Simulation {
                 if !location.is_empty()
                     && let Some(e) = location.lookup(table, key)
                     && e.migrating_to.is_none()
-                    && !d.allowed(&node.id, &e.policy)
+                    && !d.allowed(&node.id, d.group_scope(&e.policy, table, key))
                 {
                     return Err(format!(
                         "{}: holds a row of {table} under {} that a migration moved to \

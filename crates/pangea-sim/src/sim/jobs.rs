@@ -94,6 +94,11 @@ impl Simulation {
         let Some(rep) = node.replica.as_mut() else {
             return false;
         };
+        for record in rep.take_assigned_jobs() {
+            if !node.jobs.iter().any(|j| j.id() == record.id) {
+                node.jobs.push(Job::resumed(record));
+            }
+        }
         let mut again = false;
         let mut finished = 0;
         let mut k = 0;

@@ -1239,7 +1239,7 @@ impl Simulation {
     /// After any input to replica `r`: flush, send what it transmits, handle its
     /// events, re-arm its timer.
     fn settle(&mut self, r: usize) {
-        let jobs_again = !self.nodes[r].jobs.is_empty() && self.step_jobs(r);
+        let jobs_again = self.step_jobs(r);
         let now = self.now;
         let node = &mut self.nodes[r];
         let nw = node.now(now);
