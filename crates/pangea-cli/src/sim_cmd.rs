@@ -111,7 +111,7 @@ pub(crate) fn run(cmd: SimCommand) -> Result<()> {
                 threads: pangea_sim::sim::default_threads(),
             };
             println!(
-                "{:>10}  {:>8}  {:>6}  {:>8}  {:>10}  p99 by mode (ms)",
+                "{:>10}  {:>8}  {:>6}  {:>8}  {:>10}  p99 by mode (ms); the busiest host's cores by work",
                 "ops/s", "reads", "errors", "cpu max", "driver max"
             );
             let c = pangea_sim::capacity::search(&d.scenario, &q, |s| {
@@ -120,15 +120,23 @@ pub(crate) fn run(cmd: SimCommand) -> Result<()> {
                     .iter()
                     .map(|(m, p)| format!("{m} {p:.2}"))
                     .collect();
+                let work: Vec<String> = s
+                    .busiest_work
+                    .iter()
+                    .map(|(w, (share, n))| format!("{w} {:.1}% in {n}", share * 100.0))
+                    .chain(std::iter::once(format!("over {:.1} s", s.over_s)))
+                    .collect();
                 println!(
-                    "{:>10.0}  {:>8}  {:>6}  {:>7.1}%  {:>9.1}%  {}  {}",
+                    "{:>10.0}  {:>8}  {:>6}  {:>7.1}%  {:>9.1}%  {}  {}  ({}: {})",
                     s.rate,
                     s.reads,
                     s.errors,
                     s.cpu_max * 100.0,
                     s.driver_max * 100.0,
                     p99.join(", "),
-                    if s.met_slo { "ok" } else { "MISSED" }
+                    if s.met_slo { "ok" } else { "MISSED" },
+                    s.busiest,
+                    work.join(", ")
                 );
             })?;
             println!(

@@ -54,6 +54,12 @@ pub struct Step {
     /// The busiest replication driver of the region's hosts: the share of its
     /// one core it kept busy.
     pub driver_max: f64,
+    /// The busiest host (by `cpu_max`) and its cores' time by kind of work
+    /// (share of its cores, pieces of work).
+    pub busiest: String,
+    pub busiest_work: BTreeMap<String, (f64, u64)>,
+    /// Virtual seconds the shares are of (the run, drain included).
+    pub over_s: f64,
     pub met_slo: bool,
     pub wall_s: f64,
 }
@@ -216,13 +222,20 @@ fn step_of(base: &Scenario, r: &RunReport, q: &Query, rate: f64) -> Step {
         .reads_by_region
         .get(region)
         .map_or((0, 0), |s| (s.count, s.errors));
-    let (cpu_max, driver_max) = base.deployment.topology.regions[&q.region]
+    let hosts = base.deployment.topology.regions[&q.region]
         .replicas
         .iter()
-        .filter_map(|id| r.hosts.get(id.as_str()))
-        .fold((0.0, 0.0), |(cpu, driver), h| {
-            (f64::max(cpu, h.cpu), f64::max(driver, h.driver))
-        });
+        .filter_map(|id| Some((id.as_str(), r.hosts.get(id.as_str())?)));
+    let (cpu_max, driver_max) = hosts.clone().fold((0.0, 0.0), |(cpu, driver), (_, h)| {
+        (f64::max(cpu, h.cpu), f64::max(driver, h.driver))
+    });
+    let (busiest, busiest_work) = hosts
+        .max_by(|a, b| a.1.cpu.total_cmp(&b.1.cpu))
+        .map(|(id, h)| {
+            let work = h.work.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+            (id.to_owned(), work)
+        })
+        .unwrap_or_default();
     let met_slo = reads > 0 && errors * 1000 <= reads && p99_ms.values().all(|p| *p <= q.slo_ms);
     Step {
         rate,
@@ -231,6 +244,9 @@ fn step_of(base: &Scenario, r: &RunReport, q: &Query, rate: f64) -> Step {
         p99_ms,
         cpu_max,
         driver_max,
+        busiest,
+        busiest_work,
+        over_s: r.virtual_s,
         met_slo,
         wall_s: r.wall_s,
     }

@@ -34,6 +34,47 @@ impl Cost {
     }
 }
 
+/// What a piece of a host's cores' work was: its busy time is kept per kind
+/// ([`Host::busy_by`]), so a report can say what a saturated host spent it on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// A client read (or a request refused while the replica catches up).
+    Read,
+    /// A client write, before its commit.
+    Write,
+    /// A frontend's watermark poll.
+    Watermarks,
+    /// Replicated entries applied (mutations, gap fills, snapshot rows).
+    Apply,
+    /// Rows read into a snapshot chunk.
+    Snapshot,
+    /// A frontend sending a request or taking an answer (on the machine the
+    /// frontends share with the replicas, `Hosts::frontend_us`).
+    Frontend,
+}
+
+impl Work {
+    pub const ALL: [Work; 6] = [
+        Work::Read,
+        Work::Write,
+        Work::Watermarks,
+        Work::Apply,
+        Work::Snapshot,
+        Work::Frontend,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Work::Read => "read",
+            Work::Write => "write",
+            Work::Watermarks => "watermarks",
+            Work::Apply => "apply",
+            Work::Snapshot => "snapshot",
+            Work::Frontend => "frontend",
+        }
+    }
+}
+
 /// A replica host's costs. See the module documentation, and docs/drills.md for how
 /// the defaults were obtained.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -377,6 +418,9 @@ pub struct Host {
     /// The part of `busy` that was replication work on the driver's core
     /// ([`Host::run_driver`]).
     pub driver_busy: SimDuration,
+    /// `busy` by kind of work, in [`Work::ALL`] order, and the pieces of each.
+    pub busy_by: [SimDuration; Work::ALL.len()],
+    pub pieces_by: [u64; Work::ALL.len()],
     pub disk_busy: SimDuration,
     pub fsyncs: u64,
 }
@@ -412,6 +456,8 @@ impl Host {
             rng,
             busy: SimDuration::ZERO,
             driver_busy: SimDuration::ZERO,
+            busy_by: [SimDuration::ZERO; Work::ALL.len()],
+            pieces_by: [0; Work::ALL.len()],
             disk_busy: SimDuration::ZERO,
             fsyncs: 0,
         }
@@ -426,19 +472,33 @@ impl Host {
         SimDuration::from_us((self.model.overhead_us as f64 * self.slow).round() as u64)
     }
 
-    /// Serving work of `cost` for `items` moving `bytes`, arriving at `at`: it
-    /// waits for the first free core and runs for a drawn service time. Returns
-    /// when it is done.
-    pub fn run(&mut self, at: SimTime, cost: Cost, items: usize, bytes: usize) -> SimTime {
-        self.run_on(None, at, cost, items, bytes)
+    /// Serving work of kind `work`, costing `cost` for `items` moving `bytes`,
+    /// arriving at `at`: it waits for the first free core and runs for a drawn
+    /// service time. Returns when it is done.
+    pub fn run(
+        &mut self,
+        at: SimTime,
+        work: Work,
+        cost: Cost,
+        items: usize,
+        bytes: usize,
+    ) -> SimTime {
+        self.run_on(None, at, work, cost, items, bytes)
     }
 
     /// Replication work (`run`'s arguments): the node applies frames and reads
     /// snapshots on one thread, its replication driver, so this work queues on
     /// one core (the first) however many the host has, and serving work finds
     /// that core busy while it runs. A frame's entries are one piece of work.
-    pub fn run_driver(&mut self, at: SimTime, cost: Cost, items: usize, bytes: usize) -> SimTime {
-        self.run_on(Some(0), at, cost, items, bytes)
+    pub fn run_driver(
+        &mut self,
+        at: SimTime,
+        work: Work,
+        cost: Cost,
+        items: usize,
+        bytes: usize,
+    ) -> SimTime {
+        self.run_on(Some(0), at, work, cost, items, bytes)
     }
 
     /// Work on `core` of the host's own (`None`: the first free one).
@@ -446,6 +506,7 @@ impl Host {
         &mut self,
         core: Option<usize>,
         at: SimTime,
+        work: Work,
         cost: Cost,
         items: usize,
         bytes: usize,
@@ -457,6 +518,8 @@ impl Host {
         let us = (mean * self.cpu.draw(&mut self.rng)).round() as u64;
         let service = SimDuration::from_us(us.max(1));
         self.busy += service;
+        self.busy_by[work as usize] += service;
+        self.pieces_by[work as usize] += 1;
         if core.is_some() {
             self.driver_busy += service;
         }
@@ -499,6 +562,21 @@ impl Host {
             (self.busy + own_background).as_us() as f64 / (t * self.cores.count() as f64),
             self.disk_busy.as_us() as f64 / t,
         )
+    }
+
+    /// Each kind of work's share of the host's cores over `over`, and its
+    /// pieces (kinds that took none left out).
+    pub fn work_shares(
+        &self,
+        over: SimDuration,
+    ) -> std::collections::BTreeMap<&'static str, (f64, u64)> {
+        let t = over.as_us().max(1) as f64 * self.cores.count() as f64;
+        Work::ALL
+            .iter()
+            .zip(self.busy_by.iter().zip(self.pieces_by))
+            .filter(|(_, (_, n))| *n > 0)
+            .map(|(w, (d, n))| (w.name(), (d.as_us() as f64 / t, n)))
+            .collect()
     }
 
     /// The machine's cores this host shares, if it shares them.
@@ -552,12 +630,12 @@ mod tests {
         let mut h = host(2, 0.0);
         let t = SimTime::from_us(1_000);
         // Two cores take two at once; the third waits for the first to be free.
-        assert_eq!(h.run(t, US10, 1, 0), SimTime::from_us(1_010));
-        assert_eq!(h.run(t, US10, 1, 0), SimTime::from_us(1_010));
-        assert_eq!(h.run(t, US10, 1, 0), SimTime::from_us(1_020));
+        assert_eq!(h.run(t, Work::Read, US10, 1, 0), SimTime::from_us(1_010));
+        assert_eq!(h.run(t, Work::Read, US10, 1, 0), SimTime::from_us(1_010));
+        assert_eq!(h.run(t, Work::Read, US10, 1, 0), SimTime::from_us(1_020));
         // An idle host starts at once.
         assert_eq!(
-            h.run(SimTime::from_us(5_000), US10, 1, 0),
+            h.run(SimTime::from_us(5_000), Work::Read, US10, 1, 0),
             SimTime::from_us(5_010)
         );
         // Bytes cost their share; a slow host costs `factor` times more.
@@ -566,12 +644,12 @@ mod tests {
             per_kib_us: 5.0,
         };
         assert_eq!(
-            h.run(SimTime::from_us(9_000), kib, 1, 2048),
+            h.run(SimTime::from_us(9_000), Work::Read, kib, 1, 2048),
             SimTime::from_us(9_020)
         );
         h.scale(3.0);
         assert_eq!(
-            h.run(SimTime::from_us(10_000), US10, 1, 0),
+            h.run(SimTime::from_us(10_000), Work::Read, US10, 1, 0),
             SimTime::from_us(10_030)
         );
     }
@@ -582,12 +660,22 @@ mod tests {
         let t = SimTime::from_us(0);
         // A backlog of applies queues on the driver's core ...
         for k in 1..=10 {
-            assert_eq!(h.run_driver(t, US10, 1, 0), SimTime::from_us(10 * k));
+            assert_eq!(
+                h.run_driver(t, Work::Apply, US10, 1, 0),
+                SimTime::from_us(10 * k)
+            );
         }
         // ... while reads are served at once by the other three.
         for _ in 0..3 {
-            assert_eq!(h.run(t, US10, 1, 0), SimTime::from_us(10));
+            assert_eq!(h.run(t, Work::Read, US10, 1, 0), SimTime::from_us(10));
         }
+        // The cores' time is kept by kind: 100 µs of applies in 10 frames and
+        // 30 µs of reads in 3, of 4 cores over 1 ms.
+        let shares = h.work_shares(SimDuration::from_us(1_000));
+        assert_eq!(shares.len(), 2, "{shares:?}");
+        assert_eq!(shares["apply"], (100.0 / 4_000.0, 10));
+        assert_eq!(shares["read"], (30.0 / 4_000.0, 3));
+        assert_eq!(h.busy, SimDuration::from_us(130));
     }
 
     #[test]
@@ -601,10 +689,13 @@ mod tests {
         let mut b = Host::on(model, SimRng::new(2), machine);
         let t = SimTime::ZERO;
         // Two hosts' work fills the machine's two cores; a third waits, whoever's.
-        assert_eq!(a.run(t, US10, 1, 0), SimTime::from_us(10));
-        assert_eq!(b.run(t, US10, 1, 0), SimTime::from_us(10));
-        assert_eq!(a.run_driver(t, US10, 1, 0), SimTime::from_us(20));
-        assert_eq!(b.run(t, US10, 1, 0), SimTime::from_us(20));
+        assert_eq!(a.run(t, Work::Read, US10, 1, 0), SimTime::from_us(10));
+        assert_eq!(b.run(t, Work::Read, US10, 1, 0), SimTime::from_us(10));
+        assert_eq!(
+            a.run_driver(t, Work::Apply, US10, 1, 0),
+            SimTime::from_us(20)
+        );
+        assert_eq!(b.run(t, Work::Read, US10, 1, 0), SimTime::from_us(20));
     }
 
     #[test]
@@ -622,7 +713,7 @@ mod tests {
             let mut waits: Vec<u64> = (0..100_000u64)
                 .map(|i| {
                     let at = SimTime::from_us(i * 100);
-                    (h.run(at, US10, 1, 0) - at).as_us() - 10
+                    (h.run(at, Work::Read, US10, 1, 0) - at).as_us() - 10
                 })
                 .collect();
             waits.sort_unstable();
@@ -656,7 +747,7 @@ mod tests {
             let mut waited = 0;
             for i in 0..100_000u64 {
                 let at = SimTime::from_us(i * 100);
-                if h.run(at, US10, 1, 0) > at + SimDuration::from_us(10) {
+                if h.run(at, Work::Read, US10, 1, 0) > at + SimDuration::from_us(10) {
                     waited += 1;
                 }
             }
@@ -687,7 +778,7 @@ mod tests {
             SimRng::new(1),
             machine,
         );
-        h.run(SimTime::from_secs(10), US10, 1, 0);
+        h.run(SimTime::from_secs(10), Work::Read, US10, 1, 0);
         let bg = h.cores().machine_background_busy().expect("shared");
         let share = bg.as_us() as f64 / 20e6;
         assert!((0.28..0.32).contains(&share), "machine background {share}");
@@ -714,7 +805,7 @@ mod tests {
         // grows without bound, about 1/3 of the offered work per unit of time.
         let mut last = SimTime::ZERO;
         for i in 0..30_000u64 {
-            last = h.run(SimTime::from_us(i * 10 / 3), US10, 1, 0);
+            last = h.run(SimTime::from_us(i * 10 / 3), Work::Read, US10, 1, 0);
         }
         let mean = h.busy.as_us() as f64 / 30_000.0;
         assert!((mean - 10.0).abs() < 0.5, "mean service {mean} µs");
@@ -728,7 +819,7 @@ mod tests {
         let mut late = 0;
         for i in 0..30_000u64 {
             let at = SimTime::from_us(i * 10);
-            if h.run(at, US10, 1, 0) > at + SimDuration::from_us(200) {
+            if h.run(at, Work::Read, US10, 1, 0) > at + SimDuration::from_us(200) {
                 late += 1;
             }
         }

@@ -69,6 +69,11 @@ pub struct DrawnOp {
 /// Longest value the pool serves (the brief's 1 MB p99 bound).
 pub const VALUE_BYTES_MAX: usize = 1 << 20;
 
+/// The rate per second (of one region's frontends) above which arrivals are
+/// drawn finer than a microsecond apart ([`Generator::interarrival`]): a capacity
+/// search's rates, far above any drill's.
+pub const FINE_ARRIVALS_RATE: f64 = 100_000.0;
+
 /// Draws operations for a workload; one per run, seeded.
 #[derive(Debug)]
 pub struct Generator {
@@ -154,14 +159,25 @@ impl Generator {
         })
     }
 
-    /// Time to the next arrival of a Poisson process of `rate` per second.
+    /// Time to the next arrival of a Poisson process of `rate` per second, in
+    /// whole microseconds (the clock's unit). Up to [`FINE_ARRIVALS_RATE`] a
+    /// gap is at least 1 µs; above it gaps are mostly under a microsecond, so a
+    /// gap of x µs becomes ⌊x⌋ or ⌈x⌉ at random with mean x (0: arrivals at the
+    /// same microsecond), which keeps the rate asked for instead of capping it
+    /// near 1,000,000 a second.
     pub fn interarrival(&mut self, rate: f64) -> SimDuration {
         if rate <= 0.0 {
             return SimDuration::MAX;
         }
         let exp = Exp::new(rate).expect("a positive rate is a valid exponential");
         let s: f64 = exp.sample(&mut self.rng);
-        SimDuration::from_us(((s * 1e6) as u64).max(1))
+        let us = s * 1e6;
+        if rate <= FINE_ARRIVALS_RATE {
+            return SimDuration::from_us((us as u64).max(1));
+        }
+        let whole = us.floor();
+        let up = self.rng.next_f64() < us - whole;
+        SimDuration::from_us(whole as u64 + u64::from(up))
     }
 
     fn key_rank(&mut self) -> u64 {
@@ -340,6 +356,24 @@ mod tests {
         for _ in 0..100 {
             assert_eq!(a.draw("l/", "g/"), b.draw("l/", "g/"));
             assert_eq!(a.interarrival(5.0), b.interarrival(5.0));
+        }
+    }
+
+    /// Gaps are whole microseconds, yet the rate holds: at 1,000 a second the
+    /// mean gap is 1 ms, and at 3,000,000 a second (most gaps under 1 µs,
+    /// which a floor of 1 µs would cap at about 1,000,000) a third of a µs.
+    #[test]
+    fn arrivals_keep_their_rate_below_and_above_a_microsecond_apart() {
+        let mut g = Generator::new(&workload(), 4).unwrap();
+        for rate in [1_000.0, 3_000_000.0] {
+            let n = 200_000;
+            let total: u64 = (0..n).map(|_| g.interarrival(rate).as_us()).sum();
+            let mean_us = total as f64 / n as f64;
+            let expected = 1e6 / rate;
+            assert!(
+                (mean_us / expected - 1.0).abs() < 0.02,
+                "rate {rate}: mean gap {mean_us} µs, expected {expected}"
+            );
         }
     }
 }

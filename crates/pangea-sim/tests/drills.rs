@@ -107,6 +107,28 @@ fn the_reference_run_file_is_the_speed_target() -> Result<()> {
     Ok(())
 }
 
+/// `sim/capacity-sharded.toml`, the capacity model of processes per replica
+/// (docs/benchmarks.md): 64 groups, one process per replica until edited, no
+/// faults, and a workload whose rows all exist within the warm-up (1,000 keys
+/// per prefix, one column) so that a read costs the same at every rate.
+#[test]
+fn the_capacity_model_file_is_what_its_comment_says() -> Result<()> {
+    let d = Drill::load(&root().join("sim/capacity-sharded.toml"))
+        .map_err(|p| anyhow::anyhow!("{p}"))?;
+    let sc = &d.scenario;
+    let topology = &sc.deployment.topology;
+    assert_eq!(topology.shard_groups, 64);
+    assert_eq!(topology.replicas.len(), 27);
+    assert!(sc.faults.is_empty());
+    assert_eq!((sc.workload.keys, sc.workload.columns), (1_000, 1));
+    // The edit the docs tell: `processes = P` runs P hosts per replica.
+    let text = std::fs::read_to_string(root().join("sim/capacity-sharded.toml"))?
+        .replace("processes = 1", "processes = 16");
+    let d = drill("capacity-16.toml", &text)?;
+    assert_eq!(d.scenario.deployment.topology.replicas.len(), 27 * 16);
+    Ok(())
+}
+
 /// The scale run is as large as issue 35 asks: at least 100 replica processes and
 /// 100,000 operations a second for 60 virtual seconds.
 #[test]

@@ -332,7 +332,7 @@ pub const FRONTENDS: &str = "(frontends)";
 pub const BACKGROUND: &str = "(background)";
 
 /// How busy one replica's host was (`RunReport::hosts`).
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct HostLoad {
     pub cpu: f64,
     /// The share of one core the replication driver kept busy (applying frames,
@@ -341,6 +341,10 @@ pub struct HostLoad {
     pub driver: f64,
     pub disk: f64,
     pub fsyncs: u64,
+    /// `cpu` by kind of work (`host::Work`): each kind's share of the host's
+    /// cores (the rest of `cpu` is unitemized background work), and how many
+    /// pieces of it there were (requests; frames of entries for `apply`).
+    pub work: BTreeMap<&'static str, (f64, u64)>,
 }
 
 /// The result of one run; `pangea sim run --json` writes it.

@@ -55,7 +55,7 @@ mod shard;
 
 pub use shard::{Split, default_threads, plan_split, run_scenario, run_split};
 
-use crate::host::Host;
+use crate::host::{Host, Work};
 use crate::ids::Interner;
 use crate::net::{NetConfig, Network};
 use crate::queue::EventQueue;
@@ -1300,7 +1300,13 @@ impl Simulation {
             let at = match &t.frame {
                 Frame::SnapshotChunk(c) => {
                     let cost = node.host.model().snapshot;
-                    leave.max(node.host.run_driver(now, cost, c.rows.len(), t.bytes))
+                    leave.max(node.host.run_driver(
+                        now,
+                        Work::Snapshot,
+                        cost,
+                        c.rows.len(),
+                        t.bytes,
+                    ))
                 }
                 _ => leave,
             };
@@ -1454,7 +1460,9 @@ impl Simulation {
             0 => behind,
             n => {
                 let cost = node.host.model().apply;
-                node.host.run_driver(now, cost, n, bytes).max(behind)
+                node.host
+                    .run_driver(now, Work::Apply, cost, n, bytes)
+                    .max(behind)
             }
         };
         if ready == now && node.inbox.is_empty() {

@@ -706,7 +706,7 @@ impl Simulation {
             // asks the next candidate.
             let refused = Reply::Err(ErrKind::Unavailable, None);
             let cost = self.nodes[r].host.model().read;
-            let done = self.nodes[r].host.run(self.now, cost, 1, 0);
+            let done = self.nodes[r].host.run(self.now, Work::Read, cost, 1, 0);
             self.answer_at(done, op_ref, attempt, r, client, refused, ENVELOPE_BYTES);
             return;
         }
@@ -828,7 +828,7 @@ impl Simulation {
         };
         // Decided as it arrives, answered once a core has served it.
         let cost = self.nodes[r].host.model().read;
-        let done = self.nodes[r].host.run(self.now, cost, 1, bytes);
+        let done = self.nodes[r].host.run(self.now, Work::Read, cost, 1, bytes);
         self.answer_at(done, op_ref, attempt, r, client, reply, bytes);
     }
 
@@ -836,7 +836,9 @@ impl Simulation {
         // Proposed as it arrives; its turn goes to the disk once a core has served
         // it, and it is acknowledged when that commit ends (`settle`).
         let cost = self.nodes[r].host.model().write;
-        let done = self.nodes[r].host.run(self.now, cost, 1, m.payload_bytes());
+        let done = self.nodes[r]
+            .host
+            .run(self.now, Work::Write, cost, 1, m.payload_bytes());
         // Waiting for more regions than the row's policy spans: refused unwritten.
         if self.sc.workload.write_ack != WriteAck::Origin
             && let Some(rep) = self.nodes[r].replica.as_ref()
@@ -892,7 +894,7 @@ impl Simulation {
         match &mut self.frontends {
             Some(f) => {
                 let cost = f.model().read;
-                f.run(at, cost, 1, 0)
+                f.run(at, Work::Frontend, cost, 1, 0)
             }
             None => at,
         }
@@ -1203,7 +1205,9 @@ impl Simulation {
         if let Some(delay) = self.client_path(region, r, false) {
             let at = if wms.is_some() {
                 let cost = self.nodes[r].host.model().read;
-                let done = self.nodes[r].host.run(self.now, cost, 1, 0);
+                let done = self.nodes[r]
+                    .host
+                    .run(self.now, Work::Watermarks, cost, 1, 0);
                 done + self.nodes[r].host.overhead() + delay
             } else {
                 self.now + delay // refused by the host's operating system

@@ -226,6 +226,7 @@ impl Simulation {
                     driver: node.host.driver_busy.as_us() as f64 / over.as_us().max(1) as f64,
                     disk,
                     fsyncs: node.host.fsyncs,
+                    work: node.host.work_shares(over),
                 };
                 (node.id.to_string(), load)
             })
@@ -241,6 +242,7 @@ impl Simulation {
                             driver: 0.0,
                             disk: 0.0,
                             fsyncs: 0,
+                            work: BTreeMap::new(),
                         };
                         (metrics::BACKGROUND.to_owned(), load)
                     }),
@@ -252,6 +254,7 @@ impl Simulation {
                     driver: 0.0,
                     disk: 0.0,
                     fsyncs: 0,
+                    work: BTreeMap::new(),
                 };
                 (metrics::FRONTENDS.to_owned(), load)
             }))
