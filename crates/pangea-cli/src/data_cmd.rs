@@ -163,6 +163,19 @@ pub(crate) struct PutArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct IncrArgs {
+    #[command(flatten)]
+    connect: Connect,
+    #[command(flatten)]
+    write: WriteFlags,
+    row: String,
+    /// FAMILY:COLUMN[=DELTA] (default delta 1; negative counts down), one or
+    /// more, of counter families.
+    #[arg(required = true, allow_hyphen_values = true)]
+    counters: Vec<String>,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct DeleteArgs {
     #[command(flatten)]
     connect: Connect,
@@ -239,15 +252,34 @@ fn served(json: bool, r: &pangea_client::Response<impl Sized>) -> serde_json::Va
     })
 }
 
-fn row_json(row: &pangea_client::Row) -> serde_json::Value {
+/// Which families of the table being read are counters (their cells print as
+/// numbers).
+fn counter_families(client: &Client, table: &str) -> Vec<String> {
+    let d = client.deployment();
+    d.placement.schema.table(table).map_or_else(Vec::new, |t| {
+        t.families
+            .iter()
+            .filter(|(_, f)| f.is_counter())
+            .map(|(name, _)| name.to_string())
+            .collect()
+    })
+}
+
+fn row_json(row: &pangea_client::Row, counters: &[String]) -> serde_json::Value {
     let cells: Vec<serde_json::Value> = row
         .families
         .iter()
         .flat_map(|f| {
+            let counter = counters.contains(&f.name);
             f.cells.iter().map(move |c| {
+                let value = if counter {
+                    serde_json::json!(pangea_core::row::count_of(&c.value))
+                } else {
+                    serde_json::json!(show_bytes(&c.value))
+                };
                 serde_json::json!({
                     "family": f.name, "column": show_bytes(&c.column), "timestamp": c.timestamp,
-                    "origin": c.origin, "value": show_bytes(&c.value),
+                    "origin": c.origin, "value": value,
                 })
             })
         })
@@ -255,17 +287,22 @@ fn row_json(row: &pangea_client::Row) -> serde_json::Value {
     serde_json::json!({ "key": show_bytes(&row.key), "cells": cells })
 }
 
-fn print_row(row: &pangea_client::Row) {
+fn print_row(row: &pangea_client::Row, counters: &[String]) {
     println!("{}", show_bytes(&row.key));
     for f in &row.families {
+        let counter = counters.contains(&f.name);
         for c in &f.cells {
+            let value = if counter {
+                format!("{} (counter)", pangea_core::row::count_of(&c.value))
+            } else {
+                show_value(&c.value)
+            };
             println!(
-                "  {}:{} @ {} by {} = {}",
+                "  {}:{} @ {} by {} = {value}",
                 f.name,
                 show_bytes(&c.column),
                 pangea_core::Timestamp::from_u64(c.timestamp),
                 c.origin,
-                show_value(&c.value)
             );
         }
     }
@@ -281,12 +318,13 @@ pub(crate) fn get(a: GetArgs) -> Result<()> {
             opts.filter.families = vec![f.as_str().into()];
         }
         let r = client.get(&a.connect.table, Bytes::from(parse_key(&a.row)?), &opts).await?;
+        let counters = counter_families(&client, &a.connect.table);
         if a.connect.json {
-            let v = serde_json::json!({ "row": r.value.as_ref().map(row_json), "served_by": served(true, &r) });
+            let v = serde_json::json!({ "row": r.value.as_ref().map(|row| row_json(row, &counters)), "served_by": served(true, &r) });
             println!("{}", serde_json::to_string_pretty(&v)?);
         } else {
             match &r.value {
-                Some(row) => print_row(row),
+                Some(row) => print_row(row, &counters),
                 None => println!("(no row {:?})", a.row),
             }
             println!("-- served by {} ({}), {}, {:.1} ms", r.replica, r.region, r.reason, r.latency.as_secs_f64() * 1e3);
@@ -308,6 +346,36 @@ pub(crate) fn put(a: PutArgs) -> Result<()> {
             family: family.into(),
             column: Bytes::from(column.as_bytes().to_vec()),
             value: Bytes::from(value.as_bytes().to_vec()),
+        });
+    }
+    write(&a.connect, &a.row, muts, &a.write)
+}
+
+pub(crate) fn incr(a: IncrArgs) -> Result<()> {
+    if a.write.resend_if_unknown {
+        anyhow::bail!(
+            "--resend-if-unknown: an increment applied twice counts twice, so it is never \
+             resent when whether it was applied is unknown"
+        );
+    }
+    let mut muts = Vec::new();
+    for counter in &a.counters {
+        let (fc, delta) = match counter.split_once('=') {
+            Some((fc, d)) => {
+                let delta = d.parse::<i64>().with_context(|| {
+                    format!("{counter:?}: the delta after '=' must be a whole number (64-bit)")
+                })?;
+                (fc, delta)
+            }
+            None => (counter.as_str(), 1),
+        };
+        let (family, column) = fc
+            .split_once(':')
+            .with_context(|| format!("{counter:?}: FAMILY:COLUMN[=DELTA]"))?;
+        muts.push(Mutation::Increment {
+            family: family.into(),
+            column: Bytes::from(column.as_bytes().to_vec()),
+            delta,
         });
     }
     write(&a.connect, &a.row, muts, &a.write)
@@ -363,13 +431,14 @@ pub(crate) fn scan(a: ScanArgs) -> Result<()> {
             .with_deadline(a.connect.deadline());
         let scan = ScanOptions { limit: a.limit, ..Default::default() };
         let r = client.scan_prefix(&a.connect.table, Bytes::from(parse_key(&a.prefix)?), &scan, &opts).await?;
+        let counters = counter_families(&client, &a.connect.table);
         if a.connect.json {
-            let rows: Vec<_> = r.value.rows.iter().map(row_json).collect();
+            let rows: Vec<_> = r.value.rows.iter().map(|row| row_json(row, &counters)).collect();
             let v = serde_json::json!({ "rows": rows, "resume_key": show_bytes(&r.value.resume_key), "served_by": served(true, &r) });
             println!("{}", serde_json::to_string_pretty(&v)?);
         } else {
             for row in &r.value.rows {
-                print_row(row);
+                print_row(row, &counters);
             }
             println!("-- {} rows, served by {} ({}), {:.1} ms", r.value.rows.len(), r.replica, r.region, r.latency.as_secs_f64() * 1e3);
             if !r.value.resume_key.is_empty() {

@@ -10,7 +10,7 @@
 //! - `nemesis_cmd`: `pangea cluster nemesis` and `check-history`: the flags and
 //!   report of `pangea_ops::nemesis` (fault injection into a running local cluster,
 //!   a recorded history, the checkers run on it);
-//! - `data_cmd`: `pangea get | put | delete | scan | watermarks`;
+//! - `data_cmd`: `pangea get | put | incr | delete | scan | watermarks`;
 //! - `load_cmd`: `pangea load`, bulk loading of batch-built rows (docs/bulk-load.md);
 //! - `placement_cmd`: `pangea placement move | status | audit`;
 //! - `store_cmd`: `pangea store inspect | get`, offline reads of a data directory;
@@ -99,6 +99,9 @@ enum Command {
     Get(data_cmd::GetArgs),
     /// Write cells of one row (FAMILY:COLUMN=VALUE ...); prints the write's token.
     Put(data_cmd::PutArgs),
+    /// Add to counters of one row (FAMILY:COLUMN[=DELTA] ..., counter families);
+    /// prints the write's token.
+    Incr(data_cmd::IncrArgs),
     /// Delete a row or one family of it.
     Delete(data_cmd::DeleteArgs),
     /// Rows whose key starts with a prefix.
@@ -190,6 +193,7 @@ fn main() -> std::process::ExitCode {
         Command::Placement(cmd) => placement_cmd::run(cmd),
         Command::Get(a) => data_cmd::get(a),
         Command::Put(a) => data_cmd::put(a),
+        Command::Incr(a) => data_cmd::incr(a),
         Command::Delete(a) => data_cmd::delete(a),
         Command::Scan(a) => data_cmd::scan(a),
         Command::Load(a) => load_cmd::run(a),

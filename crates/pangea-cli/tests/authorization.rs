@@ -66,6 +66,7 @@ fn merge(
                     }),
                     value: Some(b"forged".to_vec().into()),
                 }],
+                folded: vec![],
             }],
         }],
     };
@@ -239,6 +240,14 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
                 "set",
                 set_cell(TABLE, b"us/0001", "profile", b"p", b"w".to_vec()),
             ),
+            (
+                "increment",
+                common::increment(TABLE, b"us/0001", "impressions", b"c1", 1),
+            ),
+            (
+                "increment _jobs",
+                common::increment("_jobs", b"x", "j", b"s", 1),
+            ),
             ("set _location", forged_entry(b"", "nope")),
             (
                 "set _jobs",
@@ -304,6 +313,8 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
         let expected = [
             /* get             */ [Served,     Served,     Denied],
             /* set             */ [Served,     Served,     Denied],
+            /* increment       */ [Served,     Served,     Denied],
+            /* increment _jobs */ [Denied, Denied, Denied],
             /* set _location   */ [Denied, Denied, Denied],
             /* set _jobs       */ [Denied, Denied, Denied],
             /* merge           */ [Denied, Served,     Denied],

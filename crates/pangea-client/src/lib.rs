@@ -62,6 +62,9 @@ use tracing::Instrument as _;
 pub const PROFILE_TABLE: &str = "ad_profiles";
 pub const PROFILE_FAMILY: &str = "profile";
 pub const PROFILE_COLUMN: &[u8] = b"p";
+/// The counter family of frequency caps in `ad_profiles`: one counter per
+/// campaign, its TTL the cap's window.
+pub const IMPRESSIONS_FAMILY: &str = "impressions";
 
 /// `_location` entries asked for in one request ([`Client::refresh_location`]).
 const LOCATION_PAGE_ROWS: u32 = 1_000;
@@ -1234,7 +1237,12 @@ impl Client {
         // `WriteCall` decides: no hedge (a write is not idempotent across origins);
         // another replica only when this one certainly did not apply it, unless
         // the caller says applying it twice is harmless.
-        let resend = if opts.resend_if_unknown {
+        // An increment applied twice counts twice: never resent when unknown.
+        let increments = mutation
+            .mutations()
+            .iter()
+            .any(|m| matches!(m, Mutation::Increment { .. }));
+        let resend = if opts.resend_if_unknown && !increments {
             Resend::IfUnknown
         } else {
             Resend::IfNotApplied
@@ -1377,6 +1385,94 @@ impl Client {
             &pangea_core::Limits::default(),
         )?;
         self.mutate(mutation, opts).await
+    }
+
+    /// Adds `delta` to the counter `family`:`column` of row `key` (a family of
+    /// `type = "counter"` in the placement file). Increments from every region
+    /// all count, whatever their order (docs/client.md, Counters). An increment
+    /// is never resent when whether it was applied is unknown (it would count
+    /// twice): such a failure is `Error::Ambiguous`, whatever
+    /// [`WriteOptions::resend_if_unknown`] says.
+    pub async fn increment(
+        &self,
+        table: &str,
+        key: impl Into<Bytes>,
+        family: &str,
+        column: impl Into<Bytes>,
+        delta: i64,
+        opts: &WriteOptions,
+    ) -> Result<Response<Token>, Error> {
+        let m = Mutation::Increment {
+            family: family.into(),
+            column: column.into(),
+            delta,
+        };
+        let mutation = RowMutation::new(table, key, vec![m], &pangea_core::Limits::default())?;
+        self.mutate(mutation, opts).await
+    }
+
+    /// The value of counter `family`:`column` of row `key` (0 when nothing was
+    /// ever counted, or all of it expired or was deleted).
+    pub async fn get_counter(
+        &self,
+        table: &str,
+        key: impl Into<Bytes>,
+        family: &str,
+        column: impl Into<Bytes>,
+        opts: &ReadOptions,
+    ) -> Result<Response<i64>, Error> {
+        let mut opts = opts.clone();
+        opts.filter = ReadFilter {
+            columns: vec![(family.into(), column.into())],
+            ..Default::default()
+        };
+        let r = self.get(table, key.into(), &opts).await?;
+        r.map(|row| {
+            Ok(row
+                .iter()
+                .flat_map(|r| r.families.iter())
+                .flat_map(|f| f.cells.iter())
+                .next()
+                .map_or(0, |c| pangea_core::row::count_of(&c.value)))
+        })
+    }
+
+    /// Counts one impression of `campaign_id` to `user_key`: +1 to its counter in
+    /// the `impressions` family of `ad_profiles` (a counter family whose TTL is
+    /// the frequency-cap window: docs/client.md, Frequency caps).
+    pub async fn count_impression(
+        &self,
+        user_key: &str,
+        campaign_id: &str,
+        opts: &WriteOptions,
+    ) -> Result<Response<Token>, Error> {
+        self.increment(
+            PROFILE_TABLE,
+            user_key.to_owned(),
+            IMPRESSIONS_FAMILY,
+            campaign_id.to_owned(),
+            1,
+            opts,
+        )
+        .await
+    }
+
+    /// Impressions of `campaign_id` to `user_key` within the window (the
+    /// `impressions` family's TTL), counted in every region.
+    pub async fn impressions(
+        &self,
+        user_key: &str,
+        campaign_id: &str,
+        opts: &ReadOptions,
+    ) -> Result<Response<i64>, Error> {
+        self.get_counter(
+            PROFILE_TABLE,
+            user_key.to_owned(),
+            IMPRESSIONS_FAMILY,
+            campaign_id.to_owned(),
+            opts,
+        )
+        .await
     }
 
     /// Starts moving the rows of `table` under `prefix` to placement policy `to`

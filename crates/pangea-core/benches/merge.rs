@@ -36,6 +36,7 @@ fn bench(c: &mut Criterion) {
             GcPolicy {
                 max_versions: Some(3),
                 ttl_ms: None,
+                ..GcPolicy::default()
             },
         )],
     );

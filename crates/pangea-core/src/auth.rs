@@ -9,7 +9,7 @@
 //! | read an ordinary table | no | if P grants read | if P grants read | no |
 //! | read `_location` | no | yes (routing) | yes (routing) | yes |
 //! | read `_jobs` | no | no | no | yes |
-//! | write cells of an ordinary table | no | if P grants read-write | if P grants read-write | no |
+//! | write cells or increment counters of an ordinary table | no | if P grants read-write | if P grants read-write | no |
 //! | write any system table (`_*`) | no | no | no | no |
 //! | merge pre-versioned rows (`MergeRow`) | no | no | if P grants read-write | no |
 //! | read this replica's watermarks | no | scopes P may read | scopes P may read | yes |

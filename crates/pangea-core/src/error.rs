@@ -23,6 +23,13 @@ pub enum Error {
     UnknownTable { table: String },
     #[error("table {table:?} has no column family {family:?}")]
     UnknownFamily { table: String, family: String },
+    /// A mutation that does not fit its family's kind (cells or counter).
+    #[error("family {family:?} of table {table:?} {why}")]
+    FamilyKind {
+        table: String,
+        family: String,
+        why: &'static str,
+    },
     #[error(transparent)]
     InvalidName(#[from] NameError),
     #[error("time range [{start}, {end}) is empty")]

@@ -8,7 +8,7 @@ use crate::row::RowState;
 use bytes::Bytes;
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
-use pangea_topology::schema::{Schema, validate_name};
+use pangea_topology::schema::{FamilyKind, Schema, validate_name};
 use std::sync::Arc;
 
 /// A half-open range of timestamps `[start, end)`; `end: None` is unbounded.
@@ -86,6 +86,14 @@ pub enum Mutation {
     DeleteFromRow,
     /// Merge a whole replicated row state (placement migration backfill).
     MergeRow(Box<RowState>),
+    /// Add `delta` to a counter cell (a counter family's column). Increments
+    /// commute and each counts once, whatever the order and repeats of delivery
+    /// (the row module's counters).
+    Increment {
+        family: Arc<str>,
+        column: Bytes,
+        delta: i64,
+    },
 }
 
 impl Mutation {
@@ -93,7 +101,8 @@ impl Mutation {
         match self {
             Mutation::SetCell { family, .. }
             | Mutation::DeleteFromColumn { family, .. }
-            | Mutation::DeleteFromFamily { family } => Some(family),
+            | Mutation::DeleteFromFamily { family }
+            | Mutation::Increment { family, .. } => Some(family),
             Mutation::DeleteFromRow | Mutation::MergeRow(_) => None,
         }
     }
@@ -135,6 +144,14 @@ impl Mutation {
                 let (_, row) = RowState::from_proto(state)?;
                 Ok(Mutation::MergeRow(Box::new(row)))
             }
+            Some(Kind::Increment(i)) => {
+                column_ok(&i.column)?;
+                Ok(Mutation::Increment {
+                    family: family(i.family)?,
+                    column: i.column,
+                    delta: i.delta,
+                })
+            }
             None => Err(Error::malformed("Mutation", "no kind set")),
         }
     }
@@ -168,6 +185,15 @@ impl Mutation {
             },
             Mutation::DeleteFromRow => Mutation::DeleteFromRow,
             Mutation::MergeRow(row) => Mutation::MergeRow(row.clone()),
+            Mutation::Increment {
+                family,
+                column,
+                delta,
+            } => Mutation::Increment {
+                family: name(family),
+                column: Bytes::copy_from_slice(column),
+                delta: *delta,
+            },
         }
     }
 
@@ -198,6 +224,15 @@ impl Mutation {
             Mutation::DeleteFromRow => Kind::DeleteFromRow(m::DeleteFromRow {}),
             Mutation::MergeRow(row) => Kind::MergeRow(m::MergeRow {
                 state: Some(row.to_proto(&Bytes::new())),
+            }),
+            Mutation::Increment {
+                family,
+                column,
+                delta,
+            } => Kind::Increment(m::Increment {
+                family: family.to_string(),
+                column: column.clone(),
+                delta: *delta,
             }),
         };
         pb::Mutation { kind: Some(kind) }
@@ -289,7 +324,10 @@ impl RowMutation {
         }
     }
 
-    /// Checks that the table and every family exist in `schema`.
+    /// Checks that the table and every family exist in `schema`, and that each
+    /// mutation fits its family's kind: increments only to counter families, and
+    /// to those only increments and whole deletes (a counter's value is a sum, not
+    /// versions to set or to cut by time).
     pub fn check_schema(&self, schema: &Schema) -> Result<(), Error> {
         let table = schema
             .table(&self.table)
@@ -311,6 +349,47 @@ impl RowMutation {
                     table: self.table.to_string(),
                     family: family.to_owned(),
                 });
+            }
+        }
+        for m in self.mutations.iter() {
+            let wrong = |family: &str, why: &'static str| Error::FamilyKind {
+                table: self.table.to_string(),
+                family: family.to_owned(),
+                why,
+            };
+            let kind = |f: &str| table.family(f).map(|g| g.kind).unwrap_or_default();
+            let counter = |f: &str| kind(f) == FamilyKind::Counter;
+            match m {
+                Mutation::Increment { family, .. } if !counter(family) => {
+                    return Err(wrong(
+                        family,
+                        "is not a counter family: increments need `type = \"counter\"`",
+                    ));
+                }
+                Mutation::SetCell { family, .. } if counter(family) => {
+                    return Err(wrong(
+                        family,
+                        "is a counter family: change its cells with increments",
+                    ));
+                }
+                Mutation::DeleteFromColumn { family, range, .. }
+                    if counter(family) && *range != TimeRange::ALL =>
+                {
+                    return Err(wrong(
+                        family,
+                        "is a counter family: a delete takes a whole counter, not a time range",
+                    ));
+                }
+                Mutation::MergeRow(r) => {
+                    if let Some(family) = r.family_names().find(|f| !r.fits_kind(f, kind(f))) {
+                        return Err(wrong(
+                            family,
+                            "does not hold what the merged row holds in it (counts in a \
+                             family of cells, or values that are not 8-byte counts)",
+                        ));
+                    }
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -337,6 +416,7 @@ impl RowMutation {
                 .map(|m| match m {
                     Mutation::SetCell { column, value, .. } => column.len() + value.len(),
                     Mutation::DeleteFromColumn { column, .. } => column.len(),
+                    Mutation::Increment { column, .. } => column.len() + 8,
                     Mutation::MergeRow(row) => row.value_bytes(),
                     _ => 0,
                 })

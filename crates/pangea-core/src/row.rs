@@ -19,6 +19,21 @@
 //!   cannot bring back one already beyond N); the top N of a set is order-free;
 //! - a TTL hides versions older than `now - ttl` and [`RowState::compact`] drops them.
 //!
+//! Counters (a family of `type = "counter"`): each `Increment` is kept as a
+//! version of its cell whose value is the delta, so a cell is the *set* of its
+//! increments and its value their sum. Merging sets is order-free and
+//! idempotent, as for every other write, and deletes remove the increments older
+//! than them as they remove versions. [`RowState::compact`] folds the increments
+//! at or below the purge horizon into one [`Folded`] sum per origin (and per
+//! expiry bucket), which stands for exactly those increments: by I5 every one of
+//! them has arrived, so the fold is the same on every replica that makes it, and
+//! a merge keeps, per origin and bucket, the fold that reaches furthest and drops
+//! the increments it already counts. Under a TTL, an increment counts until the
+//! end of its wall-clock minute ([`COUNTER_BUCKET_MS`]) plus the TTL, so a fold
+//! per minute expires exactly when its increments would. A counter's size thus
+//! grows with the increments of the last few seconds (and one fold per origin, or
+//! per origin and minute within the TTL), not with every increment ever made.
+//!
 //! [`RowState::compact`] also purges tombstones at or below the purge horizon. Its
 //! premise (I5): every write this replica has not yet applied is newer than the
 //! horizon. Under it, purging never changes what a reader sees, now or after later
@@ -31,6 +46,7 @@ use crate::ids::ReplicaId;
 use crate::mutation::{Mutation, TimeRange};
 use bytes::Bytes;
 use pangea_proto::v1 as pb;
+use pangea_topology::schema::FamilyKind;
 use pangea_topology::schema::{GcPolicy, TableSchema, validate_name};
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -119,13 +135,82 @@ impl RangeTombstone {
     }
 }
 
+/// The expiry bucket of counter increments under a TTL: an increment counts
+/// until the end of its wall-clock minute plus the TTL.
+pub const COUNTER_BUCKET_MS: u64 = 60_000;
+
+/// A counter increment's value: the delta, 8 bytes big-endian.
+pub fn count_bytes(n: i64) -> Bytes {
+    Bytes::copy_from_slice(&n.to_be_bytes())
+}
+
+/// The delta a counter version holds (0 for a value that is not 8 bytes, which
+/// [`RowMutation::check_schema`](crate::RowMutation::check_schema) keeps out).
+pub fn count_of(value: &[u8]) -> i64 {
+    value.try_into().map_or(0, i64::from_be_bytes)
+}
+
+/// The expiry bucket an increment at `t` falls in: its minute under a TTL, 0
+/// (one bucket for ever) without one.
+fn bucket_of(t: Timestamp, ttl_ms: Option<u64>) -> u64 {
+    match ttl_ms {
+        Some(_) => t.wall_ms() / COUNTER_BUCKET_MS * COUNTER_BUCKET_MS,
+        None => 0,
+    }
+}
+
+/// Until when (wall ms, exclusive) increments of `bucket_ms` count.
+fn bucket_expires(bucket_ms: u64, ttl_ms: Option<u64>) -> u64 {
+    ttl_ms.map_or(u64::MAX, |ttl| {
+        bucket_ms
+            .saturating_add(COUNTER_BUCKET_MS)
+            .saturating_add(ttl)
+    })
+}
+
+/// The sum of one origin's increments to a counter cell within one expiry
+/// bucket, every one of them at or below `up_to` (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Folded {
+    /// The newest increment folded in; its origin is the origin of all.
+    newest: Version,
+    bucket_ms: u64,
+    up_to: Timestamp,
+    sum: i64,
+}
+
+impl Folded {
+    fn origin(&self) -> &ReplicaId {
+        &self.newest.origin
+    }
+
+    /// The place of the fold in its column: one per (origin, bucket).
+    fn slot(&self) -> (&ReplicaId, u64) {
+        (self.origin(), self.bucket_ms)
+    }
+
+    /// The version every increment it holds is at or below: a delete newer than
+    /// it removes them all; one not newer had reached the replica that folded
+    /// them (I5), so the fold already leaves out what it deleted.
+    fn cut(&self) -> Version {
+        Version::new(self.up_to, self.origin().clone())
+    }
+
+    /// Whether the increment `v` (of bucket `bucket_ms`) is counted here.
+    fn counts(&self, v: &Version, bucket_ms: u64) -> bool {
+        *self.origin() == v.origin && self.bucket_ms == bucket_ms && v.timestamp <= self.up_to
+    }
+}
+
 #[derive(Debug, Clone, Eq, Default)]
 struct ColumnState {
     /// Maximal range tombstones, sorted.
     range_tombstones: Vec<RangeTombstone>,
     /// Newest first; `None` is a ghost (deleted, kept only when the family has
-    /// `max_versions`, to count against it).
+    /// `max_versions`, to count against it). A counter's increments.
     versions: Vec<(Version, Option<Bytes>)>,
+    /// A counter's folded increments, sorted by [`Folded::slot`].
+    folded: Vec<Folded>,
 }
 
 /// Equal contents; values held in one buffer (copies of one write, as replicas
@@ -137,6 +222,7 @@ impl PartialEq for ColumnState {
             (a, b) => a.is_none() && b.is_none(),
         };
         self.range_tombstones == other.range_tombstones
+            && self.folded == other.folded
             && self.versions.len() == other.versions.len()
             && self
                 .versions
@@ -148,7 +234,7 @@ impl PartialEq for ColumnState {
 
 impl ColumnState {
     fn is_empty(&self) -> bool {
-        self.range_tombstones.is_empty() && self.versions.is_empty()
+        self.range_tombstones.is_empty() && self.versions.is_empty() && self.folded.is_empty()
     }
 
     fn covers(&self, v: &Version) -> bool {
@@ -177,7 +263,9 @@ impl ColumnState {
     }
 
     /// Deletes the versions `matches` selects: ghosts under `max_versions`, else gone.
+    /// A counter's folds go when `matches` selects their cut.
     fn delete_where(&mut self, gc: &GcPolicy, matches: impl Fn(&Version) -> bool) {
+        self.folded.retain(|f| !matches(&f.cut()));
         if gc.max_versions.is_some() {
             for (v, value) in &mut self.versions {
                 if matches(v) {
@@ -187,6 +275,121 @@ impl ColumnState {
         } else {
             self.versions.retain(|(v, _)| !matches(v));
         }
+    }
+}
+
+/// A counter column's increments and folds (the module docs, counters).
+impl ColumnState {
+    /// Whether some fold counts the increment `v` already.
+    fn folds(&self, v: &Version, ttl_ms: Option<u64>) -> bool {
+        let bucket = bucket_of(v.timestamp, ttl_ms);
+        self.folded.iter().any(|f| f.counts(v, bucket))
+    }
+
+    /// Joins a fold: per (origin, bucket) the one reaching furthest stays, and
+    /// the increments it counts go.
+    fn join_fold(&mut self, f: &Folded, ttl_ms: Option<u64>) {
+        match self.folded.binary_search_by(|x| x.slot().cmp(&f.slot())) {
+            Ok(i) => {
+                let x = &mut self.folded[i];
+                // Equal reach means equal folds (I5); a faulty peer's other sum
+                // under the same reach still resolves alike everywhere.
+                if (f.up_to, f) > (x.up_to, &*x) {
+                    x.clone_from(f);
+                } else {
+                    return;
+                }
+            }
+            Err(i) => self.folded.insert(i, f.clone()),
+        }
+        self.versions
+            .retain(|(v, _)| !f.counts(v, bucket_of(v.timestamp, ttl_ms)));
+    }
+
+    /// Folds the increments at or below `horizon` (module docs, counters).
+    fn fold_to(&mut self, horizon: Timestamp, ttl_ms: Option<u64>) -> bool {
+        // Newest first: the increments to fold are the tail.
+        let keep = self
+            .versions
+            .partition_point(|(v, _)| v.timestamp > horizon);
+        if keep == self.versions.len() {
+            return false;
+        }
+        for (v, value) in self.versions.split_off(keep) {
+            let delta = value.as_deref().map_or(0, count_of);
+            let bucket_ms = bucket_of(v.timestamp, ttl_ms);
+            let slot = (&v.origin, bucket_ms);
+            match self.folded.binary_search_by(|x| x.slot().cmp(&slot)) {
+                Ok(i) => {
+                    let f = &mut self.folded[i];
+                    f.sum = f.sum.wrapping_add(delta);
+                    f.up_to = f.up_to.max(horizon);
+                    if v > f.newest {
+                        f.newest = v;
+                    }
+                }
+                Err(i) => self.folded.insert(
+                    i,
+                    Folded {
+                        newest: v,
+                        bucket_ms,
+                        up_to: horizon,
+                        sum: delta,
+                    },
+                ),
+            }
+        }
+        true
+    }
+
+    /// Drops increments and folds expired at `now_ms`; whether any was.
+    fn expire_counts(&mut self, ttl_ms: Option<u64>, now_ms: u64) -> bool {
+        if ttl_ms.is_none() {
+            return false;
+        }
+        let before = self.versions.len() + self.folded.len();
+        self.versions
+            .retain(|(v, _)| bucket_expires(bucket_of(v.timestamp, ttl_ms), ttl_ms) > now_ms);
+        self.folded
+            .retain(|f| bucket_expires(f.bucket_ms, ttl_ms) > now_ms);
+        self.versions.len() + self.folded.len() != before
+    }
+
+    /// Whether [`ColumnState::expire_counts`] would drop anything.
+    fn counts_expired(&self, ttl_ms: Option<u64>, now_ms: u64) -> bool {
+        ttl_ms.is_some()
+            && (self
+                .versions
+                .iter()
+                .any(|(v, _)| bucket_expires(bucket_of(v.timestamp, ttl_ms), ttl_ms) <= now_ms)
+                || self
+                    .folded
+                    .iter()
+                    .any(|f| bucket_expires(f.bucket_ms, ttl_ms) <= now_ms))
+    }
+
+    /// The counter as a reader sees it at `now_ms`: the sum of its live
+    /// increments and folds, the newest of them, and until when (wall ms) that
+    /// answer holds. `None` when nothing counts.
+    fn count(&self, ttl_ms: Option<u64>, now_ms: u64) -> Option<(i64, &Version, u64)> {
+        let mut sum = 0i64;
+        let mut newest: Option<&Version> = None;
+        let mut until = u64::MAX;
+        let increments = self.versions.iter().filter_map(|(v, value)| {
+            let value = value.as_ref()?;
+            Some((v, count_of(value), bucket_of(v.timestamp, ttl_ms)))
+        });
+        let folds = self.folded.iter().map(|f| (&f.newest, f.sum, f.bucket_ms));
+        for (v, delta, bucket_ms) in increments.chain(folds) {
+            let expires = bucket_expires(bucket_ms, ttl_ms);
+            if expires <= now_ms {
+                continue;
+            }
+            sum = sum.wrapping_add(delta);
+            newest = newest.max(Some(v));
+            until = until.min(expires);
+        }
+        newest.map(|v| (sum, v, until))
     }
 }
 
@@ -264,7 +467,10 @@ impl CompactHint {
                 for rt in &col.range_tombstones {
                     tomb(&rt.version);
                 }
-                if let Some((v, _)) = col.versions.last() {
+                // A fold expires with its bucket, after its newest increment
+                // would: as old as that is old enough for `none_expired`.
+                let folds = col.folded.iter().map(|f| &f.newest);
+                for v in col.versions.last().map(|(v, _)| v).into_iter().chain(folds) {
                     let ms = v.timestamp.wall_ms();
                     oldest_ms = Some(oldest_ms.map_or(ms, |o| o.min(ms)));
                 }
@@ -273,6 +479,11 @@ impl CompactHint {
                 .columns
                 .iter()
                 .filter_map(|(column, col)| {
+                    // A counter with folds reads as one 8-byte sum, as its
+                    // increments (8 bytes each) do.
+                    if !col.folded.is_empty() {
+                        return Some(column.len() + 8);
+                    }
                     let value = col.versions.iter().find_map(|(_, value)| value.as_ref());
                     value.map(|value| column.len() + value.len())
                 })
@@ -315,27 +526,57 @@ impl RowState {
     ) {
         // Sets and deletes at one version commute (deletes remove only older
         // versions), so sets go first (each cell's last set only), then deletes.
+        // Increments of one cell in one row mutation share its version: one
+        // increment of their sum.
         let mut set_cells = std::collections::HashSet::new();
+        let mut increments: BTreeMap<(&Arc<str>, &Bytes), i64> = BTreeMap::new();
         for m in mutations.iter().rev() {
-            if let Mutation::SetCell {
-                family,
-                column,
-                value,
-            } = m
-                && set_cells.insert((family, column))
-            {
-                self.set_cell(version, family, column, value, &gc_of(table, family));
+            match m {
+                Mutation::SetCell {
+                    family,
+                    column,
+                    value,
+                } if set_cells.insert((family, column)) => {
+                    let gc = gc_of(table, family);
+                    // A counter's cells change by increments only (refused
+                    // before; ignored alike everywhere if a peer sends one).
+                    if !gc.is_counter() {
+                        self.set_cell(version, family, column, value, &gc);
+                    }
+                }
+                Mutation::Increment {
+                    family,
+                    column,
+                    delta,
+                } => {
+                    let sum = increments.entry((family, column)).or_default();
+                    *sum = sum.wrapping_add(*delta);
+                }
+                _ => {}
+            }
+        }
+        for ((family, column), delta) in increments {
+            let gc = gc_of(table, family);
+            if gc.is_counter() {
+                self.add_count(version, family, column, count_bytes(delta), &gc);
             }
         }
         for m in mutations {
             match m {
-                Mutation::SetCell { .. } => {}
+                Mutation::SetCell { .. } | Mutation::Increment { .. } => {}
                 Mutation::DeleteFromColumn {
                     family,
                     column,
                     range,
                 } => {
-                    self.delete_from_column(version, family, column, *range, &gc_of(table, family));
+                    let gc = gc_of(table, family);
+                    // A counter is deleted whole (refused with a range before).
+                    let range = if gc.is_counter() {
+                        TimeRange::ALL
+                    } else {
+                        *range
+                    };
+                    self.delete_from_column(version, family, column, range, &gc);
                 }
                 Mutation::DeleteFromFamily { family } => {
                     self.delete_from_family(version, family, &gc_of(table, family));
@@ -370,6 +611,55 @@ impl RowState {
             col.insert(v, Some(value.clone()), gc);
         } else if gc.max_versions.is_some() {
             col.insert(v, None, gc);
+        }
+        if col.is_empty() {
+            fam.columns.remove(column);
+            if fam.is_empty() {
+                self.families.remove(family);
+            }
+        }
+    }
+
+    /// Adds one increment (`value`: its delta) to a counter, unless a tombstone
+    /// or a fold covers it.
+    fn add_count(
+        &mut self,
+        v: &Version,
+        family: &Arc<str>,
+        column: &Bytes,
+        value: Bytes,
+        gc: &GcPolicy,
+    ) {
+        let row_tombstone = &self.tombstone;
+        let fam = self.families.entry(family.clone()).or_default();
+        let col = fam.columns.entry(column.clone()).or_default();
+        let covered = row_tombstone.as_ref().is_some_and(|t| v < t)
+            || fam.tombstone.as_ref().is_some_and(|t| v < t)
+            || col.covers(v)
+            || col.folds(v, gc.ttl_ms);
+        if !covered {
+            // No `max_versions` on a counter: every increment stays until folded.
+            col.insert(v, Some(value), &GcPolicy::default());
+        }
+        if col.is_empty() {
+            fam.columns.remove(column);
+            if fam.is_empty() {
+                self.families.remove(family);
+            }
+        }
+    }
+
+    /// Joins another replica's fold into a counter, unless a tombstone covers it.
+    fn merge_fold(&mut self, f: &Folded, family: &Arc<str>, column: &Bytes, gc: &GcPolicy) {
+        let cut = f.cut();
+        let row_tombstone = &self.tombstone;
+        let fam = self.families.entry(family.clone()).or_default();
+        let col = fam.columns.entry(column.clone()).or_default();
+        let covered = row_tombstone.as_ref().is_some_and(|t| cut < *t)
+            || fam.tombstone.as_ref().is_some_and(|t| cut < *t)
+            || col.covers(&cut);
+        if !covered {
+            col.join_fold(f, gc.ttl_ms);
         }
         if col.is_empty() {
             fam.columns.remove(column);
@@ -454,6 +744,17 @@ impl RowState {
                 for rt in &col.range_tombstones {
                     self.delete_from_column(&rt.version, name, column, rt.range, &gc);
                 }
+                if gc.is_counter() {
+                    for f in &col.folded {
+                        self.merge_fold(f, name, column, &gc);
+                    }
+                    for (v, value) in &col.versions {
+                        if let Some(value) = value {
+                            self.add_count(v, name, column, value.clone(), &gc);
+                        }
+                    }
+                    continue;
+                }
                 for (v, value) in &col.versions {
                     match value {
                         Some(value) => self.set_cell(v, name, column, value, &gc),
@@ -514,7 +815,10 @@ impl RowState {
                 if let Some(p) = &purged {
                     col.versions.retain(|(v, _)| v >= p);
                 }
-                if let Some(ttl) = gc.ttl_ms {
+                if gc.is_counter() {
+                    changed |= col.expire_counts(gc.ttl_ms, now_ms);
+                    changed |= col.fold_to(horizon, gc.ttl_ms);
+                } else if let Some(ttl) = gc.ttl_ms {
                     col.versions
                         .retain(|(v, _)| v.timestamp.wall_ms().saturating_add(ttl) > now_ms);
                 }
@@ -561,6 +865,9 @@ impl RowState {
         if h.has_empty || h.oldest_tombstone.is_some_and(|t| t <= horizon) {
             return true;
         }
+        if self.counts_to_fold(table, horizon) {
+            return true;
+        }
         if self.none_expired(table, now_ms) {
             return false;
         }
@@ -574,7 +881,18 @@ impl RowState {
             if fam.is_empty() || purged(&fam.tombstone) {
                 return true;
             }
-            let ttl = gc_of(table, name).ttl_ms;
+            let gc = gc_of(table, name);
+            let ttl = gc.ttl_ms;
+            if gc.is_counter() {
+                return fam.columns.values().any(|col| {
+                    col.is_empty()
+                        || col
+                            .range_tombstones
+                            .iter()
+                            .any(|rt| rt.version.timestamp <= horizon)
+                        || col.counts_expired(ttl, now_ms)
+                });
+            }
             fam.columns.values().any(|col| {
                 col.is_empty()
                     || col
@@ -587,6 +905,24 @@ impl RowState {
                     })
             })
         })
+    }
+
+    /// Whether some counter of the row holds increments at or below `horizon`,
+    /// which [`RowState::compact`] folds.
+    fn counts_to_fold(&self, table: Option<&TableSchema>, horizon: Timestamp) -> bool {
+        let Some(table) = table.filter(|t| t.has_counters()) else {
+            return false;
+        };
+        self.families
+            .iter()
+            .filter(|(name, _)| table.family(name).is_some_and(GcPolicy::is_counter))
+            .flat_map(|(_, fam)| fam.columns.values())
+            // Newest first: the last increment is the oldest.
+            .any(|col| {
+                col.versions
+                    .last()
+                    .is_some_and(|(v, _)| v.timestamp <= horizon)
+            })
     }
 
     /// What [`RowState::compact`] depends on besides the row and the table, when
@@ -602,6 +938,10 @@ impl RowState {
         now_ms: u64,
     ) -> Option<Option<Timestamp>> {
         if !self.none_expired(table, now_ms) {
+            return None;
+        }
+        // A fold reaches the horizon itself.
+        if self.counts_to_fold(table, horizon) {
             return None;
         }
         if self.hint.oldest_tombstone.is_none_or(|t| t > horizon) {
@@ -668,13 +1008,26 @@ impl RowState {
             .iter()
             .filter(|(name, _)| filter.wants_family(name))
         {
-            let ttl = gc_of(table, name).ttl_ms;
+            let gc = gc_of(table, name);
+            let ttl = gc.ttl_ms;
             let mut cells = Vec::new();
             for (column, col) in fam
                 .columns
                 .iter()
                 .filter(|(c, _)| filter.wants_column(name, c))
             {
+                if gc.is_counter() {
+                    if let Some((sum, v, until)) = col.count(ttl, now_ms) {
+                        until_ms = until_ms.min(until);
+                        cells.push(pb::Cell {
+                            column: column.clone(),
+                            timestamp: v.timestamp.as_u64(),
+                            origin: v.origin.to_string(),
+                            value: count_bytes(sum),
+                        });
+                    }
+                    continue;
+                }
                 let live = col
                     .versions
                     .iter()
@@ -756,6 +1109,16 @@ impl RowState {
                                     value: value.clone(),
                                 })
                                 .collect(),
+                            folded: col
+                                .folded
+                                .iter()
+                                .map(|f| pb::FoldedCount {
+                                    newest: Some(f.newest.to_proto()),
+                                    bucket_ms: f.bucket_ms,
+                                    up_to: f.up_to.as_u64(),
+                                    sum: f.sum,
+                                })
+                                .collect(),
                         })
                         .collect(),
                 })
@@ -831,6 +1194,18 @@ impl RowState {
                     }
                     col.versions.push((v, vv.value));
                 }
+                for f in c.folded {
+                    let f = Folded {
+                        newest: Version::from_proto(f.newest)?,
+                        bucket_ms: f.bucket_ms,
+                        up_to: Timestamp::from_u64(f.up_to),
+                        sum: f.sum,
+                    };
+                    if col.folded.last().is_some_and(|l| l.slot() >= f.slot()) {
+                        return Err(Error::malformed("RowState", "folded counts out of order"));
+                    }
+                    col.folded.push(f);
+                }
                 last_column = Some(c.qualifier.clone());
                 fam.columns.insert(c.qualifier, col);
             }
@@ -852,6 +1227,7 @@ impl RowState {
                         .iter()
                         .map(|rt| &rt.version)
                         .chain(c.versions.iter().map(|(v, _)| v))
+                        .chain(c.folded.iter().map(|f| &f.newest))
                 }))
             }))
     }
@@ -859,6 +1235,21 @@ impl RowState {
     /// Names of the families this row holds anything of.
     pub fn family_names(&self) -> impl Iterator<Item = &str> {
         self.families.keys().map(|f| &**f)
+    }
+
+    /// Whether what the row holds in `family` fits a family of that kind: a
+    /// counter's versions are 8-byte increments, a family of cells has no folds.
+    pub fn fits_kind(&self, family: &str, kind: FamilyKind) -> bool {
+        let Some(fam) = self.families.get(family) else {
+            return true;
+        };
+        fam.columns.values().all(|c| match kind {
+            FamilyKind::Counter => c
+                .versions
+                .iter()
+                .all(|(_, value)| value.as_ref().is_none_or(|b| b.len() == 8)),
+            FamilyKind::Cells => c.folded.is_empty(),
+        })
     }
 
     /// Bytes of columns and values a read of the newest version of every cell
@@ -877,7 +1268,16 @@ impl RowState {
         self.families
             .iter()
             .map(|(name, fam)| {
-                let ttl = gc_of(table, name).ttl_ms;
+                let gc = gc_of(table, name);
+                let ttl = gc.ttl_ms;
+                if gc.is_counter() {
+                    return fam
+                        .columns
+                        .iter()
+                        .filter(|(_, col)| col.count(ttl, now_ms).is_some())
+                        .map(|(column, _)| column.len() + 8)
+                        .sum();
+                }
                 let live = |v: &Version| {
                     ttl.is_none_or(|ttl| v.timestamp.wall_ms().saturating_add(ttl) > now_ms)
                 };
@@ -929,6 +1329,7 @@ impl RowState {
                 // Each version, with its column's name (counted again in each part
                 // the column spans); a column of range tombstones only, by its name.
                 let tombstones_only = col.versions.is_empty().then_some(None);
+                // (Folds go with the column's tombstones, into each part of it.)
                 for item in col.versions.iter().map(Some).chain(tombstones_only) {
                     let size = column.len()
                         + item.map_or(0, |(_, value)| value.as_ref().map_or(0, Bytes::len));
@@ -940,8 +1341,9 @@ impl RowState {
                     let f = part.families.entry(name.clone()).or_default();
                     f.tombstone.clone_from(&fam.tombstone);
                     let c = f.columns.entry(column.clone()).or_default();
-                    if c.range_tombstones.is_empty() {
+                    if c.range_tombstones.is_empty() && c.folded.is_empty() {
                         c.range_tombstones.clone_from(&col.range_tombstones);
+                        c.folded.clone_from(&col.folded);
                     }
                     if let Some((v, value)) = item {
                         c.versions.push((v.clone(), value.clone()));
@@ -966,6 +1368,7 @@ impl RowState {
                         .iter()
                         .map(|(_, v)| v.as_ref().map_or(0, Bytes::len))
                         .sum::<usize>()
+                    + 8 * c.folded.len()
             })
             .sum()
     }

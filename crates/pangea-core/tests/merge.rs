@@ -26,6 +26,7 @@ fn schema() -> Schema {
                 GcPolicy {
                     max_versions: Some(2),
                     ttl_ms: None,
+                    ..GcPolicy::default()
                 },
             ),
             ("g", GcPolicy::default()),
@@ -34,6 +35,7 @@ fn schema() -> Schema {
                 GcPolicy {
                     max_versions: Some(3),
                     ttl_ms: Some(25),
+                    ..GcPolicy::default()
                 },
             ),
         ],
@@ -148,7 +150,9 @@ fn model(history: &[(Version, Vec<Mutation>)], schema: &Schema) -> Visible {
                                 column: c,
                                 range,
                             } => &**f == family && &c[..] == column && range.contains(w.timestamp),
-                            Mutation::SetCell { .. } | Mutation::MergeRow(_) => false,
+                            Mutation::SetCell { .. }
+                            | Mutation::MergeRow(_)
+                            | Mutation::Increment { .. } => false,
                         })
                 })
             };

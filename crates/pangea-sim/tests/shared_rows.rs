@@ -30,6 +30,7 @@ fn schema() -> Schema {
                 GcPolicy {
                     max_versions: Some(2),
                     ttl_ms: None,
+                    ..GcPolicy::default()
                 },
             ),
             ("g", GcPolicy::default()),
@@ -38,6 +39,7 @@ fn schema() -> Schema {
                 GcPolicy {
                     max_versions: Some(3),
                     ttl_ms: Some(25),
+                    ..GcPolicy::default()
                 },
             ),
         ],

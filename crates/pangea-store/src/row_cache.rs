@@ -205,6 +205,7 @@ mod tests {
         let gc = |ttl_ms| GcPolicy {
             max_versions: None,
             ttl_ms,
+            ..GcPolicy::default()
         };
         let schema = Schema::single_table("t", &[("short", gc(Some(100))), ("long", gc(None))]);
         let table = schema.table("t");

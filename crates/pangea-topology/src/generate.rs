@@ -99,7 +99,7 @@ pub fn random_deployment(
     let file = format!("{}.toml", shape.name);
     let topology = Topology::parse(Path::new(&file), &t).expect("generated topology is valid");
     let mut p = String::from(
-        "[[tables]]\nname = \"t\"\n[[tables.families]]\nname = \"f\"\nmax_versions = 2\n[[tables.families]]\nname = \"g\"\n[[tables.families]]\nname = \"h\"\nmax_versions = 3\nttl = \"1h\"\n",
+        "[[tables]]\nname = \"t\"\n[[tables.families]]\nname = \"f\"\nmax_versions = 2\n[[tables.families]]\nname = \"g\"\n[[tables.families]]\nname = \"h\"\nmax_versions = 3\nttl = \"1h\"\n[[tables.families]]\nname = \"n\"\ntype = \"counter\"\n",
     );
     if shape.restricted {
         let start = below(regions as u64 - 1) as usize;

@@ -9,7 +9,7 @@
 use crate::ids::{RegionId, ScopeId};
 use crate::problems::{KeyPath, Problem, ProblemKind, Problems, Source};
 use crate::raw::RawPlacement;
-use crate::schema::{GcPolicy, Schema, TableSchema, validate_name};
+use crate::schema::{FamilyKind, GcPolicy, Schema, TableSchema, validate_name};
 use crate::shard::{GroupId, PartitionKey};
 use crate::topology::{Topology, region_components};
 use serde::Serialize;
@@ -91,7 +91,7 @@ fn add_system_tables(schema: &mut Schema) {
             Arc::from(family),
             GcPolicy {
                 max_versions: Some(1),
-                ttl_ms: None,
+                ..GcPolicy::default()
             },
         )]);
         schema.tables.insert(
@@ -328,12 +328,34 @@ impl Placement {
                     Some((_, ms)) => ms,
                     None => None,
                 };
+                let kind = match f.kind.as_deref() {
+                    None | Some("cells") => FamilyKind::Cells,
+                    Some("counter") => FamilyKind::Counter,
+                    Some(other) => {
+                        p(
+                            ProblemKind::InvalidValue,
+                            &fk.key("type"),
+                            format!("type {other:?} is not \"cells\" or \"counter\""),
+                        );
+                        FamilyKind::Cells
+                    }
+                };
+                if kind == FamilyKind::Counter && max_versions.is_some() {
+                    p(
+                        ProblemKind::InvalidValue,
+                        &fk.key("max_versions"),
+                        "a counter family keeps no versions to limit: its cells are sums \
+                         (drop max_versions, or use ttl to forget old increments)"
+                            .into(),
+                    );
+                }
                 if families
                     .insert(
                         Arc::from(f.name.as_str()),
                         GcPolicy {
                             max_versions,
                             ttl_ms,
+                            kind,
                         },
                     )
                     .is_some()

@@ -145,6 +145,9 @@ pub struct RawFamily {
     pub max_versions: Option<i64>,
     /// A duration such as `"90s"`, `"30m"`, `"12h"`, `"30d"`.
     pub ttl: Option<String>,
+    /// `"cells"` (the default) or `"counter"`.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

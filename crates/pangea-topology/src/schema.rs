@@ -87,7 +87,8 @@ pub fn validate_name(kind: &'static str, name: &str) -> Result<(), NameError> {
     Ok(())
 }
 
-/// How a column family forgets old data. Both limits may apply at once.
+/// A column family's kind and how it forgets old data. Both limits may apply at
+/// once (a counter family takes no `max_versions`).
 ///
 /// `max_versions` keeps the newest N versions *ever written* to a column, deleted ones
 /// included: deleting the newest version does not bring back one that was already
@@ -98,8 +99,28 @@ pub struct GcPolicy {
     /// Keep at most this many versions per column; `None` keeps all.
     pub max_versions: Option<u32>,
     /// Versions older than this (by their timestamp) are invisible and purged; `None`
-    /// keeps them forever.
+    /// keeps them forever. In a counter family, increments expire by the minute
+    /// (`pangea-core`'s `row` module, counters).
     pub ttl_ms: Option<u64>,
+    pub kind: FamilyKind,
+}
+
+/// What a family's cells are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FamilyKind {
+    /// Values written by `SetCell`; last writer wins per cell.
+    #[default]
+    Cells,
+    /// 64-bit signed counters changed by `Increment`: a cell's value is the sum of
+    /// every increment ever applied to it (and not deleted or expired), so
+    /// concurrent increments in every region all count.
+    Counter,
+}
+
+impl GcPolicy {
+    pub fn is_counter(&self) -> bool {
+        self.kind == FamilyKind::Counter
+    }
 }
 
 /// One table: its families and their GC policies, and which prefix of its row
@@ -115,6 +136,11 @@ impl TableSchema {
     /// The GC policy of `family`, or `None` if the table has no such family.
     pub fn family(&self, family: &str) -> Option<&GcPolicy> {
         self.families.get(family)
+    }
+
+    /// True when some family of the table is a counter family.
+    pub fn has_counters(&self) -> bool {
+        self.families.values().any(GcPolicy::is_counter)
     }
 }
 

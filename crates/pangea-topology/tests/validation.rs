@@ -326,6 +326,40 @@ fn placement_problems() {
 }
 
 #[test]
+fn counter_families() {
+    // A counter family, declared by `type`; with a TTL it forgets old increments.
+    let text = PLACEMENT.replace(
+        "max_versions = 1\n",
+        "max_versions = 1\n\n  [[tables.families]]\n  name = \"caps\"\n  type = \"counter\"\n  ttl = \"24h\"\n",
+    );
+    let p = placement(&text).unwrap();
+    let table = p.schema.table("ad_profiles").unwrap();
+    assert!(table.family("caps").unwrap().is_counter());
+    assert!(!table.family("profile").unwrap().is_counter());
+    assert!(table.has_counters());
+    // An unknown type, and max_versions on a counter, are named by file, line and key.
+    let bad = text
+        .replace(
+            "type = \"counter\"",
+            "type = \"counter\"\n  max_versions = 2",
+        )
+        .replace("name = \"profile\"", "name = \"profile\"\n  type = \"sum\"");
+    let p = placement(&bad).unwrap_err();
+    assert!(
+        p.0.iter()
+            .any(|x| x.key == "tables[0].families[1].max_versions"
+                && x.message.contains("counter")
+                && x.line == Some(12)),
+        "{p}"
+    );
+    assert!(
+        p.0.iter()
+            .any(|x| x.key == "tables[0].families[0].type" && x.message.contains("\"sum\"")),
+        "{p}"
+    );
+}
+
+#[test]
 fn policy_whose_regions_cannot_reach_each_other() {
     // us-east-1 and eu-central-1 are joined only through eu-west-1, outside the policy.
     let text = PLACEMENT.replace(

@@ -562,6 +562,30 @@ pub fn set_cell(
     })
 }
 
+/// A raw `Increment` of counter `family`:`column` of `table`/`key` by `delta`.
+pub fn increment(
+    table: &str,
+    key: &[u8],
+    family: &str,
+    column: &[u8],
+    delta: i64,
+) -> pb::client_request::Request {
+    pb::client_request::Request::Mutate(pb::MutateRequest {
+        mutation: Some(pb::RowMutation {
+            table: table.to_owned(),
+            row_key: key.to_vec().into(),
+            mutations: vec![pb::Mutation {
+                kind: Some(pb::mutation::Kind::Increment(pb::mutation::Increment {
+                    family: family.to_owned(),
+                    column: column.to_vec().into(),
+                    delta,
+                })),
+            }],
+        }),
+        ..Default::default()
+    })
+}
+
 /// Options for the writes that set a test up (rows to read, authorize or audit
 /// later): a generous deadline, since the test judges something else and the
 /// default 200 ms budget is a latency target, which a CI machine running other

@@ -46,7 +46,12 @@ impl<S: Storage> Replica<S> {
     /// applied to a copy (as the newest version, so it replaces what it would) and
     /// the copy measured.
     fn check_row_size(&self, m: &RowMutation) -> Result<(), Error> {
-        let adds = |x: &Mutation| matches!(x, Mutation::SetCell { .. } | Mutation::MergeRow(_));
+        let adds = |x: &Mutation| {
+            matches!(
+                x,
+                Mutation::SetCell { .. } | Mutation::MergeRow(_) | Mutation::Increment { .. }
+            )
+        };
         if !m.mutations().iter().any(adds) {
             return Ok(());
         }

@@ -11,7 +11,8 @@
 //! - C4 no watermark-checked read served below its token;
 //! - C5 identical content digests per scope once healed and quiet, equal to the
 //!   digest of every durable write applied to empty rows (an oracle);
-//! - C6 the same seed gives the same trace hash.
+//! - C6 the same seed gives the same trace hash;
+//! - C8 every counter equals the increments acknowledged to it, at every replica.
 
 use bytes::Bytes;
 use pangea_core::digest::ContentDigest;
@@ -20,8 +21,8 @@ use pangea_core::read::{Consistency, Decision, decide};
 use pangea_core::replica::{Config, Event, Now, Replica};
 use pangea_core::storage::{LogEntry, Storage};
 use pangea_core::{
-    Limits, MemStorage, Mutation, RowMutation, RowState, ScopeId, TimeRange, Timestamp, Token,
-    Version,
+    Limits, MemStorage, Mutation, ReadFilter, RowMutation, RowState, ScopeId, TimeRange, Timestamp,
+    Token, Version,
 };
 use pangea_topology::{Deployment, ReplicaId};
 use std::cmp::Reverse;
@@ -509,6 +510,21 @@ impl Cluster {
             .placement
             .policy(&ScopeId::new("restricted"))
             .is_some();
+        // A quarter of the writes count: +1 to a counter of rows that only
+        // ever count (C8 compares them with the increments acknowledged).
+        if self.rng.chance(0.25) {
+            let key = if restricted && self.rng.chance(0.4) {
+                format!("r/n{}", self.rng.below(3))
+            } else {
+                format!("n{}", self.rng.below(3))
+            };
+            let m = Mutation::Increment {
+                family: "n".into(),
+                column: Bytes::from(format!("c{}", self.rng.below(2))),
+                delta: 1,
+            };
+            return self.propose_at(id, key, m);
+        }
         let key = if restricted && self.rng.chance(0.4) {
             format!("r/{}", self.rng.below(12))
         } else {
@@ -545,6 +561,16 @@ impl Cluster {
                 ]),
             },
         };
+        self.propose_at(id, key, m);
+    }
+
+    /// Proposes `m` to row `key` of table "t" at replica `id` (one that may hold
+    /// the row), noting it for the checkers.
+    fn propose_at(&mut self, id: ReplicaId, key: String, m: Mutation) {
+        let scope = self.deployment.scope_of("t", key.as_bytes()).clone();
+        if !self.deployment.allowed(&id, &scope) {
+            return;
+        }
         let mutation = RowMutation::new("t", key, vec![m], &Limits::default()).expect("valid");
         let node = &self.nodes[&id];
         let now = self.now_for(node.skew_ms);
@@ -845,6 +871,55 @@ impl Cluster {
         Ok(())
     }
 
+    /// C8: once converged, every counter reads, at every replica that holds its
+    /// row, exactly the number of increments (+1 each) acknowledged to it —
+    /// whatever drops, repeats, partitions, crashes, snapshots and folds did.
+    fn check_counters(&mut self) {
+        let mut expected: BTreeMap<(Bytes, Bytes), i64> = BTreeMap::new();
+        for e in self.checks.writes.values() {
+            for m in e.mutation.mutations() {
+                if let Mutation::Increment { column, delta, .. } = m {
+                    *expected
+                        .entry((e.mutation.row_key().clone(), column.clone()))
+                        .or_default() += delta;
+                }
+            }
+        }
+        let now_wall = self.base_wall_ms + self.now_us / 1_000;
+        let d = self.deployment.clone();
+        let table = d.placement.schema.table("t");
+        let filter = ReadFilter {
+            families: vec!["n".into()],
+            ..ReadFilter::default()
+        };
+        for ((key, column), want) in &expected {
+            let scope = d.scope_of("t", key);
+            for id in d.scope_members(scope) {
+                if !d.topology.replicas[&id].role.stores_rows() {
+                    continue;
+                }
+                let Some(r) = self.nodes[&id].replica.as_ref() else {
+                    continue;
+                };
+                let row = r.storage().get_row("t", key).ok().flatten();
+                let got = row
+                    .and_then(|row| row.read(key, &filter, table, now_wall))
+                    .and_then(|row| {
+                        row.families
+                            .into_iter()
+                            .flat_map(|f| f.cells)
+                            .find(|c| c.column == *column)
+                    })
+                    .map_or(0, |c| pangea_core::row::count_of(&c.value));
+                if got != *want {
+                    self.checks.violations.push(format!(
+                        "C8: {id} counts {got} on {key:?}/{column:?}, {want} increments acknowledged"
+                    ));
+                }
+            }
+        }
+    }
+
     /// One full run: a safety phase with faults and writes, then a liveness phase with
     /// everything healed, until convergence or a deadline.
     pub(crate) fn run(mut self) -> Report {
@@ -956,6 +1031,9 @@ impl Cluster {
                     "C1: acknowledged {t:?} missing from the durable set"
                 ));
             }
+        }
+        if converged_at_ms.is_some() {
+            self.check_counters();
         }
         let (mut snapshots, mut gaps, mut rows_split) = (0, 0, 0);
         for n in self.nodes.values() {

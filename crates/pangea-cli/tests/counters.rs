@@ -1,0 +1,245 @@
+//! Counters on a live local cluster (issue 37, docs/client.md "Counters"):
+//! frontends in three regions increment the same frequency caps at once while a
+//! replica is killed with SIGKILL and restarted; once quiet, every replica that
+//! may hold a counter reads exactly the increments acknowledged to it, and a
+//! resident row's counter stays in its region. Writes that do not fit a
+//! counter family are refused with an error naming the family.
+
+mod common;
+
+use anyhow::{Result, ensure};
+use common::{AP, Cluster, EU, US, call, error_of, eventually, get_request, pangea, request};
+use pangea_client::Error;
+use pangea_proto::v1 as pb;
+use std::time::Duration;
+
+const TABLE: &str = "ad_profiles";
+const FAMILY: &str = "impressions";
+/// Increments per frontend per counter.
+const EACH: usize = 60;
+
+/// The value of `FAMILY`:`column` of `key` at replica `id`, read there
+/// (eventual, no fallback): `None` when the replica holds no such row or its
+/// placement keeps the row from it.
+async fn count_at(c: &Cluster, id: &str, key: &[u8], column: &[u8]) -> Result<Option<i64>> {
+    let profile = Cluster::profile_for(id);
+    let raw = c.raw_client(profile)?;
+    let conn = raw.connect(c.addr(id)?, id).await?;
+    let resp = call(
+        &conn,
+        &request(profile, 2_000_000, get_request(TABLE, key, None)),
+    )
+    .await?;
+    match error_of(&resp) {
+        // A replica outside the row's policy refuses to serve it.
+        Some((pb::error::Code::PolicyForbids, _)) => return Ok(None),
+        Some((code, m)) => anyhow::bail!("{id}: {code:?} {m}"),
+        None => {}
+    }
+    let Some(pb::client_response::Response::Get(g)) = resp.response else {
+        anyhow::bail!("{id}: unexpected answer {resp:?}");
+    };
+    Ok(g.row
+        .map(|row| common::cell_value(&row, FAMILY, column).map_or(0, pangea_core::row::count_of)))
+}
+
+#[test]
+fn increments_from_every_region_all_count_through_a_kill() -> Result<()> {
+    let mut c = Cluster::up(false)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    // (row, column, regions that count into it): a global row counted
+    // everywhere, an EU-resident row counted in the EU.
+    let global: &[u8] = b"us/user-1";
+    let resident: &[u8] = b"eu/user-2";
+    let (acked, unknown) = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for (region, rows) in [
+            (US, vec![global]),
+            (EU, vec![global, resident]),
+            (AP, vec![global]),
+        ] {
+            let fe = c.client(region, "frontend").await?;
+            tasks.push(tokio::spawn(async move {
+                let (mut acked, mut unknown) = (Vec::new(), Vec::new());
+                for i in 0..EACH {
+                    for row in &rows {
+                        let campaign = if i % 2 == 0 { "camp-a" } else { "camp-b" };
+                        let r = fe
+                            .increment(
+                                TABLE,
+                                row.to_vec(),
+                                FAMILY,
+                                campaign,
+                                1,
+                                &common::setup_writes(),
+                            )
+                            .await;
+                        match r {
+                            Ok(_) => acked.push((row.to_vec(), campaign)),
+                            // Sent, outcome unknown: it may count (never resent).
+                            Err(Error::Ambiguous { .. }) => unknown.push((row.to_vec(), campaign)),
+                            Err(e) => {
+                                return Err(anyhow::anyhow!("{region}: increment failed: {e}"));
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Ok::<_, anyhow::Error>((acked, unknown))
+            }));
+        }
+        // Mid-way, a replica of the EU (where the resident row lives) dies.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        c.kill9("euw1-b")?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        c.restart("euw1-b")?;
+        let (mut acked, mut unknown) = (Vec::new(), Vec::new());
+        for t in tasks {
+            let (a, u) = t.await??;
+            acked.extend(a);
+            unknown.extend(u);
+        }
+        Ok::<_, anyhow::Error>((acked, unknown))
+    })?;
+    println!(
+        "{} increments acknowledged, {} unknown",
+        acked.len(),
+        unknown.len()
+    );
+    ensure!(
+        acked.len() + unknown.len() == EACH * 4,
+        "every increment was acknowledged or ambiguous"
+    );
+    let count = |set: &[(Vec<u8>, &str)], row: &[u8], col: &str| {
+        set.iter().filter(|(r, c)| r == row && *c == col).count() as i64
+    };
+    rt.block_on(async {
+        for (row, in_eu_only) in [(global, false), (resident, true)] {
+            for col in ["camp-a", "camp-b"] {
+                let (low, high) = (
+                    count(&acked, row, col),
+                    count(&acked, row, col) + count(&unknown, row, col),
+                );
+                ensure!(low > 0, "nothing counted into {col}");
+                for id in c.ids() {
+                    let holds = !in_eu_only || c.region_of(&id) == Some(EU);
+                    let got = eventually(
+                        Duration::from_secs(30),
+                        Duration::from_millis(200),
+                        "counters converged",
+                        || async {
+                            let got = count_at(&c, &id, row, col.as_bytes()).await?;
+                            Ok(match (holds, got) {
+                                (true, Some(n)) if (low..=high).contains(&n) => Some(got),
+                                (false, None) => Some(got),
+                                _ => None,
+                            })
+                        },
+                    )
+                    .await;
+                    ensure!(
+                        got.is_ok(),
+                        "{id}: {col} of {:?} never read {low}..={high} (holds: {holds}): {:?}",
+                        String::from_utf8_lossy(row),
+                        count_at(&c, &id, row, col.as_bytes()).await
+                    );
+                }
+                // Every replica holding it reads the same value.
+                let mut seen = std::collections::BTreeSet::new();
+                for id in c.ids() {
+                    if let Some(n) = count_at(&c, &id, row, col.as_bytes()).await? {
+                        seen.insert(n);
+                    }
+                }
+                ensure!(seen.len() == 1, "replicas disagree on {col}: {seen:?}");
+            }
+        }
+        Ok::<_, anyhow::Error>(())
+    })?;
+
+    // Writes that do not fit the family's kind are refused, naming it; and the
+    // command line counts and prints counters.
+    rt.block_on(async {
+        let fe = c.client(US, "frontend").await?;
+        let set = common::profile_set("us/user-1", &b"v"[..])?;
+        let mut bad = set.to_proto();
+        bad.mutations[0].kind = Some(pb::mutation::Kind::SetCell(pb::mutation::SetCell {
+            family: FAMILY.into(),
+            column: b"camp-a".to_vec().into(),
+            value: 7i64.to_be_bytes().to_vec().into(),
+        }));
+        let m = pangea_client::RowMutation::from_proto(bad, &pangea_core::Limits::default())?;
+        let e = fe.mutate(m, &common::setup_writes()).await.unwrap_err();
+        ensure!(
+            e.to_string().contains("\"impressions\"") && e.to_string().contains("counter family"),
+            "set into a counter: {e}"
+        );
+        let e = fe
+            .increment(
+                TABLE,
+                "us/user-1",
+                "profile",
+                "p",
+                1,
+                &common::setup_writes(),
+            )
+            .await
+            .unwrap_err();
+        ensure!(
+            e.to_string().contains("\"profile\"") && e.to_string().contains("not a counter family"),
+            "increment of cells: {e}"
+        );
+        Ok::<_, anyhow::Error>(())
+    })?;
+    let file = c.cluster_path();
+    let file = file.to_str().unwrap_or_default();
+    let out = pangea(
+        &[
+            "incr",
+            "--cluster",
+            file,
+            "--region",
+            US,
+            "us/user-3",
+            "impressions:camp-c=5",
+            "impressions:camp-c=-2",
+        ],
+        Duration::from_secs(20),
+    )?;
+    ensure!(
+        out.status.success(),
+        "incr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = pangea(
+        &["get", "--cluster", file, "--region", US, "us/user-3"],
+        Duration::from_secs(20),
+    )?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        stdout.contains("impressions:camp-c") && stdout.contains("= 3 (counter)"),
+        "get: {stdout}"
+    );
+    let out = pangea(
+        &[
+            "incr",
+            "--cluster",
+            file,
+            "--region",
+            US,
+            "us/user-3",
+            "impressions:camp-c=x",
+        ],
+        Duration::from_secs(20),
+    )?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success() && stderr.contains("whole number"),
+        "bad delta: {stderr}"
+    );
+    c.down(common::CLEANUP_GRACE_MS)?;
+    Ok(())
+}
