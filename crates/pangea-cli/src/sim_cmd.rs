@@ -68,6 +68,13 @@ pub(crate) enum SimCommand {
         /// Virtual seconds of load per step.
         #[arg(long, default_value_t = 10)]
         seconds: u64,
+        /// Virtual seconds of load before each step's measurement.
+        #[arg(long, default_value_t = pangea_sim::capacity::WARMUP_S)]
+        warmup: u64,
+        /// The region's frontends first write every row of their key set once,
+        /// in key order, so that the measurement sees every row at every rate.
+        #[arg(long)]
+        fill: bool,
         #[arg(long, default_value_t = 20.0)]
         slo_ms: f64,
         /// The first rate tried (default: the file's rate for the region).
@@ -95,6 +102,8 @@ pub(crate) fn run(cmd: SimCommand) -> Result<()> {
             region,
             without,
             seconds,
+            warmup,
+            fill,
             slo_ms,
             from,
             bisect,
@@ -105,6 +114,8 @@ pub(crate) fn run(cmd: SimCommand) -> Result<()> {
                 region: region.as_str().into(),
                 without: without.iter().map(|r| r.as_str().into()).collect(),
                 seconds,
+                warmup,
+                fill,
                 slo_ms,
                 from,
                 bisect,

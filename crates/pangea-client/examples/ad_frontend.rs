@@ -1,6 +1,8 @@
 //! An ad frontend in miniature: look up a user's profile, boost the segments an ad
-//! event touched, and write the profile back — then read it back from another
-//! region with the write's token (read-your-writes across regions).
+//! event touched, and write the profile back; count the ad's impression against
+//! its campaign's frequency cap (an increment that merges with the other
+//! regions', not a rewrite of the profile) — then read both back from another
+//! region with the writes' tokens (read-your-writes across regions).
 //!
 //! ```sh
 //! pangea cluster up topology/local-3-regions.toml --placement topology/local-3-regions.placement.toml --data-dir /tmp/pangea --emulate-wan
@@ -76,6 +78,29 @@ pub(crate) async fn run(path: &std::path::Path) -> Result<String, Box<dyn std::e
         written.replica, written.latency
     )?;
 
+    // 3b. The ad was shown: count it against its campaign's frequency cap, if the
+    // cap allows another. An increment: frontends in every region count into the
+    // same counter at once and none is lost (docs/client.md, Counters).
+    const CAMPAIGN: &str = "camp-17";
+    const CAP: i64 = 1_000;
+    let shown = frontend
+        .impressions(user, CAMPAIGN, &ReadOptions::default())
+        .await?
+        .value;
+    let counted = if shown < CAP {
+        Some(
+            frontend
+                .count_impression(user, CAMPAIGN, &WriteOptions::default())
+                .await?,
+        )
+    } else {
+        None
+    };
+    writeln!(
+        out,
+        "impressions of {CAMPAIGN} in the window: {shown} of {CAP} before this one"
+    )?;
+
     // 4. The user's next request lands in Europe: read-your-writes with the token.
     let europe = Client::connect(ClientConfig::from_cluster(
         &cluster,
@@ -97,5 +122,16 @@ pub(crate) async fn run(path: &std::path::Path) -> Result<String, Box<dyn std::e
         "read back in eu-west-1 from {} ({}): color:Red = {red:?}",
         seen.replica, seen.reason
     )?;
+    if let Some(counted) = counted {
+        let opts = ReadOptions::default()
+            .with_consistency(Consistency::Watermark(counted.value))
+            .with_deadline(Duration::from_millis(500));
+        let now = europe.impressions(user, CAMPAIGN, &opts).await?;
+        writeln!(
+            out,
+            "impressions of {CAMPAIGN} seen in eu-west-1: {} (was {shown})",
+            now.value
+        )?;
+    }
     Ok(out)
 }

@@ -346,6 +346,12 @@ async fn the_ad_frontend_example_runs() -> Result<()> {
         out.contains("read back in eu-west-1") && out.contains("color:Red = Some(3)"),
         "{out}"
     );
+    // A fresh cluster: the first impression, counted and seen in Europe.
+    assert!(
+        out.contains("camp-17 in the window: 0 of 1000")
+            && out.contains("camp-17 seen in eu-west-1: 1 (was 0)"),
+        "{out}"
+    );
     cluster.stop().await?;
     Ok(())
 }

@@ -2,10 +2,15 @@
 //!
 //! - `apply_set`: one SetCell into a profile row of 8 columns (max 3 versions);
 //! - `rmw_1k`: the store's read-modify-write path for a 1 KiB profile: decode the
-//!   stored row, apply, encode.
+//!   stored row, apply, encode;
+//! - `counter_increment`: one Increment into a frequency-cap counter at steady
+//!   state (8 origins folded, 16 recent increments, a 24 h TTL);
+//! - `counter_fold_64`: compaction folding 64 increments of 8 origins;
+//! - `counter_merge`: a snapshot merge of two replicas' states of one counter,
+//!   folded at different horizons.
 
 use bytes::Bytes;
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use pangea_core::{Mutation, RowState, Timestamp, Version};
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
@@ -66,6 +71,95 @@ fn bench(c: &mut Criterion) {
             row.apply(&Version::new(Timestamp::new(t, 0), "b".into()), &m, table);
             row.to_proto(&Bytes::new()).encode_to_vec()
         });
+    });
+    g.finish();
+    counters(c);
+}
+
+/// A counter row: `n` increments of 8 origins, one a second from `from_s`.
+fn counter_row(schema: &Schema, from_s: u64, n: u64) -> RowState {
+    let mut row = RowState::default();
+    for i in 0..n {
+        let m = Mutation::Increment {
+            family: "c".into(),
+            column: Bytes::from_static(b"camp-17"),
+            delta: 1,
+        };
+        let origin = format!("replica-{}", i % 8);
+        row.apply(
+            &Version::new(
+                Timestamp::new((from_s + i) * 1_000, 0),
+                origin.as_str().into(),
+            ),
+            &[m],
+            schema.table("t"),
+        );
+    }
+    row
+}
+
+fn counters(c: &mut Criterion) {
+    use pangea_topology::schema::FamilyKind;
+    let schema = Schema::single_table(
+        "t",
+        &[(
+            "c",
+            GcPolicy {
+                ttl_ms: Some(24 * 3_600_000),
+                kind: FamilyKind::Counter,
+                ..GcPolicy::default()
+            },
+        )],
+    );
+    let table = schema.table("t");
+    let now_ms = 1_000_000;
+    let mut g = c.benchmark_group("merge");
+    g.throughput(Throughput::Elements(1));
+    // Steady state: everything older than 16 s folded.
+    let mut steady = counter_row(&schema, 900, 100);
+    steady.compact(table, Timestamp::new(984_000, 0), now_ms);
+    let m = [Mutation::Increment {
+        family: "c".into(),
+        column: Bytes::from_static(b"camp-17"),
+        delta: 1,
+    }];
+    let mut t = 1_000_000u64;
+    // A fresh copy of the steady row each time (compaction keeps it this size).
+    g.bench_function("counter_increment", |b| {
+        b.iter_batched(
+            || steady.clone(),
+            |mut row| {
+                t += 1;
+                row.apply(&Version::new(Timestamp::new(t, 0), "b".into()), &m, table);
+                row
+            },
+            BatchSize::SmallInput,
+        );
+    });
+    let unfolded = counter_row(&schema, 900, 64);
+    g.bench_function("counter_fold_64", |b| {
+        b.iter_batched(
+            || unfolded.clone(),
+            |mut row| {
+                row.compact(table, Timestamp::new(990_000, 0), now_ms);
+                row
+            },
+            BatchSize::SmallInput,
+        );
+    });
+    let mut a = counter_row(&schema, 900, 100);
+    a.compact(table, Timestamp::new(960_000, 0), now_ms);
+    let mut other = counter_row(&schema, 900, 100);
+    other.compact(table, Timestamp::new(980_000, 0), now_ms);
+    g.bench_function("counter_merge", |b| {
+        b.iter_batched(
+            || a.clone(),
+            |mut row| {
+                row.merge(&other, table);
+                row
+            },
+            BatchSize::SmallInput,
+        );
     });
     g.finish();
 }

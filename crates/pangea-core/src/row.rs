@@ -507,6 +507,11 @@ fn newer(t: &Option<Version>, v: &Version) -> bool {
     t.as_ref().is_some_and(|t| t >= v)
 }
 
+/// Whether tombstone `t` deletes version `v` (strictly older).
+fn newer_than(t: &Option<Version>, v: &Version) -> bool {
+    t.as_ref().is_some_and(|t| v < t)
+}
+
 impl RowState {
     /// True when nothing is left: the store may delete the row.
     pub fn is_empty(&self) -> bool {
@@ -1235,6 +1240,16 @@ impl RowState {
     /// Names of the families this row holds anything of.
     pub fn family_names(&self) -> impl Iterator<Item = &str> {
         self.families.keys().map(|f| &**f)
+    }
+
+    /// Whether a tombstone this row holds — of the row, of `family`, or of
+    /// `family`:`column` — deletes version `v` of that cell (checkers ask it of
+    /// an oracle row, which is never compacted).
+    pub fn deletes(&self, family: &str, column: &[u8], v: &Version) -> bool {
+        newer_than(&self.tombstone, v)
+            || self.families.get(family).is_some_and(|f| {
+                newer_than(&f.tombstone, v) || f.columns.get(column).is_some_and(|c| c.covers(v))
+            })
     }
 
     /// Whether what the row holds in `family` fits a family of that kind: a

@@ -1064,11 +1064,19 @@ async fn one_op(
                 Err(_) => *errors += 1,
             }
         }
-        OpKind::Write { column, value } => {
-            let m = pangea_client::Mutation::SetCell {
-                family: w.family.as_str().into(),
-                column: Bytes::from(format!("c{column}")),
-                value,
+        kind @ (OpKind::Write { .. } | OpKind::Increment { .. }) => {
+            let m = match kind {
+                OpKind::Increment { column } => pangea_client::Mutation::Increment {
+                    family: w.counter_family.as_str().into(),
+                    column: Bytes::from(format!("c{column}")),
+                    delta: 1,
+                },
+                OpKind::Write { column, value } => pangea_client::Mutation::SetCell {
+                    family: w.family.as_str().into(),
+                    column: Bytes::from(format!("c{column}")),
+                    value,
+                },
+                OpKind::Read(_) | OpKind::Delete => return,
             };
             let Ok(mutation) = RowMutation::new(
                 w.table.as_str(),

@@ -7,7 +7,8 @@
 //! (×1.5) from the file's rate until a step misses the SLO: p99 of some read mode
 //! in the region above the bound, or more than 0.1 % of the region's reads failed.
 //! Then the last rate that met it and the first that did not are bisected. Each
-//! step is a run of its own: [`WARMUP_S`] of load unmeasured, then `seconds`
+//! step is a run of its own: `warmup` seconds of load unmeasured (default
+//! [`WARMUP_S`]), then `seconds`
 //! measured, and a short drain; the replicas left out are crashed (their
 //! processes down, connections refused) for the whole run.
 
@@ -19,7 +20,7 @@ use pangea_topology::{RegionId, ReplicaId};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-/// Seconds of load before a step's measurement starts.
+/// Seconds of load before a step's measurement starts, by default.
 pub const WARMUP_S: u64 = 2;
 
 /// What to search.
@@ -30,6 +31,12 @@ pub struct Query {
     pub without: Vec<ReplicaId>,
     /// Virtual seconds of load per step.
     pub seconds: u64,
+    /// Virtual seconds of load before each step's measurement.
+    pub warmup: u64,
+    /// The region's frontends first write every row of their key set once
+    /// ([`RegionLoad::fill`]), so the measurement sees it at its steady size
+    /// whatever the rate.
+    pub fill: bool,
     /// The p99 bound for every read mode in the region, in ms.
     pub slo_ms: f64,
     /// The first rate tried (default: the file's rate for the region).
@@ -71,6 +78,7 @@ pub struct Capacity {
     pub without: Vec<String>,
     pub slo_ms: f64,
     pub seconds: u64,
+    pub warmup_s: u64,
     pub steps: Vec<Step>,
     /// The highest rate that met the SLO.
     pub capacity: Option<f64>,
@@ -106,6 +114,7 @@ pub fn search(base: &Scenario, q: &Query, mut progress: impl FnMut(&Step)) -> Re
         without: q.without.iter().map(ToString::to_string).collect(),
         slo_ms: q.slo_ms,
         seconds: q.seconds,
+        warmup_s: q.warmup,
         steps: Vec::new(),
         capacity: None,
         first_miss: None,
@@ -175,8 +184,8 @@ fn run_step(base: &Scenario, q: &Query, rate: f64) -> Result<Step> {
     sc.name = format!("{}-capacity-{rate:.0}", base.name);
     // Measured after a warm-up: frontends have learned their round trips and
     // which replicas are out, and replicas have suspected the missing ones.
-    sc.warmup = SimDuration::from_secs(WARMUP_S);
-    sc.duration = SimDuration::from_secs(WARMUP_S + q.seconds);
+    sc.warmup = SimDuration::from_secs(q.warmup);
+    sc.duration = SimDuration::from_secs(q.warmup + q.seconds);
     sc.drain_max = SimDuration::from_secs(5);
     sc.faults.clear();
     sc.slo = Default::default();
@@ -198,8 +207,12 @@ fn run_step(base: &Scenario, q: &Query, rate: f64) -> Result<Step> {
         .iter_mut()
         .find(|l| l.region == q.region)
     {
-        Some(l) => l.rate = rate,
+        Some(l) => {
+            l.rate = rate;
+            l.fill = q.fill;
+        }
         None => sc.workload.regions.push(RegionLoad {
+            fill: q.fill,
             region: q.region.clone(),
             clients: 2,
             rate,

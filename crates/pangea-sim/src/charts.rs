@@ -443,7 +443,7 @@ pub fn summary_md(sc: &Scenario, description: &str, r: &RunReport) -> String {
     let conv = |c: Option<f64>| c.map_or("never".to_owned(), |c| format!("{c:.0} ms"));
     let _ = writeln!(
         s,
-        "\n## Outcome\n\n| | |\n|---|---|\n| availability | {:.5} |\n| replication lag p50 / p99 / max | {:.1} / {:.1} / {:.1} ms |\n| WAN bytes intra-region / inter-region / inter-continent | {} / {} / {} |\n| convergence after the last heal | {} |\n| convergence after the load stopped (digests equal) | {} |\n| lost writes | {} |\n| watermark violations (C2, C3) | {} |\n| token violations (C4) | {} |\n| bounded reads staler than promised (C7) | {} |\n| residency leak bytes | {} |\n| hedges / fallback races / failovers | {} / {} / {} |\n| gap requests / snapshots installed / suspicions | {} / {} / {} |\n",
+        "\n## Outcome\n\n| | |\n|---|---|\n| availability | {:.5} |\n| replication lag p50 / p99 / max | {:.1} / {:.1} / {:.1} ms |\n| WAN bytes intra-region / inter-region / inter-continent | {} / {} / {} |\n| convergence after the last heal | {} |\n| convergence after the load stopped (digests equal) | {} |\n| lost writes | {} |\n| watermark violations (C2, C3) | {} |\n| token violations (C4) | {} |\n| bounded reads staler than promised (C7) | {} |\n| residency leak bytes | {} |\n| hedges / fallback races / failovers | {} / {} / {} |\n| gap requests / snapshots installed / suspicions | {} / {} / {} |",
         r.availability,
         r.replication_lag_ms.p50,
         r.replication_lag_ms.p99,
@@ -465,6 +465,14 @@ pub fn summary_md(sc: &Scenario, description: &str, r: &RunReport) -> String {
         r.counters.snapshots_installed,
         r.counters.peer_suspicions,
     );
+    if r.counters.increments_acknowledged > 0 {
+        let _ = writeln!(
+            s,
+            "| counter increments acknowledged / not counted by a replica (C8) | {} / {} |",
+            r.counters.increments_acknowledged, r.lost_increments
+        );
+    }
+    s.push('\n');
     if !r.migrations.is_empty() {
         let _ = writeln!(
             s,

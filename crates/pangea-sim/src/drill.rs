@@ -158,6 +158,8 @@ struct RawMix {
     write: f64,
     #[serde(default)]
     delete: f64,
+    #[serde(default)]
+    increment: f64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -208,6 +210,8 @@ struct RawWorkload {
     clients_per_region: Option<u32>,
     table: Option<String>,
     family: Option<String>,
+    /// The counter family the mix's increments go to.
+    counter_family: Option<String>,
     columns: Option<u32>,
     keys: Option<u64>,
     key_distribution: Option<String>,
@@ -896,16 +900,41 @@ fn workload(cx: &mut Ctx<'_>, r: &RawWorkload) -> Workload {
         };
     }
     if let Some(m) = &r.mix {
-        for (k, x) in [("read", m.read), ("write", m.write), ("delete", m.delete)] {
+        for (k, x) in [
+            ("read", m.read),
+            ("write", m.write),
+            ("delete", m.delete),
+            ("increment", m.increment),
+        ] {
             cx.fraction(&p!["workload", "mix", k], x);
         }
-        if m.read + m.write + m.delete <= 0.0 {
+        if m.read + m.write + m.delete + m.increment <= 0.0 {
             cx.err(
                 &p!["workload", "mix"],
                 "no operations (all fractions are 0)",
             );
         }
-        (w.read, w.write, w.delete) = (m.read, m.write, m.delete);
+        (w.read, w.write, w.delete, w.increment) = (m.read, m.write, m.delete, m.increment);
+    }
+    if let Some(f) = &r.counter_family {
+        w.counter_family = f.clone();
+    }
+    if w.increment > 0.0 {
+        let family = d
+            .placement
+            .schema
+            .table(&w.table)
+            .and_then(|t| t.family(&w.counter_family));
+        if !family.is_some_and(|f| f.is_counter()) {
+            cx.err(
+                &p!["workload", "counter_family"],
+                format!(
+                    "increments need a counter family of table {:?} (`type = \"counter\"` \
+                     in the placement); {:?} is not one",
+                    w.table, w.counter_family
+                ),
+            );
+        }
     }
     if let Some(m) = &r.modes {
         for (k, x) in [
@@ -997,6 +1026,7 @@ fn workload(cx: &mut Ctx<'_>, r: &RawWorkload) -> Workload {
             Some(e) => e,
             None => {
                 w.regions.push(RegionLoad {
+                    fill: false,
                     region: region.clone(),
                     clients: r.clients_per_region.unwrap_or(2),
                     rate: 0.0,

@@ -84,6 +84,12 @@ pub fn one_screen(run: &DrillRun) -> String {
         r.staleness_violations,
         r.residency_leak_bytes
     );
+    if r.counters.increments_acknowledged > 0 {
+        s += &format!(
+            "  counters: {} increments acknowledged, {} not counted by a replica holding them (C8)\n",
+            r.counters.increments_acknowledged, r.lost_increments
+        );
+    }
     let busiest = |load: fn(&crate::sim::metrics::HostLoad) -> f64| {
         r.hosts
             .iter()

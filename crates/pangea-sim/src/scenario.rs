@@ -111,6 +111,11 @@ pub struct RegionLoad {
     pub clients: u32,
     /// Operations per second from this region (a Poisson process).
     pub rate: f64,
+    /// Before its mix, the region's frontends write every row of their key
+    /// prefix and of the global prefix once, in key order (each operation a
+    /// write of the next row, at the region's rate): a capacity step then
+    /// measures a key set already at its steady size (`sim capacity --fill`).
+    pub fill: bool,
 }
 
 /// The client workload.
@@ -124,10 +129,16 @@ pub struct Workload {
     pub keys: u64,
     pub key_distribution: KeyDistribution,
     pub value_size: ValueSize,
-    /// Fractions of operations (normalized): reads, cell writes, row deletes.
+    /// Fractions of operations (normalized): reads, cell writes, row deletes,
+    /// and `+1` increments of a counter (`counter_family`, column
+    /// `c0..c{columns-1}`).
     pub read: f64,
     pub write: f64,
     pub delete: f64,
+    pub increment: f64,
+    /// The counter family increments go to (a family of `type = "counter"` of
+    /// the table); empty when the mix has no increments.
+    pub counter_family: String,
     pub modes: ModeMix,
     /// The bound of bounded-staleness reads.
     pub bounded_ms: u64,
@@ -313,6 +324,8 @@ impl Workload {
             read: 0.94,
             write: 0.05,
             delete: 0.01,
+            increment: 0.0,
+            counter_family: String::new(),
             modes: ModeMix {
                 eventual: 0.8,
                 affinity: 0.1,
@@ -333,6 +346,7 @@ impl Workload {
             regions: serving
                 .into_iter()
                 .map(|(region, n)| RegionLoad {
+                    fill: false,
                     region,
                     clients: 2,
                     rate: rate * n as f64 / total as f64,

@@ -95,6 +95,10 @@ pub fn scenario_for_seed(seed: u64) -> Scenario {
         read: 1.0 - w,
         write: w * 0.85,
         delete: w * 0.15,
+        // +1 to counters of the generated counter family (C8), a fifth as
+        // often as the other writes.
+        increment: w * 0.2,
+        counter_family: "n".into(),
         modes: ModeMix {
             eventual: rng.next_f64(),
             affinity: rng.next_f64(),
@@ -115,6 +119,7 @@ pub fn scenario_for_seed(seed: u64) -> Scenario {
         regions: regions
             .iter()
             .map(|r| RegionLoad {
+                fill: false,
                 region: r.clone(),
                 clients: 1 + rng.next_below(2) as u32,
                 rate: rate / regions.len() as f64,

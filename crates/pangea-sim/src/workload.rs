@@ -57,6 +57,10 @@ pub enum OpKind {
     },
     /// Delete the whole row.
     Delete,
+    /// Add 1 to counter `c{column}` of the workload's counter family.
+    Increment {
+        column: u32,
+    },
 }
 
 /// One drawn operation.
@@ -80,8 +84,8 @@ pub struct Generator {
     rng: SimRng,
     zipf: Option<Zipf<f64>>,
     lognormal: Option<LogNormal<f64>>,
-    /// Cumulative operation fractions: read, write, (delete = rest).
-    op_cdf: [f64; 2],
+    /// Cumulative operation fractions: read, write, increment (delete = rest).
+    op_cdf: [f64; 3],
     /// Cumulative mode fractions.
     mode_cdf: [f64; 3],
     keys: u64,
@@ -129,7 +133,9 @@ impl Generator {
             ),
             _ => None,
         };
-        let ops = cdf([w.read, w.write, w.delete]);
+        // Increments before deletes: without them the boundaries are those of
+        // read, write, delete alone (and so are the draws).
+        let ops = cdf([w.read, w.write, w.increment, w.delete]);
         let ModeMix {
             eventual,
             affinity,
@@ -147,7 +153,7 @@ impl Generator {
             rng,
             zipf,
             lognormal,
-            op_cdf: [ops[0], ops[1]],
+            op_cdf: [ops[0], ops[1], ops[2]],
             mode_cdf: [modes[0], modes[1], modes[2]],
             keys: w.keys.max(1),
             value_size: w.value_size,
@@ -235,10 +241,34 @@ impl Generator {
                 column: self.rng.next_below(self.columns as usize) as u32,
                 value: self.pool.slice(start..start + len),
             }
+        } else if u < self.op_cdf[2] {
+            OpKind::Increment {
+                column: self.rng.next_below(self.columns as usize) as u32,
+            }
         } else {
             OpKind::Delete
         };
         DrawnOp { kind, key }
+    }
+
+    /// Distinct rows per key prefix.
+    pub fn keys(&self) -> u64 {
+        self.keys
+    }
+
+    /// A write of row `rank` under `prefix`, its column and value drawn as any
+    /// write's (a region's fill, [`crate::scenario::RegionLoad::fill`]).
+    pub fn write_of(&mut self, prefix: &str, rank: u64) -> DrawnOp {
+        let len = self.value_len();
+        let start = self.rng.next_below(self.pool.len() - len + 1);
+        let kind = OpKind::Write {
+            column: self.rng.next_below(self.columns as usize) as u32,
+            value: self.pool.slice(start..start + len),
+        };
+        DrawnOp {
+            kind,
+            key: self.key(prefix, rank),
+        }
     }
 
     /// The key of `rank` under `prefix`: `{prefix}{rank:08}`.
@@ -290,9 +320,11 @@ mod tests {
                 sigma: 1.0,
                 max: 4096,
             },
-            read: 0.8,
+            read: 0.75,
             write: 0.15,
             delete: 0.05,
+            increment: 0.05,
+            counter_family: "n".into(),
             modes: ModeMix {
                 eventual: 1.0,
                 affinity: 1.0,
@@ -311,6 +343,7 @@ mod tests {
             global_prefix: "g/".into(),
             local_fraction: 0.5,
             regions: vec![RegionLoad {
+                fill: false,
                 region: "r".into(),
                 clients: 1,
                 rate: 10.0,
@@ -322,6 +355,7 @@ mod tests {
     fn draws_follow_the_mix_and_the_bounds() {
         let mut g = Generator::new(&workload(), 3).unwrap();
         let (mut reads, mut writes, mut deletes, mut local) = (0, 0, 0, 0);
+        let mut increments = 0;
         let mut hot = 0;
         for _ in 0..20_000 {
             let op = g.draw("l/", "g/");
@@ -339,9 +373,14 @@ mod tests {
                     writes += 1;
                 }
                 OpKind::Delete => deletes += 1,
+                OpKind::Increment { column } => {
+                    assert!(column < 2);
+                    increments += 1;
+                }
             }
         }
-        assert!((15_000..17_000).contains(&reads), "{reads}");
+        assert!((14_000..16_000).contains(&reads), "{reads}");
+        assert!((700..1_300).contains(&increments), "{increments}");
         assert!((2_500..3_500).contains(&writes), "{writes}");
         assert!((700..1_300).contains(&deletes), "{deletes}");
         assert!((9_000..11_000).contains(&local), "{local}");

@@ -36,6 +36,7 @@ fn every_shipped_drill_validates() -> Result<()> {
         "placement-migration-under-load",
         "placement-move-under-load",
         "rolling-restart",
+        "counters-continent-partition",
     ] {
         assert!(
             names.iter().any(|n| n == required),
@@ -109,8 +110,8 @@ fn the_reference_run_file_is_the_speed_target() -> Result<()> {
 
 /// `sim/capacity-sharded.toml`, the capacity model of processes per replica
 /// (docs/benchmarks.md): 64 groups, one process per replica until edited, no
-/// faults, and a workload whose rows all exist within the warm-up (1,000 keys
-/// per prefix, one column) so that a read costs the same at every rate.
+/// faults, and a workload of 20,000 rows per prefix of one column each (all
+/// written first with `--fill`), so that a read costs the same at every rate.
 #[test]
 fn the_capacity_model_file_is_what_its_comment_says() -> Result<()> {
     let d = Drill::load(&root().join("sim/capacity-sharded.toml"))
@@ -120,7 +121,7 @@ fn the_capacity_model_file_is_what_its_comment_says() -> Result<()> {
     assert_eq!(topology.shard_groups, 64);
     assert_eq!(topology.replicas.len(), 27);
     assert!(sc.faults.is_empty());
-    assert_eq!((sc.workload.keys, sc.workload.columns), (1_000, 1));
+    assert_eq!((sc.workload.keys, sc.workload.columns), (20_000, 1));
     // The edit the docs tell: `processes = P` runs P hosts per replica.
     let text = std::fs::read_to_string(root().join("sim/capacity-sharded.toml"))?
         .replace("processes = 1", "processes = 16");
@@ -179,6 +180,36 @@ fn a_drill_may_spread_rows_over_shard_groups() -> Result<()> {
     assert!(
         err.contains("bad.toml:4: shard_groups: shard_groups must be 1 ..= 4096, got 0"),
         "{err}"
+    );
+    Ok(())
+}
+
+/// Increments in the mix go to a counter family of the workload's table: a
+/// family of cells is refused, naming the key; with a counter family, a short
+/// run counts every acknowledged increment everywhere (C8) and says how many.
+#[test]
+fn a_workload_counts_into_a_counter_family() -> Result<()> {
+    let mix = "mix = { read = 0.8, write = 0.1, delete = 0.0, increment = 0.1 }";
+    let bad = HEAD
+        .replace("mix = { read = 0.8, write = 0.17, delete = 0.03 }", mix)
+        .replace("[workload]", "[workload]\ncounter_family = \"events\"");
+    let err = drill("bad.toml", &bad).unwrap_err().to_string();
+    assert!(
+        err.contains("workload.counter_family") && err.contains("\"events\" is not one"),
+        "{err}"
+    );
+    let text = bad.replace(
+        "counter_family = \"events\"",
+        "counter_family = \"impressions\"",
+    );
+    let d = drill("counters.toml", &text)?;
+    let r = pangea_sim::sim::run_scenario(d.scenario, 1)?;
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert_eq!(r.lost_increments, 0);
+    assert!(
+        r.counters.increments_acknowledged > 50,
+        "{}",
+        r.counters.increments_acknowledged
     );
     Ok(())
 }
@@ -659,6 +690,8 @@ fn capacity_is_found_and_shrinks_without_a_replica() -> Result<()> {
         region: "eu-west-2".into(),
         without: without.iter().map(|r| (*r).into()).collect(),
         seconds: 1,
+        warmup: pangea_sim::capacity::WARMUP_S,
+        fill: false,
         slo_ms: 20.0,
         from: Some(1_000.0),
         bisect: 2,

@@ -130,6 +130,7 @@ fn affinity_writes_are_read_back_by_affinity_reads() -> Result<()> {
         let w = &mut sc.workload;
         w.app_profile = profile.into();
         w.regions = vec![RegionLoad {
+            fill: false,
             region: use1,
             clients: 8,
             rate: 1_700.0,

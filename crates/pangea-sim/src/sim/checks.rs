@@ -49,9 +49,44 @@ pub(super) struct Checks {
     pub(super) violations: Vec<String>,
     /// Tables and GC policies, which the oracle applies exactly as replicas do.
     pub(super) schema: pangea_topology::schema::Schema,
+    /// C8: the increments acknowledged to each counter (table, row, family,
+    /// column), where the client runs: their versions and deltas.
+    pub(super) counted: Counted,
+    /// Increments acknowledged that some replica does not count (C8).
+    pub(super) lost_increments: u64,
 }
 
+/// Acknowledged increments per counter (table, row, family, column).
+pub(super) type Counted = BTreeMap<(Arc<str>, Bytes, Arc<str>, Bytes), Vec<(Version, i64)>>;
+
 impl Checks {
+    /// C8: notes the increments of a write acknowledged at `version`; returns
+    /// how many it holds.
+    pub(super) fn count_acknowledged(&mut self, m: &RowMutation, version: Version) -> u64 {
+        let mut n = 0;
+        for x in m.mutations() {
+            if let Mutation::Increment {
+                family,
+                column,
+                delta,
+            } = x
+            {
+                let k = (
+                    m.table().clone(),
+                    m.row_key().clone(),
+                    family.clone(),
+                    column.clone(),
+                );
+                self.counted
+                    .entry(k)
+                    .or_default()
+                    .push((version.clone(), *delta));
+                n += 1;
+            }
+        }
+        n
+    }
+
     pub(super) fn idx(&self, r: usize, s: usize, o: usize) -> usize {
         (r * self.scopes + s) * self.replicas + o
     }

@@ -547,7 +547,12 @@ impl Simulation {
 
     /// A row's scope, by index: its location entry's policy, else the newest
     /// deployment's.
-    fn scope_index(&self, location: &Location, table: &str, key: &[u8]) -> Option<usize> {
+    pub(super) fn scope_index(
+        &self,
+        location: &Location,
+        table: &str,
+        key: &[u8],
+    ) -> Option<usize> {
         let d = &self.views[self.client_view];
         if location.is_empty() {
             self.scopes.get(d.scope_of(table, key).as_str())

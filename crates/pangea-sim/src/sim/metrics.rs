@@ -262,6 +262,9 @@ pub struct Counters {
     /// Operations in flight at frontends of a region when it was lost: they end
     /// with their process, counted neither answered nor failed.
     pub ops_lost_with_frontends: u64,
+    /// Counter increments acknowledged to frontends (C8 holds every replica to
+    /// them).
+    pub increments_acknowledged: u64,
 }
 
 impl Counters {
@@ -275,6 +278,7 @@ impl Counters {
         self.rows_purged += o.rows_purged;
         self.policy_refreshes += o.policy_refreshes;
         self.ops_lost_with_frontends += o.ops_lost_with_frontends;
+        self.increments_acknowledged += o.increments_acknowledged;
         for (k, v) in o.frames_rejected {
             *self.frames_rejected.entry(k).or_default() += v;
         }
@@ -397,6 +401,9 @@ pub struct RunReport {
     /// Acknowledged writes not applied everywhere after the drain, plus any
     /// sequence carrying two different writes (C1).
     pub lost_writes: u64,
+    /// Acknowledged counter increments some replica holding the counter does not
+    /// count after the drain (C8).
+    pub lost_increments: u64,
     /// C2 and C3 violations: a watermark advertised beyond what was applied, out of
     /// order applies, or a watermark going backwards (across restarts too).
     pub watermark_violations: u64,

@@ -616,6 +616,10 @@ pub struct Simulation {
     region_rate: Vec<f64>,
     /// Key prefix of each region's users.
     region_prefix: Vec<String>,
+    /// Rows each region still has to write before its mix
+    /// (`RegionLoad::fill`): the next of its prefix's then the global prefix's
+    /// keys, `None` once done (or never asked).
+    region_fill: Vec<Option<u64>>,
     /// Active faults that lost each region's frontends.
     region_lost: Vec<u32>,
     ops: Slab,
@@ -868,11 +872,15 @@ impl Simulation {
         let mut clients = Vec::new();
         let mut region_clients = vec![Vec::new(); regions.len()];
         let mut region_rate = vec![0.0; regions.len()];
+        let mut region_fill = vec![None; regions.len()];
         for load in &sc.workload.regions {
             let ri = net.region_idx(&load.region).with_context(|| {
                 format!("workload region {} is not in the topology", load.region)
             })?;
             region_rate[ri] += load.rate;
+            if load.fill {
+                region_fill[ri] = Some(0);
+            }
             // Where its frontends read location metadata: the region's first
             // replica that stores rows.
             let source = nodes.iter().position(|n| n.region == ri && n.stores_rows);
@@ -963,6 +971,8 @@ impl Simulation {
             durable_history: vec![VecDeque::new(); n * s * n],
             violations: Vec::new(),
             schema: d.placement.schema.clone(),
+            counted: BTreeMap::new(),
+            lost_increments: 0,
         };
         let frontends = match &machine {
             Some(cores) if sc.host.frontend_us > 0.0 => {
@@ -1015,6 +1025,7 @@ impl Simulation {
             region_clients,
             region_rate,
             region_prefix,
+            region_fill,
             region_lost: vec![0; n_regions],
             ops: Slab::default(),
             pending_commits: HashMap::default(),
@@ -1939,7 +1950,8 @@ rtt_ms = 30.0
         let t = pangea_topology::Topology::parse(Path::new("three.toml"), topo).unwrap();
         let p = pangea_topology::Placement::parse(
             Path::new("p.toml"),
-            "[[tables]]\nname = \"t\"\n[[tables.families]]\nname = \"f\"\nmax_versions = 1\n",
+            "[[tables]]\nname = \"t\"\n[[tables.families]]\nname = \"f\"\nmax_versions = 1\n\
+             [[tables.families]]\nname = \"n\"\ntype = \"counter\"\n",
             &t,
         )
         .unwrap();
@@ -1963,6 +1975,43 @@ rtt_ms = 30.0
         sim.run_until(t);
         sim.workload_on = false;
         sim.run_until(t + SimDuration::from_secs(5));
+    }
+
+    /// A region's fill writes every row of its prefix and of the global prefix
+    /// once, in key order, before its mix: with a mix of reads only, the rows
+    /// are there all the same, and on every replica.
+    #[test]
+    fn a_fill_writes_every_row_once_before_the_mix() {
+        let mut sc = small();
+        sc.workload.keys = 40;
+        sc.workload.prefixes.insert("c".into(), "c/".into());
+        (sc.workload.read, sc.workload.write, sc.workload.delete) = (1.0, 0.0, 0.0);
+        let read_only = sc.clone();
+        for l in &mut sc.workload.regions {
+            l.fill = l.region.as_str() == "r1";
+        }
+        let rows = |sc: Scenario| {
+            let mut sim = Simulation::new(sc).unwrap();
+            run_to(&mut sim, SimTime::from_secs(2));
+            assert!(
+                sim.checks.violations.is_empty(),
+                "{:?}",
+                sim.checks.violations
+            );
+            let mut keys: Vec<usize> = sim
+                .nodes
+                .iter()
+                .map(|n| {
+                    let r = n.replica.as_ref().unwrap();
+                    r.storage().rows().filter(|(t, ..)| &***t == "t").count()
+                })
+                .collect();
+            keys.dedup();
+            keys
+        };
+        assert_eq!(rows(read_only), vec![0], "reads alone write nothing");
+        // r1's prefix and the global one: 2 x 40 rows, everywhere.
+        assert_eq!(rows(sc), vec![80]);
     }
 
     /// C7 asks what a heard replica held durably at a past instant, from the
@@ -2204,6 +2253,14 @@ rtt_ms = 30.0
             let (t, k, _) = rep.storage().rows().next().expect("rows were written");
             (t.clone(), k.clone())
         };
+        drop_row(&mut sim, 1, table, key);
+        let err = sim.digests_agree().unwrap_err();
+        assert!(err.starts_with("b: digest"), "{err}");
+    }
+
+    /// Deletes row `key` of `table` from node `n`'s store behind its back.
+    fn drop_row(sim: &mut Simulation, n: usize, table: Arc<str>, key: Bytes) {
+        let rep = sim.nodes[n].replica.as_mut().unwrap();
         rep.storage_mut()
             .write(WriteBatch {
                 rows: vec![RowWrite {
@@ -2214,8 +2271,34 @@ rtt_ms = 30.0
                 ..WriteBatch::default()
             })
             .unwrap();
-        let err = sim.digests_agree().unwrap_err();
-        assert!(err.starts_with("b: digest"), "{err}");
+    }
+
+    /// C8: with increments in the mix, every replica counts what was
+    /// acknowledged; one that loses a counter's row is caught, naming it.
+    #[test]
+    fn c8_catches_a_replica_that_lost_an_increment() {
+        let mut sc = small();
+        (sc.workload.read, sc.workload.write, sc.workload.delete) = (0.5, 0.1, 0.0);
+        sc.workload.increment = 0.4;
+        sc.workload.counter_family = "n".into();
+        let mut sim = Simulation::new(sc).unwrap();
+        run_to(&mut sim, SimTime::from_secs(3));
+        let counted: usize = sim.checks.counted.values().map(Vec::len).sum();
+        assert!(counted > 50, "{counted} increments acknowledged");
+        sim.final_checks();
+        assert_eq!(sim.checks.lost_increments, 0, "{:?}", sim.checks.violations);
+        let (table, key, ..) = sim.checks.counted.keys().next().unwrap().clone();
+        drop_row(&mut sim, 1, table, key);
+        sim.final_checks();
+        assert!(sim.checks.lost_increments > 0);
+        assert!(
+            sim.checks
+                .violations
+                .iter()
+                .any(|v| v.starts_with("C8: b counts 0")),
+            "{:?}",
+            sim.checks.violations
+        );
     }
 
     #[test]

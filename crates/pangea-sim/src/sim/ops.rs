@@ -7,6 +7,7 @@
 
 use super::*;
 use crate::scenario::WriteAck;
+use crate::workload::DrawnOp;
 use pangea_core::frontend;
 use pangea_core::frontend::HedgePolicy;
 use pangea_core::frontend::call::{AttemptKind, Resend};
@@ -72,9 +73,12 @@ impl Simulation {
         }
         let clients = &self.region_clients[region];
         let client = clients[self.generator.pick(clients.len())];
-        let drawn = self
-            .generator
-            .draw(&self.region_prefix[region], &self.sc.workload.global_prefix);
+        let drawn = match self.next_fill(region) {
+            Some(op) => op,
+            None => self
+                .generator
+                .draw(&self.region_prefix[region], &self.sc.workload.global_prefix),
+        };
         let w = &self.sc.workload;
         let table = self.workload_table.clone();
         match drawn.kind {
@@ -109,7 +113,30 @@ impl Simulation {
                 self.start_write(client, table, drawn.key, m);
             }
             OpKind::Delete => self.start_write(client, table, drawn.key, Mutation::DeleteFromRow),
+            OpKind::Increment { column } => {
+                let m = Mutation::Increment {
+                    family: w.counter_family.as_str().into(),
+                    column: Bytes::from(format!("c{column}")),
+                    delta: 1,
+                };
+                self.start_write(client, table, drawn.key, m);
+            }
         }
+    }
+
+    /// The region's next fill write (`RegionLoad::fill`), if it has rows left
+    /// to write.
+    fn next_fill(&mut self, region: usize) -> Option<DrawnOp> {
+        let n = self.region_fill[region]?;
+        let keys = self.generator.keys();
+        let (prefix, rank) = if n < keys {
+            (&self.region_prefix[region], n)
+        } else {
+            (&self.sc.workload.global_prefix, n - keys)
+        };
+        let op = self.generator.write_of(prefix, rank);
+        self.region_fill[region] = (n + 1 < 2 * keys).then_some(n + 1);
+        Some(op)
     }
 
     /// Whether an operation started at `t` is counted and measured (after the
@@ -1027,6 +1054,11 @@ impl Simulation {
     }
 
     fn write_acknowledged(&mut self, op: Op, r: usize, token: Option<Token>) {
+        if let (Some(m), Some(t)) = (&op.mutation, &token) {
+            self.metrics.counters.increments_acknowledged += self
+                .checks
+                .count_acknowledged(m, Version::new(t.timestamp, t.origin.clone()));
+        }
         let latency = self.now.saturating_since(op.started);
         if self.measured(op.started) {
             metrics::record(&mut self.metrics.writes.ok, latency.as_us());

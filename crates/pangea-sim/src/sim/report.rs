@@ -9,6 +9,90 @@ impl Simulation {
     pub(super) fn final_checks(&mut self) {
         let gaps = self.acked_gaps();
         self.report_acked_gaps(&gaps);
+        if self.checks.counted.is_empty() {
+            return;
+        }
+        let counted = std::mem::take(&mut self.checks.counted);
+        let oracle = std::mem::take(&mut self.checks.oracle);
+        self.check_counters(&counted, &oracle);
+        (self.checks.counted, self.checks.oracle) = (counted, oracle);
+    }
+
+    /// C8: every replica (run here) that holds a counter's row counts at least
+    /// the increments acknowledged to it (over every shard's clients,
+    /// `counted`) that no durable delete removed and no TTL expired (`oracle`:
+    /// every durable write). More is allowed — an increment whose
+    /// acknowledgement was lost still counts — and C5 holds each replica to the
+    /// oracle's exact sum.
+    pub(super) fn check_counters(
+        &mut self,
+        counted: &checks::Counted,
+        oracle: &BTreeMap<(Arc<str>, Bytes), RowState>,
+    ) {
+        let d = self.views[self.client_view].clone();
+        let now_ms = self.now_wall_ms();
+        let location = self.oracle_digests(oracle).1;
+        let mut found = Vec::new();
+        for ((table, key, family, column), increments) in counted {
+            let Some(s) = self.scope_index(&location, table, key) else {
+                continue;
+            };
+            let ttl = d
+                .placement
+                .schema
+                .table(table)
+                .and_then(|t| t.family(family))
+                .and_then(|f| f.ttl_ms);
+            let bucket = pangea_core::row::COUNTER_BUCKET_MS;
+            let row = oracle.get(&(table.clone(), key.clone()));
+            let want: i64 = increments
+                .iter()
+                .filter(|(v, _)| !row.is_some_and(|r| r.deletes(family, column, v)))
+                .filter(|(v, _)| {
+                    ttl.is_none_or(|ttl| {
+                        v.timestamp.wall_ms() / bucket * bucket + bucket + ttl > now_ms
+                    })
+                })
+                .map(|(_, delta)| delta)
+                .sum();
+            let want = &want;
+            let filter = pangea_core::ReadFilter {
+                columns: vec![(family.clone(), column.clone())],
+                ..Default::default()
+            };
+            for (r, node) in self.nodes.iter().enumerate() {
+                if !node.stores_rows || node.foreign || !self.allowed[self.client_view][s][r] {
+                    continue;
+                }
+                let Some(rep) = node.replica.as_ref() else {
+                    continue;
+                };
+                let got = rep
+                    .storage()
+                    .get_row(table, key)
+                    .ok()
+                    .flatten()
+                    .and_then(|row| row.read(key, &filter, d.placement.schema.table(table), now_ms))
+                    .and_then(|row| row.families.into_iter().flat_map(|f| f.cells).next())
+                    .map_or(0, |c| pangea_core::row::count_of(&c.value));
+                if got < *want {
+                    found.push((
+                        (*want - got) as u64,
+                        format!(
+                            "C8: {} counts {got} on {}/{:?}/{family}:{:?}, {want} increments acknowledged",
+                            node.id,
+                            table,
+                            String::from_utf8_lossy(key),
+                            String::from_utf8_lossy(column)
+                        ),
+                    ));
+                }
+            }
+        }
+        for (lost, v) in found {
+            self.checks.lost_increments += lost;
+            self.checks.violation(v);
+        }
     }
 
     /// Per stream (`scope × replicas + origin`): the replica (run here) furthest
@@ -290,6 +374,7 @@ impl Simulation {
             convergence_ms,
             final_convergence_ms,
             lost_writes: self.checks.lost_writes,
+            lost_increments: self.checks.lost_increments,
             watermark_violations: self.checks.watermark_violations,
             token_violations: self.checks.token_violations,
             staleness_violations: self.checks.staleness_violations,
@@ -371,6 +456,12 @@ pub(crate) fn evaluate_slo(
     // Invariants are not negotiable: a violation fails the run whatever the SLOs say.
     if r.lost_writes > 0 {
         out.push(format!("{} acknowledged writes lost (C1)", r.lost_writes));
+    }
+    if r.lost_increments > 0 {
+        out.push(format!(
+            "{} acknowledged increments not counted (C8)",
+            r.lost_increments
+        ));
     }
     if r.watermark_violations > 0 {
         out.push(format!(

@@ -386,6 +386,20 @@ pub fn run_split(sc: Scenario, split: &Split, threads: usize) -> Result<RunRepor
         }
     }
     shards[0].report_acked_gaps(&gaps);
+    // C8 likewise: increments acknowledged where clients run, counted where
+    // replicas run.
+    let mut counted = checks::Counted::new();
+    for s in &mut shards {
+        for (k, mut n) in std::mem::take(&mut s.checks.counted) {
+            counted.entry(k).or_default().append(&mut n);
+        }
+    }
+    if !counted.is_empty() {
+        let oracle = merged_oracle(&shards);
+        for s in &mut shards {
+            s.check_counters(&counted, &oracle);
+        }
+    }
     let other = shards.pop().expect("two shards");
     let mut main = shards.pop().expect("two shards");
     main.catch_up = catch_up;
@@ -977,9 +991,8 @@ fn extend_tail<T: Clone>(dst: &mut Vec<T>, from: usize, tail: Vec<T>, hole: T) {
     }
 }
 
-/// C5 over both shards: the oracle is the union of the shards' (each holds its
-/// origins' writes), and every replica, in its own shard, must match it.
-fn digests_agree(shards: &[Simulation], threads: usize) -> std::result::Result<(), String> {
+/// The union of the shards' oracles (each holds its origins' writes).
+fn merged_oracle(shards: &[Simulation]) -> BTreeMap<(Arc<str>, Bytes), RowState> {
     let mut oracle = shards[0].checks.oracle.clone();
     for s in &shards[1..] {
         for ((table, key), row) in &s.checks.oracle {
@@ -990,6 +1003,13 @@ fn digests_agree(shards: &[Simulation], threads: usize) -> std::result::Result<(
                 .merge(row, schema);
         }
     }
+    oracle
+}
+
+/// C5 over both shards: the oracle is the union of the shards' (each holds its
+/// origins' writes), and every replica, in its own shard, must match it.
+fn digests_agree(shards: &[Simulation], threads: usize) -> std::result::Result<(), String> {
+    let oracle = merged_oracle(shards);
     // Digested once: the shards meet at the same instant with equal deployments.
     let (oracle, location) = shards[0].oracle_digests(&oracle);
     if threads < 2 {
@@ -1076,6 +1096,7 @@ impl Simulation {
         m.client_cross_region_bytes += om.client_cross_region_bytes;
         let c = &mut self.checks;
         c.lost_writes += o.checks.lost_writes;
+        c.lost_increments += o.checks.lost_increments;
         c.watermark_violations += o.checks.watermark_violations;
         c.token_violations += o.checks.token_violations;
         c.staleness_violations += o.checks.staleness_violations;
