@@ -84,6 +84,15 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> Result<()> {
             return Ok(());
         }
         None => {
+            let moves = unfinished_moves(&running_moves(&o.cluster)?, &o.replica);
+            anyhow::ensure!(
+                moves.is_empty(),
+                "replica {} runs placement moves ({}): a resize would move the shard groups \
+                 their parts copy from under them. Let them finish (pangea placement \
+                 status) and resize after",
+                o.replica,
+                moves.join(", ")
+            );
             say(&format!(
                 "replica {}: {} -> {} processes; step 1/3, copy",
                 o.replica, r.processes, o.processes
@@ -135,6 +144,50 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> Result<()> {
         o.replica, o.processes
     ));
     Ok(())
+}
+
+/// Every placement move job of the cluster (`_jobs`, read as its operator).
+fn running_moves(cluster: &Path) -> Result<Vec<pangea_proto::v1::MigrationJob>> {
+    let c = ClusterFile::load(cluster).map_err(anyhow::Error::msg)?;
+    let d = local::load(&c.topology, c.placement.as_deref())?;
+    let region = c
+        .replicas
+        .first()
+        .map(|r| r.region.clone())
+        .context("the cluster file lists no replica")?;
+    let profile = d
+        .topology
+        .app_profiles
+        .keys()
+        .next()
+        .cloned()
+        .context("the topology has no app profile to route operator requests with")?;
+    let config = pangea_client::ClientConfig::from_cluster(&c, &region, &profile)?.with_credential(
+        pangea_client::Credential::Operator(local::CLUSTER_OPERATOR.into()),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let client = pangea_client::Client::connect(config).await?;
+        Ok(client.jobs().await?)
+    })
+}
+
+/// The ids and phases of the `jobs` not yet done or failed that run on
+/// `replica` (the job on its process 0, parts on the others): a resize waits for
+/// them.
+fn unfinished_moves(jobs: &[pangea_proto::v1::MigrationJob], replica: &str) -> Vec<String> {
+    let on_replica = |runner: &str| {
+        runner == replica
+            || runner
+                .strip_prefix(replica)
+                .is_some_and(|rest| rest.starts_with(".p"))
+    };
+    jobs.iter()
+        .filter(|j| !matches!(j.phase.as_str(), "done" | "failed") && on_replica(&j.runner))
+        .map(|j| format!("{} ({})", j.id, j.phase))
+        .collect()
 }
 
 fn deployment(cluster: &Path) -> Result<Deployment> {
@@ -402,5 +455,40 @@ fn wait_drained(o: &Options, moving: &[Moving], say: &mut dyn FnMut(&str)) -> Re
             o.step_limit
         );
         std::thread::sleep(POLL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pangea_proto::v1::MigrationJob;
+
+    fn job(id: &str, runner: &str, phase: &str) -> MigrationJob {
+        MigrationJob {
+            id: id.into(),
+            runner: runner.into(),
+            phase: phase.into(),
+            ..Default::default()
+        }
+    }
+
+    /// A resize waits for the moves running on the replica — the job on its
+    /// process 0, a part on another — not for finished ones, nor for moves on
+    /// another replica (one whose id merely starts the same way included).
+    #[test]
+    fn a_resize_waits_for_the_moves_running_on_its_replica() {
+        let jobs = [
+            job("m1", "euw1-a", "backfill"),
+            job("m1.p1", "euw1-a.p1", "catch-up"),
+            job("m2", "euw1-a", "done"),
+            job("m3", "euw1-a", "failed"),
+            job("m4", "euw1-b", "backfill"),
+            job("m5", "euw1-ab", "backfill"),
+        ];
+        assert_eq!(
+            unfinished_moves(&jobs, "euw1-a"),
+            ["m1 (backfill)", "m1.p1 (catch-up)"]
+        );
+        assert!(unfinished_moves(&jobs, "use1-a").is_empty());
     }
 }
