@@ -247,6 +247,17 @@ impl Job {
         })
     }
 
+    /// A job recorded in `_jobs` (by this replica, or a part its process 0
+    /// recorded for it), taken up where its checkpoint says.
+    pub fn resumed(record: pb::MigrationJob) -> Job {
+        Job {
+            record,
+            stage: Stage::Start,
+            wait: Wait::Nothing,
+            recorded: true,
+        }
+    }
+
     /// The job's checkpoint as it stands (what `pangea placement jobs` shows).
     pub fn record(&self) -> &pb::MigrationJob {
         &self.record
@@ -687,19 +698,6 @@ pub fn resumable<S: Storage>(replica: &Replica<S>) -> Result<Vec<Job>, Error> {
         })
         .map(Job::resumed)
         .collect())
-}
-
-impl Job {
-    /// A job recorded in `_jobs` (by this replica, or a part its process 0
-    /// recorded for it), taken up where its checkpoint says.
-    pub fn resumed(record: pb::MigrationJob) -> Job {
-        Job {
-            record,
-            stage: Stage::Start,
-            wait: Wait::Nothing,
-            recorded: true,
-        }
-    }
 }
 
 fn set(

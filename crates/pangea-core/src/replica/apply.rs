@@ -119,25 +119,32 @@ impl<S: Storage> Replica<S> {
         if !self.stores_rows {
             return Ok(());
         }
-        // Whether rows under the prefix may still be held here. With shard
-        // groups: whether this process hosts any group of the entry's policies.
-        // Then a flip still purges the rows that may not stay (rows of the global
-        // policy's group 0, which every process holds, moved to a policy that
-        // puts their group on one process), and nothing else is withheld.
+        // What of the rows under the prefix may still be held here. With shard
+        // groups: none if this process hosts no group of the entry's policies;
+        // else, once no migration is under way, a flip still purges the rows that
+        // may not stay (rows of the global policy's group 0, which every process
+        // holds, moved to a policy that puts their group on one process), and
+        // nothing else is withheld.
         let d = &self.deployment;
-        let grouped = d.topology.shard_groups > 1;
-        let may_stay = if grouped {
+        let keep = if d.topology.shard_groups > 1 {
             let some_group = |p: &ScopeId| {
                 d.placement
                     .policy(p)
                     .is_some_and(|p| p.scopes().iter().any(|s| self.scopes.contains_key(s)))
             };
-            some_group(&entry.policy) || entry.migrating_to.as_ref().is_some_and(some_group)
+            if !(some_group(&entry.policy) || entry.migrating_to.as_ref().is_some_and(some_group)) {
+                Keep::Nothing
+            } else if entry.migrating_to.is_none() {
+                Keep::Some
+            } else {
+                Keep::All
+            }
+        } else if self.may_hold(&entry.table, &entry.prefix) {
+            Keep::All
         } else {
-            self.may_hold(&entry.table, &entry.prefix)
+            Keep::Nothing
         };
-        let some_may_go = grouped && may_stay && entry.migrating_to.is_none();
-        if may_stay && !some_may_go {
+        if keep == Keep::All {
             return Ok(());
         }
         let job_key = Bytes::from(entry.job_id.clone().into_bytes());
@@ -148,7 +155,7 @@ impl<S: Storage> Replica<S> {
         if job.is_some_and(|job| entry.is_flip_of(&job)) {
             self.pending_purges
                 .push((entry.table, entry.prefix, entry.job_id));
-        } else if !may_stay {
+        } else if keep == Keep::Nothing {
             self.events.push_back(Event::PurgeWithheld {
                 table: entry.table,
                 prefix: entry.prefix,
@@ -321,4 +328,16 @@ impl<S: Storage> Replica<S> {
             p.mutations.push_back((e.clone(), bytes));
         }
     }
+}
+
+/// What a location entry leaves here of the rows under its prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// Every row may stay.
+    All,
+    /// Some may not (shard groups: rows every process holds, moved to a policy
+    /// that puts them on one): a flip purges those.
+    Some,
+    /// None may: a flip purges them; another entry saying so is withheld.
+    Nothing,
 }
