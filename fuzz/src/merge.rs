@@ -128,6 +128,7 @@ fn schema(gc: &[Gc; 3]) -> Schema {
     let policy = |g: &Gc| GcPolicy {
         max_versions: g.max_versions.map(|n| u32::from(n % 4) + 1),
         ttl_ms: g.ttl_ms.map(|t| u64::from(t % 64) + 1),
+        ..GcPolicy::default()
     };
     Schema::single_table(
         "t",
@@ -294,7 +295,9 @@ fn model(history: &History, table: &TableSchema) -> Cells {
                             && &column[..] == COLUMNS[c]
                             && range.contains(w.timestamp)
                     }
-                    Mutation::SetCell { .. } | Mutation::MergeRow(_) => false,
+                    Mutation::SetCell { .. }
+                    | Mutation::MergeRow(_)
+                    | Mutation::Increment { .. } => false,
                 })
         })
     };

@@ -386,6 +386,16 @@ pub fn check_merge(
 ) -> Result<(), String> {
     let earliest = now_ms.saturating_sub(window.behind_ms);
     let latest = now_ms.saturating_add(window.ahead_ms);
+    // Folded counts stand for increments a replica had by its purge horizon
+    // (the row module's counters): only compaction makes them. A loaded one
+    // could claim to count increments it does not, and hide them for ever.
+    if row.has_folds() {
+        return Err(
+            "the merged row carries folded counts, which only replicas make: load \
+             counters as increments"
+                .into(),
+        );
+    }
     for v in row.versions() {
         let ms = v.timestamp.wall_ms();
         if ms > latest {
@@ -608,5 +618,31 @@ policies = ["global"]
         assert!(e.contains("behind"), "{e}");
         let e = check_merge(&d, &merged(&[(now, "mallory")]), now, w).unwrap_err();
         assert!(e.contains("origin mallory"), "{e}");
+        // Folded counts only replicas make: one loaded could hide increments for
+        // ever (a reach past every delete), so none is accepted.
+        let counter = pangea_topology::schema::TableSchema {
+            families: [(
+                "c".into(),
+                pangea_topology::schema::GcPolicy {
+                    kind: pangea_topology::schema::FamilyKind::Counter,
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            partition_key: None,
+        };
+        let mut row = RowState::default();
+        let inc = Mutation::Increment {
+            family: "c".into(),
+            column: Bytes::from_static(b"x"),
+            delta: 1,
+        };
+        let v = Version::new(crate::Timestamp::new(now - 1_000, 0), "use1-a".into());
+        row.apply(&v, &[inc], Some(&counter));
+        assert!(check_merge(&d, &row, now, w).is_ok(), "increments load");
+        row.compact(Some(&counter), crate::Timestamp::new(now, 0), now);
+        assert!(row.has_folds());
+        let e = check_merge(&d, &row, now, w).unwrap_err();
+        assert!(e.contains("folded counts"), "{e}");
     }
 }

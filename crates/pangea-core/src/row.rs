@@ -316,7 +316,9 @@ impl ColumnState {
             return false;
         }
         for (v, value) in self.versions.split_off(keep) {
-            let delta = value.as_deref().map_or(0, count_of);
+            // A ghost (none in a counter family; a faulty peer's) counts nothing.
+            let Some(value) = value else { continue };
+            let delta = count_of(&value);
             let bucket_ms = bucket_of(v.timestamp, ttl_ms);
             let slot = (&v.origin, bucket_ms);
             match self.folded.binary_search_by(|x| x.slot().cmp(&slot)) {
@@ -496,6 +498,16 @@ impl CompactHint {
     }
 }
 
+/// Whether increments (and folds) of `family` are kept: in a counter family, and
+/// in one this replica's schema does not know yet (a family added by an apply
+/// that has not reached it: the increments are there when it has). Only a
+/// family known to hold cells ignores them, alike everywhere.
+fn counts_in(table: Option<&TableSchema>, family: &str) -> bool {
+    table
+        .and_then(|t| t.family(family))
+        .is_none_or(GcPolicy::is_counter)
+}
+
 fn gc_of(table: Option<&TableSchema>, family: &str) -> GcPolicy {
     table
         .and_then(|t| t.family(family))
@@ -561,8 +573,8 @@ impl RowState {
             }
         }
         for ((family, column), delta) in increments {
-            let gc = gc_of(table, family);
-            if gc.is_counter() {
+            if counts_in(table, family) {
+                let gc = gc_of(table, family);
                 self.add_count(version, family, column, count_bytes(delta), &gc);
             }
         }
@@ -749,13 +761,14 @@ impl RowState {
                 for rt in &col.range_tombstones {
                     self.delete_from_column(&rt.version, name, column, rt.range, &gc);
                 }
-                if gc.is_counter() {
+                if counts_in(table, name) {
                     for f in &col.folded {
                         self.merge_fold(f, name, column, &gc);
                     }
                     for (v, value) in &col.versions {
-                        if let Some(value) = value {
-                            self.add_count(v, name, column, value.clone(), &gc);
+                        match value {
+                            Some(value) => self.add_count(v, name, column, value.clone(), &gc),
+                            None => self.merge_ghost(v, name, column, &gc),
                         }
                     }
                     continue;
@@ -1209,6 +1222,15 @@ impl RowState {
                     if col.folded.last().is_some_and(|l| l.slot() >= f.slot()) {
                         return Err(Error::malformed("RowState", "folded counts out of order"));
                     }
+                    // A fold reaches at least its newest increment, and its bucket
+                    // is that increment's minute (or 0: no TTL).
+                    let minute = bucket_of(f.newest.timestamp, Some(0));
+                    if f.up_to < f.newest.timestamp || (f.bucket_ms != 0 && f.bucket_ms != minute) {
+                        return Err(Error::malformed(
+                            "RowState",
+                            "a folded count's reach or bucket does not fit its newest increment",
+                        ));
+                    }
                     col.folded.push(f);
                 }
                 last_column = Some(c.qualifier.clone());
@@ -1240,6 +1262,15 @@ impl RowState {
     /// Names of the families this row holds anything of.
     pub fn family_names(&self) -> impl Iterator<Item = &str> {
         self.families.keys().map(|f| &**f)
+    }
+
+    /// Whether the row holds folded counts (only compaction makes them; a
+    /// loader's merged rows may not carry any).
+    pub fn has_folds(&self) -> bool {
+        self.families
+            .values()
+            .flat_map(|f| f.columns.values())
+            .any(|c| !c.folded.is_empty())
     }
 
     /// Whether a tombstone this row holds — of the row, of `family`, or of

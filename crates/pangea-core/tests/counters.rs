@@ -373,3 +373,80 @@ fn one_mutation_sums_and_counters_wrap() {
     assert_eq!(*value, 5i64.wrapping_add(i64::MAX));
     assert_eq!(*newest, Version::new(ts(2), "b".into()));
 }
+
+/// Increments to a family this replica's schema does not know yet (a counter
+/// family added by an apply that has not reached it) are kept, so once its
+/// schema has the family it counts what the others do; a family known to hold
+/// cells ignores them, alike everywhere.
+#[test]
+fn increments_before_the_schema_knows_the_family_are_kept() {
+    let knows = schema();
+    let new = Schema::single_table("t", &[("p", GcPolicy::default())]);
+    let inc = |delta| Mutation::Increment {
+        family: "n".into(),
+        column: Bytes::from_static(b"c"),
+        delta,
+    };
+    let (mut a, mut b) = (RowState::default(), RowState::default());
+    for (i, o) in ["a", "b", "c"].into_iter().enumerate() {
+        let v = Version::new(ts(i as u64 + 1), o.into());
+        a.apply(&v, &[inc(2)], Some(table(&knows)));
+        b.apply(&v, &[inc(2)], new.table("t"));
+    }
+    assert_eq!(counts(&a, &knows), counts(&b, &knows));
+    assert_eq!(counts(&b, &knows)[&("n".to_owned(), b"c".to_vec())].0, 6);
+    // A snapshot from a replica that folded reaches one that does not know the
+    // family: the fold is kept too.
+    a.compact(Some(table(&knows)), ts(10), NOW_MS);
+    let mut c = RowState::default();
+    c.merge(&a, new.table("t"));
+    assert_eq!(counts(&c, &knows), counts(&a, &knows));
+    // Into a family of cells, increments are ignored (the write path refuses them).
+    let mut d = RowState::default();
+    d.apply(
+        &Version::new(ts(1), "a".into()),
+        &[Mutation::Increment {
+            family: "p".into(),
+            column: Bytes::from_static(b"c"),
+            delta: 1,
+        }],
+        Some(table(&knows)),
+    );
+    assert!(d.is_empty());
+}
+
+/// A folded count from a store or a peer must fit its newest increment: reach
+/// at least it, and sit in its minute's bucket (or 0).
+#[test]
+fn malformed_folds_are_refused() {
+    let schema = schema();
+    let t = Some(table(&schema));
+    let mut row = RowState::default();
+    let inc = Mutation::Increment {
+        family: "n".into(),
+        column: Bytes::from_static(b"c"),
+        delta: 1,
+    };
+    row.apply(&Version::new(ts(7), "a".into()), &[inc], t);
+    row.compact(t, ts(9), NOW_MS);
+    let key = Bytes::from_static(b"k");
+    let good = row.to_proto(&key);
+    assert!(RowState::from_proto(good.clone()).is_ok());
+    let fold = |p: &mut pangea_proto::v1::RowState| p.families[0].columns[0].folded[0].clone();
+    let mut short = good.clone();
+    let mut f = fold(&mut short);
+    f.up_to = f.newest.as_ref().unwrap().timestamp - 1;
+    short.families[0].columns[0].folded[0] = f;
+    assert!(
+        RowState::from_proto(short).is_err(),
+        "reach below its newest"
+    );
+    let mut elsewhere = good;
+    let mut f = fold(&mut elsewhere);
+    f.bucket_ms += 2 * COUNTER_BUCKET_MS;
+    elsewhere.families[0].columns[0].folded[0] = f;
+    assert!(
+        RowState::from_proto(elsewhere).is_err(),
+        "bucket not its minute"
+    );
+}

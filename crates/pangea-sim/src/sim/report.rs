@@ -45,7 +45,8 @@ impl Simulation {
                 .and_then(|f| f.ttl_ms);
             let bucket = pangea_core::row::COUNTER_BUCKET_MS;
             let row = oracle.get(&(table.clone(), key.clone()));
-            let want: i64 = increments
+            // Sums as replicas keep them: wrapping at 64 bits.
+            let want = increments
                 .iter()
                 .filter(|(v, _)| !row.is_some_and(|r| r.deletes(family, column, v)))
                 .filter(|(v, _)| {
@@ -53,8 +54,7 @@ impl Simulation {
                         v.timestamp.wall_ms() / bucket * bucket + bucket + ttl > now_ms
                     })
                 })
-                .map(|(_, delta)| delta)
-                .sum();
+                .fold(0i64, |sum, (_, delta)| sum.wrapping_add(*delta));
             let want = &want;
             let filter = pangea_core::ReadFilter {
                 columns: vec![(family.clone(), column.clone())],
@@ -77,7 +77,7 @@ impl Simulation {
                     .map_or(0, |c| pangea_core::row::count_of(&c.value));
                 if got < *want {
                     found.push((
-                        (*want - got) as u64,
+                        want.wrapping_sub(got).unsigned_abs(),
                         format!(
                             "C8: {} counts {got} on {}/{:?}/{family}:{:?}, {want} increments acknowledged",
                             node.id,
