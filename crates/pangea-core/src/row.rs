@@ -618,23 +618,13 @@ impl RowState {
         value: &Bytes,
         gc: &GcPolicy,
     ) {
-        let row_tombstone = &self.tombstone;
-        let fam = self.families.entry(family.clone()).or_default();
-        let col = fam.columns.entry(column.clone()).or_default();
-        let covered = row_tombstone.as_ref().is_some_and(|t| v < t)
-            || fam.tombstone.as_ref().is_some_and(|t| v < t)
-            || col.covers(v);
-        if !covered {
-            col.insert(v, Some(value.clone()), gc);
-        } else if gc.max_versions.is_some() {
-            col.insert(v, None, gc);
-        }
-        if col.is_empty() {
-            fam.columns.remove(column);
-            if fam.is_empty() {
-                self.families.remove(family);
+        self.in_column(v, family, column, |col, covered| {
+            if !covered {
+                col.insert(v, Some(value.clone()), gc);
+            } else if gc.max_versions.is_some() {
+                col.insert(v, None, gc);
             }
-        }
+        });
     }
 
     /// Adds one increment (`value`: its delta) to a counter, unless a tombstone
@@ -647,37 +637,39 @@ impl RowState {
         value: Bytes,
         gc: &GcPolicy,
     ) {
-        let row_tombstone = &self.tombstone;
-        let fam = self.families.entry(family.clone()).or_default();
-        let col = fam.columns.entry(column.clone()).or_default();
-        let covered = row_tombstone.as_ref().is_some_and(|t| v < t)
-            || fam.tombstone.as_ref().is_some_and(|t| v < t)
-            || col.covers(v)
-            || col.folds(v, gc.ttl_ms);
-        if !covered {
-            // No `max_versions` on a counter: every increment stays until folded.
-            col.insert(v, Some(value), &GcPolicy::default());
-        }
-        if col.is_empty() {
-            fam.columns.remove(column);
-            if fam.is_empty() {
-                self.families.remove(family);
+        self.in_column(v, family, column, |col, covered| {
+            if !covered && !col.folds(v, gc.ttl_ms) {
+                // No `max_versions` on a counter: every increment stays until folded.
+                col.insert(v, Some(value), &GcPolicy::default());
             }
-        }
+        });
     }
 
     /// Joins another replica's fold into a counter, unless a tombstone covers it.
     fn merge_fold(&mut self, f: &Folded, family: &Arc<str>, column: &Bytes, gc: &GcPolicy) {
-        let cut = f.cut();
+        self.in_column(&f.cut(), family, column, |col, covered| {
+            if !covered {
+                col.join_fold(f, gc.ttl_ms);
+            }
+        });
+    }
+
+    /// Changes one column with `change(column, covered)`, `covered` when a row,
+    /// family or column tombstone deletes version `v`; then drops the column and
+    /// its family if nothing is left of them.
+    fn in_column(
+        &mut self,
+        v: &Version,
+        family: &Arc<str>,
+        column: &Bytes,
+        change: impl FnOnce(&mut ColumnState, bool),
+    ) {
         let row_tombstone = &self.tombstone;
         let fam = self.families.entry(family.clone()).or_default();
         let col = fam.columns.entry(column.clone()).or_default();
-        let covered = row_tombstone.as_ref().is_some_and(|t| cut < *t)
-            || fam.tombstone.as_ref().is_some_and(|t| cut < *t)
-            || col.covers(&cut);
-        if !covered {
-            col.join_fold(f, gc.ttl_ms);
-        }
+        let covered =
+            newer_than(row_tombstone, v) || newer_than(&fam.tombstone, v) || col.covers(v);
+        change(col, covered);
         if col.is_empty() {
             fam.columns.remove(column);
             if fam.is_empty() {

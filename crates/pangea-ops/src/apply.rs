@@ -160,19 +160,7 @@ fn reload_replicas(
     }
     let mut view = cluster.clone();
     view.replicas = all.to_vec();
-    let d = local::load(&view.topology, view.placement.as_deref())?;
-    let region = running[0].region.clone();
-    let profile = d
-        .topology
-        .app_profiles
-        .keys()
-        .next()
-        .cloned()
-        .context("the topology has no app profile to route operator requests with")?;
-    let config = pangea_client::ClientConfig::from_cluster(&view, &region, &profile)?
-        .with_credential(pangea_client::Credential::Operator(
-            local::CLUSTER_OPERATOR.into(),
-        ));
+    let config = local::operator_config(&view, &running[0].region)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

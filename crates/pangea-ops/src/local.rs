@@ -28,6 +28,23 @@ pub fn load(topology: &Path, placement: Option<&Path>) -> Result<Deployment> {
     Deployment::load(topology, placement).map_err(|p| anyhow::anyhow!("{p}"))
 }
 
+/// A client of `cluster` in `region` that presents the cluster's operator
+/// certificate (requests are routed with the topology's first app profile).
+pub fn operator_config(cluster: &ClusterFile, region: &str) -> Result<pangea_client::ClientConfig> {
+    let d = load(&cluster.topology, cluster.placement.as_deref())?;
+    let profile = d
+        .topology
+        .app_profiles
+        .keys()
+        .next()
+        .cloned()
+        .context("the topology has no app profile to route operator requests with")?;
+    Ok(
+        pangea_client::ClientConfig::from_cluster(cluster, region, &profile)?
+            .with_credential(pangea_client::Credential::Operator(CLUSTER_OPERATOR.into())),
+    )
+}
+
 pub fn cluster_path(dir: &Path) -> PathBuf {
     dir.join("cluster.toml")
 }

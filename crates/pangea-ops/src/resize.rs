@@ -149,22 +149,12 @@ pub fn run(o: &Options, say: &mut dyn FnMut(&str)) -> Result<()> {
 /// Every placement move job of the cluster (`_jobs`, read as its operator).
 fn running_moves(cluster: &Path) -> Result<Vec<pangea_proto::v1::MigrationJob>> {
     let c = ClusterFile::load(cluster).map_err(anyhow::Error::msg)?;
-    let d = local::load(&c.topology, c.placement.as_deref())?;
     let region = c
         .replicas
         .first()
         .map(|r| r.region.clone())
         .context("the cluster file lists no replica")?;
-    let profile = d
-        .topology
-        .app_profiles
-        .keys()
-        .next()
-        .cloned()
-        .context("the topology has no app profile to route operator requests with")?;
-    let config = pangea_client::ClientConfig::from_cluster(&c, &region, &profile)?.with_credential(
-        pangea_client::Credential::Operator(local::CLUSTER_OPERATOR.into()),
-    );
+    let config = local::operator_config(&c, &region)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
