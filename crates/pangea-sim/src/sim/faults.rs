@@ -489,6 +489,13 @@ impl Simulation {
         if self.covers(&targets) {
             match self.digests_agree() {
                 Ok(()) => {
+                    // The run stops here: a catch-up not yet seen done is done now
+                    // (its targets are at most today's), even if its own check
+                    // comes later in this same instant.
+                    let now = self.now;
+                    if let Some(c) = self.catch_up.as_mut().filter(|c| c.done_at.is_none()) {
+                        c.done_at = Some(now);
+                    }
                     self.final_convergence = Some(self.now);
                     self.stop = true;
                     return;

@@ -557,6 +557,11 @@ fn drive(
                         if let Err(why) = digests_agree(shards, e.threads) {
                             violations.push(format!("C5: {why}"));
                         } else {
+                            // As in one run (`on_drain_check`): a catch-up not yet
+                            // seen done is done by now.
+                            if let Some(c) = catch_up.as_mut().filter(|c| c.done_at.is_none()) {
+                                c.done_at = Some(end);
+                            }
                             *final_convergence = Some(end);
                         }
                         stop = true;
