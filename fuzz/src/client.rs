@@ -208,48 +208,38 @@ fn process(
         }
         R::Mutate(m) => {
             let m = m.mutation.ok_or("mutate without a mutation")?;
-            auth::check_merge_keys(&m)?;
-            let mutation = RowMutation::from_proto(m, &limits).map_err(|e| e.to_string())?;
-            mutation
-                .check_schema(&r.deployment().placement.schema)
+            let token = mutate_row(r, who, now, &limits, m)?;
+            Ok(Response::Mutate(pb::MutateResponse { token }))
+        }
+        // As the node: each row checked and applied alone, each its own outcome.
+        R::MutateRows(b) => {
+            Limits::check(Limited::BatchRows, b.rows.len(), limits.batch_rows_max)
                 .map_err(|e| e.to_string())?;
-            for x in mutation.mutations() {
-                if let Mutation::MergeRow(row) = x {
-                    assert!(
-                        matches!(who, Principal::Loader { .. }),
-                        "only loaders get a MergeRow past authorization"
-                    );
-                    auth::check_merge(&d, row, now.wall_ms, auth::MergeWindow::DEFAULT)?;
-                }
-            }
-            assert!(
-                !mutation.table().starts_with('_'),
-                "no identity writes a system table through the data API"
-            );
-            let scope = scope_here(r, mutation.table(), mutation.row_key())?;
-            may_touch(&scope)?;
-            let token = r.propose(now, mutation).map_err(|e| e.to_string())?;
-            assert_eq!(token.scope, scope, "a write's token names the row's scope");
-            r.flush(now).expect("flush on in-memory storage");
-            let mut committed = false;
-            while let Some(e) = r.poll_event() {
-                committed |= e == Event::Committed(token.clone());
-            }
-            assert!(committed, "a flushed write is committed");
-            drive(r, now, &mut Default::default());
-            let encoded = token.encode();
-            assert_eq!(
-                Token::decode(&encoded).as_ref(),
-                Ok(&token),
-                "a token we issue parses back"
-            );
-            let wm = r.watermarks(&scope).expect("the replica's own scope");
-            assert_eq!(
-                decide(&Consistency::Watermark(token), &wm, now.wall_ms),
-                Decision::Serve,
-                "the replica that took a write covers its token"
-            );
-            Ok(Response::Mutate(pb::MutateResponse { token: encoded }))
+            let rows = b
+                .rows
+                .into_iter()
+                .map(|mut m| {
+                    if m.table.is_empty() {
+                        m.table.clone_from(&b.table);
+                    }
+                    if m.table != b.table {
+                        return Err("row of another table in a batch".to_owned());
+                    }
+                    mutate_row(r, who, now, &limits, m)
+                })
+                .map(|o| match o {
+                    Ok(token) => pb::RowOutcome { token, error: None },
+                    Err(message) => pb::RowOutcome {
+                        token: Default::default(),
+                        error: Some(pb::Error {
+                            code: 0,
+                            message,
+                            ..Default::default()
+                        }),
+                    },
+                })
+                .collect();
+            Ok(Response::MutateRows(pb::MutateRowsResponse { rows }))
         }
         R::Watermarks(w) => {
             let scopes: Vec<ScopeId> = r.scopes().cloned().collect();
@@ -271,6 +261,61 @@ fn process(
             Err("not mirrored".into())
         }
     }
+}
+
+/// A row mutation as the node checks and applies it: its token's bytes.
+fn mutate_row(
+    r: &mut Replica<MemStorage>,
+    who: &Principal,
+    now: Now,
+    limits: &Limits,
+    m: pb::RowMutation,
+) -> Result<Bytes, String> {
+    let d = r.deployment().clone();
+    let may_touch =
+        |scope: &ScopeId| auth::authorize_rows(&d, who, scope).map_err(|e| e.to_string());
+    auth::check_merge_keys(&m)?;
+    let mutation = RowMutation::from_proto(m, limits).map_err(|e| e.to_string())?;
+    mutation
+        .check_schema(&r.deployment().placement.schema)
+        .map_err(|e| e.to_string())?;
+    for x in mutation.mutations() {
+        if let Mutation::MergeRow(row) = x {
+            assert!(
+                matches!(who, Principal::Loader { .. }),
+                "only loaders get a MergeRow past authorization"
+            );
+            auth::check_merge(&d, row, now.wall_ms, auth::MergeWindow::DEFAULT)?;
+        }
+    }
+    assert!(
+        !mutation.table().starts_with('_'),
+        "no identity writes a system table through the data API"
+    );
+    let scope = scope_here(r, mutation.table(), mutation.row_key())?;
+    may_touch(&scope)?;
+    let token = r.propose(now, mutation).map_err(|e| e.to_string())?;
+    assert_eq!(token.scope, scope, "a write's token names the row's scope");
+    r.flush(now).expect("flush on in-memory storage");
+    let mut committed = false;
+    while let Some(e) = r.poll_event() {
+        committed |= e == Event::Committed(token.clone());
+    }
+    assert!(committed, "a flushed write is committed");
+    drive(r, now, &mut Default::default());
+    let encoded = token.encode();
+    assert_eq!(
+        Token::decode(&encoded).as_ref(),
+        Ok(&token),
+        "a token we issue parses back"
+    );
+    let wm = r.watermarks(&scope).expect("the replica's own scope");
+    assert_eq!(
+        decide(&Consistency::Watermark(token), &wm, now.wall_ms),
+        Decision::Serve,
+        "the replica that took a write covers its token"
+    );
+    Ok(encoded)
 }
 
 fn consistency(c: Option<pb::Consistency>) -> Result<Consistency, String> {

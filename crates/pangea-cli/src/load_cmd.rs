@@ -45,9 +45,12 @@ pub(crate) struct LoadArgs {
     /// .pb/.bin/.binpb length-delimited protobuf).
     #[arg(long, value_enum)]
     format: Option<Format>,
-    /// Row writes in flight at once.
-    #[arg(long, default_value_t = 64)]
+    /// Write requests in flight at once (each a batch of up to --batch-rows rows).
+    #[arg(long, default_value_t = 8)]
     concurrency: usize,
+    /// Most rows in one batch write (MutateRows); 1 writes each row alone.
+    #[arg(long, default_value_t = 100)]
+    batch_rows: usize,
     /// Skip the first N records (NDJSON: lines) without writing them: resumes a load
     /// that stopped.
     #[arg(long, default_value_t = 0)]
@@ -151,16 +154,18 @@ pub(crate) fn run(a: LoadArgs) -> Result<()> {
     } else {
         Progress::Off
     };
+    let defaults = Options::new(&table, format);
     let opts = Options {
         concurrency: a.concurrency.max(1),
+        batch_rows: a.batch_rows.max(1),
         skip: a.skip,
         keep_going: a.keep_going,
         retries: a.retries,
         write: WriteOptions {
             deadline: Some(a.connect.deadline()),
-            ..Default::default()
+            ..defaults.write.clone()
         },
-        ..Options::new(&table, format)
+        ..defaults
     };
     let counters = Arc::new(Counters::default());
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -122,15 +122,49 @@ enum Answer {
     Closed,
 }
 
+/// A batch write (`MutateRows`) of `table` carrying the rows of single-row writes.
+fn batch(table: &str, rows: Vec<pb::client_request::Request>) -> pb::client_request::Request {
+    pb::client_request::Request::MutateRows(pb::MutateRowsRequest {
+        table: table.into(),
+        rows: rows
+            .into_iter()
+            .map(|r| match r {
+                pb::client_request::Request::Mutate(m) => m.mutation.expect("a mutation"),
+                other => panic!("not a write: {other:?}"),
+            })
+            .collect(),
+        ..Default::default()
+    })
+}
+
 async fn ask(conn: &quinn::Connection, r: pb::client_request::Request) -> Answer {
     match call(conn, &request("frontend", DEADLINE_US, r)).await {
         Err(_) => Answer::Closed,
-        Ok(resp) => match error_of(&resp) {
-            None => Answer::Served,
-            Some((pb::error::Code::PolicyForbids, m)) if m.contains(" may not ") => Answer::Denied,
-            Some((pb::error::Code::InvalidArgument, _)) => Answer::Invalid,
-            Some((code, m)) => panic!("unexpected answer {code:?}: {m}"),
-        },
+        Ok(resp) => {
+            // A batch is served when every row is; else its first refused row says.
+            let row_error = match &resp.response {
+                Some(pb::client_response::Response::MutateRows(b)) => {
+                    b.rows.iter().find_map(|o| o.error.clone())
+                }
+                _ => None,
+            };
+            let error = row_error
+                .map(|e| {
+                    (
+                        pb::error::Code::try_from(e.code).unwrap_or_default(),
+                        e.message,
+                    )
+                })
+                .or_else(|| error_of(&resp).map(|(code, m)| (code, m.to_owned())));
+            match error {
+                None => Answer::Served,
+                Some((pb::error::Code::PolicyForbids, m)) if m.contains(" may not ") => {
+                    Answer::Denied
+                }
+                Some((pb::error::Code::InvalidArgument, _)) => Answer::Invalid,
+                Some((code, m)) => panic!("unexpected answer {code:?}: {m}"),
+            }
+        }
     }
 }
 
@@ -255,6 +289,27 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
             ),
             ("merge", merge(TABLE, b"us/0002", b"us/0002", now, "euw1-a")),
             (
+                "batch",
+                batch(
+                    TABLE,
+                    vec![
+                        set_cell(TABLE, b"us/0001", "profile", b"p", b"b".to_vec()),
+                        common::increment(TABLE, b"us/0002", "impressions", b"c1", 1),
+                    ],
+                ),
+            ),
+            (
+                "batch _location",
+                batch("_location", vec![forged_entry(b"", "nope")]),
+            ),
+            (
+                "batch merge",
+                batch(
+                    TABLE,
+                    vec![merge(TABLE, b"us/0002", b"us/0002", now, "euw1-a")],
+                ),
+            ),
+            (
                 "merge _location",
                 merge(
                     "_location",
@@ -318,6 +373,9 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
             /* set _location   */ [Denied, Denied, Denied],
             /* set _jobs       */ [Denied, Denied, Denied],
             /* merge           */ [Denied, Served,     Denied],
+            /* batch           */ [Served,     Served,     Denied],
+            /* batch _location */ [Denied, Denied, Denied],
+            /* batch merge     */ [Denied, Served,     Denied],
             /* merge _location */ [Denied, Denied, Denied],
             /* watermarks      */ [Served,     Served,     Served],
             /* deployment      */ [Served,     Served,     Served],
@@ -394,6 +452,9 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
                 ask(&conn, forged_entry(b"eu/", "global")).await == Denied,
                 "{id}"
             );
+            // Nor smuggled into a batch of a user table: that row alone is refused.
+            let smuggled = batch(TABLE, vec![forged_entry(b"", "nope")]);
+            ensure!(ask(&conn, smuggled).await == Invalid, "{id}");
         }
 
         // ---- Attack 2: placement moves ----
@@ -513,7 +574,7 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
         );
 
         // No replica lost a row or changed a byte, except the two rows the matrix
-        // wrote (us/0001 set, us/0002 merged) — compare without them.
+        // wrote (us/0001 set, us/0002 merged and counted) — compare without them.
         let after = holdings(&c, &op).await?;
         for (id, b) in &before {
             let a = &after[id];

@@ -250,7 +250,7 @@ async fn a_placement_move_on_replicas_of_many_processes_survives_a_kill_of_a_par
             tasks.spawn(async move {
                 for k in keys.iter().skip(lane).step_by(16) {
                     let m = set("ad_profiles", k.clone(), format!("v-{k}"))?;
-                    near.mutate(m, &WriteOptions::default()).await?;
+                    near.mutate(m, &common::setup_writes()).await?;
                 }
                 anyhow::Ok(())
             });

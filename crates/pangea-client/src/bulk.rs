@@ -6,9 +6,10 @@
 //! (format, size limits, the placement file's schema) in input order; [`load`]
 //! writes each row once through a [`Client`], which sends it to the nearest replica
 //! its placement policy allows; replication carries it along the scope's tree to
-//! every other replica of the scope. There is no multi-row write in the client
-//! protocol, so single-row writes are pipelined, [`Options::concurrency`] in flight;
-//! a key repeated in the input is written in input order, one write at a time.
+//! every other replica of the scope. Rows go in batch writes
+//! ([`Client::mutate_rows`]) of up to [`Options::batch_rows`] rows, as many as the
+//! input has ready, [`Options::concurrency`] requests in flight; a key repeated in
+//! the input is written in input order, one write at a time.
 //!
 //! Bad records: by default the load stops at the first one, before writing it (rows
 //! before it are written, rows after it are not) and [`Report::verdict`] says how to
@@ -97,8 +98,11 @@ impl Format {
 pub struct Options {
     pub table: String,
     pub format: Format,
-    /// Row writes in flight at once.
+    /// Write requests in flight at once (each a batch of up to `batch_rows` rows).
     pub concurrency: usize,
+    /// Most rows in one batch write ([`Client::mutate_rows`]); 1 writes each row
+    /// alone ([`Client::mutate`]).
+    pub batch_rows: usize,
     /// Records (NDJSON: lines) skipped without writing them: resumes a load that
     /// stopped.
     pub skip: u64,
@@ -113,16 +117,21 @@ pub struct Options {
 }
 
 impl Options {
-    /// 64 writes in flight, 3 retries, stop at the first problem.
+    /// Batches of 100 rows, 8 in flight, 3 retries, stop at the first problem.
     pub fn new(table: &str, format: Format) -> Options {
         Options {
             table: table.to_owned(),
             format,
-            concurrency: 64,
+            concurrency: 8,
+            batch_rows: 100,
             skip: 0,
             keep_going: false,
             retries: 3,
-            write: WriteOptions::default(),
+            // A load's rows are harmless to write twice (no increments).
+            write: WriteOptions {
+                resend_if_unknown: true,
+                ..WriteOptions::default()
+            },
             limits: Limits::default(),
         }
     }
@@ -591,7 +600,10 @@ pub struct Report {
     /// The client's region (filled in by the caller).
     pub region: String,
     pub dry_run: bool,
+    /// Write requests in flight.
     pub concurrency: usize,
+    /// Most rows per write request.
+    pub batch_rows: usize,
     /// Rows written (checked, in a dry run).
     pub rows: u64,
     /// Their row keys, column qualifiers and values, in bytes.
@@ -689,8 +701,8 @@ impl Report {
             let l = &self.write_latency;
             s += &format!(
                 "  write latency  p50 {:.2} ms  p99 {:.2} ms  p999 {:.2} ms  max {:.2} ms  \
-                 (concurrency {})\n",
-                l.p50_ms, l.p99_ms, l.p999_ms, l.max_ms, self.concurrency
+                 (concurrency {}, up to {} rows a request)\n",
+                l.p50_ms, l.p99_ms, l.p999_ms, l.max_ms, self.concurrency, self.batch_rows
             );
             let at: Vec<String> = self
                 .written_at
@@ -764,7 +776,9 @@ pub async fn load(
     on_problem: &mut (dyn FnMut(&str) + Send),
 ) -> Report {
     let concurrency = opts.concurrency.max(1);
-    let (tx, mut rx) = mpsc::channel(concurrency * 2);
+    let batch_rows = opts.batch_rows.clamp(1, crate::batch::BATCH_ROWS_MAX);
+    // Room for two batches ahead of the writes.
+    let (tx, mut rx) = mpsc::channel((concurrency * 2).max(batch_rows * 2));
     let reader = Reader {
         checker: Checker {
             table: opts.table.as_str().into(),
@@ -802,44 +816,105 @@ pub async fn load(
             true,
         );
     }
-    let mut inflight: JoinSet<Done> = JoinSet::new();
+    let mut inflight: JoinSet<Vec<Done>> = JoinSet::new();
+    // Keys in flight: a key repeated in the input is written in input order, one
+    // write at a time (never twice in one batch, never in two batches at once).
     let mut busy: HashSet<Bytes> = HashSet::new();
+    let mut batch = Batch::default();
     while loader.stop.is_none() {
-        let Some(item) = rx.recv().await else { break };
+        // Wait for input only with nothing gathered: else send what is gathered.
+        let item = if batch.rows.is_empty() {
+            rx.recv().await
+        } else {
+            match rx.try_recv() {
+                Ok(item) => Some(item),
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    batch
+                        .send(
+                            client,
+                            opts,
+                            concurrency,
+                            &mut inflight,
+                            &mut loader,
+                            &mut busy,
+                        )
+                        .await;
+                    continue;
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+            }
+        };
+        let Some(item) = item else { break };
         match item {
-            Parsed::Bad { loc, why, fatal } => loader.bad(loc, why, fatal),
+            Parsed::Bad { loc, why, fatal } => {
+                // The rows before it are written.
+                batch
+                    .send(
+                        client,
+                        opts,
+                        concurrency,
+                        &mut inflight,
+                        &mut loader,
+                        &mut busy,
+                    )
+                    .await;
+                loader.bad(loc, why, fatal);
+            }
             Parsed::Row { loc, mutation } => {
                 let payload = mutation.payload_bytes() as u64;
-                let Some(client) = client else {
+                if client.is_none() {
                     counters.rows.fetch_add(1, Ordering::Relaxed);
                     counters.bytes.fetch_add(payload, Ordering::Relaxed);
                     continue;
-                };
+                }
                 let key = mutation.row_key().clone();
-                // Bounded in flight; a key repeated in the input is written in input
-                // order, one write at a time.
-                while inflight.len() >= concurrency || busy.contains(&key) {
+                if batch.keys.contains(&key) {
+                    batch
+                        .send(
+                            client,
+                            opts,
+                            concurrency,
+                            &mut inflight,
+                            &mut loader,
+                            &mut busy,
+                        )
+                        .await;
+                }
+                while busy.contains(&key) {
                     match inflight.join_next().await {
                         Some(done) => loader.done(done, &mut busy),
                         None => break,
                     }
                 }
-                if loader.stop.is_some() {
-                    break;
+                batch.bytes += payload as usize;
+                batch.keys.insert(key);
+                batch.rows.push((loc, mutation));
+                if batch.rows.len() >= batch_rows || batch.bytes >= crate::batch::BATCH_BYTES_MAX {
+                    batch
+                        .send(
+                            client,
+                            opts,
+                            concurrency,
+                            &mut inflight,
+                            &mut loader,
+                            &mut busy,
+                        )
+                        .await;
                 }
-                busy.insert(key.clone());
-                let (client, write, retries) = (client.clone(), opts.write.clone(), opts.retries);
-                inflight.spawn(async move {
-                    let result = write_row(client, mutation, write, retries).await;
-                    Done {
-                        loc,
-                        key,
-                        payload,
-                        result,
-                    }
-                });
             }
         }
+    }
+    if loader.stop.is_none() {
+        batch
+            .send(
+                client,
+                opts,
+                concurrency,
+                &mut inflight,
+                &mut loader,
+                &mut busy,
+            )
+            .await;
     }
     drop(rx);
     while let Some(done) = inflight.join_next().await {
@@ -860,6 +935,7 @@ pub async fn load(
         region: String::new(),
         dry_run: client.is_none(),
         concurrency,
+        batch_rows,
         rows,
         bytes,
         elapsed_s: elapsed.as_secs_f64(),
@@ -885,6 +961,101 @@ pub async fn load(
         stop: loader.stop,
         first_failed: loader.first_failed,
     }
+}
+
+/// Rows gathered for one write request, in input order, no key twice.
+#[derive(Default)]
+struct Batch {
+    rows: Vec<(Loc, RowMutation)>,
+    keys: HashSet<Bytes>,
+    bytes: usize,
+}
+
+impl Batch {
+    /// Sends the rows gathered (once fewer than `concurrency` requests are in
+    /// flight) and starts a new batch; drops them unwritten if the load stopped.
+    async fn send(
+        &mut self,
+        client: Option<&Client>,
+        opts: &Options,
+        concurrency: usize,
+        inflight: &mut JoinSet<Vec<Done>>,
+        loader: &mut Loader<'_>,
+        busy: &mut HashSet<Bytes>,
+    ) {
+        let Batch { rows, keys, .. } = std::mem::take(self);
+        let Some(client) = client else { return };
+        if rows.is_empty() {
+            return;
+        }
+        while inflight.len() >= concurrency {
+            match inflight.join_next().await {
+                Some(done) => loader.done(done, busy),
+                None => break,
+            }
+        }
+        if loader.stop.is_some() {
+            return;
+        }
+        busy.extend(keys);
+        let (client, write, retries) = (client.clone(), opts.write.clone(), opts.retries);
+        inflight.spawn(async move { write_batch(client, rows, write, retries).await });
+    }
+}
+
+/// Writes rows in one batch (one row alone), then rows that failed for a passing
+/// reason alone, with [`write_row`]'s retries.
+async fn write_batch(
+    client: Client,
+    rows: Vec<(Loc, RowMutation)>,
+    opts: WriteOptions,
+    retries: u32,
+) -> Vec<Done> {
+    let started = Instant::now();
+    let done = |loc: Loc, m: &RowMutation, result| Done {
+        loc,
+        key: m.row_key().clone(),
+        payload: m.payload_bytes() as u64,
+        result,
+    };
+    if let [(loc, m)] = &rows[..] {
+        return vec![done(
+            *loc,
+            m,
+            write_row(client, m.clone(), opts, retries).await,
+        )];
+    }
+    let results = client
+        .mutate_rows(rows.iter().map(|(_, m)| m.clone()).collect(), &opts)
+        .await;
+    // Rows that failed for a passing reason are written again alone, together
+    // (a batch holds each key once).
+    let (client, opts) = (&client, &opts);
+    let rows = rows
+        .into_iter()
+        .zip(results)
+        .map(|((loc, m), result)| async move {
+            let result = match result {
+                Ok(r) => Ok(Written {
+                    latency: r.latency,
+                    replica: r.replica.to_string(),
+                    retries: 0,
+                }),
+                Err(e) if retryable(&e, opts) && retries > 0 => {
+                    tokio::time::sleep(RETRY_BACKOFF).await;
+                    write_row(client.clone(), m.clone(), opts.clone(), retries - 1)
+                        .await
+                        .map(|w| Written {
+                            latency: started.elapsed(),
+                            retries: w.retries + 1,
+                            ..w
+                        })
+                }
+                Err(e) => Err(e),
+            };
+            done(loc, &m, result)
+        });
+    futures_util::future::join_all(rows).await
 }
 
 /// One row written (or not).
@@ -918,7 +1089,7 @@ async fn write_row(
                     retries: attempt,
                 });
             }
-            Err(e) if e.is_retryable() && attempt < retries => {
+            Err(e) if retryable(&e, &opts) && attempt < retries => {
                 let backoff = RETRY_BACKOFF.saturating_mul(1 << attempt.min(8));
                 tokio::time::sleep(backoff.min(RETRY_BACKOFF_MAX)).await;
                 attempt += 1;
@@ -926,6 +1097,14 @@ async fn write_row(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Whether a row write that failed is tried again: for a passing reason, or with
+/// an unknown outcome when the load says writing a row twice is harmless (it is
+/// by default: a load carries sets and deletes only, never increments, and a
+/// resumed load writes rows again too).
+fn retryable(e: &crate::Error, opts: &WriteOptions) -> bool {
+    e.is_retryable() || (opts.resend_if_unknown && matches!(e, crate::Error::Ambiguous { .. }))
 }
 
 /// The loader's bookkeeping of outcomes.
@@ -968,13 +1147,19 @@ impl Loader<'_> {
         }
     }
 
-    fn done(&mut self, d: Result<Done, tokio::task::JoinError>, busy: &mut HashSet<Bytes>) {
-        // A write task panicked: nothing to say which row it wrote.
+    fn done(&mut self, d: Result<Vec<Done>, tokio::task::JoinError>, busy: &mut HashSet<Bytes>) {
+        // A write task panicked: nothing to say which rows it wrote.
         let Ok(d) = d else {
             self.counters.failed.fetch_add(1, Ordering::Relaxed);
-            (self.on_problem)("a write task failed; its row may not be written");
+            (self.on_problem)("a write task failed; its rows may not be written");
             return;
         };
+        for d in d {
+            self.done_row(d, busy);
+        }
+    }
+
+    fn done_row(&mut self, d: Done, busy: &mut HashSet<Bytes>) {
         busy.remove(&d.key);
         match d.result {
             Ok(w) => {

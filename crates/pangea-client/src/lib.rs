@@ -23,6 +23,7 @@
 //! flight, driven by `ReadCall`), `trace` (spans per call and per attempt;
 //! docs/client.md#traces).
 
+mod batch;
 pub mod bulk;
 pub mod error;
 pub mod options;
@@ -30,6 +31,7 @@ mod read;
 mod trace;
 mod transport;
 
+pub use batch::{BATCH_BYTES_MAX, BATCH_ROWS_MAX};
 pub use error::Error;
 pub use options::{Ack, HedgePolicy, ReadOptions, ScanOptions, WriteOptions};
 pub use pangea_core::read::{Consistency, Reason};
@@ -404,6 +406,17 @@ fn deadline_after(start: Instant, d: Duration) -> Instant {
     start
         .checked_add(d)
         .unwrap_or_else(|| start + Duration::from_secs(86_400))
+}
+
+/// Whether a write whose outcome is unknown may be sent again: when the caller
+/// says applying it twice is harmless, and it increments no counter (an
+/// increment applied twice counts twice, whatever the caller says).
+pub(crate) fn may_resend(opts: &WriteOptions, m: &RowMutation) -> bool {
+    opts.resend_if_unknown
+        && !m
+            .mutations()
+            .iter()
+            .any(|x| matches!(x, Mutation::Increment { .. }))
 }
 
 fn wall_ms() -> u64 {
@@ -1158,10 +1171,7 @@ impl Client {
         traced: &Traced,
     ) -> Result<Response<Token>, Error> {
         let started = Instant::now();
-        let deadline = opts.deadline.unwrap_or(match opts.ack {
-            Ack::Origin => options::WRITE_DEADLINE_DEFAULT,
-            _ => options::WRITE_DEADLINE_REPLICATED_DEFAULT,
-        });
+        let deadline = opts.deadline_or_default();
         let mut round = 0;
         loop {
             match self
@@ -1181,16 +1191,17 @@ impl Client {
         }
     }
 
-    /// One plan of a write and its attempts; a policy refusal ends it.
-    async fn mutate_once(
+    /// The replicas that may take `mutation`, best first: the nearest allowed one,
+    /// or the row's affinity replica ([`WriteOptions::row_affinity`], or the app
+    /// profile's `writes = "row-affinity"`) then the nearest.
+    fn write_plan(
         &self,
+        cur: &Current,
         mutation: &RowMutation,
         opts: &WriteOptions,
-        traced: &Traced,
         started: Instant,
         deadline: Duration,
-    ) -> Result<Response<Token>, Error> {
-        let cur = self.inner.current();
+    ) -> Result<pangea_core::read::ReadPlan, Error> {
         let d = &cur.deployment;
         let now_ms = wall_ms();
         let view = self.view(started, now_ms);
@@ -1226,6 +1237,21 @@ impl Client {
         if let Some(b) = migrating_to {
             plan.primary.retain(|c| d.allowed(&c.replica, &b));
         }
+        Ok(plan)
+    }
+
+    /// One plan of a write and its attempts; a policy refusal ends it.
+    async fn mutate_once(
+        &self,
+        mutation: &RowMutation,
+        opts: &WriteOptions,
+        traced: &Traced,
+        started: Instant,
+        deadline: Duration,
+    ) -> Result<Response<Token>, Error> {
+        let cur = self.inner.current();
+        let d = &cur.deployment;
+        let plan = self.write_plan(&cur, mutation, opts, started, deadline)?;
         let body = pb::client_request::Request::Mutate(pb::MutateRequest {
             mutation: Some(mutation.to_proto()),
             wait_regions: match opts.ack {
@@ -1237,12 +1263,7 @@ impl Client {
         // `WriteCall` decides: no hedge (a write is not idempotent across origins);
         // another replica only when this one certainly did not apply it, unless
         // the caller says applying it twice is harmless.
-        // An increment applied twice counts twice: never resent when unknown.
-        let increments = mutation
-            .mutations()
-            .iter()
-            .any(|m| matches!(m, Mutation::Increment { .. }));
-        let resend = if opts.resend_if_unknown && !increments {
+        let resend = if may_resend(opts, mutation) {
             Resend::IfUnknown
         } else {
             Resend::IfNotApplied
@@ -1342,27 +1363,45 @@ impl Client {
         user_key: &str,
         opts: &ReadOptions,
     ) -> Result<Response<Option<AdProfile>>, Error> {
-        let mut opts = opts.clone();
-        opts.filter = ReadFilter {
-            columns: vec![(PROFILE_FAMILY.into(), Bytes::from_static(PROFILE_COLUMN))],
-            ..Default::default()
-        };
         let r = self
-            .get(
+            .get_cell(
                 PROFILE_TABLE,
                 Bytes::copy_from_slice(user_key.as_bytes()),
-                &opts,
+                PROFILE_FAMILY,
+                Bytes::from_static(PROFILE_COLUMN),
+                opts,
             )
             .await?;
+        r.map(|cell| match cell {
+            Some(value) => AdProfile::decode(value)
+                .map(Some)
+                .map_err(|e| Error::Internal(format!("stored profile does not decode: {e}"))),
+            None => Ok(None),
+        })
+    }
+
+    /// The latest value of one cell of a row (`None`: no such cell).
+    async fn get_cell(
+        &self,
+        table: &str,
+        key: Bytes,
+        family: &str,
+        column: Bytes,
+        opts: &ReadOptions,
+    ) -> Result<Response<Option<Bytes>>, Error> {
+        let mut opts = opts.clone();
+        opts.filter = ReadFilter {
+            columns: vec![(family.into(), column)],
+            ..Default::default()
+        };
+        let r = self.get(table, key, &opts).await?;
         r.map(|row| {
-            let Some(row) = row else { return Ok(None) };
-            let cell = row.families.iter().flat_map(|f| f.cells.iter()).next();
-            match cell {
-                Some(c) => AdProfile::decode(c.value.clone())
-                    .map(Some)
-                    .map_err(|e| Error::Internal(format!("stored profile does not decode: {e}"))),
-                None => Ok(None),
-            }
+            Ok(row
+                .iter()
+                .flat_map(|r| r.families.iter())
+                .flat_map(|f| f.cells.iter())
+                .next()
+                .map(|c| c.value.clone()))
         })
     }
 
@@ -1421,20 +1460,10 @@ impl Client {
         column: impl Into<Bytes>,
         opts: &ReadOptions,
     ) -> Result<Response<i64>, Error> {
-        let mut opts = opts.clone();
-        opts.filter = ReadFilter {
-            columns: vec![(family.into(), column.into())],
-            ..Default::default()
-        };
-        let r = self.get(table, key.into(), &opts).await?;
-        r.map(|row| {
-            Ok(row
-                .iter()
-                .flat_map(|r| r.families.iter())
-                .flat_map(|f| f.cells.iter())
-                .next()
-                .map_or(0, |c| pangea_core::row::count_of(&c.value)))
-        })
+        let r = self
+            .get_cell(table, key.into(), family, column.into(), opts)
+            .await?;
+        r.map(|cell| Ok(cell.map_or(0, |v| pangea_core::row::count_of(&v))))
     }
 
     /// Counts one impression of `campaign_id` to `user_key`: +1 to its counter in
@@ -1911,11 +1940,16 @@ impl Inner {
         // An answer's time is the path's and the replica's, what routing and
         // hedging learn from, except a write's that waited for other regions: the
         // WAN's, which would make its replica look far away.
-        let waited = matches!(
+        let waited = match &body {
+            pb::client_request::Request::Mutate(m) => m.wait_regions > 0 || m.wait_all_regions,
+            // A batch's answer waits for its slowest row: not a round trip.
+            pb::client_request::Request::MutateRows(_) => true,
+            _ => false,
+        };
+        let write = matches!(
             &body,
-            pb::client_request::Request::Mutate(m) if m.wait_regions > 0 || m.wait_all_regions
+            pb::client_request::Request::Mutate(_) | pb::client_request::Request::MutateRows(_)
         );
-        let write = matches!(&body, pb::client_request::Request::Mutate(_));
         let req = pb::ClientRequest {
             deadline_us: deadline_at.saturating_duration_since(since).as_micros() as u64,
             app_profile: self.config.app_profile.clone(),

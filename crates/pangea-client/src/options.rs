@@ -96,6 +96,15 @@ pub struct WriteOptions {
 }
 
 impl WriteOptions {
+    /// The call's deadline: [`WriteOptions::deadline`], else the default for its
+    /// [`Ack`] (longer when it waits for other regions).
+    pub(crate) fn deadline_or_default(&self) -> Duration {
+        self.deadline.unwrap_or(match self.ack {
+            Ack::Origin => WRITE_DEADLINE_DEFAULT,
+            _ => WRITE_DEADLINE_REPLICATED_DEFAULT,
+        })
+    }
+
     /// Writes to the row's affinity replica (see [`WriteOptions::row_affinity`]).
     pub fn with_row_affinity(mut self) -> Self {
         self.row_affinity = Some(true);

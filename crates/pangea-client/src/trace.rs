@@ -23,6 +23,7 @@ pub(crate) enum Op {
     GetMany,
     Scan,
     Mutate,
+    MutateRows,
 }
 
 /// Why a request was sent (the `kind` attribute of an attempt span).
@@ -81,6 +82,7 @@ impl Traced {
             Op::GetMany => call_span!("pangea.get_many"),
             Op::Scan => call_span!("pangea.scan"),
             Op::Mutate => call_span!("pangea.mutate"),
+            Op::MutateRows => call_span!("pangea.mutate_rows"),
         };
         Traced::new(span, consistency, key)
     }
@@ -162,6 +164,33 @@ impl Traced {
                 span.record("otel.status_code", "ERROR");
             }
         }
+    }
+}
+
+impl Traced {
+    /// Closes a batch call's span: `served` when every row was applied, else the
+    /// first failed row's error kind.
+    pub(crate) fn finish_batch<T>(&self, results: &[Result<crate::Response<T>, Error>]) {
+        let span = &self.span;
+        if span.is_disabled() {
+            return;
+        }
+        match results.iter().find_map(|r| r.as_ref().err()) {
+            None => {
+                span.record("outcome", "served");
+            }
+            Some(e) => {
+                span.record("outcome", outcome_of(e));
+                span.record("error.kind", e.kind());
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        let replicas: std::collections::BTreeSet<&str> = results
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .map(|r| r.replica.as_str())
+            .collect();
+        span.record("attempts", replicas.len());
     }
 }
 

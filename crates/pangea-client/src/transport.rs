@@ -248,7 +248,12 @@ impl Transport {
             .filter(|l| l.connection.close_reason().is_none());
         // A write is sent again only if it certainly did not arrive: sent twice it
         // would be applied twice.
-        let resend_lost = !matches!(req.request, Some(pb::client_request::Request::Mutate(_)));
+        let resend_lost = !matches!(
+            req.request,
+            Some(
+                pb::client_request::Request::Mutate(_) | pb::client_request::Request::MutateRows(_)
+            )
+        );
         match (self.call_once(replica, slot, req, sent).await, cached) {
             // A cached connection can be dead without knowing it yet (its process was
             // killed and restarted): once it is known dead, forget it and try a fresh

@@ -331,6 +331,100 @@ async fn restricted_rows_stay_inside_their_policy() -> Result<()> {
     Ok(())
 }
 
+/// A batch write (MutateRows) of rows of two placement policies and some bad rows:
+/// each row has its own outcome — the good ones applied where their policy allows
+/// (EU-resident rows at an eu-west-1 replica, the rest nearby), with tokens that
+/// a read from another region can demand; the bad ones refused alone, unwritten.
+/// A key given twice in one batch ends with its later value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_write_applies_each_row_alone_with_its_own_outcome() -> Result<()> {
+    let cluster = LocalCluster::start(TOPOLOGY, PLACEMENT, false).await?;
+    let clients = clients(&cluster).await?;
+    let (us, ap) = (&clients["us-east-1"], &clients["ap-northeast-1"]);
+    let unknown_family = |key: &str| -> Result<RowMutation> {
+        Ok(RowMutation::new(
+            "ad_profiles",
+            key.to_owned(),
+            vec![Mutation::SetCell {
+                family: "no_such_family".into(),
+                column: Bytes::from_static(b"c"),
+                value: Bytes::from_static(b"v"),
+            }],
+            &pangea_core::Limits::default(),
+        )?)
+    };
+    // 1,200 rows: more than one request's 1,000; every 10th EU-resident, every
+    // 100th bad, and row 7's key again at the end.
+    let mut rows = Vec::new();
+    let mut want: BTreeMap<String, Option<String>> = BTreeMap::new();
+    for n in 0..1_200 {
+        let key = if n % 10 == 3 {
+            format!("eu/batch-{n:04}")
+        } else {
+            format!("batch/{n:04}")
+        };
+        if n % 100 == 50 {
+            rows.push(unknown_family(&key)?);
+            want.insert(key, None);
+        } else {
+            rows.push(set(&key, &format!("v{n}"))?);
+            want.insert(key, Some(format!("v{n}")));
+        }
+    }
+    rows.push(set("batch/0007", "again")?);
+    want.insert("batch/0007".into(), Some("again".into()));
+    let opts = WriteOptions {
+        deadline: Some(Duration::from_secs(10)),
+        ..Default::default()
+    };
+    let results = us.mutate_rows(rows.clone(), &opts).await;
+    assert_eq!(results.len(), rows.len());
+    // Each key's last token (row 7's is its second write's).
+    let mut tokens = BTreeMap::new();
+    let mut applied = 0;
+    for (m, r) in rows.iter().zip(&results) {
+        let key = String::from_utf8_lossy(m.row_key()).into_owned();
+        let bad = m.mutations().iter().any(
+            |x| matches!(x, Mutation::SetCell { family, .. } if &**family == "no_such_family"),
+        );
+        match r {
+            Ok(w) if !bad => {
+                let region = if key.starts_with("eu/") {
+                    "eu-west-1"
+                } else {
+                    "us-east-1"
+                };
+                assert_eq!(w.region, region, "{key} written at {}", w.replica);
+                tokens.insert(key, w.value.clone());
+                applied += 1;
+            }
+            Err(Error::NotFound(e)) if bad => assert!(e.contains("no_such_family"), "{e}"),
+            other => panic!("{key}: {:?}", other.as_ref().map(|w| &w.replica)),
+        }
+    }
+    assert_eq!(applied, 1_200 - 12 + 1);
+    // From another region, each row's own token demands it; bad rows are absent.
+    for (key, value) in &want {
+        let consistency = match tokens.get(key) {
+            Some(t) => Consistency::Watermark(t.clone()),
+            None => Consistency::Eventual,
+        };
+        let r = ap
+            .get(
+                "ad_profiles",
+                Bytes::from(key.clone()),
+                &ReadOptions::default()
+                    .with_consistency(consistency)
+                    .with_deadline(Duration::from_secs(2)),
+            )
+            .await?;
+        assert_eq!(&value_of(&r.value), value, "{key} from {}", r.replica);
+    }
+    drop(clients);
+    cluster.stop().await?;
+    Ok(())
+}
+
 #[path = "../examples/ad_frontend.rs"]
 mod ad_frontend;
 

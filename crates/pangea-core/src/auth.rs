@@ -94,7 +94,7 @@ impl fmt::Display for Principal {
 pub enum Action<'a> {
     /// Get, get-many or scan rows of a table.
     Read { table: &'a str },
-    /// Set or delete cells of a row.
+    /// Set, delete or count cells of a row, or of many rows (a batch).
     Write { table: &'a str },
     /// Merge a row state whose versions carry their own timestamps and origins
     /// (`MergeRow`: backfills, restores). Checked further by [`check_merge`].
@@ -164,23 +164,33 @@ pub fn action_of(req: &pb::ClientRequest) -> Option<Action<'_>> {
         },
         R::Mutate(m) => {
             let table = m.mutation.as_ref().map_or("", |m| m.table.as_str());
-            let merges = m.mutation.as_ref().is_some_and(|m| {
-                m.mutations
-                    .iter()
-                    .any(|x| matches!(x.kind, Some(pb::mutation::Kind::MergeRow(_))))
-            });
-            if merges {
-                Action::Merge { table }
-            } else {
-                Action::Write { table }
-            }
+            write_or_merge(table, m.mutation.iter())
         }
+        // A batch writes one table (a row naming another is refused alone).
+        R::MutateRows(b) => write_or_merge(&b.table, b.rows.iter()),
         R::Watermarks(_) => Action::Watermarks,
         R::Deployment(_) => Action::Deployment,
         R::PlacementMove(_) => Action::PlacementMove,
         R::Audit(_) => Action::PlacementAudit,
         R::Reload(_) => Action::Reload,
     })
+}
+
+/// A write of `table`, or a merge when any of `rows` carries a `MergeRow`.
+fn write_or_merge<'a>(
+    table: &'a str,
+    mut rows: impl Iterator<Item = &'a pb::RowMutation>,
+) -> Action<'a> {
+    let merges = rows.any(|m| {
+        m.mutations
+            .iter()
+            .any(|x| matches!(x.kind, Some(pb::mutation::Kind::MergeRow(_))))
+    });
+    if merges {
+        Action::Merge { table }
+    } else {
+        Action::Write { table }
+    }
 }
 
 /// For a loader's `MergeRow`: each state names the row it is merged into (its key

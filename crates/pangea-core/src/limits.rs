@@ -10,6 +10,7 @@ pub enum Limited {
     RowMutation,
     Row,
     Token,
+    BatchRows,
 }
 
 impl std::fmt::Display for Limited {
@@ -22,6 +23,7 @@ impl std::fmt::Display for Limited {
             Limited::RowMutation => "row mutation",
             Limited::Row => "row after the write",
             Limited::Token => "consistency token",
+            Limited::BatchRows => "rows in one batch write",
         })
     }
 }
@@ -30,7 +32,7 @@ impl Limited {
     /// The unit of its size in messages: bytes, or nothing for a count.
     pub fn unit(self) -> &'static str {
         match self {
-            Limited::MutationsPerRow => "",
+            Limited::MutationsPerRow | Limited::BatchRows => "",
             _ => " bytes",
         }
     }
@@ -56,6 +58,9 @@ pub struct Limits {
     /// origin, so that any row can be read in one response and shipped in one
     /// frame (a snapshot splits rows larger than its chunks).
     pub row_bytes_max: usize,
+    /// Most rows in one batch write (`MutateRows`, default 1,000): bounds the work
+    /// one request queues at the replica's writer.
+    pub batch_rows_max: usize,
 }
 
 impl Default for Limits {
@@ -67,6 +72,7 @@ impl Default for Limits {
             mutations_per_row_max: 10_000,
             row_mutation_bytes_max: 16 << 20,
             row_bytes_max: 16 << 20,
+            batch_rows_max: 1_000,
         }
     }
 }
@@ -81,6 +87,7 @@ impl Limits {
         mutations_per_row_max: usize::MAX,
         row_mutation_bytes_max: usize::MAX,
         row_bytes_max: usize::MAX,
+        batch_rows_max: usize::MAX,
     };
 
     /// Fails with [`crate::Error::TooLarge`] when `size > limit`.

@@ -99,6 +99,14 @@ impl Failure {
         }
     }
 
+    fn into_proto(self) -> pb::Error {
+        pb::Error {
+            code: self.code as i32,
+            message: self.message,
+            token: self.token.map(|t| t.encode()).unwrap_or_default(),
+        }
+    }
+
     fn outcome(&self) -> &'static str {
         if self.denied {
             return "denied";
@@ -291,7 +299,7 @@ async fn serve_request(shared: &Arc<Shared>, caller: &Principal, req: pb::Client
             // answer later than the deadline is still an expired request. Not a
             // write that was made: its token is the answer (DEADLINE_EXCEEDED would
             // tell the client the outcome is unknown).
-            Ok(Ok(_)) if took > budget && op != "mutate" => Err(Failure::new(
+            Ok(Ok(_)) if took > budget && !op.starts_with("mutate") => Err(Failure::new(
                 Code::DeadlineExceeded,
                 format!(
                     "deadline of {} µs exceeded at replica {}",
@@ -368,6 +376,10 @@ fn serve_span(
         }
         Some(R::ScanPrefix(s)) => Some(&s.prefix),
         Some(R::Mutate(m)) => m.mutation.as_ref().map(|m| &m.row_key),
+        Some(R::MutateRows(b)) => {
+            span.record("keys", b.rows.len());
+            b.rows.first().map(|m| &m.row_key)
+        }
         _ => None,
     };
     if let Some(k) = key {
@@ -398,6 +410,7 @@ fn describe(req: &pb::ClientRequest) -> (&'static str, &'static str) {
         Some(R::GetMany(g)) => ("get_many", mode(&g.consistency)),
         Some(R::ScanPrefix(s)) => ("scan", mode(&s.consistency)),
         Some(R::Mutate(_)) => ("mutate", "none"),
+        Some(R::MutateRows(_)) => ("mutate_rows", "none"),
         Some(R::Watermarks(_)) => ("watermarks", "none"),
         Some(R::Deployment(_)) => ("deployment", "none"),
         Some(R::LocationChanges(_)) => ("location_changes", "none"),
@@ -456,11 +469,7 @@ fn response(
                 get: Some(pb::GetResponseEncoded { row }),
             });
         }
-        Err(f) => pb::client_response::Response::Error(pb::Error {
-            code: f.code as i32,
-            message: f.message,
-            token: f.token.map(|t| t.encode()).unwrap_or_default(),
-        }),
+        Err(f) => pb::client_response::Response::Error(f.into_proto()),
     };
     Reply::Message(pb::ClientResponse {
         served_by,
@@ -565,6 +574,7 @@ fn audit_target(req: &pb::ClientRequest) -> String {
         Some(R::Mutate(m)) => m.mutation.as_ref().map_or_else(String::new, |m| {
             format!("{} {}", m.table, RedactedKey(&m.row_key))
         }),
+        Some(R::MutateRows(b)) => format!("{} ({} rows)", b.table, b.rows.len()),
         _ => String::new(),
     }
 }
@@ -852,6 +862,23 @@ async fn process(
                 (Outcome::Ok, format!("job {}", m.job_id))
             }
             Ok((Body::Message(W::Reload(r)), _)) => (Outcome::Ok, r.changes.join("; ")),
+            // A batch of merges: denied when any row was refused, naming the first.
+            Ok((Body::Message(W::MutateRows(r)), _)) => {
+                let applied = r.rows.iter().filter(|o| o.error.is_none()).count();
+                let summary = format!("{applied} of {} rows applied", r.rows.len());
+                let refused = r
+                    .rows
+                    .iter()
+                    .enumerate()
+                    .find_map(|(n, o)| Some((n, o.error.as_ref()?)));
+                match refused {
+                    None => (Outcome::Ok, summary),
+                    Some((n, e)) => (
+                        Outcome::Denied,
+                        format!("{summary}; row {n} refused: {}", e.message),
+                    ),
+                }
+            }
             Ok(_) => (Outcome::Ok, String::new()),
             Err(f) if f.code == Code::PolicyForbids || f.code == Code::InvalidArgument => {
                 (Outcome::Denied, f.message.clone())
@@ -926,7 +953,18 @@ async fn wait_for_regions(
             sequence: token.sequence,
             reply,
         };
-        let gone = || Failure::new(Code::Unavailable, "replica is shutting down");
+        // The write is durable here already: not UNAVAILABLE (not applied).
+        let gone = || Failure {
+            token: Some(token.clone()),
+            ..Failure::new(
+                Code::NotReplicated,
+                format!(
+                    "write {}#{} is durable at {}, which is shutting down before it \
+                     heard where else it was applied",
+                    token.origin, token.sequence, shared.id
+                ),
+            )
+        };
         shared.driver_writes.send(asked).await.map_err(|_| gone())?;
         let (mut reached, all) = answer.await.map_err(|_| gone())?.unwrap_or_default();
         reached.remove(&shared.region);
@@ -962,6 +1000,221 @@ async fn wait_for_regions(
             }
         }
     }
+}
+
+/// When a write's answer must leave to reach the client before its deadline: a
+/// margin before it, so the client learns how far the write got.
+fn answer_by(received: Instant, deadline: Duration) -> Instant {
+    let margin = (deadline / 10).min(Duration::from_millis(5));
+    received + deadline.saturating_sub(margin)
+}
+
+/// A full disk (or a store being reopened) refuses writes at once: the client
+/// writes at another replica.
+fn refuse_writes_if_disk_refuses(shared: &Shared) -> Result<(), Failure> {
+    match shared.disk.refusal() {
+        Some(state) => Err(Failure::new(
+            Code::Unavailable,
+            format!("replica {}: {state}; write at another replica", shared.id),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A client's row mutation, checked for this replica.
+struct Admitted {
+    mutation: RowMutation,
+    scope: ScopeId,
+}
+
+/// Checks a client's row mutation before anything of it is written: limits, the
+/// schema, a loader's merges, residency (`scope_here`) and the caller's rows.
+fn admit_write(
+    shared: &Shared,
+    caller: &Principal,
+    d: &Deployment,
+    limits: &Limits,
+    m: pb::RowMutation,
+) -> Result<Admitted, Failure> {
+    auth::check_merge_keys(&m).map_err(|e| Failure::new(Code::InvalidArgument, e))?;
+    let mutation = RowMutation::from_proto(m, limits)?;
+    mutation.check_schema(&d.placement.schema)?;
+    for x in mutation.mutations() {
+        if let pangea_core::Mutation::MergeRow(row) = x {
+            auth::check_merge(
+                d,
+                row,
+                shared.clock.now().wall_ms,
+                auth::MergeWindow::DEFAULT,
+            )
+            .map_err(|e| Failure::new(Code::InvalidArgument, format!("MergeRow refused: {e}")))?;
+        }
+    }
+    let scope = scope_here(shared, mutation.table(), mutation.row_key(), true)?;
+    check_rows(shared, caller, &scope)?;
+    Ok(Admitted { mutation, scope })
+}
+
+/// A write handed to the driver; its outcome comes once it is durable.
+type Proposed = oneshot::Receiver<Result<Token, Unacked>>;
+
+/// Hands a checked write to the driver. An error means it was not handed over.
+async fn propose(shared: &Shared, mutation: RowMutation) -> Result<Proposed, Failure> {
+    let (reply, wait) = oneshot::channel();
+    shared
+        .driver_writes
+        .send(Input::Propose { mutation, reply })
+        .await
+        .map_err(|_| Failure::new(Code::Unavailable, "replica is shutting down"))?;
+    Ok(wait)
+}
+
+/// A proposed write's token once it is durable. UNAVAILABLE tells the client the
+/// write was not applied; when that is not known, DEADLINE_EXCEEDED
+/// (docs/protocol.md, §4).
+async fn outcome_of(shared: &Shared, wait: Proposed) -> Result<Token, Failure> {
+    match wait.await {
+        Ok(Ok(token)) => Ok(token),
+        Ok(Err(Unacked::Refused(e))) => Err(e.into()),
+        Ok(Err(Unacked::Unknown(e))) => Err(unknown_outcome(
+            shared,
+            format!(
+                "the store failed while making it durable: {}",
+                pangea_core::Chain(&e)
+            ),
+        )),
+        Err(_) => Err(unknown_outcome(shared, "it is shutting down".to_owned())),
+    }
+}
+
+fn unknown_outcome(shared: &Shared, why: String) -> Failure {
+    Failure::new(
+        Code::DeadlineExceeded,
+        format!("replica {} stopped waiting for the write: {why}", shared.id),
+    )
+}
+
+/// A batch write (`MutateRows`): every row checked alone, the rows that pass
+/// handed to the driver in order before any is waited for (they share its group
+/// commits), then each row's outcome; a row not durable by `until` is unknown
+/// (DEADLINE_EXCEEDED), so the answer always comes in time.
+async fn mutate_rows(
+    shared: &Shared,
+    caller: &Principal,
+    limits: &Limits,
+    b: pb::MutateRowsRequest,
+    until: Instant,
+) -> Result<pb::MutateRowsResponse, Failure> {
+    Limits::check(
+        pangea_core::limits::Limited::BatchRows,
+        b.rows.len(),
+        limits.batch_rows_max,
+    )
+    .map_err(|e| Failure::new(Code::InvalidArgument, e.to_string()))?;
+    refuse_writes_if_disk_refuses(shared)?;
+    let d = shared.deployment();
+    let wait = (b.wait_regions, b.wait_all_regions);
+    let mut pending = Vec::with_capacity(b.rows.len());
+    // Once one row could not be queued in time, the rest are not tried.
+    let mut queue_full = false;
+    for mut row in b.rows {
+        if row.table.is_empty() {
+            row.table.clone_from(&b.table);
+        }
+        if row.table != b.table && row.table.starts_with('_') {
+            // Audited as a refused write of a system table sent alone.
+            shared.audit.record(
+                caller,
+                "write",
+                &format!("{} (in a batch of {})", row.table, b.table),
+                Outcome::Denied,
+                "a batch writes one table",
+            );
+        }
+        let admitted = if queue_full {
+            Err(Failure::new(
+                Code::Unavailable,
+                format!(
+                    "replica {} could not queue the batch by the deadline",
+                    shared.id
+                ),
+            ))
+        } else if row.table == b.table {
+            admit_write(shared, caller, &d, limits, row).and_then(|w| {
+                let regions = regions_to_wait_for(shared, &d, &w.scope, &wait)?;
+                Ok((w, regions))
+            })
+        } else {
+            Err(Failure::new(
+                Code::InvalidArgument,
+                format!(
+                    "row of table {:?} in a batch of table {:?}: a batch writes one table",
+                    row.table, b.table
+                ),
+            ))
+        };
+        pending.push(match admitted {
+            Ok((w, regions)) => {
+                match tokio::time::timeout_at(until.into(), propose(shared, w.mutation)).await {
+                    Ok(proposed) => proposed.map(|p| (p, regions)),
+                    Err(_) => {
+                        queue_full = true;
+                        Err(Failure::new(
+                            Code::Unavailable,
+                            format!(
+                                "replica {} could not queue the batch by the deadline",
+                                shared.id
+                            ),
+                        ))
+                    }
+                }
+            }
+            Err(f) => Err(f),
+        });
+    }
+    let mut rows = Vec::with_capacity(pending.len());
+    for p in pending {
+        let outcome = match p {
+            Ok((proposed, regions)) => {
+                match tokio::time::timeout_at(until.into(), outcome_of(shared, proposed)).await {
+                    Ok(Ok(token)) if regions > 0 => {
+                        let waited = wait_for_regions(shared, &token, regions, until);
+                        match tokio::time::timeout_at(until.into(), waited).await {
+                            Ok(done) => done.map(|()| token),
+                            Err(_) => Err(Failure {
+                                token: Some(token.clone()),
+                                ..Failure::new(
+                                    Code::NotReplicated,
+                                    format!(
+                                        "write {}#{} is durable at {}; by the deadline it \
+                                         had not heard where else it was applied",
+                                        token.origin, token.sequence, shared.id
+                                    ),
+                                )
+                            }),
+                        }
+                    }
+                    Ok(done) => done,
+                    Err(_) => Err(unknown_outcome(
+                        shared,
+                        "it was not durable by the deadline".to_owned(),
+                    )),
+                }
+            }
+            Err(f) => Err(f),
+        };
+        rows.push(match outcome {
+            Ok(token) => pb::RowOutcome {
+                token: token.encode(),
+                error: None,
+            },
+            Err(f) => pb::RowOutcome {
+                token: Bytes::new(),
+                error: Some(f.into_proto()),
+            },
+        });
+    }
+    Ok(pb::MutateRowsResponse { rows })
 }
 
 /// Runs an authorized request.
@@ -1150,71 +1403,20 @@ async fn execute(
             ))
         }
         R::Mutate(m) => {
-            let m_wait = (m.wait_regions, m.wait_all_regions);
-            // A full disk (or a store being reopened) refuses writes at once: the
-            // client writes at another replica.
-            if let Some(state) = shared.disk.refusal() {
-                return Err(Failure::new(
-                    Code::Unavailable,
-                    format!("replica {}: {state}; write at another replica", shared.id),
-                ));
-            }
+            refuse_writes_if_disk_refuses(shared)?;
+            let wait = (m.wait_regions, m.wait_all_regions);
             let m = m
                 .mutation
                 .ok_or_else(|| Failure::new(Code::InvalidArgument, "mutate without a mutation"))?;
-            auth::check_merge_keys(&m).map_err(|e| Failure::new(Code::InvalidArgument, e))?;
-            let mutation = RowMutation::from_proto(m, &limits)?;
             let d = shared.deployment();
-            mutation.check_schema(&d.placement.schema)?;
-            for x in mutation.mutations() {
-                if let pangea_core::Mutation::MergeRow(row) = x {
-                    auth::check_merge(
-                        &d,
-                        row,
-                        shared.clock.now().wall_ms,
-                        auth::MergeWindow::DEFAULT,
-                    )
-                    .map_err(|e| {
-                        Failure::new(Code::InvalidArgument, format!("MergeRow refused: {e}"))
-                    })?;
-                }
-            }
-            let scope = scope_here(shared, mutation.table(), mutation.row_key(), true)?;
-            check_rows(shared, caller, &scope)?;
-            let wait_regions = regions_to_wait_for(shared, &d, &scope, &m_wait)?;
-            let (reply, wait) = oneshot::channel();
-            shared
-                .driver_writes
-                .send(Input::Propose { mutation, reply })
-                .await
-                .map_err(|_| Failure::new(Code::Unavailable, "replica is shutting down"))?;
-            // UNAVAILABLE tells the client the write was not applied; when that is
-            // not known, DEADLINE_EXCEEDED (docs/protocol.md, §4).
-            let unknown = |why: String| {
-                Failure::new(
-                    Code::DeadlineExceeded,
-                    format!("replica {} stopped waiting for the write: {why}", shared.id),
-                )
-            };
-            let token = match wait.await {
-                Ok(Ok(token)) => token,
-                Ok(Err(Unacked::Refused(e))) => return Err(e.into()),
-                Ok(Err(Unacked::Unknown(e))) => {
-                    return Err(unknown(format!(
-                        "the store failed while making it durable: {}",
-                        pangea_core::Chain(&e)
-                    )));
-                }
-                Err(_) => return Err(unknown("it is shutting down".to_owned())),
-            };
+            let write = admit_write(shared, caller, &d, &limits, m)?;
+            let wait_regions = regions_to_wait_for(shared, &d, &write.scope, &wait)?;
+            let token = outcome_of(shared, propose(shared, write.mutation).await?).await?;
             if wait_regions > 0 {
-                // Answer before the request's deadline cuts us off: the client
-                // learns how far the write got, and its token.
-                let margin = (deadline / 10).min(Duration::from_millis(5));
-                let until = received + deadline.saturating_sub(margin);
-                wait_for_regions(shared, &token, wait_regions, until).await?;
+                wait_for_regions(shared, &token, wait_regions, answer_by(received, deadline))
+                    .await?;
             }
-            let wm = shared.watermarks_of(&scope);
+            let wm = shared.watermarks_of(&write.scope);
             Ok((
                 W::Mutate(pb::MutateResponse {
                     token: token.encode(),
@@ -1223,6 +1425,13 @@ async fn execute(
                 Some(wm),
             ))
         }
+        R::MutateRows(b) => Ok((
+            W::MutateRows(
+                mutate_rows(shared, caller, &limits, b, answer_by(received, deadline)).await?,
+            )
+            .into(),
+            None,
+        )),
         R::PlacementMove(m) => {
             let id = crate::migration::start(shared, m.table, m.prefix, m.to_policy, m.home_region)
                 .await
