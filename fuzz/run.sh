@@ -6,14 +6,14 @@
 # fuzzer finds in work/<target> (ignored by git); a crash, panic, leak, timeout or
 # out-of-memory input lands in artifacts/<target>/ and fails the run.
 # Extra arguments after SECONDS go to libFuzzer (e.g. -runs=10000000).
-# FUZZ_TARGETS picks targets (default: all five, one after another); FUZZ_SANITIZER
+# FUZZ_TARGETS picks targets (default: all six, one after another); FUZZ_SANITIZER
 # picks cargo-fuzz's sanitizer (default address; `none` ran 1.4-3.7x faster here, and
 # Pangea's own crates forbid unsafe code, so ASan only watches dependencies).
 set -euo pipefail
 cd "$(dirname "$0")"
 seconds=${1:-20}
 shift || true
-read -r -a targets <<<"${FUZZ_TARGETS:-client_frame replication_frame token topology merge}"
+read -r -a targets <<<"${FUZZ_TARGETS:-client_frame filter replication_frame token topology merge}"
 sanitizer=(-s "${FUZZ_SANITIZER:-address}")
 toolchain=${FUZZ_TOOLCHAIN:-nightly}
 # FUZZ_TARGET_DIR: where to build (default fuzz/target).

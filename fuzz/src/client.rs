@@ -31,11 +31,12 @@ use pangea_core::limits::Limited;
 use pangea_core::read::{Consistency, Decision, decide};
 use pangea_core::replica::{Config, Event, Now, Replica};
 use pangea_core::{
-    Limits, MemStorage, Mutation, ReadFilter, ReplicaId, RowMutation, ScopeId, ScopeWatermarks,
-    Storage, Token,
+    BytesRange, Limits, MemStorage, Mutation, ReadFilter, ReplicaId, RowMutation, ScopeId,
+    ScopeWatermarks, Storage, Token,
 };
 use pangea_net::{FRAME_BYTES_MAX, decode_frame, encode_frame};
 use pangea_proto::v1 as pb;
+use std::ops::Bound;
 
 // As in pangea-node's serve.rs.
 const GET_MANY_KEYS_MAX: usize = 1_000;
@@ -135,7 +136,7 @@ fn process(
             let scope = scope_here(r, &g.table, &g.row_key)?;
             may_touch(&scope)?;
             admit(r, &scope, &consistency(g.consistency)?, now)?;
-            let row = read_row(r, &g.table, &g.row_key, &filter(g.filter), now)?;
+            let row = read_row(r, &g.table, &g.row_key, &filter(g.filter)?, now)?;
             Ok(Response::Get(pb::GetResponse { row }))
         }
         R::GetMany(g) => {
@@ -143,7 +144,7 @@ fn process(
                 return Err(format!("{} keys", g.row_keys.len()));
             }
             let c = consistency(g.consistency)?;
-            let f = filter(g.filter);
+            let f = filter(g.filter)?;
             let mut scope: Option<ScopeId> = None;
             let mut rows = Vec::new();
             for key in &g.row_keys {
@@ -173,19 +174,37 @@ fn process(
                 0 => SCAN_ROWS_DEFAULT,
                 n => n.min(SCAN_ROWS_MAX),
             };
-            let f = filter(s.filter);
-            let after = (!s.resume_after.is_empty()).then_some(&s.resume_after[..]);
+            let f = filter(s.filter)?;
+            let mut range = BytesRange::prefix(&s.prefix);
+            if let Some(within) = s.range {
+                range = range.intersect(&BytesRange::from_proto(within));
+            }
+            let wanted = range.clone();
+            if !s.resume_after.is_empty() {
+                let past = Bound::Excluded(s.resume_after.clone());
+                range = range.intersect(&if s.reverse {
+                    BytesRange {
+                        start: Bound::Unbounded,
+                        end: past,
+                    }
+                } else {
+                    BytesRange {
+                        start: past,
+                        end: Bound::Unbounded,
+                    }
+                });
+            }
             let found = r
                 .storage()
-                .scan_rows(&s.table, &s.prefix, after, limit + 1)
+                .scan_range(&s.table, &range, s.reverse, limit + 1)
                 .map_err(|e| e.to_string())?;
             let more = found.len() > limit;
             let mut out = Vec::new();
             let mut last = Bytes::new();
             for (key, row) in found.into_iter().take(limit) {
                 assert!(
-                    key.starts_with(&s.prefix),
-                    "scan returned a key outside the prefix"
+                    key.starts_with(&s.prefix) && wanted.contains(&key),
+                    "scan returned a key outside the prefix or range"
                 );
                 last = key.clone();
                 let row_scope = r.scope_of(&s.table, &key);
@@ -330,17 +349,8 @@ fn consistency(c: Option<pb::Consistency>) -> Result<Consistency, String> {
     })
 }
 
-fn filter(f: Option<pb::RowFilter>) -> ReadFilter {
-    let f = f.unwrap_or_default();
-    ReadFilter {
-        families: f.families.iter().map(|s| s.as_str().into()).collect(),
-        columns: f
-            .columns
-            .into_iter()
-            .map(|c| (c.family.as_str().into(), c.column))
-            .collect(),
-        versions_per_column: f.versions_per_column,
-    }
+fn filter(f: Option<pb::RowFilter>) -> Result<ReadFilter, String> {
+    ReadFilter::from_proto(f.unwrap_or_default()).map_err(|e| e.to_string())
 }
 
 fn scope_here(r: &Replica<MemStorage>, table: &str, key: &[u8]) -> Result<ScopeId, String> {

@@ -13,6 +13,8 @@
 //!   through the decoder, `Frame::from_proto` and `Replica::handle_frame` of an
 //!   in-memory replica;
 //! - [`token`]: `Token::decode` (and re-encoding);
+//! - [`filter`]: a read's `RowFilter` (cell filter trees, regular expressions)
+//!   through `ReadFilter::from_proto`, re-encoding, and a read of a wide row;
 //! - [`topology`]: topology and placement TOML, and the combined deployment;
 //! - [`merge`]: sequences of row mutations through the merge rule, against a model.
 //!
@@ -20,6 +22,7 @@
 //! promise the harness checks (a round trip, the merge model, monotonic watermarks).
 
 mod client;
+mod filter;
 mod merge;
 mod replication;
 pub mod seeds;
@@ -27,6 +30,7 @@ mod token;
 mod topology;
 
 pub use client::client_frame;
+pub use filter::filter;
 pub use merge::merge;
 pub use replication::replication_frame;
 pub use token::token;
@@ -38,8 +42,9 @@ use std::path::Path;
 use std::sync::{Arc, LazyLock};
 
 /// The names of every target, as in `fuzz_targets/` and `corpus/`.
-pub const TARGETS: [&str; 5] = [
+pub const TARGETS: [&str; 6] = [
     "client_frame",
+    "filter",
     "replication_frame",
     "token",
     "topology",
@@ -50,6 +55,7 @@ pub const TARGETS: [&str; 5] = [
 pub fn run(target: &str, data: &[u8]) {
     match target {
         "client_frame" => client_frame(data),
+        "filter" => filter(data),
         "replication_frame" => replication_frame(data),
         "token" => token(data),
         "topology" => topology(data),

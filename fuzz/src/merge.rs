@@ -362,6 +362,7 @@ fn check_filters(row: &RowState, expected: &Cells, input: &Input, table: &TableS
         families: vec![Arc::from(FAMILIES[f])],
         columns: vec![],
         versions_per_column: per_column,
+        cells: None,
     };
     let want: Cells = expected
         .iter()
@@ -373,6 +374,7 @@ fn check_filters(row: &RowState, expected: &Cells, input: &Input, table: &TableS
         families: vec![],
         columns: vec![(Arc::from(FAMILIES[f]), Bytes::from_static(COLUMNS[c]))],
         versions_per_column: per_column,
+        cells: None,
     };
     let want: Cells = expected
         .iter()

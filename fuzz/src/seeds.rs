@@ -22,6 +22,7 @@ pub fn all() -> Vec<Seed> {
     let mut seeds = Vec::new();
     seeds.extend(tokens());
     seeds.extend(client_frames());
+    seeds.extend(filters());
     seeds.extend(replication_frames());
     seeds.extend(topologies());
     seeds.extend(merges());
@@ -150,6 +151,7 @@ fn client_frames() -> Vec<Seed> {
             column: Bytes::from_static(b"click"),
         }],
         versions_per_column: 2,
+        cells: None,
     };
     use pb::consistency::Mode;
     let write_then_read = frames(&[
@@ -249,6 +251,55 @@ fn client_frames() -> Vec<Seed> {
         mutate(forged),
         get("us/1", None, None),
     ]);
+    // Server-side cell filters (a tree of every kind of leaf) on a get, and a
+    // reverse scan of a key range with a qualifier regex.
+    use pangea_core::filter::{BytesRange, CellFilter, Pattern};
+    let b = |s: &'static str| Bytes::from_static(s.as_bytes());
+    let tree = CellFilter::Chain(vec![
+        CellFilter::Interleave(vec![
+            CellFilter::Family("events".into()),
+            CellFilter::QualifierPrefix(b("cl")),
+            CellFilter::QualifierRange(BytesRange::prefix(b"p")),
+        ]),
+        CellFilter::TimestampRange {
+            start_ms: crate::T0_MS,
+            end_ms: Some(crate::T0_MS + 60_000),
+        },
+        CellFilter::ValueRange(BytesRange {
+            start: std::ops::Bound::Included(b("0")),
+            end: std::ops::Bound::Excluded(b("z")),
+        }),
+        CellFilter::LatestPerColumn(2),
+        CellFilter::CellsPerRowOffset(1),
+        CellFilter::CellsPerRowLimit(3),
+    ]);
+    let regex = CellFilter::QualifierRegex(Pattern::new("c.*k|p").expect("a valid regex"));
+    let with = |cells: CellFilter| pb::RowFilter {
+        cells: Some(cells.to_proto()),
+        versions_per_column: 3,
+        ..Default::default()
+    };
+    let filters = frames(&[
+        mutate(set("us/2", "profile", "hi")),
+        mutate(deletes("us/3")),
+        get("us/2", None, Some(with(tree))),
+        req(R::ScanPrefix(pb::ScanPrefixRequest {
+            table: "ad_profiles".into(),
+            prefix: b("us/"),
+            filter: Some(with(regex)),
+            range: Some(
+                BytesRange {
+                    start: std::ops::Bound::Excluded(b("us/1")),
+                    end: std::ops::Bound::Included(b("us/3")),
+                }
+                .to_proto(),
+            ),
+            reverse: true,
+            limit: 1,
+            resume_after: b("us/3"),
+            ..Default::default()
+        })),
+    ]);
     // The first byte picks the caller (`client::principal`): 0 a frontend client,
     // 1 a loader, 2 an operator.
     let as_caller = |who: u8, frames: Vec<u8>| [vec![who], frames].concat();
@@ -259,6 +310,7 @@ fn client_frames() -> Vec<Seed> {
             as_caller(0, write_then_read),
         ),
         ("client_frame", "seed-eu-rows".into(), as_caller(0, eu)),
+        ("client_frame", "seed-filters".into(), as_caller(0, filters)),
         (
             "client_frame",
             "seed-loader-merge".into(),
@@ -268,6 +320,54 @@ fn client_frames() -> Vec<Seed> {
             "client_frame",
             "seed-operator".into(),
             as_caller(2, operator),
+        ),
+    ]
+}
+
+/// Read filters: a tree of every kind of node, and a family list with versions.
+fn filters() -> Vec<Seed> {
+    use pangea_core::filter::{BytesRange, CellFilter, Pattern};
+    use pangea_proto::Message as _;
+    use std::ops::Bound;
+    let tree = CellFilter::Chain(vec![
+        CellFilter::Interleave(vec![
+            CellFilter::QualifierPrefix(Bytes::from_static(b"click:")),
+            CellFilter::QualifierRegex(Pattern::new("view:0[0-9]").expect("a valid regex")),
+            CellFilter::Family("profile".into()),
+        ]),
+        CellFilter::QualifierRange(BytesRange::prefix(b"c")),
+        CellFilter::TimestampRange {
+            start_ms: crate::T0_MS,
+            end_ms: Some(crate::T0_MS + 200),
+        },
+        CellFilter::ValueRange(BytesRange {
+            start: Bound::Excluded(Bytes::from_static(b"0")),
+            end: Bound::Unbounded,
+        }),
+        CellFilter::LatestPerColumn(2),
+        CellFilter::CellsPerRowOffset(1),
+        CellFilter::CellsPerRowLimit(5),
+    ]);
+    let with_tree = pangea_core::ReadFilter {
+        versions_per_column: 2,
+        cells: Some(tree),
+        ..Default::default()
+    };
+    let families = pangea_core::ReadFilter {
+        families: vec!["events".into()],
+        versions_per_column: 3,
+        ..Default::default()
+    };
+    vec![
+        (
+            "filter",
+            "seed-tree".into(),
+            with_tree.to_proto().encode_to_vec(),
+        ),
+        (
+            "filter",
+            "seed-families".into(),
+            families.to_proto().encode_to_vec(),
         ),
     ]
 }

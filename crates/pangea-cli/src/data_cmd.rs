@@ -1,6 +1,7 @@
 //! `pangea get | put | delete | scan | watermarks`: data commands for operators and
 //! tests, through the same client library frontends use.
 
+use crate::filter_args::{FilterArgs, RangeArgs};
 use crate::output::{hex, parse_key, show_bytes, show_value};
 use anyhow::{Context, Result};
 use bytes::Bytes;
@@ -104,9 +105,8 @@ pub(crate) struct GetArgs {
     /// A token from `pangea put` (hex), for --consistency watermark.
     #[arg(long)]
     token: Option<String>,
-    /// Only this family.
-    #[arg(long)]
-    family: Option<String>,
+    #[command(flatten)]
+    filter: FilterArgs,
     /// Row key: text, or 0x followed by hex.
     row: String,
 }
@@ -195,8 +195,15 @@ pub(crate) struct ScanArgs {
     consistency: String,
     #[arg(long)]
     token: Option<String>,
+    /// Most rows in the page (the replica caps it at 1,000).
     #[arg(long, default_value_t = 100)]
     limit: u32,
+    #[command(flatten)]
+    range: RangeArgs,
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Key prefix (text, or 0x followed by hex; "" for every key, with --start,
+    /// --end... for a range).
     prefix: String,
 }
 
@@ -314,9 +321,7 @@ pub(crate) fn get(a: GetArgs) -> Result<()> {
         let mut opts = ReadOptions::default()
             .with_consistency(parse_consistency(&a.consistency, a.token.as_deref())?)
             .with_deadline(a.connect.deadline());
-        if let Some(f) = &a.family {
-            opts.filter.families = vec![f.as_str().into()];
-        }
+        opts.filter = a.filter.read_filter()?;
         let r = client.get(&a.connect.table, Bytes::from(parse_key(&a.row)?), &opts).await?;
         let counters = counter_families(&client, &a.connect.table);
         if a.connect.json {
@@ -426,10 +431,17 @@ fn write(c: &Connect, row: &str, muts: Vec<Mutation>, flags: &WriteFlags) -> Res
 pub(crate) fn scan(a: ScanArgs) -> Result<()> {
     runtime()?.block_on(async {
         let client = a.connect.client().await?;
-        let opts = ReadOptions::default()
+        let mut opts = ReadOptions::default()
             .with_consistency(parse_consistency(&a.consistency, a.token.as_deref())?)
             .with_deadline(a.connect.deadline());
-        let scan = ScanOptions { limit: a.limit, ..Default::default() };
+        opts.filter = a.filter.read_filter()?;
+        let scan = ScanOptions {
+            limit: a.limit,
+            range: a.range.range()?,
+            reverse: a.range.reverse,
+            resume_after: a.range.resume_after()?,
+            ..Default::default()
+        };
         let r = client.scan_prefix(&a.connect.table, Bytes::from(parse_key(&a.prefix)?), &scan, &opts).await?;
         let counters = counter_families(&client, &a.connect.table);
         if a.connect.json {
@@ -442,7 +454,7 @@ pub(crate) fn scan(a: ScanArgs) -> Result<()> {
             }
             println!("-- {} rows, served by {} ({}), {:.1} ms", r.value.rows.len(), r.replica, r.region, r.latency.as_secs_f64() * 1e3);
             if !r.value.resume_key.is_empty() {
-                println!("-- more after {}", show_bytes(&r.value.resume_key));
+                println!("-- more: the next page with --resume {:?}", show_bytes(&r.value.resume_key));
             }
         }
         Ok(())

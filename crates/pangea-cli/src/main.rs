@@ -56,6 +56,7 @@ mod certs_cmd;
 mod cluster_cmd;
 mod data_cmd;
 mod demo_cmd;
+mod filter_args;
 mod load_cmd;
 mod nemesis_cmd;
 mod output;
@@ -104,7 +105,8 @@ enum Command {
     Incr(data_cmd::IncrArgs),
     /// Delete a row or one family of it.
     Delete(data_cmd::DeleteArgs),
-    /// Rows whose key starts with a prefix.
+    /// Rows whose key starts with a prefix (and falls in a key range), forward or
+    /// reverse, with server-side filters.
     Scan(data_cmd::ScanArgs),
     /// Bulk-load batch-built rows into a table from NDJSON or length-delimited
     /// protobuf, each row written once at the nearest replica its placement allows and

@@ -240,6 +240,68 @@ fn increments_from_every_region_all_count_through_a_kill() -> Result<()> {
         !out.status.success() && stderr.contains("whole number"),
         "bad delta: {stderr}"
     );
+    // Scan flags (docs/client.md "Filters"): a reverse scan of a key range, the
+    // replica keeping only camp-a's counters (us/user-3 has none: left out).
+    let scan = |extra: &[&str]| -> Result<serde_json::Value> {
+        let mut args = vec!["scan", "--cluster", file, "--region", US, "--json"];
+        args.extend_from_slice(extra);
+        let out = pangea(&args, Duration::from_secs(20))?;
+        ensure!(
+            out.status.success(),
+            "scan {extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(serde_json::from_slice(&out.stdout)?)
+    };
+    let v = scan(&[
+        "--reverse",
+        "--through",
+        "us/user-3",
+        "--column-regex",
+        "camp-a",
+        "us/",
+    ])?;
+    let rows = v["rows"].as_array().cloned().unwrap_or_default();
+    let keys: Vec<&str> = rows.iter().filter_map(|r| r["key"].as_str()).collect();
+    ensure!(keys == ["us/user-1"], "reverse scan: {v}");
+    let columns: Vec<&str> = rows[0]["cells"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["column"].as_str())
+        .collect();
+    ensure!(columns == ["camp-a"], "camp-a only: {v}");
+    let v = scan(&[
+        "--after",
+        "us/user-1",
+        "--filter",
+        r#"{"family":"impressions"}"#,
+        "us/",
+    ])?;
+    ensure!(
+        v["rows"]
+            .as_array()
+            .is_some_and(|r| r.iter().all(|r| r["key"] != "us/user-1")),
+        "--after us/user-1: {v}"
+    );
+    let out = pangea(
+        &[
+            "scan",
+            "--cluster",
+            file,
+            "--region",
+            US,
+            "--column-regex",
+            "(",
+            "us/",
+        ],
+        Duration::from_secs(20),
+    )?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success() && stderr.contains("--column-regex"),
+        "bad regex: {stderr}"
+    );
     c.down(common::CLEANUP_GRACE_MS)?;
     Ok(())
 }

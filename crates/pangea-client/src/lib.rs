@@ -34,8 +34,11 @@ mod transport;
 pub use batch::{BATCH_BYTES_MAX, BATCH_ROWS_MAX};
 pub use error::Error;
 pub use options::{Ack, HedgePolicy, ReadOptions, ScanOptions, WriteOptions};
+pub use pangea_core::filter::Pattern;
 pub use pangea_core::read::{Consistency, Reason};
-pub use pangea_core::{Mutation, ReadFilter, RowMutation, ScopeWatermarks, TimeRange, Token};
+pub use pangea_core::{
+    BytesRange, CellFilter, Mutation, ReadFilter, RowMutation, ScopeWatermarks, TimeRange, Token,
+};
 pub use pangea_net::Credential;
 pub use pangea_proto::v1::{AdProfile, FrequencyCap, Row, Segment};
 
@@ -888,7 +891,7 @@ impl Client {
         let req = pb::client_request::Request::Get(pb::GetRequest {
             table: table.to_owned(),
             row_key: key.clone(),
-            filter: Some(options::filter_to_proto(&opts.filter)),
+            filter: Some(opts.filter.to_proto()),
             consistency: Some(options::consistency_to_proto(&opts.consistency)),
         });
         let r = self.read(Op::Get, table, &key, 1, req, opts).await?;
@@ -991,7 +994,7 @@ impl Client {
             let req = pb::client_request::Request::GetMany(pb::GetManyRequest {
                 table: table.to_owned(),
                 row_keys: rest.to_vec(),
-                filter: Some(options::filter_to_proto(&opts.filter)),
+                filter: Some(opts.filter.to_proto()),
                 consistency: Some(options::consistency_to_proto(&opts.consistency)),
                 max_bytes: 0,
             });
@@ -1025,7 +1028,9 @@ impl Client {
         })
     }
 
-    /// Rows whose key starts with `prefix`, filters applied by the replica. Where
+    /// Rows whose key starts with `prefix` (and falls in [`ScanOptions::range`]),
+    /// in key order or ([`ScanOptions::reverse`]) the reverse, filters applied by
+    /// the replica. Where
     /// replicas run many processes and the prefix does not fix the partition
     /// key, one page is read from each process side by side and merged in key
     /// order (a row two of them answer is kept once); the page ends where the
@@ -1072,13 +1077,20 @@ impl Client {
         )
         .await?;
         // Where the first process that has more would resume: every process's
-        // rows up to it are all read.
-        let cut: Option<Bytes> = pages
+        // rows up to it are all read (down to it, going down).
+        let resume_keys = pages
             .iter()
             .map(|p| &p.value.resume_key)
-            .filter(|k| !k.is_empty())
-            .min()
-            .cloned();
+            .filter(|k| !k.is_empty());
+        let cut: Option<Bytes> = if scan.reverse {
+            resume_keys.max().cloned()
+        } else {
+            resume_keys.min().cloned()
+        };
+        let before_cut = |key: &Bytes| {
+            cut.as_ref()
+                .is_none_or(|c| if scan.reverse { key >= c } else { key <= c })
+        };
         let mut merged: BTreeMap<Bytes, Row> = BTreeMap::new();
         let mut attempts = 0;
         let mut first = None;
@@ -1086,7 +1098,7 @@ impl Client {
             attempts += page.attempts;
             let page = page.map(|p| {
                 for row in p.rows {
-                    if cut.as_ref().is_none_or(|c| row.key <= *c) {
+                    if before_cut(&row.key) {
                         merged.entry(row.key.clone()).or_insert(row);
                     }
                 }
@@ -1102,6 +1114,9 @@ impl Client {
             n => n.min(frontend::SCAN_ROWS_MAX),
         };
         let mut rows: Vec<Row> = merged.into_values().collect();
+        if scan.reverse {
+            rows.reverse();
+        }
         let mut resume_key = cut.unwrap_or_default();
         if rows.len() > limit {
             rows.truncate(limit);
@@ -1127,15 +1142,12 @@ impl Client {
         scan: &ScanOptions,
         opts: &ReadOptions,
     ) -> Result<Response<ScanPage>, Error> {
-        let req = pb::client_request::Request::ScanPrefix(pb::ScanPrefixRequest {
-            table: table.to_owned(),
-            prefix: prefix.clone(),
-            filter: Some(options::filter_to_proto(&opts.filter)),
-            consistency: Some(options::consistency_to_proto(&opts.consistency)),
-            limit: scan.limit,
-            resume_after: scan.resume_after.clone(),
-            max_bytes: scan.max_bytes,
-        });
+        let req = pb::client_request::Request::ScanPrefix(scan.request(
+            table,
+            prefix.clone(),
+            &opts.filter,
+            &opts.consistency,
+        ));
         let r = self.read(Op::Scan, table, route, 1, req, opts).await?;
         r.map(|resp| match resp {
             pb::client_response::Response::ScanPrefix(s) => Ok(ScanPage {
@@ -1649,17 +1661,12 @@ impl Client {
             deadline_us: deadline.as_micros() as u64,
             app_profile: self.inner.config.app_profile.clone(),
             traceparent: String::new(),
-            request: Some(pb::client_request::Request::ScanPrefix(
-                pb::ScanPrefixRequest {
-                    table: table.to_owned(),
-                    prefix: prefix.into(),
-                    filter: Some(options::filter_to_proto(&Default::default())),
-                    consistency: Some(options::consistency_to_proto(&Consistency::Eventual)),
-                    limit: scan.limit,
-                    resume_after: scan.resume_after.clone(),
-                    max_bytes: scan.max_bytes,
-                },
-            )),
+            request: Some(pb::client_request::Request::ScanPrefix(scan.request(
+                table,
+                prefix.into(),
+                &ReadFilter::default(),
+                &Consistency::Eventual,
+            ))),
         };
         let call = self.inner.transport.call(replica, &req);
         match tokio::time::timeout(deadline, call).await {

@@ -1,8 +1,8 @@
 //! Per-call settings: consistency, deadline, hedging, filters.
 
 use bytes::Bytes;
-use pangea_core::ReadFilter;
 use pangea_core::read::Consistency;
+use pangea_core::{BytesRange, ReadFilter};
 use pangea_proto::v1 as pb;
 use std::time::Duration;
 
@@ -139,8 +139,37 @@ pub struct ScanOptions {
     /// replica caps it at 16 MiB). A page ends at `limit` rows or these bytes,
     /// whichever comes first, and always holds at least one row.
     pub max_bytes: u32,
-    /// Resume after this key (from the previous page).
+    /// Resume after this key (from the previous page); going down
+    /// ([`ScanOptions::reverse`]), before it.
     pub resume_after: Bytes,
+    /// Only keys in this range as well as under the prefix (default: every key).
+    /// The rows answered are those of the prefix's placement policy.
+    pub range: BytesRange,
+    /// Highest key first.
+    pub reverse: bool,
+}
+
+impl ScanOptions {
+    /// The request for one page of `table`'s rows under `prefix`.
+    pub(crate) fn request(
+        &self,
+        table: &str,
+        prefix: Bytes,
+        filter: &ReadFilter,
+        consistency: &Consistency,
+    ) -> pb::ScanPrefixRequest {
+        pb::ScanPrefixRequest {
+            table: table.to_owned(),
+            prefix,
+            filter: Some(filter.to_proto()),
+            consistency: Some(consistency_to_proto(consistency)),
+            limit: self.limit,
+            resume_after: self.resume_after.clone(),
+            max_bytes: self.max_bytes,
+            range: (self.range != BytesRange::ALL).then(|| self.range.to_proto()),
+            reverse: self.reverse,
+        }
+    }
 }
 
 pub(crate) fn consistency_to_proto(c: &Consistency) -> pb::Consistency {
@@ -152,19 +181,4 @@ pub(crate) fn consistency_to_proto(c: &Consistency) -> pb::Consistency {
         Consistency::BoundedStaleness { max_ms } => Mode::BoundedStalenessMs(*max_ms),
     };
     pb::Consistency { mode: Some(mode) }
-}
-
-pub(crate) fn filter_to_proto(f: &ReadFilter) -> pb::RowFilter {
-    pb::RowFilter {
-        families: f.families.iter().map(|s| s.to_string()).collect(),
-        columns: f
-            .columns
-            .iter()
-            .map(|(fam, col)| pb::ColumnRef {
-                family: fam.to_string(),
-                column: col.clone(),
-            })
-            .collect(),
-        versions_per_column: f.versions_per_column,
-    }
 }

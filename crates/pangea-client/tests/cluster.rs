@@ -425,6 +425,195 @@ async fn a_batch_write_applies_each_row_alone_with_its_own_outcome() -> Result<(
     Ok(())
 }
 
+/// Server-side filters and key-range scans against real replicas: a wide row's
+/// cells come back exactly as each filter keeps them, a key range scans forward
+/// and reverse over pages, and a bad filter is refused naming its node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_and_key_ranges_run_at_the_replica() -> Result<()> {
+    use pangea_client::{BytesRange, CellFilter, Pattern, ReadFilter, ScanOptions};
+    use std::ops::Bound;
+    let cluster = LocalCluster::start(TOPOLOGY, PLACEMENT, false).await?;
+    let clients = clients(&cluster).await?;
+    let us = &clients["us-east-1"];
+    let limits = pangea_core::Limits::default();
+    let cell = |family: &str, column: String, value: String| Mutation::SetCell {
+        family: family.into(),
+        column: Bytes::from(column),
+        value: Bytes::from(value),
+    };
+    // One wide row: events e:000..e:099 (value vN), e:000 written twice, a cap
+    // column and a profile cell; and rows range/00..range/29.
+    let mut wide: Vec<Mutation> = (0..100)
+        .map(|n| cell("events", format!("e:{n:03}"), format!("v{n}")))
+        .collect();
+    wide.push(cell("events", "cap:x".into(), "1".into()));
+    wide.push(cell("profile", "p".into(), "hello".into()));
+    let mut rows = vec![RowMutation::new("ad_profiles", "wide/1", wide, &limits)?];
+    rows.push(RowMutation::new(
+        "ad_profiles",
+        "wide/1",
+        vec![cell("events", "e:000".into(), "again".into())],
+        &limits,
+    )?);
+    for n in 0..30 {
+        rows.push(set(&format!("range/{n:02}"), "r")?);
+    }
+    let opts = WriteOptions {
+        deadline: Some(Duration::from_secs(10)),
+        ..Default::default()
+    };
+    let mut token = None;
+    for r in us.mutate_rows(rows, &opts).await {
+        token = Some(r?.value);
+    }
+    let read = ReadOptions::default()
+        .with_consistency(Consistency::Watermark(token.expect("a write")))
+        .with_deadline(Duration::from_secs(2));
+    // Replicas just started listen for their peers' heartbeats before serving reads.
+    let ready = Instant::now() + Duration::from_secs(20);
+    while let Err(e) = us.get("ad_profiles", "wide/1", &read).await {
+        assert!(Instant::now() < ready, "no replica serves reads: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // (column, value) of each cell `filter` returns from the wide row.
+    let cells_of = |filter: CellFilter, versions: u32| {
+        let mut opts = read.clone();
+        opts.filter = ReadFilter {
+            cells: Some(filter),
+            versions_per_column: versions,
+            ..Default::default()
+        };
+        async move {
+            let row = us.get("ad_profiles", "wide/1", &opts).await?.value;
+            Ok::<_, Error>(
+                row.iter()
+                    .flat_map(|r| r.families.iter())
+                    .flat_map(|f| f.cells.iter())
+                    .map(|c| {
+                        format!(
+                            "{}={}",
+                            String::from_utf8_lossy(&c.column),
+                            String::from_utf8_lossy(&c.value)
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        }
+    };
+    let prefix = |p: &'static str| CellFilter::QualifierPrefix(Bytes::from_static(p.as_bytes()));
+    let got = cells_of(prefix("e:00"), 0).await?;
+    assert_eq!(got.len(), 10);
+    assert_eq!(got[0], "e:000=again");
+    assert_eq!(
+        cells_of(prefix("e:000"), 5).await?,
+        ["e:000=again", "e:000=v0"]
+    );
+    let regex = CellFilter::QualifierRegex(Pattern::new(r"e:0[0-4]\d").expect("regex"));
+    assert_eq!(cells_of(regex, 0).await?.len(), 50);
+    let range = CellFilter::QualifierRange(BytesRange {
+        start: Bound::Included(Bytes::from_static(b"e:010")),
+        end: Bound::Excluded(Bytes::from_static(b"e:020")),
+    });
+    assert_eq!(cells_of(range, 0).await?.len(), 10);
+    let page = CellFilter::Chain(vec![
+        prefix("e:"),
+        CellFilter::CellsPerRowOffset(5),
+        CellFilter::CellsPerRowLimit(3),
+    ]);
+    // Offsets count cells, not columns: e:000's two versions are two of the five.
+    assert_eq!(
+        cells_of(page, 0).await?,
+        ["e:004=v4", "e:005=v5", "e:006=v6"]
+    );
+    let values = CellFilter::ValueRange(BytesRange {
+        start: Bound::Included(Bytes::from_static(b"v5")),
+        end: Bound::Excluded(Bytes::from_static(b"v6")),
+    });
+    assert_eq!(cells_of(values, 0).await?.len(), 11);
+    let either = CellFilter::Interleave(vec![CellFilter::Family("profile".into()), prefix("cap:")]);
+    assert_eq!(cells_of(either, 0).await?, ["cap:x=1", "p=hello"]);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as u64;
+    let later = CellFilter::TimestampRange {
+        start_ms: now_ms + 3_600_000,
+        end_ms: None,
+    };
+    assert!(cells_of(later, 0).await?.is_empty());
+    let lately = CellFilter::TimestampRange {
+        start_ms: now_ms - 3_600_000,
+        end_ms: Some(now_ms + 3_600_000),
+    };
+    assert_eq!(cells_of(lately, 0).await?.len(), 102);
+    // A tree nested too deep never reaches a row: INVALID_ARGUMENT naming the node.
+    let mut deep = prefix("e:");
+    for _ in 0..pangea_core::filter::FILTER_DEPTH_MAX {
+        deep = CellFilter::Chain(vec![deep]);
+    }
+    match cells_of(deep, 0).await {
+        Err(Error::InvalidInput(e)) => {
+            assert!(
+                e.contains("filter.cells.chain[0]") && e.contains("deeper than 8"),
+                "{e}"
+            )
+        }
+        other => panic!("a filter nested 9 deep: {other:?}"),
+    }
+
+    // Key ranges, paged three rows at a time, forward and back.
+    let scan_all = |range: BytesRange, reverse: bool| {
+        let read = read.clone();
+        async move {
+            let mut keys = Vec::new();
+            let mut scan = ScanOptions {
+                limit: 3,
+                range,
+                reverse,
+                ..Default::default()
+            };
+            loop {
+                let page = us
+                    .scan_prefix("ad_profiles", "range/", &scan, &read)
+                    .await?
+                    .value;
+                keys.extend(
+                    page.rows
+                        .iter()
+                        .map(|r| String::from_utf8_lossy(&r.key).into_owned()),
+                );
+                if page.resume_key.is_empty() {
+                    return Ok::<_, Error>(keys);
+                }
+                scan.resume_after = page.resume_key;
+            }
+        }
+    };
+    let key = |n: u32| Bytes::from(format!("range/{n:02}"));
+    let want = |ns: std::ops::Range<u32>| ns.map(|n| format!("range/{n:02}")).collect::<Vec<_>>();
+    let half_open = BytesRange {
+        start: Bound::Included(key(5)),
+        end: Bound::Excluded(key(15)),
+    };
+    assert_eq!(scan_all(half_open.clone(), false).await?, want(5..15));
+    let mut down = want(5..15);
+    down.reverse();
+    assert_eq!(scan_all(half_open, true).await?, down);
+    let open_closed = BytesRange {
+        start: Bound::Excluded(key(5)),
+        end: Bound::Included(key(15)),
+    };
+    let mut down = want(6..16);
+    assert_eq!(scan_all(open_closed.clone(), false).await?, down);
+    down.reverse();
+    assert_eq!(scan_all(open_closed, true).await?, down);
+    let mut all = want(0..30);
+    all.reverse();
+    assert_eq!(scan_all(BytesRange::ALL, true).await?, all);
+    drop(clients);
+    cluster.stop().await?;
+    Ok(())
+}
+
 #[path = "../examples/ad_frontend.rs"]
 mod ad_frontend;
 

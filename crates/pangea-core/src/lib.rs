@@ -50,6 +50,7 @@
 pub mod auth;
 pub mod digest;
 mod error;
+pub mod filter;
 pub mod frame;
 pub mod frontend;
 pub mod hlc;
@@ -71,6 +72,7 @@ pub mod token;
 pub mod watermark;
 
 pub use error::{Chain, EngineError, Error, StorageError};
+pub use filter::{BytesRange, CellFilter};
 pub use hlc::{HybridClock, Timestamp};
 pub use ids::{ReplicaId, ScopeId};
 pub use limits::Limits;

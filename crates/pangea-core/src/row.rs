@@ -41,6 +41,7 @@
 //! rows; [`RowState::visible_digest`] is computed over that visible content.
 
 use crate::Error;
+use crate::filter::CellFilter;
 use crate::hlc::Timestamp;
 use crate::ids::ReplicaId;
 use crate::mutation::{Mutation, TimeRange};
@@ -88,8 +89,12 @@ pub struct ReadFilter {
     pub families: Vec<Arc<str>>,
     /// Empty: every column of the selected families. Otherwise only these.
     pub columns: Vec<(Arc<str>, Bytes)>,
-    /// Versions per column, newest first; 0 means 1.
+    /// Versions per column, newest first; 0 means 1. With `cells`, the newest of
+    /// those the filter kept.
     pub versions_per_column: u32,
+    /// A server-side filter tree every live version of the selected columns goes
+    /// through ([`crate::filter`]); `None`: none.
+    pub cells: Option<CellFilter>,
 }
 
 impl ReadFilter {
@@ -104,7 +109,43 @@ impl ReadFilter {
     /// The newest version of every cell: what a point read asks for unless it
     /// narrows the families or columns or wants history.
     pub fn is_latest(&self) -> bool {
-        self.families.is_empty() && self.columns.is_empty() && self.versions_per_column <= 1
+        self.families.is_empty()
+            && self.columns.is_empty()
+            && self.versions_per_column <= 1
+            && self.cells.is_none()
+    }
+
+    /// Decodes a request's filter; a bad cell filter is an error that names it.
+    pub fn from_proto(f: pb::RowFilter) -> Result<ReadFilter, Error> {
+        Ok(ReadFilter {
+            families: f.families.iter().map(|s| s.as_str().into()).collect(),
+            columns: f
+                .columns
+                .into_iter()
+                .map(|c| (c.family.as_str().into(), c.column))
+                .collect(),
+            versions_per_column: f.versions_per_column,
+            cells: f
+                .cells
+                .map(|c| CellFilter::from_proto(c, "filter.cells"))
+                .transpose()?,
+        })
+    }
+
+    pub fn to_proto(&self) -> pb::RowFilter {
+        pb::RowFilter {
+            families: self.families.iter().map(|s| s.to_string()).collect(),
+            columns: self
+                .columns
+                .iter()
+                .map(|(family, column)| pb::ColumnRef {
+                    family: family.to_string(),
+                    column: column.clone(),
+                })
+                .collect(),
+            versions_per_column: self.versions_per_column,
+            cells: self.cells.as_ref().map(CellFilter::to_proto),
+        }
     }
 
     fn wants_family(&self, family: &str) -> bool {
@@ -982,7 +1023,14 @@ impl RowState {
         table: Option<&TableSchema>,
         now_ms: u64,
     ) -> Option<pb::Row> {
-        self.read_until(key, filter, table, now_ms).0
+        let per_column = filter.versions_per_column.max(1) as usize;
+        match &filter.cells {
+            None => self.read_until(key, filter, per_column, table, now_ms).0,
+            Some(cells) => {
+                let every = self.read_until(key, filter, usize::MAX, table, now_ms).0?;
+                cells.apply(every, per_column)
+            }
+        }
     }
 
     /// [`RowState::read`] through [`ReadFilter::default`] (the newest version of
@@ -998,20 +1046,22 @@ impl RowState {
         now_ms: u64,
     ) -> (Option<Bytes>, u64) {
         use pangea_proto::Message as _;
-        let (row, until_ms) = self.read_until(key, &ReadFilter::default(), table, now_ms);
+        let (row, until_ms) = self.read_until(key, &ReadFilter::default(), 1, table, now_ms);
         (row.map(|r| Bytes::from(r.encode_to_vec())), until_ms)
     }
 
-    /// [`RowState::read`], and until when (wall ms, exclusive) its answer holds.
+    /// The newest `per_column` live versions of each column `filter`'s family and
+    /// column lists select (its `cells` not applied), and until when (wall ms,
+    /// exclusive) that answer holds.
     fn read_until(
         &self,
         key: &Bytes,
         filter: &ReadFilter,
+        per_column: usize,
         table: Option<&TableSchema>,
         now_ms: u64,
     ) -> (Option<pb::Row>, u64) {
         let mut until_ms = u64::MAX;
-        let per_column = filter.versions_per_column.max(1) as usize;
         let mut families = Vec::new();
         for (name, fam) in self
             .families

@@ -876,14 +876,14 @@ impl Storage for FlakySync {
         self.inner.get_row(table, key)
     }
 
-    fn scan_rows(
+    fn scan_range(
         &self,
         table: &str,
-        prefix: &[u8],
-        after: Option<&[u8]>,
+        range: &pangea_core::BytesRange,
+        reverse: bool,
         limit: usize,
     ) -> Result<Vec<(Bytes, pangea_core::RowState)>, pangea_core::StorageError> {
-        self.inner.scan_rows(table, prefix, after, limit)
+        self.inner.scan_range(table, range, reverse, limit)
     }
 
     fn tables(&self) -> Result<Vec<Arc<str>>, pangea_core::StorageError> {

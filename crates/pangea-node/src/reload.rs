@@ -200,10 +200,12 @@ fn keeps_every_row(
         if new.placement.schema.table(table).is_some() {
             continue;
         }
-        let holds = shared.scan(table, b"", None, 1).map_err(|e| {
-            let e = pangea_core::Chain(&e);
-            format!("cannot check table {table} for rows: {e}")
-        })?;
+        let holds = shared
+            .scan(table, &pangea_core::BytesRange::ALL, false, 1)
+            .map_err(|e| {
+                let e = pangea_core::Chain(&e);
+                format!("cannot check table {table} for rows: {e}")
+            })?;
         if !holds.is_empty() {
             return Err(format!(
                 "the new placement file drops table {table}, which holds rows on replica {}",

@@ -17,7 +17,8 @@ use pangea_core::auth::{self, Action, Principal};
 use pangea_core::digest::ContentDigest;
 use pangea_core::read::{Consistency, Decision, decide, vouching_scope};
 use pangea_core::{
-    Error as CoreError, Limits, ReadFilter, RowMutation, ScopeId, ScopeWatermarks, Token,
+    BytesRange, Error as CoreError, Limits, ReadFilter, RowMutation, ScopeId, ScopeWatermarks,
+    Token,
 };
 use pangea_net::{read_frame_within, write_frame};
 use pangea_proto::Message as _;
@@ -32,6 +33,7 @@ use pangea_proto::v1 as pb;
 use pangea_topology::shard::{GroupId, process_of};
 use pangea_topology::{Deployment, RegionId, ReplicaId, process_id};
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -491,17 +493,9 @@ fn consistency(c: Option<pb::Consistency>) -> Result<Consistency, Failure> {
     })
 }
 
-fn filter(f: Option<pb::RowFilter>) -> ReadFilter {
-    let f = f.unwrap_or_default();
-    ReadFilter {
-        families: f.families.iter().map(|s| s.as_str().into()).collect(),
-        columns: f
-            .columns
-            .into_iter()
-            .map(|c| (c.family.as_str().into(), c.column))
-            .collect(),
-        versions_per_column: f.versions_per_column,
-    }
+fn filter(f: Option<pb::RowFilter>) -> Result<ReadFilter, Failure> {
+    ReadFilter::from_proto(f.unwrap_or_default())
+        .map_err(|e| Failure::new(Code::InvalidArgument, e.to_string()))
 }
 
 /// For a data principal: the app profile named in the request must be the
@@ -755,13 +749,13 @@ async fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
             table: table.to_string(),
             ..Default::default()
         };
-        let mut after: Option<Bytes> = None;
+        let mut rest = BytesRange::ALL;
         loop {
             let rows = shared
-                .scan(table, b"", after.as_deref(), 10_000)
+                .scan(table, &rest, false, 10_000)
                 .map_err(|e| Failure::new(Code::Unavailable, pangea_core::Chain(&e).to_string()))?;
             let Some((last, _)) = rows.last() else { break };
-            after = Some(last.clone());
+            rest.start = Bound::Excluded(last.clone());
             tokio::task::yield_now().await;
             for (key, row) in &rows {
                 t.rows += 1;
@@ -1264,7 +1258,7 @@ async fn execute(
             let scope = scope_here(shared, &g.table, &g.row_key, false)?;
             check_rows(shared, caller, &scope)?;
             let wm = admit(shared, &scope, &consistency(g.consistency)?)?;
-            let f = filter(g.filter);
+            let f = filter(g.filter)?;
             if f.is_latest() {
                 let row = read_row_encoded(shared, &g.table, &g.row_key)?;
                 return Ok((Body::EncodedRow(row), Some(wm)));
@@ -1283,7 +1277,7 @@ async fn execute(
                 key_within(&limits, key, &format!("row_keys[{i}]"))?;
             }
             let c = consistency(g.consistency)?;
-            let f = filter(g.filter);
+            let f = filter(g.filter)?;
             let mut scope: Option<ScopeId> = None;
             // Other shard groups of the first key's policy, admitted.
             let mut groups: Vec<ScopeId> = Vec::new();
@@ -1352,8 +1346,37 @@ async fn execute(
                 0 => SCAN_ROWS_DEFAULT,
                 n => n.min(SCAN_ROWS_MAX),
             };
-            let f = filter(s.filter);
-            let mut after = (!s.resume_after.is_empty()).then(|| s.resume_after.clone());
+            let f = filter(s.filter)?;
+            // The keys left to visit: under the prefix, in the range, past the
+            // resume key (below it, going down).
+            let mut range = BytesRange::prefix(&s.prefix);
+            if let Some(r) = s.range {
+                let r = BytesRange::from_proto(r);
+                for (field, b) in [("range.start", &r.start), ("range.end", &r.end)] {
+                    if let Bound::Included(k) | Bound::Excluded(k) = b {
+                        key_within(&limits, k, field)?;
+                    }
+                }
+                range = range.intersect(&r);
+            }
+            let reverse = s.reverse;
+            let past = |range: &mut BytesRange, key: &Bytes| {
+                let rest = if reverse {
+                    BytesRange {
+                        start: Bound::Unbounded,
+                        end: Bound::Excluded(key.clone()),
+                    }
+                } else {
+                    BytesRange {
+                        start: Bound::Excluded(key.clone()),
+                        end: Bound::Unbounded,
+                    }
+                };
+                *range = range.intersect(&rest);
+            };
+            if !s.resume_after.is_empty() {
+                past(&mut range, &s.resume_after);
+            }
             let mut rows = Vec::new();
             let mut last = Bytes::new();
             let now = shared.clock.now().wall_ms;
@@ -1364,7 +1387,7 @@ async fn execute(
             'page: while visited < limit {
                 let want = (limit - visited).min(SCAN_FETCH_ROWS);
                 let found = shared
-                    .scan(&s.table, &s.prefix, after.as_deref(), want + 1)
+                    .scan(&s.table, &range, reverse, want + 1)
                     .map_err(|e| {
                         Failure::new(Code::Unavailable, pangea_core::Chain(&e).to_string())
                     })?;
@@ -1377,7 +1400,7 @@ async fn execute(
                     }
                     visited += 1;
                     last = key.clone();
-                    after = Some(key.clone());
+                    past(&mut range, &key);
                     // Rows of a policy this replica may not serve never leave it,
                     // nor rows of a policy the caller's app profile does not list.
                     let row_scope = shared.scope_of(&s.table, &key);

@@ -157,12 +157,12 @@ impl Shared {
     pub(crate) fn scan(
         &self,
         table: &str,
-        prefix: &[u8],
-        after: Option<&[u8]>,
+        range: &pangea_core::BytesRange,
+        reverse: bool,
         limit: usize,
     ) -> Result<Vec<(bytes::Bytes, RowState)>, StorageError> {
         use pangea_core::Storage;
-        self.with_store(|s| s.scan_rows(table, prefix, after, limit))
+        self.with_store(|s| s.scan_range(table, range, reverse, limit))
     }
 
     /// Runs `f` on the store, or fails while it is being reopened.

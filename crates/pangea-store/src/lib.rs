@@ -24,7 +24,7 @@ pub use row_cache::CachedRow;
 use bytes::Bytes;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use pangea_core::storage::{LogEntry, Storage, Watermark, WriteBatch};
-use pangea_core::{Limits, ReplicaId, RowState, ScopeId, StorageError, Timestamp};
+use pangea_core::{BytesRange, Limits, ReplicaId, RowState, ScopeId, StorageError, Timestamp};
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
 use std::collections::HashMap;
@@ -493,33 +493,48 @@ impl Storage for Store {
         Ok(self.get_row_shared(table, key)?.map(CachedRow::into_row))
     }
 
-    fn scan_rows(
+    fn scan_range(
         &self,
         table: &str,
-        prefix: &[u8],
-        after: Option<&[u8]>,
+        range: &BytesRange,
+        reverse: bool,
         limit: usize,
     ) -> Result<Vec<(Bytes, RowState)>, StorageError> {
-        let full_prefix = keys::row_key(table, prefix);
-        let iter = match after {
-            Some(a) if a >= prefix => {
-                let start = keys::row_key(table, a);
-                self.rows
-                    .range((std::ops::Bound::Excluded(start), std::ops::Bound::Unbounded))
-            }
-            _ => self.rows.range(full_prefix.clone()..),
+        use std::ops::Bound;
+        if range.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        // A table's rows are the keys "table\0row": the unbounded ends are the
+        // table's first and last.
+        let full = |b: &Bound<Bytes>| b.as_ref().map(|k| keys::row_key(table, k));
+        let start = match full(&range.start) {
+            Bound::Unbounded => Bound::Included(keys::row_key(table, b"")),
+            b => b,
         };
+        let end = match full(&range.end) {
+            Bound::Unbounded => {
+                let mut after = table.as_bytes().to_vec();
+                after.push(1);
+                Bound::Excluded(after)
+            }
+            b => b,
+        };
+        let iter = self.rows.range::<Vec<u8>, _>((start, end));
         let mut out = Vec::new();
-        for kv in iter {
-            if out.len() >= limit {
-                break;
-            }
+        let mut take = |kv: fjall::Guard| -> Result<(), StorageError> {
             let (k, v) = kv.into_inner().map_err(io("scanning rows"))?;
-            if !k.starts_with(&full_prefix) {
-                break;
-            }
             let row = decode_row(&k, &v)?;
             out.push((Bytes::copy_from_slice(&k[table.len() + 1..]), row));
+            Ok(())
+        };
+        if reverse {
+            for kv in iter.rev().take(limit) {
+                take(kv)?;
+            }
+        } else {
+            for kv in iter.take(limit) {
+                take(kv)?;
+            }
         }
         Ok(out)
     }

@@ -5,6 +5,7 @@
 
 use super::{Compaction, LogEntry, RowApply, Storage, Watermark, WriteBatch};
 use crate::StorageError;
+use crate::filter::BytesRange;
 use crate::idmap::IdMap;
 use crate::ids::{ReplicaId, ScopeId};
 use crate::row::RowState;
@@ -666,26 +667,31 @@ impl Storage for MemStorage {
         Ok(self.row(table, key).map_or(0, RowState::value_bytes))
     }
 
-    fn scan_rows(
+    fn scan_range(
         &self,
         table: &str,
-        prefix: &[u8],
-        after: Option<&[u8]>,
+        range: &BytesRange,
+        reverse: bool,
         limit: usize,
     ) -> Result<Vec<(Bytes, RowState)>, StorageError> {
         let Some(rows) = self.current.rows.get(table) else {
             return Ok(Vec::new());
         };
-        let start = match after {
-            Some(a) if a >= prefix => Bound::Excluded(a),
-            _ => Bound::Included(prefix),
-        };
-        Ok(rows
-            .range::<[u8], _>((start, Bound::Unbounded))
-            .take_while(|(k, _)| k.0.starts_with(prefix))
-            .take(limit)
-            .map(|(k, r)| (k.0.clone(), RowState::clone(r)))
-            .collect())
+        // `BTreeMap::range` panics on a range that ends before it starts.
+        if range.is_empty() {
+            return Ok(Vec::new());
+        }
+        let bounds = (
+            range.start.as_ref().map(|b| &b[..]),
+            range.end.as_ref().map(|b| &b[..]),
+        );
+        let found = rows.range::<[u8], _>(bounds);
+        let copy = |(k, r): (&RowKey, &Arc<RowState>)| (k.0.clone(), RowState::clone(r));
+        Ok(if reverse {
+            found.rev().take(limit).map(copy).collect()
+        } else {
+            found.take(limit).map(copy).collect()
+        })
     }
 
     fn visit_rows(
@@ -1113,6 +1119,52 @@ mod tests {
                 assert_eq!(Some(observe(&direct)), synced);
             }
         }
+    }
+
+    /// Key ranges scan forward and back, each end included or not; a range that
+    /// ends before it starts is empty, not a panic.
+    #[test]
+    fn scan_range_honours_bounds_and_direction() {
+        let mut s = MemStorage::new();
+        let rows = ["a", "b1", "b2", "b3", "c"];
+        s.write(WriteBatch {
+            rows: rows
+                .iter()
+                .map(|k| row_write(k, Some(RowState::default())))
+                .collect(),
+            ..Default::default()
+        })
+        .unwrap();
+        let keys = |range: &BytesRange, reverse: bool, limit: usize| -> Vec<String> {
+            s.scan_range("t", range, reverse, limit)
+                .unwrap()
+                .into_iter()
+                .map(|(k, _)| String::from_utf8(k.to_vec()).unwrap())
+                .collect()
+        };
+        let b = |k: &'static str| Bytes::from_static(k.as_bytes());
+        assert_eq!(
+            keys(&BytesRange::prefix(b"b"), false, 10),
+            ["b1", "b2", "b3"]
+        );
+        assert_eq!(keys(&BytesRange::prefix(b"b"), true, 2), ["b3", "b2"]);
+        let r = BytesRange {
+            start: Bound::Excluded(b("b1")),
+            end: Bound::Included(b("c")),
+        };
+        assert_eq!(keys(&r, false, 10), ["b2", "b3", "c"]);
+        assert_eq!(keys(&r, true, 10), ["c", "b3", "b2"]);
+        let backwards = BytesRange {
+            start: Bound::Excluded(b("c")),
+            end: Bound::Excluded(b("c")),
+        };
+        assert!(keys(&backwards, false, 10).is_empty());
+        assert!(keys(&BytesRange::ALL, true, 10).len() == 5);
+        assert!(
+            s.scan_range("none", &BytesRange::ALL, false, 9)
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! drivers acknowledge writes only after it returns (group commit: many writes, one
 //! sync).
 
+use crate::filter::BytesRange;
 use crate::hlc::Timestamp;
 use crate::ids::{ReplicaId, ScopeId};
 use crate::limits::Limits;
@@ -18,6 +19,7 @@ use bytes::Bytes;
 use pangea_proto::v1 as pb;
 use pangea_topology::Deployment;
 use pangea_topology::schema::TableSchema;
+use std::ops::Bound;
 use std::sync::Arc;
 
 mod mem;
@@ -182,6 +184,16 @@ pub trait Storage {
         Ok(self.get_row(table, key)?.map_or(0, |r| r.value_bytes()))
     }
 
+    /// Rows of `table` whose key is in `range`, at most `limit`, in key order:
+    /// ascending, or descending when `reverse`.
+    fn scan_range(
+        &self,
+        table: &str,
+        range: &BytesRange,
+        reverse: bool,
+        limit: usize,
+    ) -> Result<Vec<(Bytes, RowState)>, StorageError>;
+
     /// Rows of `table` whose key starts with `prefix`, in key order, strictly after
     /// `after` when given, at most `limit`.
     fn scan_rows(
@@ -190,7 +202,16 @@ pub trait Storage {
         prefix: &[u8],
         after: Option<&[u8]>,
         limit: usize,
-    ) -> Result<Vec<(Bytes, RowState)>, StorageError>;
+    ) -> Result<Vec<(Bytes, RowState)>, StorageError> {
+        let mut range = BytesRange::prefix(prefix);
+        if let Some(after) = after {
+            range = range.intersect(&BytesRange {
+                start: Bound::Excluded(Bytes::copy_from_slice(after)),
+                end: Bound::Unbounded,
+            });
+        }
+        self.scan_range(table, &range, false, limit)
+    }
 
     /// [`Storage::scan_rows`] without the copies: calls `f` with each row in turn,
     /// and returns the last key visited (where a scan resumes). The default copies
