@@ -175,6 +175,9 @@ fn process(
                 n => n.min(SCAN_ROWS_MAX),
             };
             let f = filter(s.filter)?;
+            if !(s.row_sample >= 0.0 && s.row_sample <= 1.0) {
+                return Err(format!("row_sample {}", s.row_sample));
+            }
             let mut range = BytesRange::prefix(&s.prefix);
             if let Some(within) = s.range {
                 range = range.intersect(&BytesRange::from_proto(within));
@@ -208,14 +211,21 @@ fn process(
                 );
                 last = key.clone();
                 let row_scope = r.scope_of(&s.table, &key);
+                // As the node, without its page rules (a sample's fraction is
+                // checked, the rows it leaves out skipped).
                 if !d.allowed(r.id(), &row_scope)
                     || auth::authorize_rows(&d, who, &row_scope).is_err()
+                    || (s.row_sample != 0.0
+                        && !pangea_core::filter::in_sample(&key, s.row_sample))
                 {
                     continue;
                 }
-                if let Some(row) =
+                if let Some(mut row) =
                     row.read(&key, &f, d.placement.schema.table(&s.table), now.wall_ms)
                 {
+                    if s.keys_only {
+                        row.families.clear();
+                    }
                     out.push(row);
                 }
             }

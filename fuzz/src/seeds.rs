@@ -297,6 +297,8 @@ fn client_frames() -> Vec<Seed> {
             reverse: true,
             limit: 1,
             resume_after: b("us/3"),
+            row_sample: 0.5,
+            keys_only: true,
             ..Default::default()
         })),
     ]);

@@ -202,6 +202,16 @@ pub(crate) struct ScanArgs {
     range: RangeArgs,
     #[command(flatten)]
     filter: FilterArgs,
+    /// Only a sample of the rows: a fraction in (0, 1], the same rows every run.
+    #[arg(long, value_name = "FRACTION")]
+    sample: Option<f64>,
+    /// Keys only, no cells.
+    #[arg(long)]
+    keys_only: bool,
+    /// Print keys that split the prefix's rows into N parts of similar row
+    /// counts, for dividing batch work (from a --sample, default 0.01).
+    #[arg(long, value_name = "N")]
+    split: Option<usize>,
     /// Key prefix (text, or 0x followed by hex; "" for every key, with --start,
     /// --end... for a range).
     prefix: String,
@@ -440,9 +450,26 @@ pub(crate) fn scan(a: ScanArgs) -> Result<()> {
             range: a.range.range()?,
             reverse: a.range.reverse,
             resume_after: a.range.resume_after()?,
+            row_sample: a.sample.unwrap_or(0.0),
+            keys_only: a.keys_only,
             ..Default::default()
         };
-        let r = client.scan_prefix(&a.connect.table, Bytes::from(parse_key(&a.prefix)?), &scan, &opts).await?;
+        let prefix = Bytes::from(parse_key(&a.prefix)?);
+        if let Some(parts) = a.split {
+            let fraction = a.sample.unwrap_or(0.01);
+            let splits = client.split_keys(&a.connect.table, prefix, parts, fraction, &opts).await?;
+            let keys: Vec<String> = splits.iter().map(|k| show_bytes(k)).collect();
+            if a.connect.json {
+                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "split_keys": keys }))?);
+            } else {
+                for k in &keys {
+                    println!("{k}");
+                }
+                println!("-- {} split keys: {} parts (a {fraction} sample)", keys.len(), keys.len() + 1);
+            }
+            return Ok(());
+        }
+        let r = client.scan_prefix(&a.connect.table, prefix, &scan, &opts).await?;
         let counters = counter_families(&client, &a.connect.table);
         if a.connect.json {
             let rows: Vec<_> = r.value.rows.iter().map(|row| row_json(row, &counters)).collect();

@@ -1131,6 +1131,50 @@ impl Client {
             })
     }
 
+    /// Keys that split `table`'s rows under `prefix` into about `parts` ranges of
+    /// similar row counts, for dividing batch work among workers (as Bigtable's
+    /// `SampleRowKeys`): a keys-only scan of a `fraction` row sample
+    /// ([`ScanOptions::row_sample`]), every `sampled / parts`-th key. Worker `i`
+    /// takes the keys from split `i - 1` (included; the prefix's first key for
+    /// the first) to split `i` (excluded; the prefix's end for the last). Fewer
+    /// splits than `parts - 1` when the sample holds fewer keys; a smaller
+    /// fraction reads less, a larger one splits more evenly.
+    pub async fn split_keys(
+        &self,
+        table: &str,
+        prefix: impl Into<Bytes>,
+        parts: usize,
+        fraction: f64,
+        opts: &ReadOptions,
+    ) -> Result<Vec<Bytes>, Error> {
+        let prefix = prefix.into();
+        let mut scan = ScanOptions {
+            limit: frontend::SCAN_ROWS_MAX as u32,
+            row_sample: fraction,
+            keys_only: true,
+            ..Default::default()
+        };
+        let mut sampled = Vec::new();
+        loop {
+            let page = self
+                .scan_prefix(table, prefix.clone(), &scan, opts)
+                .await?
+                .value;
+            sampled.extend(page.rows.into_iter().map(|r| r.key));
+            if page.resume_key.is_empty() {
+                break;
+            }
+            scan.resume_after = page.resume_key;
+        }
+        let parts = parts.max(1);
+        Ok((1..parts)
+            .filter_map(|i| sampled.get(i * sampled.len() / parts).cloned())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .filter(|k| Some(k) != sampled.first())
+            .collect())
+    }
+
     /// One page of a prefix scan from one process of a replica, routed by `route`
     /// (a key in the shard groups that process hosts; the prefix itself when it
     /// fixes one).

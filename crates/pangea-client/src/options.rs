@@ -147,6 +147,13 @@ pub struct ScanOptions {
     pub range: BytesRange,
     /// Highest key first.
     pub reverse: bool,
+    /// A sample of the rows, for splitting batch work: a fraction in (0, 1]
+    /// (0: every row). The same rows on every replica and run
+    /// ([`pangea_core::filter::in_sample`]); a sampled page counts the rows it
+    /// returns against `limit`.
+    pub row_sample: f64,
+    /// Rows with their keys only (rows the filter leaves empty are still left out).
+    pub keys_only: bool,
 }
 
 impl ScanOptions {
@@ -168,6 +175,8 @@ impl ScanOptions {
             max_bytes: self.max_bytes,
             range: (self.range != BytesRange::ALL).then(|| self.range.to_proto()),
             reverse: self.reverse,
+            row_sample: self.row_sample,
+            keys_only: self.keys_only,
         }
     }
 }

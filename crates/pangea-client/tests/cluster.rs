@@ -609,6 +609,33 @@ async fn filters_and_key_ranges_run_at_the_replica() -> Result<()> {
     let mut all = want(0..30);
     all.reverse();
     assert_eq!(scan_all(BytesRange::ALL, true).await?, all);
+    // A row sample: exactly the keys that hash into it, keys only, every run.
+    let sample = ScanOptions {
+        row_sample: 0.5,
+        keys_only: true,
+        ..Default::default()
+    };
+    let page = us
+        .scan_prefix("ad_profiles", "range/", &sample, &read)
+        .await?
+        .value;
+    let sampled: Vec<String> = want(0..30)
+        .into_iter()
+        .filter(|k| pangea_core::filter::in_sample(k.as_bytes(), 0.5))
+        .collect();
+    assert!((5..25).contains(&sampled.len()), "{sampled:?}");
+    let got: Vec<String> = page
+        .rows
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.key).into_owned())
+        .collect();
+    assert_eq!(got, sampled);
+    assert!(page.rows.iter().all(|r| r.families.is_empty()));
+    // Split points for three workers: every tenth row of a full sample.
+    let splits = us
+        .split_keys("ad_profiles", "range/", 3, 1.0, &read)
+        .await?;
+    assert_eq!(splits, [key(10), key(20)]);
     drop(clients);
     cluster.stop().await?;
     Ok(())

@@ -36,6 +36,14 @@ pub const REGEX_BYTES_MAX: usize = 1024;
 /// Most memory a compiled regular expression (and its lazy DFA) may take.
 pub const REGEX_COMPILED_MAX: usize = 1 << 20;
 
+/// Whether the row `key` is in a row sample of `fraction` (in (0, 1]): the xxh3-64
+/// hash of the key, over 2^64, is below the fraction. The same rows on every
+/// replica, page and run, so a sample pages and repeats.
+pub fn in_sample(key: &[u8], fraction: f64) -> bool {
+    // At 1 every key (a hash near 2^64 rounds up to it as a float).
+    fraction >= 1.0 || (xxhash_rust::xxh3::xxh3_64(key) as f64) < fraction * 2f64.powi(64)
+}
+
 /// One node of a filter tree; see the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CellFilter {
@@ -663,6 +671,19 @@ mod tests {
             CellFilter::Interleave(vec![CellFilter::ValueRange(BytesRange::prefix(b"v"))]),
         ]);
         assert_eq!(CellFilter::from_proto(f.to_proto(), "cells").unwrap(), f);
+    }
+
+    #[test]
+    fn a_row_sample_keeps_about_its_fraction_and_nests() {
+        let keys: Vec<String> = (0..20_000).map(|n| format!("user/{n}")).collect();
+        let tenth = keys.iter().filter(|k| in_sample(k.as_bytes(), 0.1)).count();
+        assert!((1_800..2_200).contains(&tenth), "{tenth} of 20,000 at 0.1");
+        // A smaller sample is inside a larger one; 1 keeps every row.
+        assert!(
+            keys.iter()
+                .all(|k| !in_sample(k.as_bytes(), 0.01) || in_sample(k.as_bytes(), 0.1))
+        );
+        assert!(keys.iter().all(|k| in_sample(k.as_bytes(), 1.0)));
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub use pangea_core::frontend::{SCAN_ROWS_DEFAULT, SCAN_ROWS_MAX};
 pub const GET_MANY_KEYS_MAX: usize = 1_000;
 /// Rows a scan reads from the store at a time.
 const SCAN_FETCH_ROWS: usize = 64;
+/// Most rows a page of a sampled scan visits (it counts the rows it sends
+/// against `limit`): about 10 ms of a replica's time for rows of 2 KiB.
+const SAMPLE_VISIT_MAX: usize = 10_000;
 /// Bytes of rows a get-many response or scan page carries when the client does
 /// not say: a page of large rows stays a few milliseconds of a link's time.
 pub const RESPONSE_BYTES_DEFAULT: usize = 4 << 20;
@@ -726,6 +729,142 @@ fn read_row_encoded(shared: &Shared, table: &str, key: &Bytes) -> Result<Option<
 
 type Served = (Body, Option<Arc<ScopeWatermarks>>);
 
+/// One page of a scan (`ScanPrefixRequest`): rows under the prefix and in the
+/// range, forward or back, past the resume key; filtered, sampled, bounded in
+/// rows and bytes (docs/protocol.md "Scan prefix").
+fn scan(
+    shared: &Shared,
+    caller: &Principal,
+    limits: &Limits,
+    s: pb::ScanPrefixRequest,
+) -> Result<Served, Failure> {
+    key_within(limits, &s.prefix, "prefix")?;
+    key_within(limits, &s.resume_after, "resume_after")?;
+    let scope = scan_scope(shared, &s.table, &s.prefix)?;
+    check_rows(shared, caller, &scope)?;
+    let c = consistency(s.consistency)?;
+    let wm = admit(shared, &scope, &c)?;
+    // A prefix that does not fix the partition key reaches every shard
+    // group of the policy this process hosts: each must meet the
+    // consistency asked for.
+    let d = shared.deployment();
+    if d.prefix_group(&s.table, &s.prefix).is_none()
+        && let Some(policy) = d.placement.policies.get(scope.policy())
+    {
+        for other in policy
+            .scopes()
+            .iter()
+            .filter(|o| **o != scope && d.answers(&shared.id, o, false))
+        {
+            admit(shared, other, &c)?;
+        }
+    }
+    let limit = match s.limit as usize {
+        0 => SCAN_ROWS_DEFAULT,
+        n => n.min(SCAN_ROWS_MAX),
+    };
+    let f = filter(s.filter)?;
+    // The keys left to visit: under the prefix, in the range, past the
+    // resume key (below it, going down).
+    let mut range = BytesRange::prefix(&s.prefix);
+    if let Some(r) = s.range {
+        let r = BytesRange::from_proto(r);
+        for (field, b) in [("range.start", &r.start), ("range.end", &r.end)] {
+            if let Bound::Included(k) | Bound::Excluded(k) = b {
+                key_within(limits, k, field)?;
+            }
+        }
+        range = range.intersect(&r);
+    }
+    let reverse = s.reverse;
+    let past = |range: &mut BytesRange, key: &Bytes| {
+        let rest = if reverse {
+            BytesRange {
+                start: Bound::Unbounded,
+                end: Bound::Excluded(key.clone()),
+            }
+        } else {
+            BytesRange {
+                start: Bound::Excluded(key.clone()),
+                end: Bound::Unbounded,
+            }
+        };
+        *range = range.intersect(&rest);
+    };
+    if !s.resume_after.is_empty() {
+        past(&mut range, &s.resume_after);
+    }
+    // A sample keeps the rows whose key hashes below the fraction: the same rows
+    // on every replica and every page, so a sample pages and repeats.
+    let sample = match s.row_sample {
+        0.0 => None,
+        p if p > 0.0 && p <= 1.0 => Some(p),
+        p => {
+            return Err(Failure::new(
+                Code::InvalidArgument,
+                format!("row_sample: {p} is not a fraction in (0, 1]"),
+            ));
+        }
+    };
+    // `limit` counts rows visited; a sampled page counts rows sent, and visits
+    // at most SAMPLE_VISIT_MAX.
+    let visit_max = if sample.is_some() {
+        SAMPLE_VISIT_MAX
+    } else {
+        limit
+    };
+    let mut rows = Vec::new();
+    let mut last = Bytes::new();
+    let now = shared.clock.now().wall_ms;
+    let schema = d.placement.schema.table(&s.table);
+    let (budget, mut bytes) = (response_bytes(s.max_bytes), 0);
+    // Rows are read from the store a few at a time: a page of large rows ends at
+    // its bytes long before `limit`, and reads no more than it sends.
+    let (mut visited, mut more) = (0, false);
+    'page: while visited < visit_max && rows.len() < limit {
+        let want = (visit_max - visited).min(SCAN_FETCH_ROWS);
+        let found = shared
+            .scan(&s.table, &range, reverse, want + 1)
+            .map_err(|e| Failure::new(Code::Unavailable, pangea_core::Chain(&e).to_string()))?;
+        more = found.len() > want;
+        for (key, row) in found.into_iter().take(want) {
+            if bytes >= budget || rows.len() >= limit {
+                // Full: the page ends, resuming after the last row taken.
+                more = true;
+                break 'page;
+            }
+            visited += 1;
+            last = key.clone();
+            past(&mut range, &key);
+            // Rows of a policy this replica may not serve never leave it, nor rows
+            // of a policy the caller's app profile does not list.
+            let row_scope = shared.scope_of(&s.table, &key);
+            if !d.answers(&shared.id, &row_scope, false)
+                || auth::authorize_rows(&d, caller, &row_scope).is_err()
+                || sample.is_some_and(|p| !pangea_core::filter::in_sample(&key, p))
+            {
+                continue;
+            }
+            if let Some(mut r) = row.read(&key, &f, schema, now) {
+                if s.keys_only {
+                    r.families.clear();
+                }
+                bytes += r.encoded_len();
+                rows.push(r);
+            }
+        }
+        if !more {
+            break;
+        }
+    }
+    let resume_key = if more { last } else { Bytes::new() };
+    Ok((
+        pb::client_response::Response::ScanPrefix(pb::ScanPrefixResponse { rows, resume_key })
+            .into(),
+        Some(wm),
+    ))
+}
+
 /// This replica's store against placement: rows it holds that their policy does not
 /// allow here (a residency violation; 0 is the only acceptable answer). The bytes in
 /// the store are checked, against the placement file's residency as well as the
@@ -1320,111 +1459,7 @@ async fn execute(
             }
             Ok((W::GetMany(pb::GetManyResponse { rows }).into(), wm))
         }
-        R::ScanPrefix(s) => {
-            key_within(&limits, &s.prefix, "prefix")?;
-            key_within(&limits, &s.resume_after, "resume_after")?;
-            let scope = scan_scope(shared, &s.table, &s.prefix)?;
-            check_rows(shared, caller, &scope)?;
-            let c = consistency(s.consistency)?;
-            let wm = admit(shared, &scope, &c)?;
-            // A prefix that does not fix the partition key reaches every shard
-            // group of the policy this process hosts: each must meet the
-            // consistency asked for.
-            let d = shared.deployment();
-            if d.prefix_group(&s.table, &s.prefix).is_none()
-                && let Some(policy) = d.placement.policies.get(scope.policy())
-            {
-                for other in policy
-                    .scopes()
-                    .iter()
-                    .filter(|o| **o != scope && d.answers(&shared.id, o, false))
-                {
-                    admit(shared, other, &c)?;
-                }
-            }
-            let limit = match s.limit as usize {
-                0 => SCAN_ROWS_DEFAULT,
-                n => n.min(SCAN_ROWS_MAX),
-            };
-            let f = filter(s.filter)?;
-            // The keys left to visit: under the prefix, in the range, past the
-            // resume key (below it, going down).
-            let mut range = BytesRange::prefix(&s.prefix);
-            if let Some(r) = s.range {
-                let r = BytesRange::from_proto(r);
-                for (field, b) in [("range.start", &r.start), ("range.end", &r.end)] {
-                    if let Bound::Included(k) | Bound::Excluded(k) = b {
-                        key_within(&limits, k, field)?;
-                    }
-                }
-                range = range.intersect(&r);
-            }
-            let reverse = s.reverse;
-            let past = |range: &mut BytesRange, key: &Bytes| {
-                let rest = if reverse {
-                    BytesRange {
-                        start: Bound::Unbounded,
-                        end: Bound::Excluded(key.clone()),
-                    }
-                } else {
-                    BytesRange {
-                        start: Bound::Excluded(key.clone()),
-                        end: Bound::Unbounded,
-                    }
-                };
-                *range = range.intersect(&rest);
-            };
-            if !s.resume_after.is_empty() {
-                past(&mut range, &s.resume_after);
-            }
-            let mut rows = Vec::new();
-            let mut last = Bytes::new();
-            let now = shared.clock.now().wall_ms;
-            let (budget, mut bytes) = (response_bytes(s.max_bytes), 0);
-            // Rows are read from the store a few at a time: a page of large rows
-            // ends at its bytes long before `limit`, and reads no more than it sends.
-            let (mut visited, mut more) = (0, false);
-            'page: while visited < limit {
-                let want = (limit - visited).min(SCAN_FETCH_ROWS);
-                let found = shared
-                    .scan(&s.table, &range, reverse, want + 1)
-                    .map_err(|e| {
-                        Failure::new(Code::Unavailable, pangea_core::Chain(&e).to_string())
-                    })?;
-                more = found.len() > want;
-                for (key, row) in found.into_iter().take(want) {
-                    if bytes >= budget {
-                        // Full: the page ends, resuming after the last row taken.
-                        more = true;
-                        break 'page;
-                    }
-                    visited += 1;
-                    last = key.clone();
-                    past(&mut range, &key);
-                    // Rows of a policy this replica may not serve never leave it,
-                    // nor rows of a policy the caller's app profile does not list.
-                    let row_scope = shared.scope_of(&s.table, &key);
-                    if !d.answers(&shared.id, &row_scope, false)
-                        || auth::authorize_rows(&d, caller, &row_scope).is_err()
-                    {
-                        continue;
-                    }
-                    let schema = d.placement.schema.table(&s.table);
-                    if let Some(r) = row.read(&key, &f, schema, now) {
-                        bytes += r.encoded_len();
-                        rows.push(r);
-                    }
-                }
-                if !more {
-                    break;
-                }
-            }
-            let resume_key = if more { last } else { Bytes::new() };
-            Ok((
-                W::ScanPrefix(pb::ScanPrefixResponse { rows, resume_key }).into(),
-                Some(wm),
-            ))
-        }
+        R::ScanPrefix(s) => scan(shared, caller, &limits, s),
         R::Mutate(m) => {
             refuse_writes_if_disk_refuses(shared)?;
             let wait = (m.wait_regions, m.wait_all_regions);
