@@ -816,29 +816,23 @@ pub async fn load(
             true,
         );
     }
-    let mut inflight: JoinSet<Vec<Done>> = JoinSet::new();
-    // Keys in flight: a key repeated in the input is written in input order, one
-    // write at a time (never twice in one batch, never in two batches at once).
-    let mut busy: HashSet<Bytes> = HashSet::new();
-    let mut batch = Batch::default();
+    let mut w = Writer {
+        client,
+        opts,
+        concurrency,
+        batch: Batch::default(),
+        inflight: JoinSet::new(),
+        busy: HashSet::new(),
+    };
     while loader.stop.is_none() {
         // Wait for input only with nothing gathered: else send what is gathered.
-        let item = if batch.rows.is_empty() {
+        let item = if w.batch.rows.is_empty() {
             rx.recv().await
         } else {
             match rx.try_recv() {
                 Ok(item) => Some(item),
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    batch
-                        .send(
-                            client,
-                            opts,
-                            concurrency,
-                            &mut inflight,
-                            &mut loader,
-                            &mut busy,
-                        )
-                        .await;
+                    w.flush(&mut loader).await;
                     continue;
                 }
                 Err(mpsc::error::TryRecvError::Disconnected) => None,
@@ -848,16 +842,7 @@ pub async fn load(
         match item {
             Parsed::Bad { loc, why, fatal } => {
                 // The rows before it are written.
-                batch
-                    .send(
-                        client,
-                        opts,
-                        concurrency,
-                        &mut inflight,
-                        &mut loader,
-                        &mut busy,
-                    )
-                    .await;
+                w.flush(&mut loader).await;
                 loader.bad(loc, why, fatal);
             }
             Parsed::Row { loc, mutation } => {
@@ -868,58 +853,29 @@ pub async fn load(
                     continue;
                 }
                 let key = mutation.row_key().clone();
-                if batch.keys.contains(&key) {
-                    batch
-                        .send(
-                            client,
-                            opts,
-                            concurrency,
-                            &mut inflight,
-                            &mut loader,
-                            &mut busy,
-                        )
-                        .await;
+                if w.batch.keys.contains(&key) {
+                    w.flush(&mut loader).await;
                 }
-                while busy.contains(&key) {
-                    match inflight.join_next().await {
-                        Some(done) => loader.done(done, &mut busy),
-                        None => break,
+                while w.busy.contains(&key) {
+                    if !w.one_done(&mut loader).await {
+                        break;
                     }
                 }
+                let batch = &mut w.batch;
                 batch.bytes += payload as usize;
                 batch.keys.insert(key);
                 batch.rows.push((loc, mutation));
                 if batch.rows.len() >= batch_rows || batch.bytes >= crate::batch::BATCH_BYTES_MAX {
-                    batch
-                        .send(
-                            client,
-                            opts,
-                            concurrency,
-                            &mut inflight,
-                            &mut loader,
-                            &mut busy,
-                        )
-                        .await;
+                    w.flush(&mut loader).await;
                 }
             }
         }
     }
     if loader.stop.is_none() {
-        batch
-            .send(
-                client,
-                opts,
-                concurrency,
-                &mut inflight,
-                &mut loader,
-                &mut busy,
-            )
-            .await;
+        w.flush(&mut loader).await;
     }
     drop(rx);
-    while let Some(done) = inflight.join_next().await {
-        loader.done(done, &mut busy);
-    }
+    while w.one_done(&mut loader).await {}
     let elapsed = started.elapsed();
     let c = &counters;
     let rows = c.rows.load(Ordering::Relaxed);
@@ -971,35 +927,51 @@ struct Batch {
     bytes: usize,
 }
 
-impl Batch {
+/// The load's writes: the batch being gathered, the requests out, and the keys
+/// they write.
+struct Writer<'a> {
+    client: Option<&'a Client>,
+    opts: &'a Options,
+    concurrency: usize,
+    batch: Batch,
+    inflight: JoinSet<Vec<Done>>,
+    /// Keys in flight: a key repeated in the input is written in input order, one
+    /// write at a time (never twice in one batch, never in two batches at once).
+    busy: HashSet<Bytes>,
+}
+
+impl Writer<'_> {
     /// Sends the rows gathered (once fewer than `concurrency` requests are in
     /// flight) and starts a new batch; drops them unwritten if the load stopped.
-    async fn send(
-        &mut self,
-        client: Option<&Client>,
-        opts: &Options,
-        concurrency: usize,
-        inflight: &mut JoinSet<Vec<Done>>,
-        loader: &mut Loader<'_>,
-        busy: &mut HashSet<Bytes>,
-    ) {
-        let Batch { rows, keys, .. } = std::mem::take(self);
-        let Some(client) = client else { return };
+    async fn flush(&mut self, loader: &mut Loader<'_>) {
+        let Batch { rows, keys, .. } = std::mem::take(&mut self.batch);
+        let Some(client) = self.client else { return };
         if rows.is_empty() {
             return;
         }
-        while inflight.len() >= concurrency {
-            match inflight.join_next().await {
-                Some(done) => loader.done(done, busy),
-                None => break,
+        while self.inflight.len() >= self.concurrency {
+            if !self.one_done(loader).await {
+                break;
             }
         }
         if loader.stop.is_some() {
             return;
         }
-        busy.extend(keys);
-        let (client, write, retries) = (client.clone(), opts.write.clone(), opts.retries);
-        inflight.spawn(async move { write_batch(client, rows, write, retries).await });
+        self.busy.extend(keys);
+        let (client, write, retries) = (client.clone(), self.opts.write.clone(), self.opts.retries);
+        self.inflight
+            .spawn(async move { write_batch(client, rows, write, retries).await });
+    }
+
+    /// Waits for one request in flight to end; `false` when none was.
+    async fn one_done(&mut self, loader: &mut Loader<'_>) -> bool {
+        match self.inflight.join_next().await {
+            Some(done) => {
+                loader.done(done, &mut self.busy);
+                true
+            }
+            None => false,
+        }
     }
 }
 

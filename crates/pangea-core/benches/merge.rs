@@ -7,7 +7,12 @@
 //!   state (8 origins folded, 16 recent increments, a 24 h TTL);
 //! - `counter_fold_64`: compaction folding 64 increments of 8 origins;
 //! - `counter_merge`: a snapshot merge of two replicas' states of one counter,
-//!   folded at different horizons.
+//!   folded at different horizons;
+//! - `filter_*`: reads of a wide row (1,000 event columns of 100 B, one in 20 a
+//!   click) through server-side filters: `filter_none` (every cell),
+//!   `filter_prefix` (QualifierPrefix "click:"), `filter_regex` (a regex that
+//!   keeps the same columns), `filter_chain` (prefix, timestamp range, latest 1,
+//!   cells-per-row limit 10).
 
 use bytes::Bytes;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
@@ -74,6 +79,7 @@ fn bench(c: &mut Criterion) {
     });
     g.finish();
     counters(c);
+    filters(c);
 }
 
 /// A counter row: `n` increments of 8 origins, one a second from `from_s`.
@@ -161,6 +167,71 @@ fn counters(c: &mut Criterion) {
             BatchSize::SmallInput,
         );
     });
+    g.finish();
+}
+
+/// A user's event row, Algolia-style: `<kind>:<n>` columns, one in 20 a click.
+fn wide_row(schema: &Schema) -> RowState {
+    let mut row = RowState::default();
+    for n in 0..1_000u64 {
+        let kind = if n.is_multiple_of(20) {
+            "click"
+        } else {
+            "view"
+        };
+        let m = Mutation::SetCell {
+            family: "p".into(),
+            column: Bytes::from(format!("{kind}:{n:06}")),
+            value: Bytes::from(vec![b'x'; 100]),
+        };
+        row.apply(
+            &Version::new(Timestamp::new(1_000 + n, 0), "a".into()),
+            &[m],
+            schema.table("t"),
+        );
+    }
+    row
+}
+
+fn filters(c: &mut Criterion) {
+    use pangea_core::ReadFilter;
+    use pangea_core::filter::{CellFilter, Pattern};
+    let schema = Schema::single_table("t", &[("p", GcPolicy::default())]);
+    let table = schema.table("t");
+    let row = wide_row(&schema);
+    let key = Bytes::from_static(b"u/1");
+    let mut g = c.benchmark_group("merge");
+    g.throughput(Throughput::Elements(1));
+    let prefix = CellFilter::QualifierPrefix(Bytes::from_static(b"click:"));
+    let cases = [
+        ("filter_none", None),
+        ("filter_prefix", Some(prefix.clone())),
+        (
+            "filter_regex",
+            Some(CellFilter::QualifierRegex(
+                Pattern::new("click:[0-9]+").expect("a valid regex"),
+            )),
+        ),
+        (
+            "filter_chain",
+            Some(CellFilter::Chain(vec![
+                prefix,
+                CellFilter::TimestampRange {
+                    start_ms: 1_100,
+                    end_ms: None,
+                },
+                CellFilter::LatestPerColumn(1),
+                CellFilter::CellsPerRowLimit(10),
+            ])),
+        ),
+    ];
+    for (name, cells) in cases {
+        let f = ReadFilter {
+            cells,
+            ..ReadFilter::default()
+        };
+        g.bench_function(name, |b| b.iter(|| row.read(&key, &f, table, 10_000)));
+    }
     g.finish();
 }
 
