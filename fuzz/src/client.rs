@@ -215,8 +215,7 @@ fn process(
                 // checked, the rows it leaves out skipped).
                 if !d.allowed(r.id(), &row_scope)
                     || auth::authorize_rows(&d, who, &row_scope).is_err()
-                    || (s.row_sample != 0.0
-                        && !pangea_core::filter::in_sample(&key, s.row_sample))
+                    || (s.row_sample != 0.0 && !pangea_core::filter::in_sample(&key, s.row_sample))
                 {
                     continue;
                 }

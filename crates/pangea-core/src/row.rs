@@ -1071,11 +1071,11 @@ impl RowState {
             let gc = gc_of(table, name);
             let ttl = gc.ttl_ms;
             let mut cells = Vec::new();
-            for (column, col) in fam
-                .columns
-                .iter()
-                .filter(|(c, _)| filter.wants_column(name, c))
-            {
+            let cells_filter = filter.cells.as_ref();
+            for (column, col) in fam.columns.iter().filter(|(c, _)| {
+                filter.wants_column(name, c)
+                    && cells_filter.is_none_or(|f| f.column_may_pass(name, c))
+            }) {
                 if gc.is_counter() {
                     if let Some((sum, v, until)) = col.count(ttl, now_ms) {
                         until_ms = until_ms.min(until);
