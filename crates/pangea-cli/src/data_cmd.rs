@@ -156,6 +156,11 @@ pub(crate) struct PutArgs {
     connect: Connect,
     #[command(flatten)]
     write: WriteFlags,
+    /// Write at this event time instead of the replica's clock: ms since the
+    /// Unix epoch, or a duration ago (`90d`). The table must declare an
+    /// `event_time` window in the placement file (docs/client.md, "Event time").
+    #[arg(long, value_name = "T")]
+    event_time: Option<String>,
     row: String,
     /// FAMILY:COLUMN=VALUE, one or more.
     #[arg(required = true)]
@@ -181,6 +186,11 @@ pub(crate) struct DeleteArgs {
     connect: Connect,
     #[command(flatten)]
     write: WriteFlags,
+    /// Write at this event time instead of the replica's clock: ms since the
+    /// Unix epoch, or a duration ago (`90d`). The table must declare an
+    /// `event_time` window in the placement file (docs/client.md, "Event time").
+    #[arg(long, value_name = "T")]
+    event_time: Option<String>,
     row: String,
     /// Delete only this family (default: the whole row).
     #[arg(long)]
@@ -363,7 +373,7 @@ pub(crate) fn put(a: PutArgs) -> Result<()> {
             value: Bytes::from(value.as_bytes().to_vec()),
         });
     }
-    write(&a.connect, &a.row, muts, &a.write)
+    write(&a.connect, &a.row, muts, &a.write, a.event_time.as_deref())
 }
 
 pub(crate) fn incr(a: IncrArgs) -> Result<()> {
@@ -393,7 +403,7 @@ pub(crate) fn incr(a: IncrArgs) -> Result<()> {
             delta,
         });
     }
-    write(&a.connect, &a.row, muts, &a.write)
+    write(&a.connect, &a.row, muts, &a.write, None)
 }
 
 pub(crate) fn delete(a: DeleteArgs) -> Result<()> {
@@ -403,18 +413,36 @@ pub(crate) fn delete(a: DeleteArgs) -> Result<()> {
         },
         None => Mutation::DeleteFromRow,
     };
-    write(&a.connect, &a.row, vec![m], &a.write)
+    write(
+        &a.connect,
+        &a.row,
+        vec![m],
+        &a.write,
+        a.event_time.as_deref(),
+    )
 }
 
-fn write(c: &Connect, row: &str, muts: Vec<Mutation>, flags: &WriteFlags) -> Result<()> {
+fn write(
+    c: &Connect,
+    row: &str,
+    muts: Vec<Mutation>,
+    flags: &WriteFlags,
+    event_time: Option<&str>,
+) -> Result<()> {
+    let event_ms = event_time
+        .map(|t| crate::filter_args::time_ms(t).context("--event-time"))
+        .transpose()?;
     runtime()?.block_on(async {
         let client = c.client().await?;
-        let m = RowMutation::new(
+        let mut m = RowMutation::new(
             c.table.as_str(),
             parse_key(row)?,
             muts,
             &pangea_core::Limits::default(),
         )?;
+        if let Some(ms) = event_ms {
+            m = m.at_event_time(ms);
+        }
         let r = client.mutate(m, &flags.options(c.deadline())).await?;
         let token = hex(&r.value.encode());
         if c.json {

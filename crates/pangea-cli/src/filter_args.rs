@@ -191,8 +191,9 @@ fn from_to(from: &Option<String>, to: &Option<String>, name: &str) -> Result<Opt
     }))
 }
 
-/// `--since` / `--until`: ms since the Unix epoch, or a duration before now.
-fn time_ms(s: &str) -> Result<u64> {
+/// `--since` / `--until` / `--event-time`: ms since the Unix epoch, or a
+/// duration before now.
+pub(crate) fn time_ms(s: &str) -> Result<u64> {
     if let Ok(ms) = s.parse::<u64>() {
         return Ok(ms);
     }

@@ -72,6 +72,7 @@ fn merge(
     };
     pb::client_request::Request::Mutate(pb::MutateRequest {
         mutation: Some(pb::RowMutation {
+            event_time_ms: None,
             table: table.into(),
             row_key: key.to_vec().into(),
             mutations: vec![pb::Mutation {

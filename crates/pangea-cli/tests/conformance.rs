@@ -542,6 +542,7 @@ fn exchanges_to_write(profile: &str) -> Vec<(&'static str, Vec<u8>)> {
             "mutate: delete the row conf/2",
             req(R::Mutate(pb::MutateRequest {
                 mutation: Some(pb::RowMutation {
+                    event_time_ms: None,
                     table: "ad_profiles".into(),
                     row_key: "conf/2".into(),
                     mutations: vec![pb::Mutation {

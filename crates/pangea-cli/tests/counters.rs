@@ -302,6 +302,110 @@ fn increments_from_every_region_all_count_through_a_kill() -> Result<()> {
         !out.status.success() && stderr.contains("--column-regex"),
         "bad regex: {stderr}"
     );
+    event_times(file)?;
     c.down(common::CLEANUP_GRACE_MS)?;
+    Ok(())
+}
+
+/// Event time (docs/client.md "Event time"): `ad_profiles` takes event times up
+/// to 90 days back. A cell written 20 days back reads at that time; one 40 days
+/// back is past the `events` family's 30-day TTL and never shows; one 100 days
+/// back is refused, naming the table and the bound; a counter refuses one.
+fn event_times(file: &str) -> Result<()> {
+    const DAY_MS: u64 = 86_400_000;
+    let put = |args: &[&str]| {
+        let mut all = vec!["put", "--cluster", file, "--region", US];
+        all.extend_from_slice(args);
+        pangea(&all, Duration::from_secs(20))
+    };
+    for (ago, column) in [("20d", "click:20d"), ("40d", "click:40d")] {
+        let out = put(&[
+            "--event-time",
+            ago,
+            "us/user-9",
+            &format!("events:{column}=x"),
+        ])?;
+        ensure!(
+            out.status.success(),
+            "put --event-time {ago}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = put(&["--event-time", "100d", "us/user-9", "events:click:100d=x"])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success()
+            && stderr.contains("\"ad_profiles\"")
+            && stderr.contains("at most 7776000000 ms back"),
+        "100 days back: {stderr}"
+    );
+    let out = pangea(
+        &[
+            "incr",
+            "--cluster",
+            file,
+            "--region",
+            US,
+            "us/user-9",
+            "impressions:camp-z",
+        ],
+        Duration::from_secs(20),
+    )?;
+    ensure!(out.status.success(), "a plain increment still counts");
+    // The writes went to the nearest replica; a read may reach another first.
+    let get = || -> Result<serde_json::Value> {
+        let out = pangea(
+            &[
+                "get",
+                "--cluster",
+                file,
+                "--region",
+                US,
+                "--family",
+                "events",
+                "--json",
+                "us/user-9",
+            ],
+            Duration::from_secs(20),
+        )?;
+        ensure!(
+            out.status.success(),
+            "get: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(serde_json::from_slice(&out.stdout)?)
+    };
+    let cells_of = |v: &serde_json::Value| -> Vec<(String, u64)> {
+        v["row"]["cells"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| {
+                Some((
+                    c["column"].as_str()?.to_owned(),
+                    c["timestamp"].as_u64()? >> 16,
+                ))
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut v = get()?;
+    while cells_of(&v).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        v = get()?;
+    }
+    let cells = cells_of(&v);
+    ensure!(
+        cells.len() == 1 && cells[0].0 == "click:20d",
+        "only the 20-day-old event shows: {v}"
+    );
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as u64;
+    let age = now_ms.saturating_sub(cells[0].1);
+    ensure!(
+        (20 * DAY_MS..20 * DAY_MS + 120_000).contains(&age),
+        "the cell is stamped 20 days back, not {age} ms: {v}"
+    );
     Ok(())
 }

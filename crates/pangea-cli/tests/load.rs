@@ -91,6 +91,7 @@ fn protobuf_rows(path: &Path) -> Result<BTreeMap<String, Cells>> {
         let k = key("p", i);
         let blob = bytes_for(1_000_000 + i as u64, 50 + i % 500);
         let m = pb::RowMutation {
+            event_time_ms: None,
             table: String::new(),
             row_key: Bytes::from(k.clone()),
             mutations: vec![pb::Mutation {

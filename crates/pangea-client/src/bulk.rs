@@ -272,6 +272,7 @@ impl Checker {
         };
         let mut key = None;
         let mut cells = None;
+        let mut event_time_ms = None;
         for (name, value) in &obj {
             match name.as_str() {
                 "key" => match value {
@@ -294,9 +295,19 @@ impl Checker {
                         );
                     }
                 },
+                "event_time_ms" => match value.as_u64() {
+                    Some(ms) => event_time_ms = Some(ms),
+                    None => {
+                        return Err(
+                            r#""event_time_ms" must be a whole number of ms since the Unix epoch"#
+                                .into(),
+                        );
+                    }
+                },
                 other => {
                     return Err(format!(
-                        "unknown field {:?} (expected \"key\" or \"key_b64\", and \"cells\")",
+                        "unknown field {:?} (expected \"key\" or \"key_b64\", \"cells\", and \
+                         optionally \"event_time_ms\")",
                         truncated(other)
                     ));
                 }
@@ -351,6 +362,7 @@ impl Checker {
             table: self.table.to_string(),
             row_key: key,
             mutations,
+            event_time_ms,
         })
     }
 
@@ -1213,6 +1225,15 @@ mod tests {
         assert!(err(r#"{"key": "k", "cells": {}}"#).contains("empty"));
         assert!(err(r#"{"key": "k", "cells": {"nocolon": "x"}}"#).contains("FAMILY:COLUMN"));
         assert!(err(r#"{"key": "k", "cels": {}}"#).contains("unknown field"));
+        // An event time rides along; it must be a whole number of ms.
+        let m = c
+            .ndjson(br#"{"key": "k", "cells": {"events:c": "x"}, "event_time_ms": 1700000000000}"#)
+            .unwrap();
+        assert_eq!(m.event_time_ms(), Some(1_700_000_000_000));
+        assert!(
+            err(r#"{"key": "k", "cells": {"events:c": "x"}, "event_time_ms": "yesterday"}"#)
+                .contains("whole number of ms")
+        );
         assert!(
             err(r#"{"key": "k", "cells": {"profile:p": "x"}"#).contains("invalid JSON at column")
         );
@@ -1246,6 +1267,7 @@ mod tests {
         let mut r: &[u8] = &[0xff; 11];
         assert!(read_length_prefix(&mut r).unwrap_err().contains("10 bytes"));
         let p = pb::RowMutation {
+            event_time_ms: None,
             table: String::new(),
             row_key: Bytes::from_static(b"k"),
             mutations: vec![pb::Mutation {
@@ -1269,6 +1291,7 @@ mod tests {
         assert!(checker().protobuf(b"\xff\xff").is_err());
         // Increments are not loaded: a resumed load may write a record twice.
         let counting = pb::RowMutation {
+            event_time_ms: None,
             table: String::new(),
             row_key: Bytes::from_static(b"k"),
             mutations: vec![pb::Mutation {

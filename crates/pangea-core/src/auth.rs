@@ -640,6 +640,7 @@ policies = ["global"]
             )]
             .into(),
             partition_key: None,
+            event_time: None,
         };
         let mut row = RowState::default();
         let inc = Mutation::Increment {

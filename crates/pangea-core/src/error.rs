@@ -30,6 +30,13 @@ pub enum Error {
         family: String,
         why: &'static str,
     },
+    /// A write's event time the replica does not take.
+    #[error("event time {event_time_ms} of a write to table {table:?} refused: {why}")]
+    EventTime {
+        table: String,
+        event_time_ms: u64,
+        why: String,
+    },
     #[error(transparent)]
     InvalidName(#[from] NameError),
     #[error("time range [{start}, {end}) is empty")]

@@ -4,7 +4,7 @@
 use crate::Error;
 use crate::hlc::Timestamp;
 use crate::limits::{Limited, Limits};
-use crate::row::RowState;
+use crate::row::{RowState, Version};
 use bytes::Bytes;
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
@@ -246,6 +246,9 @@ pub struct RowMutation {
     row_key: Bytes,
     /// Shared: a log entry is copied per peer it goes to and into the write batch.
     mutations: Arc<[Mutation]>,
+    /// The writer's event time (Unix ms), if it gave one: the timestamp of
+    /// every cell and delete of the row mutation ([`RowMutation::cell_version`]).
+    event_time_ms: Option<u64>,
 }
 
 impl RowMutation {
@@ -260,6 +263,7 @@ impl RowMutation {
             table: table.into(),
             row_key: row_key.into(),
             mutations: mutations.into(),
+            event_time_ms: None,
         };
         // One validation path for local and remote input: round-trip through the
         // checks of `from_proto`. The caller's table name is kept (the same bytes):
@@ -300,6 +304,7 @@ impl RowMutation {
             table: p.table.into(),
             row_key: p.row_key,
             mutations,
+            event_time_ms: p.event_time_ms,
         })
     }
 
@@ -313,6 +318,7 @@ impl RowMutation {
             table: Arc::from(&*self.table),
             row_key: Bytes::copy_from_slice(&self.row_key),
             mutations: self.mutations.iter().map(Mutation::detached).collect(),
+            event_time_ms: self.event_time_ms,
         }
     }
 
@@ -321,6 +327,7 @@ impl RowMutation {
             table: self.table.to_string(),
             row_key: self.row_key.clone(),
             mutations: self.mutations.iter().map(Mutation::to_proto).collect(),
+            event_time_ms: self.event_time_ms,
         }
     }
 
@@ -391,6 +398,86 @@ impl RowMutation {
                 }
                 _ => {}
             }
+        }
+        Ok(())
+    }
+
+    /// The same row mutation written at event time `ms` (Unix milliseconds)
+    /// instead of the accepting replica's clock: for a batch job that backfills
+    /// old events, so that their TTL and version order follow when they
+    /// happened. The table must declare an `event_time` window, and the replica
+    /// refuses a time outside it ([`RowMutation::check_event_time`]).
+    pub fn at_event_time(mut self, ms: u64) -> Self {
+        self.event_time_ms = Some(ms);
+        self
+    }
+
+    pub fn event_time_ms(&self) -> Option<u64> {
+        self.event_time_ms
+    }
+
+    /// The version this row mutation's cells and deletes take when the
+    /// replication log orders it at `logged`: `logged` itself, or the event time
+    /// with the same origin. Every replica applies a write at this version (the
+    /// row module, event time).
+    pub fn cell_version(&self, logged: &Version) -> Version {
+        match self.event_time_ms {
+            None => logged.clone(),
+            Some(ms) => Version::new(Timestamp::new(ms, 0), logged.origin.clone()),
+        }
+    }
+
+    /// Refuses an event time the accepting replica may not take: on a table
+    /// without an `event_time` window, with increments or a merged row, or
+    /// outside the window around `clock_ms` (the wall time of the clock
+    /// reading the write will be logged at; the lower bound is what lets the
+    /// table's tombstones be purged safely, the row module's event time).
+    pub fn check_event_time(&self, schema: &Schema, clock_ms: u64) -> Result<(), Error> {
+        let Some(ms) = self.event_time_ms else {
+            return Ok(());
+        };
+        let refuse = |why: String| Error::EventTime {
+            table: self.table.to_string(),
+            event_time_ms: ms,
+            why,
+        };
+        let Some(window) = schema.table(&self.table).and_then(|t| t.event_time) else {
+            return Err(refuse(
+                "the table takes no event times (give it `event_time = { past = \"…\" }` \
+                 in the placement file)"
+                    .into(),
+            ));
+        };
+        if let Some(m) = self
+            .mutations
+            .iter()
+            .find(|m| matches!(m, Mutation::Increment { .. } | Mutation::MergeRow(_)))
+        {
+            let what = match m {
+                Mutation::Increment { .. } => {
+                    "an increment (counters count by the replica's clock)"
+                }
+                _ => "a merged row",
+            };
+            return Err(refuse(format!("the row mutation carries {what}")));
+        }
+        // Not 0: no version is at `Timestamp::ZERO`, the lowest purge horizon
+        // (`row::table_horizon`).
+        if ms == 0 || ms < clock_ms.saturating_sub(window.past_ms) {
+            return Err(refuse(format!(
+                "it is {} ms before the replica's clock ({clock_ms}); the table takes event \
+                 times at most {} ms back",
+                clock_ms - ms,
+                window.past_ms
+            )));
+        }
+        if ms > clock_ms.saturating_add(window.future_ms) {
+            return Err(refuse(format!(
+                "it is {} ms after the replica's clock ({clock_ms}); the table takes event \
+                 times at most {} ms ahead",
+                ms - clock_ms,
+                window.future_ms
+            )));
         }
         Ok(())
     }
@@ -545,6 +632,7 @@ mod tests {
             Err(Error::EmptyTimeRange { start: 5, end: 5 })
         );
         let no_kind = pb::RowMutation {
+            event_time_ms: None,
             table: "t".into(),
             row_key: Bytes::from_static(b"k"),
             mutations: vec![pb::Mutation { kind: None }],

@@ -39,6 +39,17 @@
 //! horizon. Under it, purging never changes what a reader sees, now or after later
 //! writes, so two replicas that purged at different moments still show the same
 //! rows; [`RowState::visible_digest`] is computed over that visible content.
+//!
+//! Event time: on a table with an `event_time` window, a row mutation may carry
+//! its own timestamp ([`crate::RowMutation::at_event_time`]); its sets and
+//! deletes take the version (event time, origin) on every replica
+//! ([`crate::RowMutation::cell_version`]), so the rule above is unchanged, while
+//! the write is logged and acknowledged at the clock's time. An event time is at
+//! most the window's `past` before the log time, so a write not yet applied has
+//! cells newer than the replica's horizon minus `past`: rows of such a table are
+//! compacted at that horizon ([`table_horizon`]), which keeps I5 true of the
+//! versions rows hold. Equal versions (one origin, one event millisecond) keep the
+//! bytewise greater value, in any order.
 
 use crate::Error;
 use crate::filter::CellFilter;
@@ -189,6 +200,24 @@ pub fn count_bytes(n: i64) -> Bytes {
 /// [`RowMutation::check_schema`](crate::RowMutation::check_schema) keeps out).
 pub fn count_of(value: &[u8]) -> i64 {
     value.try_into().map_or(0, i64::from_be_bytes)
+}
+
+/// The purge horizon of `table`'s rows when the replica's is `horizon`: the
+/// same, or, for a table that takes event times, moved back by its window's
+/// `past` and a millisecond more. A write logged after `horizon` carries an
+/// event time at most `past` before its log time, so its cells' version is
+/// newer than this: premise I5 holds for the versions rows hold (the module
+/// docs, event time).
+pub fn table_horizon(table: Option<&TableSchema>, horizon: Timestamp) -> Timestamp {
+    match table.and_then(|t| t.event_time) {
+        None => horizon,
+        Some(w) => Timestamp::new(
+            horizon
+                .wall_ms()
+                .saturating_sub(w.past_ms.saturating_add(1)),
+            0,
+        ),
+    }
 }
 
 /// The expiry bucket an increment at `t` falls in: its minute under a TTL, 0
@@ -847,6 +876,7 @@ impl RowState {
         horizon: Timestamp,
         now_ms: u64,
     ) -> bool {
+        let horizon = table_horizon(table, horizon);
         let row_purged = self.tombstone.take_if(|t| t.timestamp <= horizon);
         let mut changed = row_purged.is_some();
         for (name, fam) in &mut self.families {
@@ -906,6 +936,7 @@ impl RowState {
         horizon: Timestamp,
         now_ms: u64,
     ) -> bool {
+        let horizon = table_horizon(table, horizon);
         // The hint first: it decides alone unless a version may have expired.
         let h = &self.hint;
         debug_assert_eq!(
@@ -988,6 +1019,7 @@ impl RowState {
         horizon: Timestamp,
         now_ms: u64,
     ) -> Option<Option<Timestamp>> {
+        let horizon = table_horizon(table, horizon);
         if !self.none_expired(table, now_ms) {
             return None;
         }

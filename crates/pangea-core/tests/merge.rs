@@ -6,9 +6,11 @@
 //!   never resurrect a deleted or overwritten value.
 
 use bytes::Bytes;
-use pangea_core::{Mutation, ReadFilter, RowState, TimeRange, Timestamp, Version};
+use pangea_core::{
+    Limits, Mutation, ReadFilter, RowMutation, RowState, TimeRange, Timestamp, Version,
+};
 use pangea_proto::Message;
-use pangea_topology::schema::{GcPolicy, Schema, TableSchema};
+use pangea_topology::schema::{EventTimeWindow, GcPolicy, Schema, TableSchema};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
@@ -135,7 +137,10 @@ fn model(history: &[(Version, Vec<Mutation>)], schema: &Schema) -> Visible {
                     writes.push((v.clone(), value));
                 }
             }
-            writes.sort_by(|a, b| b.0.cmp(&a.0));
+            // Newest first; of two writes at one version (event times can
+            // meet), the greater value.
+            writes.sort_by(|a, b| b.cmp(a));
+            writes.dedup_by(|later, kept| later.0 == kept.0);
             if let Some(n) = gc.max_versions {
                 writes.truncate(n as usize);
             }
@@ -191,6 +196,51 @@ fn visible(row: &RowState, schema: &Schema) -> Visible {
         }
     }
     out
+}
+
+/// How far back the event-time table's window reaches (and ahead: 5 ms).
+const PAST_MS: u64 = 20;
+
+/// [`schema`] with an event-time window on its table.
+fn event_schema() -> Schema {
+    let mut s = schema();
+    s.tables.get_mut("t").unwrap().event_time = Some(EventTimeWindow {
+        past_ms: PAST_MS,
+        future_ms: 5,
+    });
+    s
+}
+
+/// Writes logged at distinct (ms, origin), some of them carrying an event time
+/// anywhere in the window around their log time: (log version, the version
+/// their cells and deletes take, mutations).
+fn event_history() -> impl Strategy<Value = Vec<(Version, Version, Vec<Mutation>)>> {
+    prop::collection::btree_map(
+        (1u64..50, 0usize..3),
+        (
+            prop::option::of(0u64..=PAST_MS + 5),
+            prop::collection::vec(mutation(), 1..4),
+        ),
+        1..25,
+    )
+    .prop_map(|m| {
+        m.into_iter()
+            .map(|((ms, o), (back, muts))| {
+                let logged = Version::new(ts(ms), ORIGINS[o].into());
+                let mut rm = RowMutation::new("t", "k", muts, &Limits::default()).unwrap();
+                if let Some(back) = back {
+                    // Event time 0 is refused: no version is at or below the
+                    // horizon's floor, `Timestamp::ZERO`.
+                    rm = rm.at_event_time((ms + 5).saturating_sub(back).max(1));
+                }
+                (
+                    logged.clone(),
+                    rm.cell_version(&logged),
+                    rm.mutations().to_vec(),
+                )
+            })
+            .collect()
+    })
 }
 
 proptest! {
@@ -265,6 +315,50 @@ proptest! {
             row.visible_digest(&key, t, NOW_MS),
             plain.visible_digest(&key, t, NOW_MS)
         );
+    }
+
+    /// I4 and I5 with event times: writes whose cells take event times up to
+    /// `PAST_MS` before their log time (and, arriving after the replica's purge
+    /// horizon passed their log time's predecessors, possibly older than that
+    /// horizon) give identical rows in any order, and compaction at the
+    /// replica's horizon never changes what a reader sees.
+    #[test]
+    fn event_times_merge_and_purge_like_clock_times(
+        history in event_history(),
+        keys in prop::collection::vec(any::<u32>(), 25),
+        keys_b in prop::collection::vec(any::<u32>(), 25),
+        horizon_ms in 0u64..50,
+        compact_every in 1usize..5,
+    ) {
+        let schema = event_schema();
+        let t = Some(table(&schema));
+        let cells: Vec<(Version, Vec<Mutation>)> =
+            history.iter().map(|(_, cell, m)| (cell.clone(), m.clone())).collect();
+        let key = Bytes::from_static(b"k");
+        let n = history.len();
+        let a = replay(&cells, &order(n, &keys, &[]), &schema);
+        let b = replay(&cells, &order(n, &keys_b, &[0, 3]), &schema);
+        prop_assert_eq!(a.to_proto(&key).encode_to_vec(), b.to_proto(&key).encode_to_vec());
+        prop_assert_eq!(visible(&a, &schema), model(&cells, &schema));
+        // The replica's horizon is in log time: writes logged at or below it
+        // first, the rest later (their event times may be older than it).
+        let horizon = ts(horizon_ms);
+        let mut o = order(n, &keys, &[]);
+        o.sort_by_key(|&i| history[i].0.timestamp > horizon);
+        let mut row = RowState::default();
+        let mut applied = Vec::new();
+        for (step, &i) in o.iter().enumerate() {
+            row.apply(&cells[i].0, &cells[i].1, t);
+            applied.push(cells[i].clone());
+            let below_done = o[step + 1..].iter().all(|&j| history[j].0.timestamp > horizon);
+            if below_done && step % compact_every == 0 {
+                let needs = row.needs_compact(t, horizon, NOW_MS);
+                prop_assert_eq!(needs, row.compact(t, horizon, NOW_MS), "needs_compact foretells compact");
+                prop_assert_eq!(visible(&row, &schema), model(&applied, &schema));
+            }
+        }
+        row.compact(t, horizon, NOW_MS);
+        prop_assert_eq!(visible(&row, &schema), model(&cells, &schema));
     }
 }
 

@@ -1167,3 +1167,134 @@ fn a_long_applied_log_is_purged_in_slices() {
         "purged in slices of 2,000, then the rest"
     );
 }
+
+/// Event time (the row module): a table that declares a window takes a
+/// write's own timestamp within it, refuses one outside with an error naming
+/// the table, the time and the bound, and every replica stores the cells at
+/// the event time (so the family's TTL counts from it), while the write is
+/// logged, replicated and covered by tokens at the clock's time.
+#[test]
+fn event_times_are_taken_within_the_window_and_are_the_cells_version_everywhere() {
+    use pangea_core::{Error, ReadFilter};
+    use pangea_topology::schema::EventTimeWindow;
+    const DAY: u64 = 86_400_000;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology");
+    let mut dep = pangea_topology::Deployment::load(
+        &root.join("local-3-regions.toml"),
+        Some(&root.join("local-3-regions.placement.toml")),
+    )
+    .unwrap();
+    // A table without a window refuses event times.
+    let window = dep.placement.schema.tables.get_mut("ad_profiles").unwrap();
+    assert!(window.event_time.is_some(), "the shipped file declares one");
+    window.event_time = None;
+    let event = |family: &str, column: &str, ms: u64| {
+        let m = Mutation::SetCell {
+            family: family.into(),
+            column: Bytes::from(column.to_owned()),
+            value: Bytes::from_static(b"v"),
+        };
+        RowMutation::new("ad_profiles", "us/7", vec![m], &Limits::default())
+            .unwrap()
+            .at_event_time(ms)
+    };
+    let d = Arc::new(dep.clone());
+    let mut r = replica(&d, "use1-a");
+    let e = r
+        .propose(at(1), event("events", "click:1", T0))
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::EventTime { .. }) && e.to_string().contains("takes no event times"),
+        "{e}"
+    );
+    dep.placement
+        .schema
+        .tables
+        .get_mut("ad_profiles")
+        .unwrap()
+        .event_time = Some(EventTimeWindow {
+        past_ms: 90 * DAY,
+        future_ms: 60_000,
+    });
+    let d = Arc::new(dep);
+    let mut rs: BTreeMap<String, Replica<MemStorage>> = d
+        .topology
+        .replicas
+        .keys()
+        .map(|id| (id.to_string(), replica(&d, id.as_str())))
+        .collect();
+    let now = at(10);
+    let a = rs.get_mut("use1-a").unwrap();
+    // 91 days back and two minutes ahead are outside; the errors say by how much.
+    for (ms, needle) in [
+        (T0 - 91 * DAY, "at most 7776000000 ms back"),
+        (T0 + 10 + 120_000, "at most 60000 ms ahead"),
+    ] {
+        let e = a.propose(now, event("events", "click:x", ms)).unwrap_err();
+        assert!(e.to_string().contains(needle), "{e}");
+        assert!(e.to_string().contains("\"ad_profiles\""), "{e}");
+    }
+    // An increment keeps the clock's time.
+    let inc = RowMutation::new(
+        "ad_profiles",
+        "us/7",
+        vec![Mutation::Increment {
+            family: "impressions".into(),
+            column: Bytes::from_static(b"c"),
+            delta: 1,
+        }],
+        &Limits::default(),
+    )
+    .unwrap()
+    .at_event_time(T0);
+    let e = a.propose(now, inc).unwrap_err();
+    assert!(e.to_string().contains("an increment"), "{e}");
+    assert_eq!(a.storage().get_row("ad_profiles", b"us/7").unwrap(), None);
+    // Within the window: an event 40 days old (past the family's 30-day TTL)
+    // and one of an hour ago.
+    let old = a
+        .propose(now, event("events", "click:old", T0 - 40 * DAY))
+        .unwrap();
+    let recent = a
+        .propose(now, event("events", "click:recent", T0 - 3_600_000))
+        .unwrap();
+    assert!(old.timestamp.wall_ms() >= T0 && recent.timestamp > old.timestamp);
+    pump(&mut rs, at(20));
+    let table = d.placement.schema.table("ad_profiles");
+    for (id, r) in &rs {
+        if !d.topology.replicas[id.as_str()].role.stores_rows() {
+            continue;
+        }
+        let wm = r.watermarks(&ScopeId::global()).unwrap();
+        assert!(wm.covers(&recent), "{id}");
+        let row = r
+            .storage()
+            .get_row("ad_profiles", b"us/7")
+            .unwrap()
+            .unwrap();
+        let read = row
+            .read(
+                &Bytes::from_static(b"us/7"),
+                &ReadFilter::everything(),
+                table,
+                T0 + 20,
+            )
+            .unwrap();
+        let cells: Vec<_> = read.families[0]
+            .cells
+            .iter()
+            .map(|c| {
+                (
+                    c.column.to_vec(),
+                    Timestamp::from_u64(c.timestamp).wall_ms(),
+                )
+            })
+            .collect();
+        // The 40-day-old event is past its TTL from the start: never shown.
+        assert_eq!(
+            cells,
+            vec![(b"click:recent".to_vec(), T0 - 3_600_000)],
+            "{id}"
+        );
+    }
+}

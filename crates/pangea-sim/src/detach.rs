@@ -111,6 +111,7 @@ impl Fresh {
                     let schema = TableSchema {
                         families,
                         partition_key: t.partition_key.clone(),
+                        event_time: t.event_time,
                     };
                     (self.name(name), schema)
                 })

@@ -9,7 +9,7 @@
 use crate::ids::{RegionId, ScopeId};
 use crate::problems::{KeyPath, Problem, ProblemKind, Problems, Source};
 use crate::raw::RawPlacement;
-use crate::schema::{FamilyKind, GcPolicy, Schema, TableSchema, validate_name};
+use crate::schema::{EventTimeWindow, FamilyKind, GcPolicy, Schema, TableSchema, validate_name};
 use crate::shard::{GroupId, PartitionKey};
 use crate::topology::{Topology, region_components};
 use serde::Serialize;
@@ -99,6 +99,7 @@ fn add_system_tables(schema: &mut Schema) {
             TableSchema {
                 families,
                 partition_key: None,
+                event_time: None,
             },
         );
     }
@@ -399,12 +400,39 @@ impl Placement {
                     fields: fields?,
                 })
             });
+            let event_time = t.event_time.as_ref().and_then(|et| {
+                let ek = k.key("event_time");
+                let mut duration = |field: &str, text: &str, max: u64, max_text: &str| {
+                    let ms = parse_duration_ms(text).filter(|ms| *ms <= max);
+                    if ms.is_none() {
+                        p(
+                            ProblemKind::InvalidValue,
+                            &ek.key(field),
+                            format!(
+                                "{field} {text:?} is not a duration like \"90s\", \"12h\", \"30d\" \
+                                 of at most {max_text}"
+                            ),
+                        );
+                    }
+                    ms
+                };
+                let past = duration("past", &et.past, EventTimeWindow::PAST_MAX_MS, "3650d");
+                let future = match &et.future {
+                    Some(f) => duration("future", f, EventTimeWindow::FUTURE_MAX_MS, "1h"),
+                    None => Some(EventTimeWindow::FUTURE_DEFAULT_MS),
+                };
+                Some(EventTimeWindow {
+                    past_ms: past?,
+                    future_ms: future?,
+                })
+            });
             table_defaults.insert(name.clone(), ScopeId::new(t.default_policy.as_str()));
             schema.tables.insert(
                 name,
                 TableSchema {
                     families,
                     partition_key,
+                    event_time,
                 },
             );
         }

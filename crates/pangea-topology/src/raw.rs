@@ -124,6 +124,17 @@ pub struct RawTable {
     pub families: Vec<RawFamily>,
     /// Which prefix of the row key picks the shard group; absent: the whole key.
     pub partition_key: Option<RawPartitionKey>,
+    /// Whether writes may carry an event time, and how far from the clock.
+    pub event_time: Option<RawEventTime>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEventTime {
+    /// A duration: how far back an event time may be (`"90d"`).
+    pub past: String,
+    /// A duration: how far ahead (default `"1m"`, at most `"1h"`).
+    pub future: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -130,6 +130,29 @@ pub struct TableSchema {
     pub families: BTreeMap<Arc<str>, GcPolicy>,
     /// `None`: the whole row key ([`crate::shard`]).
     pub partition_key: Option<crate::shard::PartitionKey>,
+    /// `None`: writes take the replica's clock only; `Some`: a write may carry
+    /// its own event time within this window.
+    pub event_time: Option<EventTimeWindow>,
+}
+
+/// How far from the accepting replica's clock a write's event time may lie
+/// (`pangea-core`'s `row` module, event time). `past_ms` also delays the purge
+/// of the table's tombstones by as much: a write may arrive at any time
+/// stamped that far back, and a tombstone must still be there to delete it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventTimeWindow {
+    pub past_ms: u64,
+    pub future_ms: u64,
+}
+
+impl EventTimeWindow {
+    /// Longest `future`: a write stamped ahead wins over every real-time write
+    /// to its cells until the clock gets there.
+    pub const FUTURE_MAX_MS: u64 = 3_600_000;
+    /// Longest `past`: ten years.
+    pub const PAST_MAX_MS: u64 = 3_650 * 86_400_000;
+    /// `future` when the file does not say.
+    pub const FUTURE_DEFAULT_MS: u64 = 60_000;
 }
 
 impl TableSchema {
@@ -170,6 +193,7 @@ impl Schema {
         let schema = TableSchema {
             families,
             partition_key: None,
+            event_time: None,
         };
         Schema {
             tables: BTreeMap::from([(Arc::from(table), schema)]),

@@ -360,6 +360,42 @@ fn counter_families() {
 }
 
 #[test]
+fn event_time_windows() {
+    use pangea_topology::schema::EventTimeWindow;
+    // Without `event_time`, writes take the replica's clock only.
+    let p = placement(PLACEMENT).unwrap();
+    assert_eq!(p.schema.table("ad_profiles").unwrap().event_time, None);
+    let text = PLACEMENT.replace(
+        "name = \"ad_profiles\"\n",
+        "name = \"ad_profiles\"\nevent_time = { past = \"90d\" }\n",
+    );
+    let p = placement(&text).unwrap();
+    assert_eq!(
+        p.schema.table("ad_profiles").unwrap().event_time,
+        Some(EventTimeWindow {
+            past_ms: 90 * 86_400_000,
+            future_ms: EventTimeWindow::FUTURE_DEFAULT_MS,
+        })
+    );
+    // A bad past and a future beyond an hour are named by key and line.
+    let bad = PLACEMENT.replace(
+        "name = \"ad_profiles\"\n",
+        "name = \"ad_profiles\"\nevent_time = { past = \"ninety\", future = \"2h\" }\n",
+    );
+    let p = placement(&bad).unwrap_err();
+    for (key, needle) in [
+        ("tables[0].event_time.past", "\"ninety\""),
+        ("tables[0].event_time.future", "at most 1h"),
+    ] {
+        assert!(
+            p.0.iter()
+                .any(|x| x.key == key && x.message.contains(needle) && x.line == Some(3)),
+            "{key}: {p}"
+        );
+    }
+}
+
+#[test]
 fn policy_whose_regions_cannot_reach_each_other() {
     // us-east-1 and eu-central-1 are joined only through eu-west-1, outside the policy.
     let text = PLACEMENT.replace(

@@ -548,6 +548,7 @@ pub fn set_cell(
 ) -> pb::client_request::Request {
     pb::client_request::Request::Mutate(pb::MutateRequest {
         mutation: Some(pb::RowMutation {
+            event_time_ms: None,
             table: table.to_owned(),
             row_key: key.to_vec().into(),
             mutations: vec![pb::Mutation {
@@ -572,6 +573,7 @@ pub fn increment(
 ) -> pb::client_request::Request {
     pb::client_request::Request::Mutate(pb::MutateRequest {
         mutation: Some(pb::RowMutation {
+            event_time_ms: None,
             table: table.to_owned(),
             row_key: key.to_vec().into(),
             mutations: vec![pb::Mutation {

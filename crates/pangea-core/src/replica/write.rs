@@ -11,6 +11,7 @@ impl<S: Storage> Replica<S> {
     /// [`Replica::flush`] emits [`Event::Committed`] for it.
     pub fn propose(&mut self, now: Now, mutation: RowMutation) -> Result<Token, Error> {
         mutation.check_schema(&self.deployment.placement.schema)?;
+        mutation.check_event_time(&self.deployment.placement.schema, self.stamp_ms_bound(now))?;
         if &**mutation.table() == LOCATION_TABLE {
             crate::location::check_location_write(&mutation, &self.deployment)?;
         }
@@ -68,6 +69,15 @@ impl<S: Storage> Replica<S> {
         Limits::check(Limited::Row, row.value_bytes(), max)
     }
 
+    /// The wall time (ms) of the latest clock reading a write proposed now can be
+    /// logged at: the second reading from here (a migrating row's write takes
+    /// two). An event time is checked against it, so that it is within its
+    /// table's window of the clock time it is logged at, whichever that is.
+    fn stamp_ms_bound(&self, now: Now) -> u64 {
+        let first = Timestamp::new(now.wall_ms, 0).max(self.clock.last().successor());
+        first.successor().wall_ms()
+    }
+
     /// A local write into one given scope's stream: the row's own scope, or the
     /// scope a migration moves it to (backfill writes there only).
     pub fn propose_in(
@@ -77,6 +87,7 @@ impl<S: Storage> Replica<S> {
         mutation: RowMutation,
     ) -> Result<Token, Error> {
         mutation.check_schema(&self.deployment.placement.schema)?;
+        mutation.check_event_time(&self.deployment.placement.schema, self.stamp_ms_bound(now))?;
         if &**mutation.table() == LOCATION_TABLE {
             crate::location::check_location_write(&mutation, &self.deployment)?;
         }

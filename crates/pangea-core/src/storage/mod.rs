@@ -155,10 +155,12 @@ pub struct RowApply<'a> {
 }
 
 impl RowApply<'_> {
-    /// The entry's mutations, at its version.
+    /// The entry's mutations, at its cells' version (its event time, if it has one).
     pub fn change(&self, row: &mut RowState) {
         let e = self.entry;
-        let version = Version::new(e.timestamp, e.origin.clone());
+        let version = e
+            .mutation
+            .cell_version(&Version::new(e.timestamp, e.origin.clone()));
         let table = self.compaction.schema(e.mutation.table());
         row.apply(&version, e.mutation.mutations(), table);
     }

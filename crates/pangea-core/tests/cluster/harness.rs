@@ -783,7 +783,8 @@ impl Cluster {
                     .entry((e.mutation.table().to_string(), e.mutation.row_key().clone()))
                     .or_default();
                 row.apply(
-                    &Version::new(e.timestamp, e.origin.clone()),
+                    &e.mutation
+                        .cell_version(&Version::new(e.timestamp, e.origin.clone())),
                     e.mutation.mutations(),
                     schema.table(e.mutation.table()),
                 );

@@ -197,7 +197,8 @@ pub(super) fn note_durable(checks: &mut Checks, scopes: &Interner, names: &Inter
         .entry((table, e.mutation.row_key().clone()))
         .or_default();
     row.apply(
-        &Version::new(e.timestamp, e.origin.clone()),
+        &e.mutation
+            .cell_version(&Version::new(e.timestamp, e.origin.clone())),
         e.mutation.mutations(),
         checks.schema.table(e.mutation.table()),
     );
