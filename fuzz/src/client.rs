@@ -135,8 +135,9 @@ fn process(
                 .map_err(|e| e.to_string())?;
             let scope = scope_here(r, &g.table, &g.row_key)?;
             may_touch(&scope)?;
-            admit(r, &scope, &consistency(g.consistency)?, now)?;
-            let row = read_row(r, &g.table, &g.row_key, &filter(g.filter)?, now)?;
+            let c = consistency(g.consistency)?;
+            admit(r, &scope, &c, now)?;
+            let row = read_row(r, &g.table, &g.row_key, &filter(g.filter)?.under(&c), now)?;
             Ok(Response::Get(pb::GetResponse { row }))
         }
         R::GetMany(g) => {
@@ -144,7 +145,7 @@ fn process(
                 return Err(format!("{} keys", g.row_keys.len()));
             }
             let c = consistency(g.consistency)?;
-            let f = filter(g.filter)?;
+            let f = filter(g.filter)?.under(&c);
             let mut scope: Option<ScopeId> = None;
             let mut rows = Vec::new();
             for key in &g.row_keys {
@@ -169,12 +170,13 @@ fn process(
         R::ScanPrefix(s) => {
             let scope = scope_here(r, &s.table, &s.prefix)?;
             may_touch(&scope)?;
-            admit(r, &scope, &consistency(s.consistency)?, now)?;
+            let c = consistency(s.consistency)?;
+            admit(r, &scope, &c, now)?;
             let limit = match s.limit as usize {
                 0 => SCAN_ROWS_DEFAULT,
                 n => n.min(SCAN_ROWS_MAX),
             };
-            let f = filter(s.filter)?;
+            let f = filter(s.filter)?.under(&c);
             if !(s.row_sample >= 0.0 && s.row_sample <= 1.0) {
                 return Err(format!("row_sample {}", s.row_sample));
             }
@@ -355,6 +357,7 @@ fn consistency(c: Option<pb::Consistency>) -> Result<Consistency, String> {
             Token::decode(&t).map_err(|e| format!("consistency token: {e}"))?,
         ),
         Some(Mode::BoundedStalenessMs(ms)) => Consistency::BoundedStaleness { max_ms: ms },
+        Some(Mode::AsOfMs(ms)) => Consistency::AsOf { ms },
     })
 }
 

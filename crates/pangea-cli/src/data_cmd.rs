@@ -99,7 +99,8 @@ pub(crate) fn parse_credential(s: &str) -> Result<Credential> {
 pub(crate) struct GetArgs {
     #[command(flatten)]
     connect: Connect,
-    /// eventual, affinity, watermark (needs --token) or bounded:MS.
+    /// eventual, affinity, watermark (needs --token), bounded:MS, or as-of:T
+    /// (the row as of T: ms since the Unix epoch, or a duration ago).
     #[arg(long, default_value = "eventual")]
     consistency: String,
     /// A token from `pangea put` (hex), for --consistency watermark.
@@ -201,8 +202,11 @@ pub(crate) struct DeleteArgs {
 pub(crate) struct ScanArgs {
     #[command(flatten)]
     connect: Connect,
+    /// As `pangea get --consistency`: eventual, affinity, watermark (needs
+    /// --token), bounded:MS, or as-of:T.
     #[arg(long, default_value = "eventual")]
     consistency: String,
+    /// A token from `pangea put` (hex), for --consistency watermark.
     #[arg(long)]
     token: Option<String>,
     /// Most rows in the page (the replica caps it at 1,000).
@@ -254,15 +258,19 @@ pub(crate) fn parse_consistency(mode: &str, token: Option<&str>) -> Result<Consi
                 Token::decode(&bytes).map_err(|e| anyhow::anyhow!("--token: {e}"))?,
             )
         }
-        other => match other.strip_prefix("bounded:") {
-            Some(ms) => Consistency::BoundedStaleness {
+        other => match (other.strip_prefix("bounded:"), other.strip_prefix("as-of:")) {
+            (Some(ms), _) => Consistency::BoundedStaleness {
                 max_ms: ms
                     .trim_end_matches("ms")
                     .parse()
                     .with_context(|| format!("--consistency {other}: bounded:MS"))?,
             },
-            None => anyhow::bail!(
-                "--consistency {other:?}: eventual, affinity, watermark or bounded:MS"
+            (_, Some(t)) => Consistency::AsOf {
+                ms: crate::filter_args::time_ms(t)
+                    .with_context(|| format!("--consistency {other}: as-of:T"))?,
+            },
+            _ => anyhow::bail!(
+                "--consistency {other:?}: eventual, affinity, watermark, bounded:MS or as-of:T"
             ),
         },
     })

@@ -188,6 +188,7 @@ pub(crate) fn consistency_to_proto(c: &Consistency) -> pb::Consistency {
         Consistency::RowAffinity => Mode::RowAffinity(pb::consistency::RowAffinity {}),
         Consistency::Watermark(t) => Mode::WatermarkToken(t.encode()),
         Consistency::BoundedStaleness { max_ms } => Mode::BoundedStalenessMs(*max_ms),
+        Consistency::AsOf { ms } => Mode::AsOfMs(*ms),
     };
     pb::Consistency { mode: Some(mode) }
 }

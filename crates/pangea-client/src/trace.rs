@@ -31,12 +31,7 @@ pub(crate) use pangea_core::frontend::call::AttemptKind;
 
 /// The consistency mode as spans and the replica's metrics name it.
 pub(crate) fn mode_name(c: &Consistency) -> &'static str {
-    match c {
-        Consistency::Eventual => "eventual",
-        Consistency::RowAffinity => "affinity",
-        Consistency::Watermark(_) => "watermark",
-        Consistency::BoundedStaleness { .. } => "bounded",
-    }
+    c.mode()
 }
 
 /// The span of one call, and what its attempt spans repeat.

@@ -636,6 +636,67 @@ async fn filters_and_key_ranges_run_at_the_replica() -> Result<()> {
         .split_keys("ad_profiles", "range/", 3, 1.0, &read)
         .await?;
     assert_eq!(splits, [key(10), key(20)]);
+    // Reads as of a time (docs/consistency.md): a cell written twice reads as
+    // it was at each write's time, in a get and in a scan, from any replica
+    // fresh as of it; as of a time no replica has reached, none answers.
+    let mut at = Vec::new();
+    for value in ["one", "two"] {
+        let m = RowMutation::new(
+            "ad_profiles",
+            "asof/1",
+            vec![cell("events", "c".into(), value.into())],
+            &limits,
+        )?;
+        at.push(us.mutate(m, &opts).await?.value.timestamp.wall_ms());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A replica answers as of a time once every origin's heartbeats have
+    // vouched for it: a few heartbeat intervals on this cluster.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (ms, want) in at.iter().zip(["one", "two"]) {
+        let as_of = read
+            .clone()
+            .with_consistency(Consistency::AsOf { ms: *ms })
+            .with_deadline(Duration::from_secs(5));
+        let value = |row: Option<&pangea_client::Row>| {
+            row.and_then(|r| r.families.first())
+                .and_then(|f| f.cells.first())
+                .map(|c| c.value.clone())
+        };
+        let got = us.get("ad_profiles", "asof/1", &as_of).await?;
+        assert_eq!(
+            value(got.value.as_ref()),
+            Some(Bytes::from(want)),
+            "as of {ms}"
+        );
+        let page = us
+            .scan_prefix("ad_profiles", "asof/", &ScanOptions::default(), &as_of)
+            .await?
+            .value;
+        assert_eq!(
+            value(page.rows.first()),
+            Some(Bytes::from(want)),
+            "scan as of {ms}"
+        );
+    }
+    // Before the first write the row had no cell.
+    let before = read
+        .clone()
+        .with_consistency(Consistency::AsOf { ms: at[0] - 1 });
+    assert!(
+        us.get("ad_profiles", "asof/1", &before)
+            .await?
+            .value
+            .is_none()
+    );
+    let future = read
+        .clone()
+        .with_consistency(Consistency::AsOf {
+            ms: at[1] + 600_000,
+        })
+        .with_deadline(Duration::from_millis(500));
+    let e = us.get("ad_profiles", "asof/1", &future).await.unwrap_err();
+    assert!(e.to_string().contains("stale"), "{e}");
     drop(clients);
     cluster.stop().await?;
     Ok(())

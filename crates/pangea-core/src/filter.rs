@@ -315,39 +315,58 @@ impl CellFilter {
     }
 
     /// Whether a column of `family` named `column` can have a cell this filter
-    /// keeps, as far as the filter's leading column tests tell: the filter itself
-    /// when it tests only families and qualifiers, else the tests a chain starts
-    /// with. Skipping the columns it refuses before the filter runs changes no
-    /// answer (those tests would drop them first), and a wide row's other columns
-    /// are never copied.
+    /// keeps, as far as the column tests that see every cell of the column tell
+    /// (those of a chain before its first filter that counts cells, of every
+    /// branch of an interleave); `true` when unsure. Skipping the columns it
+    /// refuses before the filter runs changes no answer (those tests would drop
+    /// them first), and a wide row's other columns are never copied.
     pub fn column_may_pass(&self, family: &str, column: &[u8]) -> bool {
-        if self.tests_columns_only() {
-            return self.column_passes(family, column);
-        }
         match self {
-            CellFilter::Chain(fs) => fs
-                .iter()
-                .take_while(|f| f.tests_columns_only())
-                .all(|f| f.column_passes(family, column)),
-            _ => true,
-        }
-    }
-
-    /// Whether the filter keeps a cell by its family and qualifier alone.
-    fn tests_columns_only(&self) -> bool {
-        match self {
-            CellFilter::Chain(fs) | CellFilter::Interleave(fs) => {
-                fs.iter().all(CellFilter::tests_columns_only)
+            // A chain's filters up to its first one that is not per cell (which
+            // would see the skipped cells: a cells-per-row limit counts them) see
+            // exactly the cells the ones before them kept.
+            CellFilter::Chain(fs) => {
+                for f in fs {
+                    if !f.column_may_pass(family, column) {
+                        return false;
+                    }
+                    if !f.per_cell() {
+                        break;
+                    }
+                }
+                true
+            }
+            CellFilter::Interleave(fs) => {
+                fs.is_empty() || fs.iter().any(|f| f.column_may_pass(family, column))
             }
             CellFilter::Family(_)
             | CellFilter::QualifierPrefix(_)
             | CellFilter::QualifierRange(_)
-            | CellFilter::QualifierRegex(_) => true,
-            _ => false,
+            | CellFilter::QualifierRegex(_) => self.column_passes(family, column),
+            _ => true,
         }
     }
 
-    /// For a filter that [`Self::tests_columns_only`]: whether it keeps the
+    /// Whether the filter keeps or drops each cell by the cell alone (not by
+    /// the cells around it, as a per-row or per-column count does).
+    fn per_cell(&self) -> bool {
+        match self {
+            CellFilter::Chain(fs) | CellFilter::Interleave(fs) => {
+                fs.iter().all(CellFilter::per_cell)
+            }
+            CellFilter::Family(_)
+            | CellFilter::QualifierPrefix(_)
+            | CellFilter::QualifierRange(_)
+            | CellFilter::QualifierRegex(_)
+            | CellFilter::TimestampRange { .. }
+            | CellFilter::ValueRange(_) => true,
+            CellFilter::LatestPerColumn(_)
+            | CellFilter::CellsPerRowOffset(_)
+            | CellFilter::CellsPerRowLimit(_) => false,
+        }
+    }
+
+    /// For a filter that tests only families and qualifiers: whether it keeps the
     /// cells of this column.
     fn column_passes(&self, family: &str, column: &[u8]) -> bool {
         match self {
@@ -747,11 +766,22 @@ mod tests {
         assert!(chain.column_may_pass("b", b"x") && !chain.column_may_pass("a", b"x"));
         // The regex after the limit is not used to skip.
         assert!(chain.column_may_pass("a", b"e:1"));
-        let offset_first = CellFilter::Chain(vec![CellFilter::CellsPerRowOffset(5), prefix]);
+        let offset_first =
+            CellFilter::Chain(vec![CellFilter::CellsPerRowOffset(5), prefix.clone()]);
         assert!(offset_first.column_may_pass("a", b"x"));
         assert!(CellFilter::LatestPerColumn(1).column_may_pass("a", b"x"));
+        // Per-cell tests ahead of a column test (an as-of read's time cut) do
+        // not stop the skipping, nor does a nested chain's own leading test.
+        let as_of = CellFilter::Chain(vec![
+            CellFilter::TimestampRange {
+                start_ms: 0,
+                end_ms: Some(1_000),
+            },
+            CellFilter::Chain(vec![prefix, CellFilter::LatestPerColumn(1)]),
+        ]);
+        assert!(as_of.column_may_pass("a", b"e:1") && !as_of.column_may_pass("a", b"x"));
         // Skipping gives the answer the whole row gives.
-        for f in [chain, offset_first] {
+        for f in [chain, offset_first, as_of] {
             let skipped = |row: pb::Row| pb::Row {
                 families: row
                     .families

@@ -109,6 +109,29 @@ pub struct ReadFilter {
 }
 
 impl ReadFilter {
+    /// The same read as of wall time `ms`: each column's newest versions stamped
+    /// at or before `ms`, then this filter's tree on those.
+    pub fn as_of(mut self, ms: u64) -> Self {
+        let cut = CellFilter::TimestampRange {
+            start_ms: 0,
+            end_ms: Some(ms.saturating_add(1)),
+        };
+        self.cells = Some(match self.cells.take() {
+            None => cut,
+            Some(tree) => CellFilter::Chain(vec![cut, tree]),
+        });
+        self
+    }
+
+    /// The filter a read with `consistency` runs: this one, cut at the time of
+    /// a read as of a time.
+    pub fn under(self, consistency: &crate::read::Consistency) -> Self {
+        match consistency {
+            crate::read::Consistency::AsOf { ms } => self.as_of(*ms),
+            _ => self,
+        }
+    }
+
     /// Every version of every cell (for digests and tools).
     pub fn everything() -> Self {
         ReadFilter {

@@ -655,6 +655,23 @@ fn decisions_compare_sequences_and_staleness() {
             max_ms: 200
         }
     );
+    // As of a time: served once every origin is fresh as of it (origin "a",
+    // 300 ms behind, holds it back); refused as a bound of `now - T` would be.
+    assert_eq!(
+        decide(&Consistency::AsOf { ms: T0 - 300 }, &wm, T0),
+        Decision::Serve
+    );
+    assert_eq!(
+        decide(&Consistency::AsOf { ms: T0 - 200 }, &wm, T0),
+        Decision::TooStale {
+            lag_ms: 300,
+            max_ms: 200
+        }
+    );
+    assert_eq!(
+        Consistency::AsOf { ms: T0 - 200 }.staleness_bound_ms(T0),
+        Some(200)
+    );
 }
 
 /// I1, the clock fence: a replica whose clock is more than `max_offset` behind most of

@@ -409,6 +409,7 @@ fn describe(req: &pb::ClientRequest) -> (&'static str, &'static str) {
         Some(pb::consistency::Mode::RowAffinity(_)) => "affinity",
         Some(pb::consistency::Mode::WatermarkToken(_)) => "watermark",
         Some(pb::consistency::Mode::BoundedStalenessMs(_)) => "bounded",
+        Some(pb::consistency::Mode::AsOfMs(_)) => "as_of",
     };
     match &req.request {
         Some(R::Get(g)) => ("get", mode(&g.consistency)),
@@ -493,6 +494,7 @@ fn consistency(c: Option<pb::Consistency>) -> Result<Consistency, Failure> {
             })?)
         }
         Some(Mode::BoundedStalenessMs(ms)) => Consistency::BoundedStaleness { max_ms: ms },
+        Some(Mode::AsOfMs(ms)) => Consistency::AsOf { ms },
     })
 }
 
@@ -763,7 +765,7 @@ fn scan(
         0 => SCAN_ROWS_DEFAULT,
         n => n.min(SCAN_ROWS_MAX),
     };
-    let f = filter(s.filter)?;
+    let f = filter(s.filter)?.under(&c);
     // The keys left to visit: under the prefix, in the range, past the
     // resume key (below it, going down).
     let mut range = BytesRange::prefix(&s.prefix);
@@ -1396,8 +1398,9 @@ async fn execute(
             key_within(&limits, &g.row_key, "row_key")?;
             let scope = scope_here(shared, &g.table, &g.row_key, false)?;
             check_rows(shared, caller, &scope)?;
-            let wm = admit(shared, &scope, &consistency(g.consistency)?)?;
-            let f = filter(g.filter)?;
+            let c = consistency(g.consistency)?;
+            let wm = admit(shared, &scope, &c)?;
+            let f = filter(g.filter)?.under(&c);
             if f.is_latest() {
                 let row = read_row_encoded(shared, &g.table, &g.row_key)?;
                 return Ok((Body::EncodedRow(row), Some(wm)));
@@ -1416,7 +1419,7 @@ async fn execute(
                 key_within(&limits, key, &format!("row_keys[{i}]"))?;
             }
             let c = consistency(g.consistency)?;
-            let f = filter(g.filter)?;
+            let f = filter(g.filter)?.under(&c);
             let mut scope: Option<ScopeId> = None;
             // Other shard groups of the first key's policy, admitted.
             let mut groups: Vec<ScopeId> = Vec::new();

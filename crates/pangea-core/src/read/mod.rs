@@ -32,6 +32,11 @@ pub enum Consistency {
     Watermark(Token),
     /// Only a replica whose low watermark is at most `max_ms` behind now.
     BoundedStaleness { max_ms: u64 },
+    /// The row as of wall time `ms` (Unix ms): only a replica fresh as of `ms`
+    /// for the row's scope (it holds every write of every origin stamped at or
+    /// before it) answers, with the newest versions stamped at or before `ms`
+    /// ([`ReadFilter::as_of`](crate::ReadFilter::as_of)). docs/consistency.md.
+    AsOf { ms: u64 },
 }
 
 impl Consistency {
@@ -41,6 +46,18 @@ impl Consistency {
             Consistency::RowAffinity => "affinity",
             Consistency::Watermark(_) => "watermark",
             Consistency::BoundedStaleness { .. } => "bounded",
+            Consistency::AsOf { .. } => "as_of",
+        }
+    }
+
+    /// How far behind `now_ms` a replica's freshness may be for it to answer:
+    /// a bounded read's bound; for a read as of `ms`, `now_ms - ms`. `None`
+    /// for the other modes.
+    pub fn staleness_bound_ms(&self, now_ms: u64) -> Option<u64> {
+        match self {
+            Consistency::BoundedStaleness { max_ms } => Some(*max_ms),
+            Consistency::AsOf { ms } => Some(now_ms.saturating_sub(*ms)),
+            _ => None,
         }
     }
 
@@ -102,6 +119,18 @@ pub fn decide(consistency: &Consistency, wm: &ScopeWatermarks, now_ms: u64) -> D
                 Decision::TooStale {
                     lag_ms,
                     max_ms: *max_ms,
+                }
+            }
+        }
+        // Fresh as of `ms`: the bound that is `now - ms` at this replica's clock.
+        Consistency::AsOf { ms } => {
+            let fresh = wm.freshness().wall_ms();
+            if fresh >= *ms {
+                Decision::Serve
+            } else {
+                Decision::TooStale {
+                    lag_ms: now_ms.saturating_sub(fresh),
+                    max_ms: now_ms.saturating_sub(*ms),
                 }
             }
         }

@@ -918,7 +918,8 @@ fn order_sorted(
             // The origin first among the fallbacks: it always covers its own writes.
             fallback.sort_by_key(|c| c.reason != Reason::OriginFallback);
         }
-        Consistency::BoundedStaleness { max_ms } => {
+        Consistency::BoundedStaleness { .. } | Consistency::AsOf { .. } => {
+            let max_ms = &consistency.staleness_bound_ms(now_ms).unwrap_or(u64::MAX);
             let in_time = |rtt_ms: f64| deadline.is_none_or(|d| rtt_ms < d.as_secs_f64() * 1e3);
             // Each replica looked at once: a live view may change between two
             // looks, and a sort must not see a key change under it.
