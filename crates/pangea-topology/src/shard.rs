@@ -308,8 +308,9 @@ impl crate::Deployment {
     /// would change group); a replica's process count changes only through the
     /// steps of a resize (`pangea cluster resize`, docs/sharding.md), one at a
     /// time: start (P → copy from P), serve (copy → serve), finish (serve → the
-    /// new count alone), or abandon before serving (copy → P). Empty: the change
-    /// may be applied.
+    /// new count alone), or abandon before serving (copy → P). Nor may a
+    /// family change type (cells, counter), nor a table's event-time window
+    /// narrow. Empty: the change may be applied.
     pub fn layout_changes(&self, new: &crate::Deployment) -> Vec<String> {
         let mut out = Vec::new();
         let (old_g, new_g) = (self.topology.shard_groups, new.topology.shard_groups);
@@ -327,6 +328,35 @@ impl crate::Deployment {
                 out.push(format!(
                     "the partition key of table {table} would change: it is fixed once \
                      the table exists (its rows would change group)"
+                ));
+            }
+            for (family, gc) in &schema.families {
+                let Some(now) = kept.families.get(family).filter(|k| k.kind != gc.kind) else {
+                    continue;
+                };
+                let name = |k: crate::schema::FamilyKind| match k {
+                    crate::schema::FamilyKind::Cells => "cells",
+                    crate::schema::FamilyKind::Counter => "counter",
+                };
+                out.push(format!(
+                    "family {family} of table {table} would change type from {} to {}: a \
+                     family's type is fixed once it exists (its stored cells would be read \
+                     as the other kind); add a family of the new type under a new name",
+                    name(gc.kind),
+                    name(now.kind)
+                ));
+            }
+            // Rows are compacted `past` behind the purge horizon because a write
+            // stamped that far back may still be on its way; a narrower window
+            // would purge tombstones such a write needs.
+            let past = |t: &crate::schema::TableSchema| t.event_time.map_or(0, |w| w.past_ms);
+            if past(kept) < past(schema) {
+                out.push(format!(
+                    "the event_time window of table {table} would reach {} ms back instead \
+                     of {} ms: it may widen, never narrow (writes stamped up to the old \
+                     window may still be in flight, and tombstones they need would be purged)",
+                    past(kept),
+                    past(schema)
                 ));
             }
         }

@@ -72,3 +72,39 @@ fn widening_residency_or_a_policy_and_dropping_a_family_are_named() {
     assert_eq!(changes.len(), 1, "{changes:?}");
     assert_eq!(changes[0].flag(), "--drop-family ad_profiles:events");
 }
+
+/// Changes no flag allows (`Deployment::layout_changes`): a family changing
+/// type, an event-time window narrowing or going away. Widening it is fine.
+#[test]
+fn family_types_and_narrower_event_time_windows_are_refused() {
+    let (t, p) = files();
+    let old = deployment(&t, &p);
+    assert!(old.layout_changes(&old).is_empty());
+    let counter = "  name = \"impressions\"\n  type = \"counter\"\n";
+    assert!(p.contains(counter));
+    let cells = deployment(
+        &t,
+        &p.replace(counter, "  name = \"impressions\"\n  type = \"cells\"\n"),
+    );
+    let changes = old.layout_changes(&cells).join("\n");
+    assert!(
+        changes.contains(
+            "family impressions of table ad_profiles would change type from counter to cells"
+        ),
+        "{changes}"
+    );
+    let window = "event_time = { past = \"90d\" }";
+    assert!(p.contains(window));
+    for narrower in ["event_time = { past = \"30d\" }", ""] {
+        let changes = old.layout_changes(&deployment(&t, &p.replace(window, narrower)));
+        assert!(
+            changes
+                .iter()
+                .any(|c| c.contains("event_time window of table ad_profiles")
+                    && c.contains("7776000000 ms")),
+            "{narrower:?}: {changes:?}"
+        );
+    }
+    let wider = deployment(&t, &p.replace(window, "event_time = { past = \"365d\" }"));
+    assert!(old.layout_changes(&wider).is_empty());
+}
