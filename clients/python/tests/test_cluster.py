@@ -4,6 +4,7 @@ refusals, bounded and affinity reads, and errors decoded with their codes."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -12,10 +13,12 @@ import pytest
 
 from pangea_client import (
     AdProfile,
+    AsOf,
     Bounded,
     Client,
     ConfigError,
     Credential,
+    Increment,
     InvalidArgument,
     NotFound,
     PolicyForbids,
@@ -24,7 +27,9 @@ from pangea_client import (
     SetCell,
     Token,
     Watermark,
+    key_range,
 )
+from pangea_client import rows as f
 from pangea_client.affinity import rendezvous
 from pangea_client.pb import client_pb2 as pb
 
@@ -223,5 +228,61 @@ def test_failover_when_a_replica_is_killed(cluster: Cluster) -> None:
             again = await c.mutate(T, "us/failover", [SetCell("profile", "p", "after")], deadline=WRITE,
                                    resend_if_unknown=True)
             assert again.replica != first
+
+    run(go())
+
+
+def test_filters_ranges_counters_event_times_and_reads_as_of_a_time(cluster: Cluster) -> None:
+    """The data API of docs/client.md from Python: a server-side filter on a wide
+    row, a reverse key-range scan, increments, a write at an event time, reads
+    as of a time."""
+
+    async def go() -> None:
+        async with await connect(cluster, "us-east-1") as c:
+            events = [SetCell("events", f"e:{n:03}", f"v{n}") for n in range(20)]
+            w = await c.mutate(T, "us/wide", [*events, SetCell("profile", "p", "x")], deadline=WRITE)
+            wm = Watermark(w.value)
+            r = await c.get(T, "us/wide", consistency=wm, deadline=READ, cells=f.qualifier_prefix("e:01"))
+            assert r.value is not None
+            assert [cell.column for fam in r.value.families for cell in fam.cells] == [
+                f"e:01{n}".encode() for n in range(10)
+            ]
+            tree = f.chain(f.family("events"), f.qualifier_regex("e:00[0-4]"), f.cells_per_row_limit(2))
+            r = await c.get(T, "us/wide", consistency=wm, deadline=READ, cells=tree)
+            assert r.value is not None and [cell.value for cell in r.value.families[0].cells] == [b"v0", b"v1"]
+            # A reverse scan of a key range, closed at both ends.
+            for n in range(8):
+                last = await c.mutate(T, f"us/range/{n}", [SetCell("profile", "p", str(n))], deadline=WRITE)
+            keys = key_range("us/range/2", "us/range/5", end_closed=True)
+            page = await c.scan(
+                T, "us/range/", key_range=keys, reverse=True, consistency=Watermark(last.value), deadline=READ
+            )
+            assert [row.key for row in page.value.rows] == [f"us/range/{n}".encode() for n in (5, 4, 3, 2)]
+            # Increments add up; one may not be resent when its outcome is unknown.
+            for _ in range(2):
+                inc = await c.mutate(T, "us/caps", [Increment("impressions", "camp-1", 2)], deadline=WRITE)
+            r = await c.get(T, "us/caps", consistency=Watermark(inc.value), deadline=READ)
+            assert r.value is not None and r.value.count("impressions", "camp-1") == 4
+            with pytest.raises(InvalidArgument, match="increment"):
+                await c.mutate(T, "us/caps", [Increment("impressions", "camp-1")], resend_if_unknown=True)
+            # An event 20 days old keeps its time; 100 days is outside the window.
+            then = int(time.time() * 1000) - 20 * 86_400_000
+            e = await c.mutate(T, "us/backfill", [SetCell("events", "click", "old")], event_time_ms=then, deadline=WRITE)
+            r = await c.get(T, "us/backfill", consistency=Watermark(e.value), deadline=READ)
+            assert r.value is not None and r.value.families[0].cells[0].timestamp >> 16 == then
+            with pytest.raises(InvalidArgument, match="ms back"):
+                await c.mutate(
+                    T, "us/backfill", [SetCell("events", "click", "x")], event_time_ms=then - 80 * 86_400_000
+                )
+            # As of each of two writes' times, the value then.
+            at = []
+            for value in ("one", "two"):
+                t = await c.mutate(T, "us/asof", [SetCell("events", "c", value)], deadline=WRITE)
+                at.append(t.value.wall_ms)
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.5)  # every origin's heartbeats vouch for the times
+            for ms, want in zip(at, (b"one", b"two"), strict=True):
+                r = await c.get(T, "us/asof", consistency=AsOf(ms), deadline=READ)
+                assert r.value is not None and r.value.value("events", "c") == want
 
     run(go())

@@ -11,7 +11,7 @@ watermark fallback race, row affinity, bounded reads).
 
 from .adprofile import AdProfile, FrequencyCap, Segment
 from .client import Client, Response
-from .consistency import Bounded, Eventual, RowAffinity, ScopeWatermarks, Token, Watermark
+from .consistency import AsOf, Bounded, Eventual, RowAffinity, ScopeWatermarks, Token, Watermark
 from .deployment import ClusterFile, Deployment
 from .errors import (
     Ambiguous,
@@ -28,13 +28,24 @@ from .errors import (
     TooStale,
     Unavailable,
 )
-from .rows import Cell, DeleteFromColumn, DeleteFromFamily, DeleteFromRow, Family, Row, ScanPage, SetCell
+from .rows import (
+    Cell,
+    DeleteFromColumn,
+    DeleteFromFamily,
+    DeleteFromRow,
+    Family,
+    Increment,
+    Row,
+    ScanPage,
+    SetCell,
+    key_range,
+)
 from .transport import Credential
 
 __all__ = [
-    "AdProfile", "Ambiguous", "Bounded", "Cell", "Client", "ClusterFile", "ConfigError", "Credential",
+    "AdProfile", "Ambiguous", "AsOf", "Bounded", "Cell", "Client", "ClusterFile", "ConfigError", "Credential",
     "DeadlineExceeded", "DeleteFromColumn", "DeleteFromFamily", "DeleteFromRow", "Deployment", "Eventual", "Family",
-    "FrequencyCap", "Internal", "InvalidArgument", "Lost", "NotCovered", "NotFound", "NotReplicated", "PangeaError",
+    "FrequencyCap", "Increment", "Internal", "InvalidArgument", "Lost", "NotCovered", "NotFound", "NotReplicated", "PangeaError",
     "PolicyForbids", "Response", "Row", "RowAffinity", "ScanPage", "ScopeWatermarks", "Segment", "SetCell", "Token",
-    "TooStale", "Unavailable", "Watermark",
+    "TooStale", "Unavailable", "Watermark", "key_range",
 ]

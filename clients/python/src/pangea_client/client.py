@@ -44,6 +44,7 @@ from .errors import (
     ConfigError,
     DeadlineExceeded,
     Internal,
+    InvalidArgument,
     Lost,
     NotCovered,
     PangeaError,
@@ -54,7 +55,7 @@ from .errors import (
 from .location import LOCATION_ENTRIES_MAX, Location, LocationEntry
 from .pb import client_pb2 as pb
 from .routing import Candidate, Peers, plan_read
-from .rows import Mutation, Row, ScanPage, row_filter
+from .rows import Increment, Mutation, Row, ScanPage, row_filter
 from .transport import Credential, Transport
 
 log = logging.getLogger("pangea_client")
@@ -227,13 +228,16 @@ class Client:
         families: list[str] | None = None,
         columns: list[tuple[str, bytes | str]] | None = None,
         versions: int = 0,
+        cells: pb.CellFilter | None = None,
     ) -> Response[Row | None]:
-        """Reads one row (§3 "Get"); `value` is None when there is no such row."""
+        """Reads one row (§3 "Get"); `value` is None when there is no such row.
+        `cells`: a server-side filter tree (`pangea_client.rows`: `chain`,
+        `qualifier_prefix`, ...; docs/client.md "Filters")."""
         key = _bytes(key)
         req = pb.GetRequest(
             table=table,
             row_key=key,
-            filter=row_filter(families, columns, versions),
+            filter=row_filter(families, columns, versions, cells),
             consistency=to_proto(consistency),
         )
         r = await self._read(table, key, pb.ClientRequest(get=req), consistency, deadline, hedge)
@@ -251,6 +255,7 @@ class Client:
         families: list[str] | None = None,
         columns: list[tuple[str, bytes | str]] | None = None,
         versions: int = 0,
+        cells: pb.CellFilter | None = None,
     ) -> Response[list[Row]]:
         """Reads up to 1,000 keys of one placement policy (§3 "Get many"), in the
         order of `keys`; a missing row is a `Row` with no families. A replica
@@ -266,7 +271,7 @@ class Client:
             req = pb.GetManyRequest(
                 table=table,
                 row_keys=rest,
-                filter=row_filter(families, columns, versions),
+                filter=row_filter(families, columns, versions, cells),
                 consistency=to_proto(consistency),
             )
             r = await self._read(table, rest[0] if rest else b"", pb.ClientRequest(get_many=req), consistency, deadline, hedge)
@@ -293,20 +298,34 @@ class Client:
         families: list[str] | None = None,
         columns: list[tuple[str, bytes | str]] | None = None,
         versions: int = 0,
+        cells: pb.CellFilter | None = None,
+        key_range: pb.BytesRange | None = None,
+        reverse: bool = False,
+        row_sample: float = 0.0,
+        keys_only: bool = False,
     ) -> Response[ScanPage]:
         """One page of the rows under `prefix` (§3 "Scan prefix"): at most `limit`
         rows visited (0: 100; at most 1,000) and about `max_bytes` (0: 4 MiB). Pass
-        `value.resume_key` back as `resume_after` while it is not empty."""
+        `value.resume_key` back as `resume_after` while it is not empty.
+        `key_range` (`pangea_client.key_range`) narrows the prefix's keys,
+        `reverse` pages from the last key down, `row_sample` keeps a fixed
+        fraction of the rows (the same on every replica), `keys_only` drops the
+        cells (docs/client.md "Key ranges and reverse scans", "Row samples")."""
         prefix = _bytes(prefix)
         req = pb.ScanPrefixRequest(
             table=table,
             prefix=prefix,
-            filter=row_filter(families, columns, versions),
+            filter=row_filter(families, columns, versions, cells),
             consistency=to_proto(consistency),
             limit=limit,
             resume_after=resume_after,
             max_bytes=max_bytes,
+            reverse=reverse,
+            row_sample=row_sample,
+            keys_only=keys_only,
         )
+        if key_range is not None:
+            req.range.CopyFrom(key_range)
         r = await self._read(table, prefix, pb.ClientRequest(scan_prefix=req), consistency, deadline, hedge)
         page = ScanPage([Row.from_proto(x) for x in r.value.rows], r.value.resume_key)
         return self._respond(r, page)
@@ -330,19 +349,27 @@ class Client:
         wait_regions: int = 0,
         wait_all_regions: bool = False,
         resend_if_unknown: bool = False,
+        event_time_ms: int | None = None,
     ) -> Response[Token]:
         """Applies `mutations` to one row atomically (§3 "Mutate") at the nearest
         allowed replica, or at the row's affinity replica (`row_affinity`, default
         the app profile's `writes`). Returns the write's token. `wait_regions` /
         `wait_all_regions` acknowledge only once other regions applied it (default
-        deadline then 2 s, else 200 ms)."""
+        deadline then 2 s, else 200 ms). `event_time_ms` writes the cells (and
+        deletes) at that time instead of the replica's clock, on tables with an
+        `event_time` window (docs/client.md "Event time")."""
         key = _bytes(key)
+        if resend_if_unknown and any(isinstance(m, Increment) for m in mutations):
+            # As the Rust client: an increment applied twice counts twice.
+            raise InvalidArgument("resend_if_unknown: an increment is never resent when whether it was applied is unknown")
         if deadline is None:
             deadline = WRITE_REPLICATED_DEADLINE_S if (wait_regions or wait_all_regions) else WRITE_DEADLINE_S
         mutation = pb.MutateRequest(wait_regions=wait_regions, wait_all_regions=wait_all_regions)
         mutation.mutation.table = table
         mutation.mutation.row_key = key
         mutation.mutation.mutations.extend(m.to_proto() for m in mutations)
+        if event_time_ms is not None:
+            mutation.mutation.event_time_ms = event_time_ms
         affinity = row_affinity if row_affinity is not None else self.profile.writes == "row-affinity"
         started = time.monotonic()
         waited = bool(wait_regions or wait_all_regions)

@@ -78,7 +78,16 @@ class Bounded:
     max_ms: int
 
 
-Consistency = Eventual | RowAffinity | Watermark | Bounded
+@dataclass(frozen=True)
+class AsOf:
+    """The row as of wall time `ms` (Unix ms): only a replica fresh as of it
+    answers, with each column's newest versions stamped at or before it (mode 5;
+    docs/consistency.md "Reads as of a time")."""
+
+    ms: int
+
+
+Consistency = Eventual | RowAffinity | Watermark | Bounded | AsOf
 
 
 def may_hedge(c: Consistency) -> bool:
@@ -93,11 +102,15 @@ def to_proto(c: Consistency) -> pb.Consistency:
         return pb.Consistency(watermark_token=c.token.encode())
     if isinstance(c, Bounded):
         return pb.Consistency(bounded_staleness_ms=c.max_ms)
+    if isinstance(c, AsOf):
+        return pb.Consistency(as_of_ms=c.ms)
     return pb.Consistency(eventual=pb.Consistency.Eventual())
 
 
 def mode_name(c: Consistency) -> str:
-    return {Eventual: "eventual", RowAffinity: "affinity", Watermark: "watermark", Bounded: "bounded"}[type(c)]
+    return {Eventual: "eventual", RowAffinity: "affinity", Watermark: "watermark", Bounded: "bounded", AsOf: "as_of"}[
+        type(c)
+    ]
 
 
 @dataclass(frozen=True)

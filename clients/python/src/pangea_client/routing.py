@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from .affinity import rendezvous
-from .consistency import Bounded, Consistency, RowAffinity, ScopeWatermarks, Token, Watermark
+from .consistency import AsOf, Bounded, Consistency, RowAffinity, ScopeWatermarks, Token, Watermark
 from .deployment import AppProfile, Deployment, Replica
 from .errors import PolicyForbids
 from .location import Location
@@ -192,11 +192,13 @@ def plan_read(
             elif peers.covers(c.replica, token) and not peers.is_down(c.replica, now):
                 fallback.append(Candidate(c.replica, "covered", c.rtt_ms))
         fallback.sort(key=lambda c: c.reason != "origin-fallback")
-    elif isinstance(consistency, Bounded):
+    elif isinstance(consistency, (Bounded, AsOf)):
+        # As of a time: as fresh as a bound of `now - ms` asks.
+        bound = consistency.max_ms if isinstance(consistency, Bounded) else max(0, wall_ms - consistency.ms)
         marked = []
         for c in primary:
             w = peers.freshness(c.replica, scope)
-            fresh = w is not None and w.staleness_ms(wall_ms) <= consistency.max_ms
+            fresh = w is not None and w.staleness_ms(wall_ms) <= bound
             marked.append(Candidate(c.replica, "fresh", c.rtt_ms) if fresh else c)
         primary = sorted(marked, key=lambda c: c.reason != "fresh" or peers.is_down(c.replica, now))
     return ReadPlan(scope, primary, fallback)

@@ -45,6 +45,11 @@ class Row:
     def exists(self) -> bool:
         return bool(self.families)
 
+    def count(self, family: str, column: bytes | str) -> int | None:
+        """A counter cell's sum (8 bytes, big-endian two's complement), or None."""
+        v = self.value(family, column)
+        return int.from_bytes(v, "big", signed=True) if v is not None and len(v) == 8 else None
+
     def value(self, family: str, column: bytes | str) -> bytes | None:
         """The newest value of (family, column), or None."""
         col = column.encode() if isinstance(column, str) else column
@@ -111,21 +116,119 @@ class DeleteFromRow:
         return data_pb2.Mutation(delete_from_row=data_pb2.Mutation.DeleteFromRow())
 
 
-Mutation = SetCell | DeleteFromColumn | DeleteFromFamily | DeleteFromRow
+@dataclass(frozen=True)
+class Increment:
+    """Adds `delta` to a counter cell (a counter family's column): increments from
+    every region all count (docs/client.md "Counters"). Read the sum with
+    `Row.count`."""
+
+    family: str
+    column: bytes | str
+    delta: int = 1
+
+    def to_proto(self) -> data_pb2.Mutation:
+        return data_pb2.Mutation(
+            increment=data_pb2.Mutation.Increment(family=self.family, column=_b(self.column), delta=self.delta)
+        )
+
+
+Mutation = SetCell | DeleteFromColumn | DeleteFromFamily | DeleteFromRow | Increment
 
 
 def row_filter(
     families: list[str] | None = None,
     columns: list[tuple[str, bytes | str]] | None = None,
     versions: int = 0,
+    cells: client_pb2.CellFilter | None = None,
 ) -> client_pb2.RowFilter:
     """§3 `RowFilter`: `columns` set, only those (family, column) pairs; else every
-    column of `families` (all families when empty); `versions` 0 or 1 the newest."""
-    return client_pb2.RowFilter(
+    column of `families` (all families when empty); `cells` a server-side filter
+    tree (built with the functions below) run on every version of those columns;
+    then `versions` (0 or 1: the newest) of each column."""
+    f = client_pb2.RowFilter(
         families=families or [],
         columns=[client_pb2.ColumnRef(family=f, column=_b(c)) for f, c in (columns or [])],
         versions_per_column=versions,
     )
+    if cells is not None:
+        f.cells.CopyFrom(cells)
+    return f
+
+
+# Server-side filter trees (docs/client.md "Filters"; `client.proto` CellFilter).
+
+
+def chain(*filters: client_pb2.CellFilter) -> client_pb2.CellFilter:
+    """Each filter on what the previous kept."""
+    return client_pb2.CellFilter(chain=client_pb2.CellFilter.Chain(filters=list(filters)))
+
+
+def interleave(*filters: client_pb2.CellFilter) -> client_pb2.CellFilter:
+    """What any filter keeps from the same input, each cell once."""
+    return client_pb2.CellFilter(interleave=client_pb2.CellFilter.Interleave(filters=list(filters)))
+
+
+def family(name: str) -> client_pb2.CellFilter:
+    return client_pb2.CellFilter(family=name)
+
+
+def qualifier_prefix(prefix: bytes | str) -> client_pb2.CellFilter:
+    return client_pb2.CellFilter(qualifier_prefix=_b(prefix))
+
+
+def qualifier_range(r: client_pb2.BytesRange) -> client_pb2.CellFilter:
+    return client_pb2.CellFilter(qualifier_range=r)
+
+
+def qualifier_regex(pattern: str) -> client_pb2.CellFilter:
+    """The whole qualifier matches (the `regex` crate's syntax; linear time)."""
+    return client_pb2.CellFilter(qualifier_regex=pattern)
+
+
+def timestamp_range(start_ms: int = 0, end_ms: int = 0) -> client_pb2.CellFilter:
+    """Cells whose version's wall time is in [start_ms, end_ms) (end 0: no end)."""
+    return client_pb2.CellFilter(
+        timestamp_range=client_pb2.CellFilter.TimestampRange(start_ms=start_ms, end_ms=end_ms)
+    )
+
+
+def value_range(r: client_pb2.BytesRange) -> client_pb2.CellFilter:
+    return client_pb2.CellFilter(value_range=r)
+
+
+def latest_per_column(n: int) -> client_pb2.CellFilter:
+    return client_pb2.CellFilter(latest_per_column=n)
+
+
+def cells_per_row_offset(n: int) -> client_pb2.CellFilter:
+    return client_pb2.CellFilter(cells_per_row_offset=n)
+
+
+def cells_per_row_limit(n: int) -> client_pb2.CellFilter:
+    return client_pb2.CellFilter(cells_per_row_limit=n)
+
+
+def key_range(
+    start: bytes | str | None = None,
+    end: bytes | str | None = None,
+    *,
+    start_open: bool = False,
+    end_closed: bool = False,
+) -> client_pb2.BytesRange:
+    """A range of keys (or qualifiers, values): from `start` (included unless
+    `start_open`) to `end` (excluded unless `end_closed`); None: unbounded."""
+    r = client_pb2.BytesRange()
+    if start is not None:
+        if start_open:
+            r.start_open = _b(start)
+        else:
+            r.start_closed = _b(start)
+    if end is not None:
+        if end_closed:
+            r.end_closed = _b(end)
+        else:
+            r.end_open = _b(end)
+    return r
 
 
 def _b(x: bytes | str) -> bytes:
