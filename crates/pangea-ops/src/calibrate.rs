@@ -278,6 +278,7 @@ fn scenario(a: &Options, deployment: Arc<Deployment>) -> Result<Scenario> {
         affinity: 0.25,
         watermark: 0.25,
         bounded: 0.25,
+        as_of: 0.0,
     };
     w.local_fraction = 0.0;
     for r in &mut w.regions {
@@ -1041,6 +1042,13 @@ async fn one_op(
                     },
                     mode,
                 ),
+                (Mode::AsOf, _) => {
+                    let now_ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    let ms = now_ms.saturating_sub(w.as_of_ms);
+                    (drawn.key, Consistency::AsOf { ms }, mode)
+                }
             };
             let opts = ReadOptions::default()
                 .with_consistency(consistency)

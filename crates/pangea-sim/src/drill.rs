@@ -173,6 +173,8 @@ struct RawModes {
     watermark: f64,
     #[serde(default)]
     bounded: f64,
+    #[serde(default)]
+    as_of: f64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -220,6 +222,8 @@ struct RawWorkload {
     mix: Option<RawMix>,
     modes: Option<RawModes>,
     bounded_ms: Option<u64>,
+    /// How long before each read as of a time its time is.
+    as_of_ms: Option<u64>,
     read_back: Option<f64>,
     write_ack: Option<RawAck>,
     deadline_ms: Option<u64>,
@@ -942,10 +946,11 @@ fn workload(cx: &mut Ctx<'_>, r: &RawWorkload) -> Workload {
             ("affinity", m.affinity),
             ("watermark", m.watermark),
             ("bounded", m.bounded),
+            ("as_of", m.as_of),
         ] {
             cx.fraction(&p!["workload", "modes", k], x);
         }
-        if m.eventual + m.affinity + m.watermark + m.bounded <= 0.0 {
+        if m.eventual + m.affinity + m.watermark + m.bounded + m.as_of <= 0.0 {
             cx.err(
                 &p!["workload", "modes"],
                 "no read mode (all fractions are 0)",
@@ -956,10 +961,14 @@ fn workload(cx: &mut Ctx<'_>, r: &RawWorkload) -> Workload {
             affinity: m.affinity,
             watermark: m.watermark,
             bounded: m.bounded,
+            as_of: m.as_of,
         };
     }
     if let Some(b) = r.bounded_ms {
         w.bounded_ms = b;
+    }
+    if let Some(a) = r.as_of_ms {
+        w.as_of_ms = a;
     }
     if let Some(x) = r.read_back {
         cx.fraction(&p!["workload", "read_back"], x);
@@ -1491,10 +1500,10 @@ fn expect(cx: &mut Ctx<'_>, e: &RawExpect) -> Slo {
         ("read_errors_max", e.read_errors_max.keys().collect()),
     ] {
         for m in modes {
-            if !["eventual", "affinity", "watermark", "bounded"].contains(&m.as_str()) {
+            if !["eventual", "affinity", "watermark", "bounded", "as_of"].contains(&m.as_str()) {
                 cx.err(
                     &p!["expect", key, m.as_str()],
-                    "unknown mode; expected eventual, affinity, watermark or bounded",
+                    "unknown mode; expected eventual, affinity, watermark, bounded or as_of",
                 );
             }
         }

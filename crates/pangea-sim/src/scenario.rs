@@ -88,6 +88,8 @@ pub struct ModeMix {
     /// Read-your-writes: the key and token of the client's last write.
     pub watermark: f64,
     pub bounded: f64,
+    /// Reads as of a time `Workload::as_of_ms` before the read.
+    pub as_of: f64,
 }
 
 /// When a write is acknowledged, as `pangea_client::Ack` says.
@@ -142,6 +144,8 @@ pub struct Workload {
     pub modes: ModeMix,
     /// The bound of bounded-staleness reads.
     pub bounded_ms: u64,
+    /// How long before the read the time of a read as of a time is.
+    pub as_of_ms: u64,
     /// Fraction of acknowledged writes the writing frontend reads back at once
     /// with a row-affinity read and no token (it updates a profile and serves
     /// from it). The run counts the read-backs answered by a replica that had
@@ -331,8 +335,10 @@ impl Workload {
                 affinity: 0.1,
                 watermark: 0.05,
                 bounded: 0.05,
+                as_of: 0.0,
             },
             bounded_ms: 2_000,
+            as_of_ms: 2_000,
             read_back: 0.0,
             write_ack: WriteAck::Origin,
             deadline: SimDuration::from_ms(20),

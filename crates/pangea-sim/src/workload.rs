@@ -22,14 +22,17 @@ pub enum Mode {
     Affinity,
     Watermark,
     Bounded,
+    /// As of a time `Workload::as_of_ms` before the read.
+    AsOf,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 4] = [
+    pub const ALL: [Mode; 5] = [
         Mode::Eventual,
         Mode::Affinity,
         Mode::Watermark,
         Mode::Bounded,
+        Mode::AsOf,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -38,6 +41,7 @@ impl Mode {
             Mode::Affinity => "affinity",
             Mode::Watermark => "watermark",
             Mode::Bounded => "bounded",
+            Mode::AsOf => "as_of",
         }
     }
 
@@ -87,7 +91,10 @@ pub struct Generator {
     /// Cumulative operation fractions: read, write, increment (delete = rest).
     op_cdf: [f64; 3],
     /// Cumulative mode fractions.
-    mode_cdf: [f64; 3],
+    mode_cdf: [f64; 4],
+    /// Some reads are as of a time (without, the draws are those of the other
+    /// four modes alone).
+    as_of: bool,
     keys: u64,
     value_size: ValueSize,
     columns: u32,
@@ -141,8 +148,9 @@ impl Generator {
             affinity,
             watermark,
             bounded,
+            as_of,
         } = w.modes;
-        let modes = cdf([eventual, affinity, watermark, bounded]);
+        let modes = cdf([eventual, affinity, watermark, bounded, as_of]);
         let pool_len = w.value_size.max_bytes().clamp(1, VALUE_BYTES_MAX) * 2;
         let mut pool = vec![0u8; pool_len];
         for chunk in pool.chunks_mut(8) {
@@ -154,7 +162,8 @@ impl Generator {
             zipf,
             lognormal,
             op_cdf: [ops[0], ops[1], ops[2]],
-            mode_cdf: [modes[0], modes[1], modes[2]],
+            mode_cdf: [modes[0], modes[1], modes[2], modes[3]],
+            as_of: as_of > 0.0,
             keys: w.keys.max(1),
             value_size: w.value_size,
             columns: w.columns.max(1),
@@ -230,8 +239,10 @@ impl Generator {
                 Mode::Affinity
             } else if m < self.mode_cdf[2] {
                 Mode::Watermark
-            } else {
+            } else if !self.as_of || m < self.mode_cdf[3] {
                 Mode::Bounded
+            } else {
+                Mode::AsOf
             };
             OpKind::Read(mode)
         } else if u < self.op_cdf[1] {
@@ -330,8 +341,10 @@ mod tests {
                 affinity: 1.0,
                 watermark: 1.0,
                 bounded: 1.0,
+                as_of: 1.0,
             },
             bounded_ms: 1000,
+            as_of_ms: 1000,
             read_back: 0.0,
             write_ack: crate::scenario::WriteAck::Origin,
             deadline: SimDuration::from_ms(20),
@@ -357,6 +370,7 @@ mod tests {
         let (mut reads, mut writes, mut deletes, mut local) = (0, 0, 0, 0);
         let mut increments = 0;
         let mut hot = 0;
+        let mut by_mode = [0; Mode::ALL.len()];
         for _ in 0..20_000 {
             let op = g.draw("l/", "g/");
             if op.key.starts_with(b"l/") {
@@ -366,7 +380,10 @@ mod tests {
                 hot += 1;
             }
             match op.kind {
-                OpKind::Read(_) => reads += 1,
+                OpKind::Read(m) => {
+                    reads += 1;
+                    by_mode[m.index()] += 1;
+                }
                 OpKind::Write { value, column } => {
                     assert!((1..=4096).contains(&value.len()));
                     assert!(column < 2);
@@ -380,6 +397,11 @@ mod tests {
             }
         }
         assert!((14_000..16_000).contains(&reads), "{reads}");
+        // Five modes, equally likely.
+        assert!(
+            by_mode.iter().all(|n| (2_500..3_500).contains(n)),
+            "{by_mode:?}"
+        );
         assert!((700..1_300).contains(&increments), "{increments}");
         assert!((2_500..3_500).contains(&writes), "{writes}");
         assert!((700..1_300).contains(&deletes), "{deletes}");

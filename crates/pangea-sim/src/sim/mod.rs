@@ -513,10 +513,10 @@ impl Slab {
 /// What is measured.
 #[derive(Debug)]
 struct Metrics {
-    modes: [OpStats; 4],
+    modes: [OpStats; Mode::ALL.len()],
     regions: Vec<OpStats>,
     /// By region, then mode (`Mode::index`).
-    region_modes: Vec<[OpStats; 4]>,
+    region_modes: Vec<[OpStats; Mode::ALL.len()]>,
     writes: OpStats,
     reads: u64,
     reads_ok: u64,

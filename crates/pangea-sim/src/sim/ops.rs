@@ -92,6 +92,13 @@ impl Simulation {
                             max_ms: w.bounded_ms,
                         },
                     ),
+                    // Frontends' clocks are true (hosts' may be skewed).
+                    Mode::AsOf => (
+                        drawn.key,
+                        Consistency::AsOf {
+                            ms: super::wall_ms_at(self.now).saturating_sub(w.as_of_ms),
+                        },
+                    ),
                     Mode::Watermark => match &self.clients[client].last_write {
                         // Read-your-writes: the row of the client's last write.
                         Some((k, t)) => (k.clone(), Consistency::Watermark(t.clone())),
@@ -794,7 +801,9 @@ impl Simulation {
                         // hears may have applied, when its clock read the bound
                         // before ours (less the clocks' allowed offset), a write of
                         // that origin this one lacks.
-                        if let Consistency::BoundedStaleness { max_ms } = consistency
+                        // A read as of a time makes the promise of a bounded
+                        // read of `now - ms` at the replica's clock.
+                        if let Some(max_ms) = &consistency.staleness_bound_ms(nw.wall_ms)
                             && let Some(s) = self.scopes.get(scope_id.as_str())
                         {
                             let claim_ms = nw.wall_ms as i64
@@ -828,7 +837,7 @@ impl Simulation {
                                 {
                                     self.checks.staleness_violations += 1;
                                     self.checks.violation(format!(
-                                        "C7: {} served a {max_ms} ms bounded read holding \
+                                        "C7: {} served a {max_ms} ms bounded (or as-of) read holding \
                                          {scope_id}/{origin} #{} while {}, which it hears, \
                                          had #{had} the bound (and max offset) before",
                                         node.id, w.sequence, self.nodes[p].id
