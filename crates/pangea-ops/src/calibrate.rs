@@ -830,6 +830,22 @@ impl Tally {
             from <= now && now < to
         })
     }
+
+    /// A write (or one row of a batch) ended with `failed`.
+    fn write_ended(&mut self, failed: Option<&pangea_client::Error>) {
+        let Some(e) = failed else {
+            self.writes += 1;
+            return;
+        };
+        self.write_errors += 1;
+        if self.in_window() {
+            self.in_window.write_errors += 1;
+        }
+        self.write_error_kinds
+            .entry(e.kind())
+            .or_insert_with(|| (0, e.to_string()))
+            .0 += 1;
+    }
 }
 
 async fn live_run(
@@ -1084,7 +1100,7 @@ async fn one_op(
                     column: Bytes::from(format!("c{column}")),
                     value,
                 },
-                OpKind::Read(_) | OpKind::Delete => return,
+                OpKind::Read(_) | OpKind::Delete | OpKind::Batch(_) => return,
             };
             let Ok(mutation) = RowMutation::new(
                 w.table.as_str(),
@@ -1110,18 +1126,30 @@ async fn one_op(
                 Err(e) => Some(e),
             };
             let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
-            match failed {
-                None => t.writes += 1,
-                Some(e) => {
-                    t.write_errors += 1;
-                    if t.in_window() {
-                        t.in_window.write_errors += 1;
-                    }
-                    t.write_error_kinds
-                        .entry(e.kind())
-                        .or_insert_with(|| (0, e.to_string()))
-                        .0 += 1;
-                }
+            t.write_ended(failed.as_ref());
+        }
+        // One `MutateRows` request; each row counts as a write.
+        OpKind::Batch(rows) => {
+            let mutations: Vec<RowMutation> = rows
+                .into_iter()
+                .filter_map(|row| {
+                    let m = pangea_client::Mutation::SetCell {
+                        family: w.family.as_str().into(),
+                        column: Bytes::from(format!("c{}", row.column)),
+                        value: row.value,
+                    };
+                    let limits = pangea_core::Limits::default();
+                    RowMutation::new(w.table.as_str(), row.key, vec![m], &limits).ok()
+                })
+                .collect();
+            let opts = pangea_client::WriteOptions {
+                deadline: Some(Duration::from_micros(w.write_deadline.as_us())),
+                ..Default::default()
+            };
+            let results = frontend.client.mutate_rows(mutations, &opts).await;
+            let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
+            for result in results {
+                t.write_ended(result.err().as_ref());
             }
         }
         OpKind::Delete => {}

@@ -426,9 +426,18 @@ pub fn summary_md(sc: &Scenario, description: &str, r: &RunReport) -> String {
     }
     let _ = writeln!(
         s,
-        "| (writes) | {} | {} | {:.2} | {:.2} | {:.2} |\n",
+        "| (writes) | {} | {} | {:.2} | {:.2} | {:.2} |",
         r.writes.count, r.writes.errors, r.writes.p50_ms, r.writes.p99_ms, r.writes.p999_ms
     );
+    let b = &r.batches;
+    if b.count > 0 {
+        let _ = writeln!(
+            s,
+            "| (batch writes of {} rows in all) | {} | {} | {:.2} | {:.2} | {:.2} |",
+            r.counters.batch_rows_acknowledged, b.count, b.errors, b.p50_ms, b.p99_ms, b.p999_ms
+        );
+    }
+    s.push('\n');
     let _ = writeln!(
         s,
         "## Reads by client region\n\n| region | reads | errors | p50 ms | p99 ms | p99.9 ms |\n|---|---:|---:|---:|---:|---:|"

@@ -160,6 +160,8 @@ struct RawMix {
     delete: f64,
     #[serde(default)]
     increment: f64,
+    #[serde(default)]
+    batch: f64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -214,6 +216,8 @@ struct RawWorkload {
     family: Option<String>,
     /// The counter family the mix's increments go to.
     counter_family: Option<String>,
+    /// Rows of each batch write.
+    batch_rows: Option<u32>,
     columns: Option<u32>,
     keys: Option<u64>,
     key_distribution: Option<String>,
@@ -909,16 +913,28 @@ fn workload(cx: &mut Ctx<'_>, r: &RawWorkload) -> Workload {
             ("write", m.write),
             ("delete", m.delete),
             ("increment", m.increment),
+            ("batch", m.batch),
         ] {
             cx.fraction(&p!["workload", "mix", k], x);
         }
-        if m.read + m.write + m.delete + m.increment <= 0.0 {
+        if m.read + m.write + m.delete + m.increment + m.batch <= 0.0 {
             cx.err(
                 &p!["workload", "mix"],
                 "no operations (all fractions are 0)",
             );
         }
-        (w.read, w.write, w.delete, w.increment) = (m.read, m.write, m.delete, m.increment);
+        (w.read, w.write, w.delete, w.increment, w.batch) =
+            (m.read, m.write, m.delete, m.increment, m.batch);
+    }
+    if let Some(n) = r.batch_rows {
+        let max = pangea_core::limits::Limits::default().batch_rows_max;
+        if n == 0 || n as usize > max {
+            cx.err(
+                &p!["workload", "batch_rows"],
+                format!("{n} rows: a batch write has 1 to {max} (the replicas' batch_rows_max)"),
+            );
+        }
+        w.batch_rows = n;
     }
     if let Some(f) = &r.counter_family {
         w.counter_family = f.clone();

@@ -84,6 +84,19 @@ pub fn one_screen(run: &DrillRun) -> String {
         r.staleness_violations,
         r.residency_leak_bytes
     );
+    let b = &r.batches;
+    if b.count > 0 {
+        s += &format!(
+            "  batches   writes {:>8}  errors {:>6}  p50 {:>7.2} ms  p99 {:>7.2} ms  p99.9 {:>7.2} ms  rows acknowledged {} refused {}\n",
+            b.count,
+            b.errors,
+            b.p50_ms,
+            b.p99_ms,
+            b.p999_ms,
+            r.counters.batch_rows_acknowledged,
+            r.counters.batch_rows_refused
+        );
+    }
     if r.counters.increments_acknowledged > 0 {
         s += &format!(
             "  counters: {} increments acknowledged, {} not counted by a replica holding them (C8)\n",

@@ -132,12 +132,17 @@ pub struct Workload {
     pub key_distribution: KeyDistribution,
     pub value_size: ValueSize,
     /// Fractions of operations (normalized): reads, cell writes, row deletes,
-    /// and `+1` increments of a counter (`counter_family`, column
-    /// `c0..c{columns-1}`).
+    /// `+1` increments of a counter (`counter_family`, column
+    /// `c0..c{columns-1}`) and batch writes.
     pub read: f64,
     pub write: f64,
     pub delete: f64,
     pub increment: f64,
+    /// Batch writes (`MutateRows`): `batch_rows` cell writes of rows of one key
+    /// prefix in one request, each row atomic, the batch not.
+    pub batch: f64,
+    /// Rows of a batch write.
+    pub batch_rows: u32,
     /// The counter family increments go to (a family of `type = "counter"` of
     /// the table); empty when the mix has no increments.
     pub counter_family: String,
@@ -329,6 +334,8 @@ impl Workload {
             write: 0.05,
             delete: 0.01,
             increment: 0.0,
+            batch: 0.0,
+            batch_rows: 10,
             counter_family: String::new(),
             modes: ModeMix {
                 eventual: 0.8,

@@ -98,6 +98,10 @@ pub fn scenario_for_seed(seed: u64) -> Scenario {
         // +1 to counters of the generated counter family (C8), a fifth as
         // often as the other writes.
         increment: w * 0.2,
+        // Batch writes of up to 8 rows (MutateRows), a tenth as often: their
+        // rows are checked as any write's (C1, C4, convergence).
+        batch: w * 0.1,
+        batch_rows: 1 + rng.next_below(8) as u32,
         counter_family: "n".into(),
         modes: ModeMix {
             eventual: rng.next_f64(),

@@ -65,6 +65,18 @@ pub enum OpKind {
     Increment {
         column: u32,
     },
+    /// Cell writes of several rows in one request (`MutateRows`): the drawn
+    /// key's row first, then rows of the same key prefix, each row atomic, the
+    /// batch not.
+    Batch(Vec<BatchRow>),
+}
+
+/// One row of a batch write: its key, and the cell `c{column}` set to `value`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchRow {
+    pub key: Bytes,
+    pub column: u32,
+    pub value: Bytes,
 }
 
 /// One drawn operation.
@@ -88,8 +100,11 @@ pub struct Generator {
     rng: SimRng,
     zipf: Option<Zipf<f64>>,
     lognormal: Option<LogNormal<f64>>,
-    /// Cumulative operation fractions: read, write, increment (delete = rest).
-    op_cdf: [f64; 3],
+    /// Cumulative operation fractions: read, write, increment, batch (delete =
+    /// rest).
+    op_cdf: [f64; 4],
+    /// Rows of a batch write.
+    batch_rows: usize,
     /// Cumulative mode fractions.
     mode_cdf: [f64; 4],
     /// Some reads are as of a time (without, the draws are those of the other
@@ -140,9 +155,9 @@ impl Generator {
             ),
             _ => None,
         };
-        // Increments before deletes: without them the boundaries are those of
-        // read, write, delete alone (and so are the draws).
-        let ops = cdf([w.read, w.write, w.increment, w.delete]);
+        // Increments and batches before deletes: without them the boundaries are
+        // those of read, write, delete alone (and so are the draws).
+        let ops = cdf([w.read, w.write, w.increment, w.batch, w.delete]);
         let ModeMix {
             eventual,
             affinity,
@@ -161,7 +176,8 @@ impl Generator {
             rng,
             zipf,
             lognormal,
-            op_cdf: [ops[0], ops[1], ops[2]],
+            op_cdf: [ops[0], ops[1], ops[2], ops[3]],
+            batch_rows: w.batch_rows.max(1) as usize,
             mode_cdf: [modes[0], modes[1], modes[2], modes[3]],
             as_of: as_of > 0.0,
             keys: w.keys.max(1),
@@ -246,20 +262,39 @@ impl Generator {
             };
             OpKind::Read(mode)
         } else if u < self.op_cdf[1] {
-            let len = self.value_len();
-            let start = self.rng.next_below(self.pool.len() - len + 1);
-            OpKind::Write {
-                column: self.rng.next_below(self.columns as usize) as u32,
-                value: self.pool.slice(start..start + len),
-            }
+            let (column, value) = self.cell();
+            OpKind::Write { column, value }
         } else if u < self.op_cdf[2] {
             OpKind::Increment {
                 column: self.rng.next_below(self.columns as usize) as u32,
             }
+        } else if u < self.op_cdf[3] {
+            let mut rows = Vec::with_capacity(self.batch_rows);
+            let (column, value) = self.cell();
+            rows.push(BatchRow {
+                key: key.clone(),
+                column,
+                value,
+            });
+            for _ in 1..self.batch_rows {
+                let rank = self.key_rank();
+                let key = self.key(prefix, rank);
+                let (column, value) = self.cell();
+                rows.push(BatchRow { key, column, value });
+            }
+            OpKind::Batch(rows)
         } else {
             OpKind::Delete
         };
         DrawnOp { kind, key }
+    }
+
+    /// A cell write's column and value.
+    fn cell(&mut self) -> (u32, Bytes) {
+        let len = self.value_len();
+        let start = self.rng.next_below(self.pool.len() - len + 1);
+        let column = self.rng.next_below(self.columns as usize) as u32;
+        (column, self.pool.slice(start..start + len))
     }
 
     /// Distinct rows per key prefix.
@@ -270,14 +305,9 @@ impl Generator {
     /// A write of row `rank` under `prefix`, its column and value drawn as any
     /// write's (a region's fill, [`crate::scenario::RegionLoad::fill`]).
     pub fn write_of(&mut self, prefix: &str, rank: u64) -> DrawnOp {
-        let len = self.value_len();
-        let start = self.rng.next_below(self.pool.len() - len + 1);
-        let kind = OpKind::Write {
-            column: self.rng.next_below(self.columns as usize) as u32,
-            value: self.pool.slice(start..start + len),
-        };
+        let (column, value) = self.cell();
         DrawnOp {
-            kind,
+            kind: OpKind::Write { column, value },
             key: self.key(prefix, rank),
         }
     }
@@ -335,6 +365,8 @@ mod tests {
             write: 0.15,
             delete: 0.05,
             increment: 0.05,
+            batch: 0.0,
+            batch_rows: 1,
             counter_family: "n".into(),
             modes: ModeMix {
                 eventual: 1.0,
@@ -394,6 +426,7 @@ mod tests {
                     assert!(column < 2);
                     increments += 1;
                 }
+                OpKind::Batch(_) => panic!("no batches in the mix"),
             }
         }
         assert!((14_000..16_000).contains(&reads), "{reads}");
@@ -408,6 +441,40 @@ mod tests {
         assert!((9_000..11_000).contains(&local), "{local}");
         // Zipf(0.99) over 1000 keys puts ~13 % of draws on the hottest key.
         assert!(hot > 1_500, "{hot}");
+    }
+
+    #[test]
+    fn batches_write_rows_of_one_prefix() {
+        let mut w = workload();
+        (w.read, w.write, w.delete, w.increment, w.batch) = (0.5, 0.0, 0.0, 0.0, 0.5);
+        w.batch_rows = 8;
+        let mut g = Generator::new(&w, 5).unwrap();
+        let (mut batches, mut local, mut distinct) = (0, 0, 0);
+        for _ in 0..2_000 {
+            let op = g.draw("l/", "g/");
+            let OpKind::Batch(rows) = op.kind else {
+                continue;
+            };
+            batches += 1;
+            assert_eq!(rows.len(), 8);
+            assert_eq!(rows[0].key, op.key, "the drawn key's row goes first");
+            let prefix = &op.key[..2];
+            assert!(rows.iter().all(|r| r.key.starts_with(prefix)), "{rows:?}");
+            assert!(rows.iter().all(|r| r.column < 2 && !r.value.is_empty()));
+            local += usize::from(prefix == b"l/");
+            let mut keys: Vec<_> = rows.iter().map(|r| &r.key).collect();
+            keys.sort();
+            keys.dedup();
+            distinct += keys.len();
+        }
+        assert!((900..1_100).contains(&batches), "{batches}");
+        assert!((400..600).contains(&local), "{local}");
+        // Zipf(0.99) over 1000 keys repeats the hottest rows within a batch
+        // now and then, as a real batch of hot users would.
+        assert!(
+            distinct > batches * 6,
+            "{distinct} distinct rows in {batches} batches"
+        );
     }
 
     #[test]

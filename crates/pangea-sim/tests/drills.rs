@@ -214,6 +214,63 @@ fn a_workload_counts_into_a_counter_family() -> Result<()> {
     Ok(())
 }
 
+/// Batch writes in the mix (`MutateRows`): each batch is one request of rows of
+/// one key prefix; a size out of the replicas' limit is named with its line. A
+/// run with a replica killed and brought back mid-load answers batches, counts
+/// their rows, and holds every acknowledged row to C1 (no lost write) and C5
+/// (every replica converges on them).
+#[test]
+fn a_workload_writes_batches_of_rows() -> Result<()> {
+    let mix = "mix = { read = 0.7, write = 0.1, delete = 0.0, batch = 0.2 }";
+    let bad = HEAD
+        .replace("mix = { read = 0.8, write = 0.17, delete = 0.03 }", mix)
+        .replace("[workload]", "[workload]\nbatch_rows = 1001");
+    let err = drill("bad.toml", &bad).unwrap_err().to_string();
+    assert!(
+        err.contains("bad.toml:8: workload.batch_rows: 1001 rows: a batch write has 1 to 1000"),
+        "{err}"
+    );
+    let text = format!(
+        r#"{}
+[[faults]]
+at = "1s"
+kind = "crash-replica"
+replica = "euc1-a"
+for = "1500ms"
+"#,
+        bad.replace("batch_rows = 1001", "batch_rows = 16")
+    );
+    let d = drill("batches.toml", &text)?;
+    // Whole, and split in two shards (requests and answers of batches crossing
+    // between them).
+    let whole = Simulation::new(d.scenario.clone())?.run()?;
+    let split = pangea_sim::sim::run_scenario(d.scenario, 1)?;
+    assert_eq!((whole.shards, split.shards), (1, 2));
+    for r in [whole, split] {
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        assert_eq!(r.lost_writes, 0);
+        assert!(r.final_convergence_ms.is_some());
+        let b = &r.batches;
+        println!(
+            "{} shard(s): batches {b:?}; rows acknowledged {}, refused {}; writes {:?}",
+            r.shards, r.counters.batch_rows_acknowledged, r.counters.batch_rows_refused, r.writes
+        );
+        assert!(b.count > 100 && b.count < r.operations / 3, "{b:?}");
+        // Batches a crash cut off (their replica gone before the rows were
+        // durable) fail or fail over; nearly all are answered.
+        assert!(b.errors * 50 < b.count, "{b:?}");
+        let answered = b.count - b.errors;
+        let c = &r.counters;
+        assert!(
+            c.batch_rows_acknowledged + c.batch_rows_refused >= 16 * answered
+                && c.batch_rows_acknowledged > 15 * answered,
+            "{answered} batches answered, {c:?}"
+        );
+        assert!(b.p50_ms > 0.0 && b.p99_ms < 200.0, "{b:?}");
+    }
+    Ok(())
+}
+
 /// A placement move on replicas of many processes: the job on process 0 of its
 /// runner's replica, a part on process 1 for its groups; the rows reach the new
 /// policy whole (C5), leave the others (I10 at rest), and no write is lost.

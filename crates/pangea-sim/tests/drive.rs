@@ -154,6 +154,47 @@ fn affinity_writes_are_read_back_by_affinity_reads() -> Result<()> {
     Ok(())
 }
 
+/// Batch writes are sent as `Client::mutate_rows` sends them: rows whose plans
+/// start at the same replica in one request. Under nearest routing a batch of
+/// one key prefix is one request; under row-affinity writes its rows go to
+/// their rows' affinity replicas in us-east-1 (three), so most batches of 8
+/// rows become several requests, and every row is still acknowledged.
+#[test]
+fn batch_rows_go_where_their_plans_start() -> Result<()> {
+    use pangea_sim::scenario::RegionLoad;
+    use pangea_topology::RegionId;
+    let run = |profile: &str| -> Result<(u64, u64)> {
+        let mut sc = Scenario::new("batches", reference()?, 3, SimDuration::from_secs(6));
+        let w = &mut sc.workload;
+        w.app_profile = profile.into();
+        w.regions = vec![RegionLoad {
+            fill: false,
+            region: RegionId::new("us-east-1"),
+            clients: 2,
+            rate: 200.0,
+        }];
+        (w.read, w.write, w.delete, w.batch, w.batch_rows) = (0.5, 0.0, 0.0, 0.5, 8);
+        let report = Simulation::new(sc)?.run()?;
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!(report.lost_writes, 0);
+        let b = &report.batches;
+        assert_eq!(b.errors, 0, "{b:?}");
+        assert_eq!(report.counters.batch_rows_refused, 0);
+        Ok((b.count, report.counters.batch_rows_acknowledged))
+    };
+    let (nearest, rows) = run("frontend")?;
+    assert!(nearest > 300, "{nearest} batches");
+    assert_eq!(rows, 8 * nearest, "one request of 8 rows per batch");
+    let (affinity, affinity_rows) = run("frontend-affinity")?;
+    println!("{nearest} batches: {nearest} requests nearest, {affinity} by affinity");
+    assert_eq!(affinity_rows, rows, "the same rows, acknowledged");
+    assert!(
+        affinity > 2 * nearest,
+        "{affinity} requests for {nearest} batches"
+    );
+    Ok(())
+}
+
 /// Writes that wait for other regions (`Workload::write_ack`, the client's `Ack`)
 /// on the reference deployment, every region writing: each wait costs its WAN
 /// round trip and no write fails; a write acknowledged at its origin costs none.

@@ -268,6 +268,7 @@ impl Simulation {
         // Writes it proposed and never committed are not acknowledged.
         self.pending_commits.retain(|k, _| k.0 as usize != r);
         self.replication_waits.retain(|w| w.r as usize != r);
+        self.batch_waits.retain(|k, _| k.2 as usize != r);
     }
 
     /// A restart from the crashed storage (C3 across restarts).

@@ -265,6 +265,10 @@ pub struct Counters {
     /// Counter increments acknowledged to frontends (C8 holds every replica to
     /// them).
     pub increments_acknowledged: u64,
+    /// Rows of batch writes acknowledged, and rows replicas refused (each row
+    /// of a batch is taken or refused alone).
+    pub batch_rows_acknowledged: u64,
+    pub batch_rows_refused: u64,
 }
 
 impl Counters {
@@ -279,6 +283,8 @@ impl Counters {
         self.policy_refreshes += o.policy_refreshes;
         self.ops_lost_with_frontends += o.ops_lost_with_frontends;
         self.increments_acknowledged += o.increments_acknowledged;
+        self.batch_rows_acknowledged += o.batch_rows_acknowledged;
+        self.batch_rows_refused += o.batch_rows_refused;
         for (k, v) in o.frames_rejected {
             *self.frames_rejected.entry(k).or_default() += v;
         }
@@ -381,6 +387,9 @@ pub struct RunReport {
     /// By the client's region, then mode.
     pub reads_by_region_mode: BTreeMap<String, BTreeMap<String, LatencySummary>>,
     pub writes: LatencySummary,
+    /// Batch writes (`mix.batch`), one per request whatever its rows; their rows
+    /// are in `counters.batch_rows_acknowledged`.
+    pub batches: LatencySummary,
     /// Each replica's host: the share of its cores' and its disk's time it was
     /// busy over the run (`crate::host`), and its fsyncs.
     pub hosts: BTreeMap<String, HostLoad>,

@@ -260,7 +260,11 @@ impl ErrKind {
 enum Reply {
     Ok {
         wm: Option<ScopeWatermarks>,
+        /// A write's token (a batch's: its first row's, when that row was taken).
         token: Option<Token>,
+        /// Rows of a batch write the replica refused (each row is checked alone,
+        /// as the node's `mutate_rows` does).
+        failed_rows: u32,
     },
     Err(ErrKind, Option<ScopeWatermarks>),
     /// The replica's process is gone: a transport error, not an answer.
@@ -281,7 +285,8 @@ enum Ev {
         attempt: u16,
         r: u32,
         client: u32,
-        write: Option<Box<RowMutation>>,
+        /// The rows a write sets (one, or a batch's).
+        write: Option<Box<[RowMutation]>>,
         /// What a replica in another shard needs to serve a read (the operation
         /// lives in the client's shard).
         remote: Option<Box<RemoteRead>>,
@@ -427,7 +432,9 @@ struct Op {
     key: Bytes,
     scope: usize,
     consistency: Consistency,
-    mutation: Option<RowMutation>,
+    /// The rows a write sets: one, or a batch's (`batch`); none for a read.
+    rows: Vec<RowMutation>,
+    batch: bool,
     started: SimTime,
     call: Call,
     /// The replicas of `call`'s attempts, in its order.
@@ -518,6 +525,8 @@ struct Metrics {
     /// By region, then mode (`Mode::index`).
     region_modes: Vec<[OpStats; Mode::ALL.len()]>,
     writes: OpStats,
+    /// Batch writes: one per request, whatever its rows.
+    batches: OpStats,
     reads: u64,
     reads_ok: u64,
     lag: Histogram<u64>,
@@ -555,6 +564,21 @@ struct CatchUp {
 /// attempt and the client to answer, and the mutation (for the oracle, even when
 /// the client has given up).
 type PendingCommit = (OpRef, u16, u32, RowMutation);
+
+/// A batch write's rows at the replica that took them, by (operation, attempt,
+/// replica): answered once every row it proposed is durable (and applied in the
+/// regions the write waits for), as the node's `mutate_rows` answers.
+#[derive(Debug)]
+struct BatchWait {
+    /// Rows proposed and not yet done.
+    left: u32,
+    /// Rows the replica refused.
+    failed: u32,
+    /// The first row's (scope, sequence), if it was proposed, and its token
+    /// once done: the token the answer carries.
+    first: Option<(u32, u64)>,
+    token: Option<Token>,
+}
 
 /// A committed write whose client waits for other regions to apply it
 /// (`Workload::write_ack`), at its origin `r`; answered when the origin's
@@ -628,6 +652,8 @@ pub struct Simulation {
     pending_commits: HashMap<(u32, u32, u64), PendingCommit, Xxh3DefaultBuilder>,
     /// Committed writes waiting for other regions, in commit order.
     replication_waits: Vec<ReplicationWait>,
+    /// Batch writes waiting for their rows, by (operation, attempt, replica).
+    batch_waits: HashMap<(OpRef, u16, u32), BatchWait, Xxh3DefaultBuilder>,
     generator: Generator,
     path_rng: SimRng,
     fault_rng: SimRng,
@@ -943,6 +969,7 @@ impl Simulation {
             regions: (0..regions.len()).map(|_| OpStats::default()).collect(),
             region_modes: (0..regions.len()).map(|_| Default::default()).collect(),
             writes: OpStats::default(),
+            batches: OpStats::default(),
             reads: 0,
             reads_ok: 0,
             lag: metrics::histogram(),
@@ -1030,6 +1057,7 @@ impl Simulation {
             ops: Slab::default(),
             pending_commits: HashMap::default(),
             replication_waits: Vec::new(),
+            batch_waits: HashMap::default(),
             generator,
             path_rng,
             fault_rng,
@@ -1582,7 +1610,8 @@ impl Simulation {
                 continue;
             }
             if self.ops.get(w.op).is_none() {
-                self.replication_waits.swap_remove(i);
+                let w = self.replication_waits.swap_remove(i);
+                self.batch_waits.remove(&(w.op, w.attempt, w.r));
                 continue;
             }
             let reached = self.nodes[r].replica.as_ref().and_then(|rep| {
@@ -1594,21 +1623,49 @@ impl Simulation {
             });
             if reached.is_some_and(|n| n >= w.regions) {
                 let w = self.replication_waits.remove(i);
-                self.reply(
-                    w.op,
-                    w.attempt,
-                    r,
-                    w.client as usize,
-                    Reply::Ok {
-                        wm: None,
-                        token: Some(w.token),
-                    },
-                    ENVELOPE_BYTES,
-                );
+                self.row_done(self.now, w.op, w.attempt, r, w.client as usize, w.token);
             } else {
                 i += 1;
             }
         }
+    }
+
+    /// A row a write proposed at replica `r` is durable (and applied in the
+    /// regions the write waits for) by `at`: a single write is answered then, a
+    /// batch once its last row is.
+    fn row_done(
+        &mut self,
+        at: SimTime,
+        op: OpRef,
+        attempt: u16,
+        r: usize,
+        client: usize,
+        token: Token,
+    ) {
+        let key = (op, attempt, r as u32);
+        let (token, failed_rows) = match self.batch_waits.get_mut(&key) {
+            None => (Some(token), 0),
+            Some(b) => {
+                let row = (self.scopes.get(token.scope.as_str()), token.sequence);
+                if b.first
+                    .is_some_and(|(s, seq)| (Some(s as usize), seq) == row)
+                {
+                    b.token = Some(token);
+                }
+                b.left -= 1;
+                if b.left > 0 {
+                    return;
+                }
+                let b = self.batch_waits.remove(&key).expect("found above");
+                (b.token, b.failed)
+            }
+        };
+        let reply = Reply::Ok {
+            wm: None,
+            token,
+            failed_rows,
+        };
+        self.answer_at(at, op, attempt, r, client, reply, ENVELOPE_BYTES);
     }
 
     /// I10: bytes of a restricted scope delivered to a replica outside its policy
@@ -1830,18 +1887,7 @@ impl Simulation {
                         });
                         return;
                     }
-                    self.answer_at(
-                        self.turn_leave,
-                        op,
-                        attempt,
-                        r,
-                        client as usize,
-                        Reply::Ok {
-                            wm: None,
-                            token: Some(token),
-                        },
-                        ENVELOPE_BYTES,
-                    );
+                    self.row_done(self.turn_leave, op, attempt, r, client as usize, token);
                 }
             }
             Event::SnapshotInstalled { scope, .. } => {

@@ -7,7 +7,7 @@
 
 use super::*;
 use crate::scenario::WriteAck;
-use crate::workload::DrawnOp;
+use crate::workload::{BatchRow, DrawnOp};
 use pangea_core::frontend;
 use pangea_core::frontend::HedgePolicy;
 use pangea_core::frontend::call::{AttemptKind, Resend};
@@ -128,6 +128,7 @@ impl Simulation {
                 };
                 self.start_write(client, table, drawn.key, m);
             }
+            OpKind::Batch(rows) => self.start_batch(client, table, rows),
         }
     }
 
@@ -175,7 +176,8 @@ impl Simulation {
             key,
             scope: 0,
             consistency,
-            mutation: None,
+            rows: Vec::new(),
+            batch: false,
             started: self.now,
             call: Call::Unplanned,
             attempts: Vec::new(),
@@ -201,13 +203,74 @@ impl Simulation {
                 return;
             }
         };
+        self.start_rows(client, key, vec![mutation], false);
+    }
+
+    /// A batch write (`Client::mutate_rows`): the rows, each one cell write,
+    /// sent as the library sends them: rows whose plans start at the same
+    /// replica in one request (rows of one key prefix share a scope, so under
+    /// nearest routing that is one request; under `writes = "row-affinity"`,
+    /// one per affinity replica). Each request is then planned and failed over
+    /// as a write, on its first row's plan. A replica that refuses some rows of
+    /// a request answers for the others; the refused rows count as failed,
+    /// where the library would plan them again.
+    fn start_batch(&mut self, client: usize, table: Arc<str>, rows: Vec<BatchRow>) {
+        let family: Arc<str> = self.sc.workload.family.as_str().into();
+        let consistency = match self.profile.writes {
+            WriteRouting::Nearest => Consistency::Eventual,
+            WriteRouting::RowAffinity => Consistency::RowAffinity,
+        };
+        // Requests by the replica their rows' plans start at, in the order of
+        // their first rows.
+        let mut requests: Vec<(Option<usize>, Vec<RowMutation>)> = Vec::new();
+        for row in rows {
+            let m = Mutation::SetCell {
+                family: family.clone(),
+                column: Bytes::from(format!("c{}", row.column)),
+                value: row.value,
+            };
+            let Ok(m) = RowMutation::new(table.clone(), row.key, vec![m], &Limits::default())
+            else {
+                if self.measured(self.now) {
+                    self.metrics.batches.count += 1;
+                    self.metrics.batches.errors += 1;
+                }
+                continue;
+            };
+            let scope_id = self.clients[client].location.scope_of(
+                &self.views[self.client_view],
+                &table,
+                m.row_key(),
+            );
+            let scope = self.scopes.get(scope_id.as_str()).unwrap_or(0);
+            let to = self
+                .plan(client, scope, &scope_id, &table, m.row_key(), &consistency)
+                .ok()
+                .and_then(|mut order| order.primary.next())
+                .and_then(|c| self.names.get(c.replica.as_str()));
+            match requests.iter_mut().find(|(r, _)| *r == to) {
+                Some((_, rows)) => rows.push(m),
+                None => requests.push((to, vec![m])),
+            }
+        }
+        for (_, rows) in requests {
+            if self.measured(self.now) {
+                self.metrics.batches.count += 1;
+            }
+            let key = rows[0].row_key().clone();
+            self.start_rows(client, key, rows, true);
+        }
+    }
+
+    fn start_rows(&mut self, client: usize, key: Bytes, rows: Vec<RowMutation>, batch: bool) {
         let op = Op {
             client,
             mode: None,
             key,
             scope: 0,
             consistency: Consistency::Eventual,
-            mutation: Some(mutation),
+            rows,
+            batch,
             started: self.now,
             call: Call::Unplanned,
             attempts: Vec::new(),
@@ -326,7 +389,10 @@ impl Simulation {
                 }
                 None => {
                     if self.measured(op.started) {
-                        self.metrics.writes.errors += 1;
+                        match op.batch {
+                            false => self.metrics.writes.errors += 1,
+                            true => self.metrics.batches.errors += 1,
+                        }
                     }
                     self.trace([20, op.client as u64, 0, 0]);
                 }
@@ -521,7 +587,7 @@ impl Simulation {
                 self.finish_read(op.client, mode, op.started, Ok(()), Some(served))
             }
             (Some(mode), Err(e)) => self.finish_read(op.client, mode, op.started, Err(e), None),
-            (None, _) => self.fail_write(op.client, op.started),
+            (None, _) => self.fail_write(op.client, op.started, op.batch),
         }
     }
 
@@ -598,10 +664,17 @@ impl Simulation {
             return;
         };
         let client = op.client;
-        let write = op.mutation.clone().map(Box::new);
-        let bytes = ENVELOPE_BYTES
-            + op.key.len()
-            + op.mutation.as_ref().map_or(0, RowMutation::payload_bytes);
+        let write = (!op.rows.is_empty()).then(|| op.rows.clone().into_boxed_slice());
+        let bytes = match op.rows.as_slice() {
+            [] => ENVELOPE_BYTES + op.key.len(),
+            rows => {
+                ENVELOPE_BYTES
+                    + rows
+                        .iter()
+                        .map(|m| m.row_key().len() + m.payload_bytes())
+                        .sum::<usize>()
+            }
+        };
         let region = self.clients[client].region;
         self.count_client_bytes(region, replica, bytes);
         // The frontend's CPU first, when it shares the replicas' machine.
@@ -692,7 +765,7 @@ impl Simulation {
         attempt: u16,
         r: usize,
         client: usize,
-        write: Option<Box<RowMutation>>,
+        write: Option<Box<[RowMutation]>>,
         remote: Option<Box<RemoteRead>>,
     ) {
         let region = self.clients[client].region;
@@ -722,7 +795,7 @@ impl Simulation {
             return;
         }
         match write {
-            Some(m) => self.serve_write(op, attempt, r, client, *m),
+            Some(rows) => self.serve_write(op, attempt, r, client, rows),
             None => self.serve_read(op, attempt, r, client, remote),
         }
     }
@@ -848,6 +921,7 @@ impl Simulation {
                         let reply = Reply::Ok {
                             wm: Some(wm),
                             token: None,
+                            failed_rows: 0,
                         };
                         (reply, ENVELOPE_BYTES + key.len() + bytes)
                     }
@@ -868,58 +942,83 @@ impl Simulation {
         self.answer_at(done, op_ref, attempt, r, client, reply, bytes);
     }
 
-    fn serve_write(&mut self, op: OpRef, attempt: u16, r: usize, client: usize, m: RowMutation) {
-        // Proposed as it arrives; its turn goes to the disk once a core has served
-        // it, and it is acknowledged when that commit ends (`settle`).
+    /// A write of one row or a batch's rows (`mutate_rows`): every row checked
+    /// alone and proposed as it arrives, in order; the turn goes to the disk once
+    /// a core has served the request, and the write is answered when its rows'
+    /// commits end (`settle`, `row_done`). A request whose every row is refused
+    /// is refused (the client plans again after a location refresh).
+    fn serve_write(
+        &mut self,
+        op: OpRef,
+        attempt: u16,
+        r: usize,
+        client: usize,
+        rows: Box<[RowMutation]>,
+    ) {
         let cost = self.nodes[r].host.model().write;
+        let bytes = rows.iter().map(RowMutation::payload_bytes).sum();
         let done = self.nodes[r]
             .host
-            .run(self.now, Work::Write, cost, 1, m.payload_bytes());
-        // Waiting for more regions than the row's policy spans: refused unwritten.
-        if self.sc.workload.write_ack != WriteAck::Origin
-            && let Some(rep) = self.nodes[r].replica.as_ref()
-        {
-            let scope = rep.scope_of(m.table(), m.row_key());
-            if self.regions_to_wait_for(r, &scope).is_none() {
-                let refused = Reply::Err(ErrKind::Policy, None);
-                self.answer_at(done, op, attempt, r, client, refused, ENVELOPE_BYTES);
-                return;
-            }
-        }
-        let node = &mut self.nodes[r];
-        node.turn = Some(done);
-        let nw = node.now(self.now);
-        let Some(rep) = node.replica.as_mut() else {
-            return;
-        };
-        match rep.propose(nw, m.clone()) {
-            Ok(token) => {
-                let (Some(s), Some(o)) = (
-                    self.scopes.get(token.scope.as_str()),
-                    self.names.get(token.origin.as_str()),
-                ) else {
-                    return;
-                };
-                let st = self.checks.stream(s, o);
-                let v = &mut self.checks.proposed_us[st];
-                let i = (token.sequence - 1) as usize;
-                if v.len() <= i {
-                    v.resize(i + 1, u64::MAX);
+            .run(self.now, Work::Write, cost, rows.len(), bytes);
+        let n = rows.len() as u32;
+        let (mut proposed, mut first) = (0, None);
+        for (i, m) in rows.into_vec().into_iter().enumerate() {
+            // Waiting for more regions than the row's policy spans: refused unwritten.
+            if self.sc.workload.write_ack != WriteAck::Origin
+                && let Some(rep) = self.nodes[r].replica.as_ref()
+            {
+                let scope = rep.scope_of(m.table(), m.row_key());
+                if self.regions_to_wait_for(r, &scope).is_none() {
+                    continue;
                 }
-                v[i] = self.now.as_us();
-                self.pending_commits.insert(
-                    (r as u32, s as u32, token.sequence),
-                    (op, attempt, client as u32, m),
-                );
-                // The write is acknowledged from the `Committed` event of this flush.
-                self.settle(r);
             }
-            Err(_) => {
-                self.nodes[r].turn = None;
-                let refused = Reply::Err(ErrKind::Policy, None);
-                self.answer_at(done, op, attempt, r, client, refused, ENVELOPE_BYTES);
+            let node = &mut self.nodes[r];
+            let nw = node.now(self.now);
+            let Some(rep) = node.replica.as_mut() else {
+                return;
+            };
+            let Ok(token) = rep.propose(nw, m.clone()) else {
+                continue;
+            };
+            let (Some(s), Some(o)) = (
+                self.scopes.get(token.scope.as_str()),
+                self.names.get(token.origin.as_str()),
+            ) else {
+                continue;
+            };
+            let st = self.checks.stream(s, o);
+            let v = &mut self.checks.proposed_us[st];
+            let seq = (token.sequence - 1) as usize;
+            if v.len() <= seq {
+                v.resize(seq + 1, u64::MAX);
+            }
+            v[seq] = self.now.as_us();
+            self.pending_commits.insert(
+                (r as u32, s as u32, token.sequence),
+                (op, attempt, client as u32, m),
+            );
+            proposed += 1;
+            if i == 0 {
+                first = Some((s as u32, token.sequence));
             }
         }
+        if proposed == 0 {
+            let refused = Reply::Err(ErrKind::Policy, None);
+            self.answer_at(done, op, attempt, r, client, refused, ENVELOPE_BYTES);
+            return;
+        }
+        if n > 1 {
+            let wait = BatchWait {
+                left: proposed,
+                failed: n - proposed,
+                first,
+                token: None,
+            };
+            self.batch_waits.insert((op, attempt, r as u32), wait);
+        }
+        // Acknowledged from the `Committed` events of this flush.
+        self.nodes[r].turn = Some(done);
+        self.settle(r);
     }
 
     // ---- back at the client ---------------------------------------------------------
@@ -1011,12 +1110,16 @@ impl Simulation {
         // path's: routing and hedging must not learn from it (`Inner::ask`).
         let learns = op.mode.is_some() || self.sc.workload.write_ack == WriteAck::Origin;
         let client = &mut self.clients[op.client];
-        let result: std::result::Result<Option<Token>, ErrKind> = match reply {
+        let result: std::result::Result<(Option<Token>, u32), ErrKind> = match reply {
             Reply::Refused => {
                 client.mark_down(r, now);
                 Err(ErrKind::Unavailable)
             }
-            Reply::Ok { wm, token } => {
+            Reply::Ok {
+                wm,
+                token,
+                failed_rows,
+            } => {
                 if learns {
                     client.note_rtt(r, elapsed);
                     client
@@ -1031,7 +1134,7 @@ impl Simulation {
                 if let Some(w) = wm {
                     client.learn(r, scope, w, now_ms);
                 }
-                Ok(token)
+                Ok((token, failed_rows))
             }
             Reply::Err(kind, wm) => {
                 if learns {
@@ -1051,24 +1154,41 @@ impl Simulation {
             a.err = Some(*e);
         }
         op.call.handle_reply(now, attempt, reply);
-        if let (Ok(token), None, Some(Outcome::Served { .. })) =
+        if let (Ok((token, failed_rows)), None, Some(Outcome::Served { .. })) =
             (result, op.mode, op.call.outcome())
         {
             self.learn(op_ref);
             let op = self.ops.remove(op_ref).expect("live op");
-            self.write_acknowledged(op, r, token);
+            self.write_acknowledged(op, r, token, failed_rows);
             return;
         }
         self.drive(op_ref);
     }
 
-    fn write_acknowledged(&mut self, op: Op, r: usize, token: Option<Token>) {
-        if let (Some(m), Some(t)) = (&op.mutation, &token) {
+    /// `op` was answered by replica `r`: a write with its token, a batch with its
+    /// first row's (if that row was taken) and how many of its rows were refused.
+    fn write_acknowledged(&mut self, op: Op, r: usize, token: Option<Token>, failed_rows: u32) {
+        let latency = self.now.saturating_since(op.started);
+        if op.batch {
+            let rows = op.rows.len() as u64;
+            if self.measured(op.started) {
+                metrics::record(&mut self.metrics.batches.ok, latency.as_us());
+                let c = &mut self.metrics.counters;
+                c.batch_rows_acknowledged += rows - u64::from(failed_rows);
+                c.batch_rows_refused += u64::from(failed_rows);
+            }
+            self.trace([23, op.client as u64, r as u64, latency.as_us()]);
+            // Read-your-writes of the batch's first row.
+            if let Some(t) = token {
+                self.clients[op.client].last_write = Some((op.key, t));
+            }
+            return;
+        }
+        if let (Some(m), Some(t)) = (op.rows.first(), &token) {
             self.metrics.counters.increments_acknowledged += self
                 .checks
                 .count_acknowledged(m, Version::new(t.timestamp, t.origin.clone()));
         }
-        let latency = self.now.saturating_since(op.started);
         if self.measured(op.started) {
             metrics::record(&mut self.metrics.writes.ok, latency.as_us());
         }
@@ -1091,9 +1211,12 @@ impl Simulation {
         }
     }
 
-    fn fail_write(&mut self, client: usize, started: SimTime) {
+    fn fail_write(&mut self, client: usize, started: SimTime, batch: bool) {
         if self.measured(started) {
-            self.metrics.writes.errors += 1;
+            match batch {
+                false => self.metrics.writes.errors += 1,
+                true => self.metrics.batches.errors += 1,
+            }
             let (region, b) = (self.clients[client].region, self.bucket());
             self.metrics.series[region][b].write_errors += 1;
         }

@@ -902,9 +902,9 @@ impl Simulation {
         let p = &mut copies.parked;
         match ev {
             Ev::Request { write, remote, .. } => {
-                if let Some(w) = write {
+                for w in write.iter_mut().flat_map(|w| w.iter_mut()) {
                     let own = w.detached();
-                    p.mutations.push(std::mem::replace(&mut **w, own));
+                    p.mutations.push(std::mem::replace(w, own));
                 }
                 if let Some(r) = remote {
                     let own = Bytes::copy_from_slice(&r.key);
@@ -916,7 +916,7 @@ impl Simulation {
                 }
             }
             Ev::Response { reply, .. } => match &mut **reply {
-                Reply::Ok { wm, token } => {
+                Reply::Ok { wm, token, .. } => {
                     if let Some(wm) = wm {
                         self.own_watermarks(wm, p);
                     }
@@ -1075,6 +1075,7 @@ impl Simulation {
             }
         }
         m.writes.absorb(&om.writes);
+        m.batches.absorb(&om.batches);
         m.reads += om.reads;
         m.reads_ok += om.reads_ok;
         m.lag.add(&om.lag).expect("same histogram bounds");
