@@ -287,6 +287,42 @@ fn process(
         R::LocationChanges(c) => Ok(Response::LocationChanges(
             pangea_core::location::changes_page(r.location(), &c.cursor, c.limit),
         )),
+        // The node's `changes`: the cursor decoded (any bytes), the caller's
+        // scopes' streams read from the replica's log.
+        R::Changes(c) => {
+            use pangea_core::changes::{self, Cursor, Query, Stream};
+            let from = match c.cursor.is_empty() {
+                true => Cursor::default(),
+                false => Cursor::decode(&c.cursor)?,
+            };
+            // A decoded cursor encodes back to the same positions.
+            assert_eq!(Cursor::decode(&from.encode()).as_ref(), Ok(&from));
+            let scopes: Vec<ScopeId> = r.scopes().cloned().collect();
+            let streams: Vec<Stream> = scopes
+                .iter()
+                .filter(|s| may_touch(s).is_ok())
+                .filter_map(|s| r.watermarks(s))
+                .flat_map(|wm| {
+                    let scope = wm.scope.clone();
+                    wm.iter()
+                        .map(|(o, w)| Stream {
+                            scope: scope.clone(),
+                            origin: o.clone(),
+                            durable: w.sequence,
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let q = Query {
+                table: &c.table,
+                prefix: &c.prefix,
+                limit: (c.limit as usize).clamp(1, 1_000),
+                scan_max: 20_000,
+                bytes_max: 4 << 20,
+            };
+            let page = changes::read(r.storage(), &streams, &from, &q).map_err(|e| e.to_string())?;
+            Ok(Response::Changes(page.to_proto()))
+        }
         R::PlacementMove(_) | R::Audit(_) | R::Reload(_) | R::Deployment(_) => {
             Err("not mirrored".into())
         }

@@ -196,6 +196,20 @@ fn client_frames() -> Vec<Seed> {
             cursor: Bytes::from_static(b"\x02\0\0\0\0\0\0\0\x01\0\0\0\0\0\0\0\x05"),
             limit: 2,
         })),
+        // The EU rows' change stream from the start, then from a cursor at #1.
+        req(R::Changes(pb::ChangesRequest {
+            table: "ad_profiles".into(),
+            prefix: Bytes::from_static(b"eu/"),
+            from_earliest: true,
+            limit: 10,
+            ..Default::default()
+        })),
+        req(R::Changes(pb::ChangesRequest {
+            table: "ad_profiles".into(),
+            cursor: pangea_core::changes::Cursor::default().encode(),
+            limit: 1,
+            ..Default::default()
+        })),
     ]);
     // A loader's merge of a pre-versioned row, then reads of it.
     let mut merged = RowState::default();

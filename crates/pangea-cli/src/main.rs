@@ -53,6 +53,7 @@ pub(crate) fn parse_duration(s: &str) -> anyhow::Result<std::time::Duration> {
 mod bench_cmd;
 mod calibrate_cmd;
 mod certs_cmd;
+mod changes_cmd;
 mod cluster_cmd;
 mod data_cmd;
 mod demo_cmd;
@@ -108,6 +109,9 @@ enum Command {
     /// Rows whose key starts with a prefix (and falls in a key range), forward or
     /// reverse, with server-side filters.
     Scan(data_cmd::ScanArgs),
+    /// A table's change stream: every committed write (of rows under --prefix),
+    /// each origin's in order, with the cursor to resume from.
+    Changes(changes_cmd::ChangesArgs),
     /// Bulk-load batch-built rows into a table from NDJSON or length-delimited
     /// protobuf, each row written once at the nearest replica its placement allows and
     /// replicated along the trees; progress on stderr, a throughput and latency report
@@ -198,6 +202,7 @@ fn main() -> std::process::ExitCode {
         Command::Incr(a) => data_cmd::incr(a),
         Command::Delete(a) => data_cmd::delete(a),
         Command::Scan(a) => data_cmd::scan(a),
+        Command::Changes(a) => changes_cmd::run(a),
         Command::Load(a) => load_cmd::run(a),
         Command::Watermarks(a) => data_cmd::watermarks(a),
         Command::Store(cmd) => store_cmd::run(cmd),

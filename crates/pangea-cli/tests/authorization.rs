@@ -338,6 +338,24 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
                 }),
             ),
             (
+                "changes",
+                pb::client_request::Request::Changes(pb::ChangesRequest {
+                    table: TABLE.into(),
+                    from_earliest: true,
+                    limit: 10,
+                    ..Default::default()
+                }),
+            ),
+            (
+                "changes _jobs",
+                pb::client_request::Request::Changes(pb::ChangesRequest {
+                    table: "_jobs".into(),
+                    from_earliest: true,
+                    limit: 10,
+                    ..Default::default()
+                }),
+            ),
+            (
                 "scan _jobs",
                 pb::client_request::Request::ScanPrefix(pb::ScanPrefixRequest {
                     table: "_jobs".into(),
@@ -381,6 +399,8 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
             /* watermarks      */ [Served,     Served,     Served],
             /* deployment      */ [Served,     Served,     Served],
             /* location changes*/ [Served,     Served,     Served],
+            /* changes         */ [Served,     Served,     Denied],
+            /* changes _jobs   */ [Denied, Denied, Invalid],
             /* scan _jobs      */ [Denied, Denied, Served],
             /* audit           */ [Denied, Denied, Served],
             /* reload          */ [Denied, Denied, Served],

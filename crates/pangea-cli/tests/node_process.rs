@@ -315,6 +315,7 @@ fn error_kind(e: &ClientError) -> &'static str {
         ClientError::InvalidInput(_) => "invalid input",
         ClientError::NotFound(_) => "not found",
         ClientError::NotReplicated { .. } => "not replicated",
+        ClientError::CursorExpired(_) => "cursor expired",
         ClientError::Internal(_) => "internal",
     }
 }

@@ -108,9 +108,11 @@ pub(crate) async fn run(path: &std::path::Path) -> Result<String, Box<dyn std::e
         "frontend",
     )?)
     .await?;
+    // A fresh client's first read may need a handshake with the token's origin
+    // across the ocean (the fallback race): a deadline of a few round trips.
     let opts = ReadOptions::default()
         .with_consistency(Consistency::Watermark(written.value))
-        .with_deadline(Duration::from_millis(500));
+        .with_deadline(Duration::from_secs(2));
     let seen = europe.get_profile(user, &opts).await?;
     let red = seen
         .value
@@ -125,7 +127,7 @@ pub(crate) async fn run(path: &std::path::Path) -> Result<String, Box<dyn std::e
     if let Some(counted) = counted {
         let opts = ReadOptions::default()
             .with_consistency(Consistency::Watermark(counted.value))
-            .with_deadline(Duration::from_millis(500));
+            .with_deadline(Duration::from_secs(2));
         let now = europe.impressions(user, CAMPAIGN, &opts).await?;
         writeln!(
             out,

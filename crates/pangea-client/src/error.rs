@@ -55,6 +55,11 @@ pub enum Error {
         token: Option<pangea_core::Token>,
         detail: String,
     },
+    /// A change stream's cursor is behind what every replica asked still keeps
+    /// of one of its streams (the table's `changes.retention` passed, or the
+    /// replica caught up from a snapshot): resume from a backup or from now.
+    #[error("change cursor expired: {0}")]
+    CursorExpired(String),
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -82,6 +87,7 @@ impl Error {
                 token: pangea_core::Token::decode(&e.token).ok(),
                 detail: msg,
             },
+            Code::CursorExpired => Error::CursorExpired(msg),
             Code::Internal | Code::Unspecified => Error::Internal(msg),
         }
     }
@@ -100,6 +106,7 @@ impl Error {
             Error::InvalidInput(_) => "invalid_input",
             Error::NotFound(_) => "not_found",
             Error::NotReplicated { .. } => "not_replicated",
+            Error::CursorExpired(_) => "cursor_expired",
             Error::Internal(_) => "internal",
         }
     }
@@ -113,6 +120,8 @@ impl Error {
                 | Error::TooStale(_)
                 | Error::DeadlineExceeded { .. }
                 | Error::NotCovered { .. }
+                // Another replica may keep more of the log.
+                | Error::CursorExpired(_)
         )
     }
 }

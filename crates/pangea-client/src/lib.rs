@@ -25,6 +25,7 @@
 
 mod batch;
 pub mod bulk;
+pub mod changes;
 pub mod error;
 pub mod options;
 mod read;
@@ -32,6 +33,7 @@ mod trace;
 mod transport;
 
 pub use batch::{BATCH_BYTES_MAX, BATCH_ROWS_MAX};
+pub use changes::{Change, ChangesFrom, ChangesPage};
 pub use error::Error;
 pub use options::{Ack, HedgePolicy, ReadOptions, ScanOptions, WriteOptions};
 pub use pangea_core::filter::Pattern;

@@ -24,6 +24,7 @@ pub(crate) enum Op {
     Scan,
     Mutate,
     MutateRows,
+    Changes,
 }
 
 /// Why a request was sent (the `kind` attribute of an attempt span).
@@ -78,6 +79,7 @@ impl Traced {
             Op::Scan => call_span!("pangea.scan"),
             Op::Mutate => call_span!("pangea.mutate"),
             Op::MutateRows => call_span!("pangea.mutate_rows"),
+            Op::Changes => call_span!("pangea.changes"),
         };
         Traced::new(span, consistency, key)
     }

@@ -158,6 +158,8 @@ pub fn action_of(req: &pb::ClientRequest) -> Option<Action<'_>> {
         R::Get(g) => Action::Read { table: &g.table },
         R::GetMany(g) => Action::Read { table: &g.table },
         R::ScanPrefix(s) => Action::Read { table: &s.table },
+        // A change stream shows what reads of the table would.
+        R::Changes(c) => Action::Read { table: &c.table },
         // The location metadata a replica holds: exactly what a scan of it reads.
         R::LocationChanges(_) => Action::Read {
             table: crate::location::LOCATION_TABLE,
@@ -641,6 +643,7 @@ policies = ["global"]
             .into(),
             partition_key: None,
             event_time: None,
+            change_retention_ms: None,
         };
         let mut row = RowState::default();
         let inc = Mutation::Increment {

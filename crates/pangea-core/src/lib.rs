@@ -48,6 +48,7 @@
 //! Invariants cited as `I<n>` are numbered in `docs/invariants.md`.
 
 pub mod auth;
+pub mod changes;
 pub mod digest;
 mod error;
 pub mod filter;

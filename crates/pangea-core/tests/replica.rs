@@ -1315,3 +1315,86 @@ fn event_times_are_taken_within_the_window_and_are_the_cells_version_everywhere(
         );
     }
 }
+
+/// Change streams (the `changes` module): with a table's `changes.retention`,
+/// an origin's log keeps entries every member applied until they are that old,
+/// a reader from the start sees each write once in its order, and once the
+/// retention has passed the log is purged and a cursor from before it is
+/// refused by name rather than answered with a gap.
+#[test]
+fn a_change_stream_reads_the_log_kept_for_its_retention() {
+    use pangea_core::changes::{self, ChangesError, Cursor, Query, Stream};
+    let mut d = (*deployment()).clone();
+    let table = d.placement.schema.tables.get_mut("ad_profiles").unwrap();
+    table.change_retention_ms = Some(3_000);
+    let d = Arc::new(d);
+    let mut rs = all_replicas(&d);
+    let a = rs.get_mut("euw1-a").unwrap();
+    let tokens: Vec<Token> = (0..10)
+        .map(|i| a.propose(at(1), set(&format!("us/{i}"), "v")).unwrap())
+        .collect();
+    pump(&mut rs, at(2));
+    // Every member has applied them; two compactions later they are kept.
+    run(&mut rs, 50, 2_000);
+    let (scope, origin) = (&tokens[0].scope, ReplicaId::from("euw1-a"));
+    let bounds = |rs: &BTreeMap<String, Replica<MemStorage>>, id: &str| {
+        rs[id].storage().log_bounds(scope, &origin).unwrap()
+    };
+    assert_eq!(bounds(&rs, "euw1-a"), Some((1, 10)));
+    assert_eq!(
+        bounds(&rs, "use1-a"),
+        Some((1, 10)),
+        "kept where applied too"
+    );
+    let streams = |rs: &BTreeMap<String, Replica<MemStorage>>, id: &str| -> Vec<Stream> {
+        let wm = rs[id].watermarks(scope).unwrap();
+        wm.iter()
+            .map(|(o, w)| Stream {
+                scope: scope.clone(),
+                origin: o.clone(),
+                durable: w.sequence,
+            })
+            .collect()
+    };
+    let q = Query {
+        table: "ad_profiles",
+        prefix: b"us/",
+        limit: 100,
+        scan_max: 10_000,
+        bytes_max: 1 << 20,
+    };
+    let page = changes::read(
+        rs["use1-a"].storage(),
+        &streams(&rs, "use1-a"),
+        &Cursor::default(),
+        &q,
+    )
+    .unwrap();
+    let seen: Vec<u64> = page.changes.iter().map(|c| c.sequence).collect();
+    assert_eq!(seen, (1..=10).collect::<Vec<_>>());
+    assert_eq!(page.changes[3].mutation.row_key().as_ref(), b"us/3");
+    assert_eq!(page.changes[3].timestamp, tokens[3].timestamp);
+    // Past the retention: purged, and the old cursor is refused.
+    run(&mut rs, 2_050, 4_500);
+    assert_eq!(bounds(&rs, "use1-a"), None);
+    let err = changes::read(
+        rs["use1-a"].storage(),
+        &streams(&rs, "use1-a"),
+        &Cursor::default(),
+        &q,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, ChangesError::Expired { read: 0, .. }),
+        "{err}"
+    );
+    // The cursor the reader had kept reads on.
+    let page = changes::read(
+        rs["use1-a"].storage(),
+        &streams(&rs, "use1-a"),
+        &page.cursor,
+        &q,
+    )
+    .unwrap();
+    assert!(page.changes.is_empty() && !page.more);
+}

@@ -125,6 +125,7 @@ impl Failure {
             Code::NotFound => "not_found",
             Code::Unavailable => "unavailable",
             Code::NotReplicated => "not_replicated",
+            Code::CursorExpired => "cursor_expired",
             _ => "internal",
         }
     }
@@ -420,6 +421,7 @@ fn describe(req: &pb::ClientRequest) -> (&'static str, &'static str) {
         Some(R::Watermarks(_)) => ("watermarks", "none"),
         Some(R::Deployment(_)) => ("deployment", "none"),
         Some(R::LocationChanges(_)) => ("location_changes", "none"),
+        Some(R::Changes(_)) => ("changes", "none"),
         Some(R::PlacementMove(_)) => ("placement_move", "none"),
         Some(R::Audit(_)) => ("audit", "none"),
         Some(R::Reload(_)) => ("reload", "none"),
@@ -734,6 +736,89 @@ type Served = (Body, Option<Arc<ScopeWatermarks>>);
 /// One page of a scan (`ScanPrefixRequest`): rows under the prefix and in the
 /// range, forward or back, past the resume key; filtered, sampled, bounded in
 /// rows and bytes (docs/protocol.md "Scan prefix").
+/// Most changes in one answer of a change stream (`limit` 0 or above it).
+const CHANGES_PAGE_MAX: usize = 1_000;
+/// Most log entries one answer looks at, and most mutation bytes it carries
+/// (at least one change whatever its size: a row is at most 16 MiB).
+const CHANGES_SCAN_MAX: usize = 20_000;
+const CHANGES_BYTES_MAX: usize = 4 << 20;
+
+/// A page of a table's change stream (`pangea_core::changes`): the scopes this
+/// process answers for that the caller's app profile may read (data residency:
+/// a scope it may not read is passed over, as the watermarks request does),
+/// each origin's stream from the cursor up to what this replica holds durably.
+fn changes(
+    shared: &Shared,
+    caller: &Principal,
+    limits: &Limits,
+    c: pb::ChangesRequest,
+) -> Result<pb::ChangesResponse, Failure> {
+    use pangea_core::changes::{ChangesError, Cursor, Query, Stream};
+    key_within(limits, &c.prefix, "prefix")?;
+    let d = shared.deployment();
+    known_table(&d, &c.table)?;
+    if d.placement
+        .schema
+        .table(&c.table)
+        .and_then(|t| t.change_retention_ms)
+        .is_none()
+    {
+        return Err(Failure::new(
+            Code::InvalidArgument,
+            format!(
+                "table {:?} has no change stream: give it `changes = {{ retention = \"24h\" }}` \
+                 in the placement file",
+                c.table
+            ),
+        ));
+    }
+    let from = match c.cursor.is_empty() {
+        true => None,
+        false => Some(
+            Cursor::decode(&c.cursor)
+                .map_err(|e| Failure::new(Code::InvalidArgument, format!("cursor: {e}")))?,
+        ),
+    };
+    let streams: Vec<Stream> = shared
+        .published
+        .watermarks()
+        .values()
+        .filter(|w| d.answers(&shared.id, &w.scope, false))
+        .filter(|w| auth::authorize_rows(&d, caller, &w.scope).is_ok())
+        .flat_map(|w| {
+            w.iter().map(|(origin, m)| Stream {
+                scope: w.scope.clone(),
+                origin: origin.clone(),
+                durable: m.sequence,
+            })
+        })
+        .collect();
+    let from = match from {
+        Some(cursor) => cursor,
+        None if c.from_earliest => Cursor::default(),
+        None => Cursor::at(&streams),
+    };
+    let q = Query {
+        table: &c.table,
+        prefix: &c.prefix,
+        limit: match c.limit as usize {
+            0 => CHANGES_PAGE_MAX,
+            n => n.min(CHANGES_PAGE_MAX),
+        },
+        scan_max: CHANGES_SCAN_MAX,
+        bytes_max: CHANGES_BYTES_MAX,
+    };
+    let page = shared
+        .read_changes(&streams, &from, &q)
+        .map_err(|e| match e {
+            ChangesError::Expired { .. } => {
+                Failure::new(Code::CursorExpired, format!("replica {}: {e}", shared.id))
+            }
+            ChangesError::Storage(e) => Failure::from(CoreError::from(e)),
+        })?;
+    Ok(page.to_proto())
+}
+
 fn scan(
     shared: &Shared,
     caller: &Principal,
@@ -1375,7 +1460,7 @@ async fn execute(
     // the next candidate (readiness.rs).
     if matches!(
         req.request,
-        Some(R::Get(_) | R::GetMany(_) | R::ScanPrefix(_) | R::LocationChanges(_))
+        Some(R::Get(_) | R::GetMany(_) | R::ScanPrefix(_) | R::LocationChanges(_) | R::Changes(_))
     ) {
         let phase = shared.phase();
         if phase != crate::readiness::Phase::Ready {
@@ -1510,6 +1595,10 @@ async fn execute(
                 .map_err(|e| Failure::new(Code::InvalidArgument, e))?;
             Ok((W::Reload(pb::ReloadResponse { changes }).into(), None))
         }
+        R::Changes(c) => Ok((
+            W::Changes(changes(shared, caller, &limits, c)?).into(),
+            None,
+        )),
         R::LocationChanges(r) => {
             let page = shared
                 .published

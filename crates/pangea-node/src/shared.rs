@@ -179,6 +179,17 @@ impl Shared {
         }
     }
 
+    /// A page of a change stream from the store's replication log
+    /// (`pangea_core::changes::read`).
+    pub(crate) fn read_changes(
+        &self,
+        streams: &[pangea_core::changes::Stream],
+        from: &pangea_core::changes::Cursor,
+        q: &pangea_core::changes::Query<'_>,
+    ) -> Result<pangea_core::changes::Page, pangea_core::changes::ChangesError> {
+        self.with_store(|s| Ok(pangea_core::changes::read(s, streams, from, q)))?
+    }
+
     /// Puts a (re)opened store in place, or takes it away (`None`) so that it can
     /// be reopened: fjall opens a directory only once all its handles are gone.
     pub(crate) fn set_store(&self, store: Option<Store>) {

@@ -112,6 +112,7 @@ impl Fresh {
                         families,
                         partition_key: t.partition_key.clone(),
                         event_time: t.event_time,
+                        change_retention_ms: t.change_retention_ms,
                     };
                     (self.name(name), schema)
                 })

@@ -19,6 +19,10 @@ use std::sync::Arc;
 /// The built-in policy that allows every region.
 pub const GLOBAL_POLICY: &str = "global";
 
+/// Longest change-stream retention a table may ask for: every replica keeps
+/// every log entry of its scopes this long.
+pub const CHANGE_RETENTION_MAX_MS: u64 = 30 * 86_400_000;
+
 /// A placement policy: the regions whose replicas may hold its rows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Policy {
@@ -100,6 +104,7 @@ fn add_system_tables(schema: &mut Schema) {
                 families,
                 partition_key: None,
                 event_time: None,
+                change_retention_ms: None,
             },
         );
     }
@@ -426,6 +431,22 @@ impl Placement {
                     future_ms: future?,
                 })
             });
+            let change_retention_ms = t.changes.as_ref().and_then(|c| {
+                let ms = parse_duration_ms(&c.retention)
+                    .filter(|ms| (1_000..=CHANGE_RETENTION_MAX_MS).contains(ms));
+                if ms.is_none() {
+                    p(
+                        ProblemKind::InvalidValue,
+                        &k.key("changes").key("retention"),
+                        format!(
+                            "retention {:?} is not a duration like \"1h\", \"24h\", \"7d\" \
+                             of 1s to 30d",
+                            c.retention
+                        ),
+                    );
+                }
+                ms
+            });
             table_defaults.insert(name.clone(), ScopeId::new(t.default_policy.as_str()));
             schema.tables.insert(
                 name,
@@ -433,6 +454,7 @@ impl Placement {
                     families,
                     partition_key,
                     event_time,
+                    change_retention_ms,
                 },
             );
         }

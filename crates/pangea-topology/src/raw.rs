@@ -126,6 +126,15 @@ pub struct RawTable {
     pub partition_key: Option<RawPartitionKey>,
     /// Whether writes may carry an event time, and how far from the clock.
     pub event_time: Option<RawEventTime>,
+    /// Change streams: how long the replication log keeps the table's changes.
+    pub changes: Option<RawChanges>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawChanges {
+    /// A duration: how long a change stays readable (`"24h"`).
+    pub retention: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -133,6 +133,9 @@ pub struct TableSchema {
     /// `None`: writes take the replica's clock only; `Some`: a write may carry
     /// its own event time within this window.
     pub event_time: Option<EventTimeWindow>,
+    /// `Some`: the table has a change stream, and replicas keep its changes
+    /// in their replication log this long (ms) after they were written.
+    pub change_retention_ms: Option<u64>,
 }
 
 /// How far from the accepting replica's clock a write's event time may lie
@@ -178,6 +181,16 @@ impl Schema {
         self.tables.get(table)
     }
 
+    /// The longest change-stream retention of any table (ms), if any table
+    /// has a change stream: how long replicas keep every replication log
+    /// entry (a scope's log holds every table's writes).
+    pub fn change_retention_ms(&self) -> Option<u64> {
+        self.tables
+            .values()
+            .filter_map(|t| t.change_retention_ms)
+            .max()
+    }
+
     /// The tables applications use: all but the system tables (`_location`,
     /// `_jobs`), in name order.
     pub fn user_tables(&self) -> impl Iterator<Item = &Arc<str>> {
@@ -194,6 +207,7 @@ impl Schema {
             families,
             partition_key: None,
             event_time: None,
+            change_retention_ms: None,
         };
         Schema {
             tables: BTreeMap::from([(Arc::from(table), schema)]),

@@ -326,6 +326,34 @@ fn placement_problems() {
 }
 
 #[test]
+fn change_stream_retention() {
+    // A table with a change stream: every table's log is kept its retention.
+    let text = PLACEMENT.replace(
+        "name = \"ad_profiles\"\n",
+        "name = \"ad_profiles\"\nchanges = { retention = \"24h\" }\n",
+    );
+    let p = placement(&text).unwrap();
+    let table = p.schema.table("ad_profiles").unwrap();
+    assert_eq!(table.change_retention_ms, Some(86_400_000));
+    assert_eq!(p.schema.change_retention_ms(), Some(86_400_000));
+    assert_eq!(
+        placement(PLACEMENT).unwrap().schema.change_retention_ms(),
+        None
+    );
+    // Out of 1 s ..= 30 d, or not a duration: named by file, line and key.
+    for bad in ["\"31d\"", "\"0s\"", "\"a while\""] {
+        let text = text.replace("\"24h\"", bad);
+        let p = placement(&text).unwrap_err();
+        assert!(
+            p.0.iter().any(|x| x.key == "tables[0].changes.retention"
+                && x.line == Some(3)
+                && x.message.contains("of 1s to 30d")),
+            "{p}"
+        );
+    }
+}
+
+#[test]
 fn counter_families() {
     // A counter family, declared by `type`; with a TTL it forgets old increments.
     let text = PLACEMENT.replace(

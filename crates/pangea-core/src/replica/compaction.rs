@@ -19,16 +19,24 @@ impl<S: Storage> Replica<S> {
     /// stopped at its budget, and should go on soon.
     #[inline(never)]
     pub(super) fn compact(&mut self, now: Now) -> Result<bool, Error> {
-        let more = self.purge_logs()?;
+        let more = self.purge_logs(now)?;
         self.sweep_rows(now)?;
         Ok(more)
     }
 
     /// Recomputes purge horizons and truncates the logs below them, removing at
     /// most [`PURGE_ENTRIES_MAX`] entries; `true` if it left some for later.
-    pub(super) fn purge_logs(&mut self) -> Result<bool, Error> {
+    /// With change streams (a table's `changes.retention`), an entry also stays
+    /// until it is that old (by its HLC time against this replica's clock).
+    pub(super) fn purge_logs(&mut self, now: Now) -> Result<bool, Error> {
         let mut budget = PURGE_ENTRIES_MAX;
         let mut more = false;
+        let keep_after = self
+            .deployment
+            .placement
+            .schema
+            .change_retention_ms()
+            .map(|ms| Timestamp::new(now.wall_ms.saturating_sub(ms), 0));
         let scopes: Vec<ScopeId> = self.scopes.keys().cloned().collect();
         for scope in scopes {
             let s = self.scopes.get_mut(&scope).expect("listed above");
@@ -67,7 +75,11 @@ impl<S: Storage> Replica<S> {
                 if let Some((first, _)) = self.storage.log_bounds(&scope, o)?
                     && first < keep_from
                 {
-                    let take = (keep_from - first).min(budget);
+                    let mut take = (keep_from - first).min(budget);
+                    if let Some(keep_after) = keep_after {
+                        take =
+                            entries_older_than(&self.storage, &scope, o, first, take, keep_after)?;
+                    }
                     more |= take < keep_from - first;
                     budget -= take;
                     if take > 0 {
@@ -146,4 +158,24 @@ impl<S: Storage> Replica<S> {
         }
         Ok(())
     }
+}
+
+/// How many of the `max` log entries of (scope, origin) from `first` on were
+/// written before `before` (entries are in time order: an origin's clock only
+/// moves forward). The first entry is looked at alone, so a log kept for
+/// retention costs one read a compaction until its head is old enough.
+fn entries_older_than<S: Storage>(
+    storage: &S,
+    scope: &ScopeId,
+    origin: &ReplicaId,
+    first: u64,
+    max: u64,
+    before: Timestamp,
+) -> Result<u64, Error> {
+    let head = storage.read_log(scope, origin, first, 1)?;
+    if head.first().is_none_or(|e| e.timestamp >= before) || max <= 1 {
+        return Ok(u64::from(head.first().is_some_and(|e| e.timestamp < before)).min(max));
+    }
+    let entries = storage.read_log(scope, origin, first, max as usize)?;
+    Ok(entries.iter().take_while(|e| e.timestamp < before).count() as u64)
 }

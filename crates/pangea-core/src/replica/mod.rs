@@ -1588,7 +1588,7 @@ impl<S: Storage> Replica<S> {
             let more = self.compact(now)?;
             self.purge_again_at_us = more.then_some(now.mono_us + compaction::PURGE_AGAIN_US);
         } else if self.purge_again_at_us.is_some_and(|t| now.mono_us >= t) {
-            let more = self.purge_logs()?;
+            let more = self.purge_logs(now)?;
             self.purge_again_at_us = more.then_some(now.mono_us + compaction::PURGE_AGAIN_US);
         }
         Ok(())
