@@ -286,3 +286,34 @@ def test_filters_ranges_counters_event_times_and_reads_as_of_a_time(cluster: Clu
                 assert r.value is not None and r.value.value("events", "c") == want
 
     run(go())
+
+
+def test_change_streams_resume_from_a_cursor(cluster: Cluster) -> None:
+    async def go() -> None:
+        async with await connect(cluster, "us-east-1") as c:
+            start = await c.read_changes(T, "us/feed/", deadline=READ)
+            assert start.value.changes == [] and start.value.cursor
+            written = {}
+            for i in range(3):
+                w = await c.mutate(T, f"us/feed/{i}", [SetCell("profile", "p", f"v{i}")], deadline=WRITE)
+                written[(w.value.scope, w.value.origin, w.value.sequence)] = f"us/feed/{i}".encode()
+            seen: dict[tuple[str, str, int], bytes] = {}
+            cursor = start.value.cursor
+            for _ in range(50):
+                page = await c.read_changes(T, "us/feed/", cursor=cursor, deadline=READ)
+                for ch in page.value.changes:
+                    assert ch.mutation.table == T
+                    seen[(ch.scope, ch.origin, ch.sequence)] = ch.mutation.row_key
+                cursor = page.value.cursor
+                if written.items() <= seen.items():
+                    break
+                await asyncio.sleep(0.1)
+            assert written.items() <= seen.items(), (written, seen)
+            # Resumed from the cursor: nothing again.
+            again = await c.read_changes(T, "us/feed/", cursor=cursor, deadline=READ)
+            assert again.value.changes == []
+            # A cursor that is not one is refused by name.
+            with pytest.raises(InvalidArgument, match="cursor"):
+                await c.read_changes(T, "us/feed/", cursor=b"\xff\xff", deadline=READ)
+
+    run(go())

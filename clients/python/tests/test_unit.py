@@ -271,3 +271,14 @@ def test_write_attempt_silent_after_sending_is_ambiguous() -> None:
     assert [x for x, _ in t.told] == ["use1-a"]
     assert 95_000 <= t.told[0][1] <= 100_000, "told the budget, not the budget and grace"
     assert waited >= 0.115, "waited the 20 ms grace past the budget"
+
+
+def test_error_codes_map_to_their_classes() -> None:
+    from pangea_client import CursorExpired, NotReplicated
+    from pangea_client.errors import Internal, from_wire
+
+    e = from_wire(10, "behind the log", b"", "use1-a")
+    assert isinstance(e, CursorExpired) and e.retryable and e.code == 10
+    assert isinstance(from_wire(9, "late", b"t", "use1-a"), NotReplicated)
+    unknown = from_wire(42, "?", b"", "use1-a")
+    assert isinstance(unknown, Internal) and "error code 42" in str(unknown)

@@ -16,6 +16,7 @@ from .deployment import ClusterFile, Deployment
 from .errors import (
     Ambiguous,
     ConfigError,
+    CursorExpired,
     DeadlineExceeded,
     Internal,
     InvalidArgument,
@@ -30,6 +31,8 @@ from .errors import (
 )
 from .rows import (
     Cell,
+    Change,
+    ChangesPage,
     DeleteFromColumn,
     DeleteFromFamily,
     DeleteFromRow,
@@ -43,7 +46,8 @@ from .rows import (
 from .transport import Credential
 
 __all__ = [
-    "AdProfile", "Ambiguous", "AsOf", "Bounded", "Cell", "Client", "ClusterFile", "ConfigError", "Credential",
+    "AdProfile", "Ambiguous", "AsOf", "Bounded", "Cell", "Change", "ChangesPage", "Client", "ClusterFile",
+    "ConfigError", "Credential", "CursorExpired",
     "DeadlineExceeded", "DeleteFromColumn", "DeleteFromFamily", "DeleteFromRow", "Deployment", "Eventual", "Family",
     "FrequencyCap", "Increment", "Internal", "InvalidArgument", "Lost", "NotCovered", "NotFound", "NotReplicated", "PangeaError",
     "PolicyForbids", "Response", "Row", "RowAffinity", "ScanPage", "ScopeWatermarks", "Segment", "SetCell", "Token",

@@ -55,7 +55,7 @@ from .errors import (
 from .location import LOCATION_ENTRIES_MAX, Location, LocationEntry
 from .pb import client_pb2 as pb
 from .routing import Candidate, Peers, plan_read
-from .rows import Increment, Mutation, Row, ScanPage, row_filter
+from .rows import Change, ChangesPage, Increment, Mutation, Row, ScanPage, row_filter
 from .transport import Credential, Transport
 
 log = logging.getLogger("pangea_client")
@@ -329,6 +329,28 @@ class Client:
         r = await self._read(table, prefix, pb.ClientRequest(scan_prefix=req), consistency, deadline, hedge)
         page = ScanPage([Row.from_proto(x) for x in r.value.rows], r.value.resume_key)
         return self._respond(r, page)
+
+    async def read_changes(
+        self,
+        table: str,
+        prefix: bytes | str = b"",
+        *,
+        cursor: bytes = b"",
+        from_earliest: bool = False,
+        limit: int = 0,
+        deadline: float = 2.0,
+    ) -> Response[ChangesPage]:
+        """One page of `table`'s change stream under `prefix` (§3 "Changes";
+        docs/client.md "Change streams"): the committed writes after `cursor`
+        (empty: from now, or with `from_earliest` from the oldest the replica
+        keeps), each origin's in its order, at most `limit` (0: 1,000). Pass
+        `value.cursor` back for the next page; `value.more`: ask again at once.
+        At least once: a resumed cursor repeats what came after it."""
+        prefix = _bytes(prefix)
+        req = pb.ChangesRequest(table=table, prefix=prefix, cursor=cursor, from_earliest=from_earliest, limit=limit)
+        r = await self._read(table, prefix, pb.ClientRequest(changes=req), Eventual(), deadline, False)
+        changes = [Change(c.scope, c.origin, c.sequence, c.timestamp, c.mutation) for c in r.value.changes]
+        return self._respond(r, ChangesPage(changes, r.value.cursor, r.value.more))
 
     async def watermarks(self, replica: str, scope: str = "", deadline: float = 2.0) -> list[ScopeWatermarks]:
         """One replica's watermarks (§3 "Watermarks"), for `scope` or every scope."""

@@ -101,6 +101,14 @@ class NotReplicated(PangeaError):
         self.token = token
 
 
+class CursorExpired(PangeaError):
+    """A change stream's cursor is behind what the replica's log still holds
+    (code 10): another replica may hold more; else start again from now."""
+
+    code = 10
+    retryable = True
+
+
 class Lost(PangeaError):
     """The request went out but its connection or stream failed before an answer
     (§4: counts as UNAVAILABLE; a read asks the next replica)."""
@@ -130,6 +138,7 @@ _NAMES = {
     7: "UNAVAILABLE",
     8: "INTERNAL",
     9: "NOT_REPLICATED",
+    10: "CURSOR_EXPIRED",
 }
 
 _BY_CODE: dict[int, type[PangeaError]] = {
@@ -141,6 +150,7 @@ _BY_CODE: dict[int, type[PangeaError]] = {
     6: PolicyForbids,
     7: Unavailable,
     8: Internal,
+    10: CursorExpired,
 }
 
 

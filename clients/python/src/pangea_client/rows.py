@@ -70,6 +70,29 @@ class ScanPage:
     resume_key: bytes
 
 
+@dataclass(frozen=True)
+class Change:
+    """One committed write of a change stream (§3 "Changes"): (`scope`,
+    `origin`, `sequence`) names it; `timestamp` is its HLC time; `mutation` the
+    row mutation as logged (`table`, `row_key`, `mutations`)."""
+
+    scope: str
+    origin: str
+    sequence: int
+    timestamp: int
+    mutation: data_pb2.RowMutation
+
+
+@dataclass(frozen=True)
+class ChangesPage:
+    """A page of a change stream: pass `cursor` back for the next one (save it
+    once the changes are handled); `more`: ask again at once."""
+
+    changes: list[Change]
+    cursor: bytes
+    more: bool
+
+
 # Mutations (§3 "Mutate"): applied atomically, all or nothing.
 
 
