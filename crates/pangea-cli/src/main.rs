@@ -50,6 +50,7 @@ pub(crate) fn parse_duration(s: &str) -> anyhow::Result<std::time::Duration> {
         .with_context(|| format!("duration {s:?}: like 500ms, 10s, 5m"))
 }
 
+mod backup_cmd;
 mod bench_cmd;
 mod calibrate_cmd;
 mod certs_cmd;
@@ -112,6 +113,10 @@ enum Command {
     /// A table's change stream: every committed write (of rows under --prefix),
     /// each origin's in order, with the cursor to resume from.
     Changes(changes_cmd::ChangesArgs),
+    /// Backups of a running cluster and point-in-time restores: create
+    /// (full or incremental), restore, verify, show.
+    #[command(subcommand)]
+    Backup(backup_cmd::BackupCommand),
     /// Bulk-load batch-built rows into a table from NDJSON or length-delimited
     /// protobuf, each row written once at the nearest replica its placement allows and
     /// replicated along the trees; progress on stderr, a throughput and latency report
@@ -203,6 +208,7 @@ fn main() -> std::process::ExitCode {
         Command::Delete(a) => data_cmd::delete(a),
         Command::Scan(a) => data_cmd::scan(a),
         Command::Changes(a) => changes_cmd::run(a),
+        Command::Backup(c) => backup_cmd::run(c),
         Command::Load(a) => load_cmd::run(a),
         Command::Watermarks(a) => data_cmd::watermarks(a),
         Command::Store(cmd) => store_cmd::run(cmd),

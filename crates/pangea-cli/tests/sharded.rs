@@ -75,6 +75,7 @@ async fn replicas_of_many_processes_each_hold_their_groups_rows() -> Result<()> 
                         limit: 1_000,
                         ..Default::default()
                     },
+                    &Default::default(),
                     Duration::from_secs(5),
                 )
                 .await?;

@@ -82,3 +82,55 @@ impl Client {
         })
     }
 }
+
+impl Client {
+    /// One page of `table`'s change stream answered by `replica` alone, from
+    /// `cursor` (empty: the start of every stream): no routing or failover.
+    /// For tools that read one replica's cut, such as backups
+    /// (`pangea backup create`); consumers use [`Client::read_changes`].
+    pub async fn read_changes_at(
+        &self,
+        replica: &pangea_core::ReplicaId,
+        table: &str,
+        cursor: Bytes,
+        limit: u32,
+        deadline: std::time::Duration,
+    ) -> Result<ChangesPage, Error> {
+        let req = pb::ClientRequest {
+            deadline_us: deadline.as_micros() as u64,
+            app_profile: self.inner.config.app_profile.clone(),
+            traceparent: String::new(),
+            request: Some(pb::client_request::Request::Changes(pb::ChangesRequest {
+                table: table.to_owned(),
+                prefix: Bytes::new(),
+                cursor,
+                from_earliest: false,
+                limit,
+            })),
+        };
+        let call = self.inner.transport.call(replica, &req);
+        let resp = match tokio::time::timeout(deadline, call).await {
+            Err(_) => {
+                return Err(Error::DeadlineExceeded {
+                    deadline,
+                    attempts: 1,
+                });
+            }
+            Ok(resp) => resp?,
+        };
+        let limits = pangea_core::Limits::default();
+        match resp.response {
+            Some(pb::client_response::Response::Changes(c)) => Ok(ChangesPage {
+                changes: c
+                    .changes
+                    .into_iter()
+                    .map(|ch| Change::from_proto(ch, &limits))
+                    .collect::<Result<_, _>>()?,
+                cursor: c.cursor,
+                more: c.more,
+            }),
+            Some(pb::client_response::Response::Error(e)) => Err(Error::from_wire(&e, replica)),
+            other => Err(Error::Internal(format!("unexpected response {other:?}"))),
+        }
+    }
+}

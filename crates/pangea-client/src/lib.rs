@@ -1692,15 +1692,17 @@ impl Client {
         }
     }
 
-    /// One page of a prefix scan answered by `replica` from its own store: no
-    /// routing, hedging or fallback, eventual consistency. For operators and checkers
-    /// comparing what each replica holds; frontends use [`Client::scan_prefix`].
+    /// One page of a prefix scan answered by `replica` from its own store, through
+    /// `filter`: no routing, hedging or fallback, eventual consistency. For
+    /// operators, checkers comparing what each replica holds and backups;
+    /// frontends use [`Client::scan_prefix`].
     pub async fn scan_at(
         &self,
         replica: &ReplicaId,
         table: &str,
         prefix: impl Into<Bytes>,
         scan: &ScanOptions,
+        filter: &ReadFilter,
         deadline: Duration,
     ) -> Result<ScanPage, Error> {
         let req = pb::ClientRequest {
@@ -1710,7 +1712,7 @@ impl Client {
             request: Some(pb::client_request::Request::ScanPrefix(scan.request(
                 table,
                 prefix.into(),
-                &ReadFilter::default(),
+                filter,
                 &Consistency::Eventual,
             ))),
         };

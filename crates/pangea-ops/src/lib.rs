@@ -21,6 +21,7 @@
 
 pub mod admin;
 pub mod apply;
+pub mod backup;
 pub mod bench;
 pub mod calibrate;
 pub mod demo;

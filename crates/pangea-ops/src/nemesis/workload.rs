@@ -478,6 +478,7 @@ async fn scan_all(client: &Client, replica: &ReplicaId, prefix: &str) -> Result<
                 TABLE,
                 Bytes::copy_from_slice(prefix.as_bytes()),
                 &scan,
+                &Default::default(),
                 Duration::from_secs(10),
             )
             .await
