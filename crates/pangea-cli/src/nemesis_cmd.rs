@@ -21,8 +21,14 @@ pub(crate) struct NemesisArgs {
         default_value = "kill,pause,partition,loss,skew,restart-region,disk-full,flood,new-replica"
     )]
     faults: Vec<String>,
-    /// Workloads, comma-separated: register, ryw, set.
-    #[arg(long, value_delimiter = ',', default_value = "register,ryw,set")]
+    /// Workloads, comma-separated: register, ryw, set, changes (a change-stream
+    /// consumer per region; the table needs a change stream), backup (full
+    /// backups every 3 s, read back after the heal).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "register,ryw,set,changes,backup"
+    )]
     workloads: Vec<String>,
     /// How long to inject faults (like 60s, 5m).
     #[arg(long, default_value = "60s")]
@@ -87,6 +93,11 @@ fn print_report(r: &check::Report, json: bool, path: &Path) -> Result<()> {
         }
         let faults: Vec<String> = r.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
         println!("  faults injected: {}", faults.join(", "));
+        println!("  change streams: {} changes seen", r.changes_seen);
+        println!(
+            "  backups: {} taken, {} failed, {} replica failovers",
+            r.backups.taken, r.backups.failed, r.backups.failovers
+        );
         match r.convergence_ms {
             Some(ms) => println!("  converged {ms} ms after the heal"),
             None => println!("  did not converge"),

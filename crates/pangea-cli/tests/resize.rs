@@ -11,10 +11,9 @@
 mod common;
 
 use anyhow::{Context, Result, ensure};
-use common::{Cluster, pangea};
+use common::Cluster;
 use pangea_topology::shard::{GroupId, process_of};
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 #[test]
 fn a_replica_grows_and_drains_under_load_with_its_mover_killed_and_resumed() -> Result<()> {
@@ -22,14 +21,9 @@ fn a_replica_grows_and_drains_under_load_with_its_mover_killed_and_resumed() -> 
         "crates/pangea-cli/tests/data/sharded-processes.toml",
         "crates/pangea-cli/tests/data/sharded.placement.toml",
     )?;
-    let cluster_path = cluster.cluster_path();
-    let history = cluster.dir.path().join("history.jsonl");
-    let out = pangea(
+    let (stdout, _history) = common::nemesis(
+        &cluster,
         &[
-            "cluster",
-            "nemesis",
-            "--cluster",
-            cluster_path.to_str().context("path")?,
             "--faults",
             "resize",
             // One resize (two moves) and the start of a second fit.
@@ -39,14 +33,8 @@ fn a_replica_grows_and_drains_under_load_with_its_mover_killed_and_resumed() -> 
             "1000",
             "--seed",
             "3",
-            "--history",
-            history.to_str().context("path")?,
         ],
-        Duration::from_secs(300),
     )?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    ensure!(out.status.success(), "nemesis failed:\n{stdout}\n{stderr}");
     ensure!(stdout.contains("] resize start"), "{stdout}");
     ensure!(stdout.contains("mover SIGKILLed in its"), "{stdout}");
     ensure!(stdout.contains("resuming the resize"), "{stdout}");
@@ -74,8 +62,8 @@ fn a_replica_grows_and_drains_under_load_with_its_mover_killed_and_resumed() -> 
 
     // The layout the runs left, as the cluster's files say it.
     cluster.reload()?;
-    let files =
-        pangea_topology::cluster::ClusterFile::load(&cluster_path).map_err(anyhow::Error::msg)?;
+    let files = pangea_topology::cluster::ClusterFile::load(&cluster.cluster_path())
+        .map_err(anyhow::Error::msg)?;
     let d = pangea_topology::Deployment::load(&files.topology, files.placement.as_deref())
         .map_err(|p| anyhow::anyhow!("{p}"))?;
     let resized = stdout

@@ -631,6 +631,11 @@ impl Client {
         &self.inner.config.region
     }
 
+    /// The app profile this client acts for.
+    pub fn app_profile(&self) -> &str {
+        &self.inner.config.app_profile
+    }
+
     /// Replicas this client may use at all (any row), for probing.
     fn usable(&self) -> Vec<ReplicaId> {
         let cur = self.inner.current();

@@ -326,7 +326,21 @@ impl RowMutation {
         pb::RowMutation {
             table: self.table.to_string(),
             row_key: self.row_key.clone(),
-            mutations: self.mutations.iter().map(Mutation::to_proto).collect(),
+            mutations: self
+                .mutations
+                .iter()
+                .map(|m| {
+                    let mut p = m.to_proto();
+                    // A merged state names its row (a loader's merge is
+                    // refused otherwise: `auth::check_merge_keys`).
+                    if let Some(pb::mutation::Kind::MergeRow(merge)) = &mut p.kind
+                        && let Some(state) = &mut merge.state
+                    {
+                        state.key = self.row_key.clone();
+                    }
+                    p
+                })
+                .collect(),
             event_time_ms: self.event_time_ms,
         }
     }

@@ -45,6 +45,24 @@ pub fn repo_file(rel: &str) -> PathBuf {
         .join(rel)
 }
 
+/// Runs `pangea cluster nemesis --cluster C ARGS --history H` on `cluster`
+/// (bounded to 300 s), writing the history to `DIR/history.jsonl`; its stdout
+/// and the history's path, or an error with both outputs if it failed.
+pub fn nemesis(cluster: &Cluster, args: &[&str]) -> Result<(String, PathBuf)> {
+    let path = cluster.cluster_path();
+    let history = cluster.dir.path().join("history.jsonl");
+    let mut all = vec!["cluster", "nemesis", "--cluster"];
+    all.push(path.to_str().context("path")?);
+    all.extend_from_slice(args);
+    all.push("--history");
+    all.push(history.to_str().context("path")?);
+    let out = pangea(&all, Duration::from_secs(300))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.success(), "nemesis failed:\n{stdout}\n{stderr}");
+    Ok((stdout, history))
+}
+
 /// Runs `pangea ARGS`, killing it after `limit`.
 pub fn pangea(args: &[&str], limit: Duration) -> Result<Output> {
     pangea_env(args, &[], limit)

@@ -253,17 +253,18 @@ fn scopes_of(d: &Deployment, o: &CreateOptions, parent: Option<&Manifest>) -> Re
     }
 }
 
-/// Replicas that store and serve `scope`'s rows, the client's region first,
-/// then by round trip from it.
+/// Replicas that store and serve `scope`'s rows and the client's app profile
+/// may use, the client's region first, then by round trip from it.
 pub(crate) fn candidates(d: &Deployment, client: &Client, scope: &ScopeId) -> Vec<ReplicaId> {
     let here = client.region();
+    let profile = d.topology.app_profiles.get(client.app_profile());
     let mut rs: Vec<(u64, ReplicaId)> = d
         .scope_members(scope)
         .into_iter()
         .filter(|id| {
             d.topology
                 .replica(id.as_str())
-                .is_some_and(|r| r.role.stores_rows())
+                .is_some_and(|r| r.role.stores_rows() && profile.is_none_or(|p| p.may_use(r)))
                 && d.answers(id, scope, false)
         })
         .map(|id| {

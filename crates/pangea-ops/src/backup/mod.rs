@@ -39,7 +39,7 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 pub use create::{CreateOptions, create};
-pub use restore::{Mode, RestoreOptions, RestoreReport, restore};
+pub use restore::{Mode, RestoreOptions, RestoreReport, restore, rows_at_cut};
 
 /// The manifest's file name inside a backup directory.
 pub const MANIFEST: &str = "manifest.json";

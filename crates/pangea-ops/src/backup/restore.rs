@@ -255,6 +255,47 @@ pub async fn restore(
     Ok(report)
 }
 
+/// One full backup's rows of `table` under `prefix` as of its cut (each row
+/// with its tail merged), checksums checked: what a restore of it at its cut
+/// would write (for checkers and tests).
+pub fn rows_at_cut(
+    dir: &Path,
+    table: &str,
+    prefix: &[u8],
+    schema: Option<&pangea_topology::schema::TableSchema>,
+) -> Result<std::collections::BTreeMap<Bytes, RowState>> {
+    let m = Manifest::load(dir)?;
+    ensure!(m.kind == Kind::Full, "{}: not a full backup", dir.display());
+    let limits = Limits::default();
+    let mut rows = std::collections::BTreeMap::new();
+    let files = m
+        .scopes
+        .iter()
+        .flat_map(|s| &s.files)
+        .filter(|f| f.table == table);
+    let (row_files, change_files): (Vec<_>, Vec<_>) = files.partition(|f| f.kind == FileKind::Rows);
+    for f in row_files {
+        verify_file(dir, f)?;
+        for rec in RecordReader::<pb::Row>::open(dir, f)? {
+            let row = rec?;
+            if row.key.starts_with(prefix) {
+                rows.insert(row.key.clone(), state_of(&row, schema));
+            }
+        }
+    }
+    for f in change_files {
+        verify_file(dir, f)?;
+        for rec in RecordReader::<pb::Change>::open(dir, f)? {
+            let c = Change::from_proto(rec?, &limits)?;
+            let key = c.mutation.row_key().clone();
+            if key.starts_with(prefix) {
+                merge_changes(rows.entry(key).or_default(), &vec![(c, true)], schema);
+            }
+        }
+    }
+    Ok(rows)
+}
+
 /// The chain ending at `dir`: its full backup first.
 fn chain_of(dir: &Path) -> Result<Vec<(PathBuf, Manifest)>> {
     let mut chain = Vec::new();
@@ -330,13 +371,10 @@ pub(crate) fn state_of(
                 ReplicaId::new(cell.origin.as_str()),
             );
             let m = if counter {
-                let mut be = [0u8; 8];
-                let n = cell.value.len().min(8);
-                be[8 - n..].copy_from_slice(&cell.value[cell.value.len() - n..]);
                 Mutation::Increment {
                     family: family.clone(),
                     column: cell.column.clone(),
-                    delta: i64::from_be_bytes(be),
+                    delta: count_of(&cell.value),
                 }
             } else {
                 Mutation::SetCell {
@@ -349,6 +387,14 @@ pub(crate) fn state_of(
         }
     }
     st
+}
+
+/// A counter cell's sum: 8 bytes big-endian (a shorter value, sign-less).
+fn count_of(value: &[u8]) -> i64 {
+    let mut be = [0u8; 8];
+    let n = value.len().min(8);
+    be[8 - n..].copy_from_slice(&value[value.len() - n..]);
+    i64::from_be_bytes(be)
 }
 
 fn merge_changes(
@@ -499,13 +545,10 @@ impl<'a> Writer<'a> {
                     let family: std::sync::Arc<str> = fam.name.as_str().into();
                     for cell in &fam.cells {
                         ms.push(if counter {
-                            let mut be = [0u8; 8];
-                            let n = cell.value.len().min(8);
-                            be[8 - n..].copy_from_slice(&cell.value[cell.value.len() - n..]);
                             Mutation::Increment {
                                 family: family.clone(),
                                 column: cell.column.clone(),
-                                delta: i64::from_be_bytes(be),
+                                delta: count_of(&cell.value),
                             }
                         } else {
                             Mutation::SetCell {

@@ -9,11 +9,19 @@
 //! - **C5, convergence.** After the heal every replica's content digest of each
 //!   scope it stores is equal, within the limit the run was given.
 //! - **Residency.** No replica holds a row its placement policy does not allow.
+//! - **C9, change streams miss nothing.** Every acknowledged write begun after
+//!   the last change-stream consumer took its cursor is in some consumer's
+//!   stream, and no consumer's stream goes back within an origin.
+//! - **C10, a backup holds its cut.** Read back as of its cut, each backup holds
+//!   every acknowledged write at or below its cut (the write or a later version;
+//!   for unique keys, exactly it) and no acknowledged unique-key write above it.
+//!   A scope the backup says is not exact (no tail) is held to its start only.
+//!   At least one backup of a run completes.
 //!
 //! A write whose outcome is unknown (`info`) may or may not have applied, so it is
 //! never required, but its value may legitimately be read.
 
-use super::history::{Event, Kind, Op, Outcome, Version};
+use super::history::{Cell, Event, Kind, Op, Outcome, Version};
 use pangea_client::Token;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,7 +51,19 @@ pub struct Report {
     /// Faults started, per kind.
     pub faults: BTreeMap<String, u64>,
     pub convergence_ms: Option<u64>,
+    /// Distinct changes the change-stream consumers read (workload `changes`).
+    pub changes_seen: u64,
+    /// Backups of the `backup` workload.
+    pub backups: Backups,
     pub violations: Vec<Violation>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Backups {
+    pub taken: u64,
+    pub failed: u64,
+    /// Times a replica failed during a backup and its scopes went to another.
+    pub failovers: u64,
 }
 
 pub fn check(events: &[Event]) -> Report {
@@ -80,12 +100,178 @@ pub fn check(events: &[Event]) -> Report {
             *report.faults.entry(fault.clone()).or_default() += 1;
         }
     }
+    let mut seen = BTreeSet::new();
+    for e in events {
+        match e {
+            Event::Changes { names, .. } => seen.extend(names.iter()),
+            Event::Backup { ok, failovers, .. } => {
+                let b = &mut report.backups;
+                b.failovers += failovers;
+                if *ok {
+                    b.taken += 1;
+                } else {
+                    b.failed += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    report.changes_seen = seen.len() as u64;
     let v = &mut report.violations;
     check_tokens(&ops, v);
     check_watermark_reads(&ops, v);
     check_final(events, &ops, v);
+    check_changes(events, &ops, v);
+    check_backups(events, &ops, v);
     report.convergence_ms = check_convergence(events, v);
     report
+}
+
+/// C9: what the change-stream consumers read against the acknowledged writes.
+fn check_changes(events: &[Event], ops: &[&Op], v: &mut Vec<Violation>) {
+    let mut from = None;
+    let mut seen: BTreeSet<(&str, &str, u64)> = BTreeSet::new();
+    let mut last: BTreeMap<(&str, &str, &str), u64> = BTreeMap::new();
+    for e in events {
+        match e {
+            Event::ChangesFrom { at_us, .. } => from = from.max(Some(*at_us)),
+            Event::ChangesLost { region, error, .. } => v.push(Violation {
+                checker: "C9",
+                message: format!("the change-stream consumer in {region} lost its place: {error}"),
+                ops: vec![],
+            }),
+            Event::Changes { region, names, .. } => {
+                for (scope, origin, seq) in names {
+                    let at = (region.as_str(), scope.as_str(), origin.as_str());
+                    if let Some(prev) = last.insert(at, *seq)
+                        && prev > *seq
+                    {
+                        v.push(Violation {
+                            checker: "C9",
+                            message: format!(
+                                "the change stream in {region} went back in {scope}/{origin}: \
+                                 #{seq} after #{prev}"
+                            ),
+                            ops: vec![],
+                        });
+                    }
+                    seen.insert((scope, origin, *seq));
+                }
+            }
+            _ => {}
+        }
+    }
+    let Some(from) = from else {
+        return; // no consumer ran
+    };
+    let missing: Vec<(&Op, Token)> = ops
+        .iter()
+        .filter(|o| o.kind == Kind::Write && o.outcome == Outcome::Ok && o.start_us > from)
+        .filter_map(|o| Some((*o, token_of(o)?)))
+        .filter(|(_, t)| !seen.contains(&(t.scope.as_str(), t.origin.as_str(), t.sequence)))
+        .collect();
+    if !missing.is_empty() {
+        let shown: Vec<String> = missing
+            .iter()
+            .take(5)
+            .map(|(o, t)| {
+                format!(
+                    "{} {:?} ({}/{}#{})",
+                    o.id, o.key, t.scope, t.origin, t.sequence
+                )
+            })
+            .collect();
+        v.push(Violation {
+            checker: "C9",
+            message: format!(
+                "{} acknowledged writes are in no consumer's change stream: {}",
+                missing.len(),
+                shown.join(", ")
+            ),
+            ops: missing.iter().map(|(o, _)| o.id).collect(),
+        });
+    }
+}
+
+/// C10: each backup read back against the acknowledged writes.
+fn check_backups(events: &[Event], ops: &[&Op], v: &mut Vec<Violation>) {
+    fn positions(ps: &[(String, String, u64)]) -> BTreeMap<(&str, &str), u64> {
+        ps.iter()
+            .map(|(s, o, q)| ((s.as_str(), o.as_str()), *q))
+            .collect()
+    }
+    // Per backup: its cut, and what it holds for certain.
+    type Cut<'a> = BTreeMap<(&'a str, &'a str), u64>;
+    let mut cuts: BTreeMap<u64, (Cut<'_>, Cut<'_>)> = BTreeMap::new();
+    let mut taken = 0;
+    for e in events {
+        if let Event::Backup {
+            id,
+            ok: true,
+            cut,
+            held,
+            ..
+        } = e
+        {
+            taken += 1;
+            cuts.insert(*id, (positions(cut), positions(held)));
+        }
+    }
+    let tried = events.iter().any(|e| matches!(e, Event::Backup { .. }));
+    if tried && taken == 0 {
+        v.push(Violation {
+            checker: "C10",
+            message: "no backup of the run completed".into(),
+            ops: vec![],
+        });
+    }
+    let writes: Vec<(&Op, Token)> = ops
+        .iter()
+        .filter(|o| o.kind == Kind::Write && o.outcome == Outcome::Ok)
+        .filter_map(|o| Some((*o, token_of(o)?)))
+        .collect();
+    for e in events {
+        let Event::BackupRows { id, rows } = e else {
+            continue;
+        };
+        let Some((cut, held)) = cuts.get(id) else {
+            continue;
+        };
+        let cells: BTreeMap<&str, &Cell> = rows.iter().map(|c| (c.key.as_str(), c)).collect();
+        for (op, t) in &writes {
+            let stream = (t.scope.as_str(), t.origin.as_str());
+            let (Some(&upto), Some(&sure)) = (cut.get(&stream), held.get(&stream)) else {
+                continue; // a scope this backup does not hold
+            };
+            let unique = UNIQUE_KEY_WORKLOADS.contains(&op.workload.as_str());
+            let wrote = version_of(t);
+            let problem = match cells.get(op.key.as_str()) {
+                None if t.sequence <= sure => Some("lacks it".to_owned()),
+                Some(c) if t.sequence <= sure && unique && c.version != wrote => {
+                    Some(format!("holds {:?} at {:?} instead", c.value, c.version))
+                }
+                Some(c) if t.sequence <= sure && c.version < wrote => {
+                    Some(format!("holds the older {:?} at {:?}", c.value, c.version))
+                }
+                Some(c) if t.sequence > upto && unique => Some(format!(
+                    "holds it ({:?}) although it is past the cut",
+                    c.value
+                )),
+                _ => None,
+            };
+            if let Some(p) = problem {
+                v.push(Violation {
+                    checker: "C10",
+                    message: format!(
+                        "backup {id} (cut {}/{} #{upto}) and acknowledged write {} of {:?} \
+                         ({}/{}#{}): the backup {p}",
+                        t.scope, t.origin, op.id, op.key, t.scope, t.origin, t.sequence
+                    ),
+                    ops: vec![op.id],
+                });
+            }
+        }
+    }
 }
 
 /// The decoded token of an operation, if it has a well-formed one.
@@ -600,5 +786,111 @@ mod tests {
                 .message
                 .contains("holds 4 rows")
         );
+    }
+
+    #[test]
+    fn a_write_missing_from_every_change_stream_is_a_c9_violation() {
+        // Consumers took their cursors at 5 µs; writes 1, 2 and 5 began after.
+        let stream = |names: &[(&str, u64)]| Event::Changes {
+            region: "us-east-1".into(),
+            at_us: 100,
+            names: names
+                .iter()
+                .map(|(o, q)| ("global".to_owned(), (*o).to_owned(), *q))
+                .collect(),
+        };
+        let from = Event::ChangesFrom {
+            region: "us-east-1".into(),
+            at_us: 5,
+        };
+        let mut events = clean();
+        events.push(from.clone());
+        // Every acknowledged write seen, one of them twice (at least once).
+        events.push(stream(&[("use1-a", 1), ("euw1-a", 1), ("use1-a", 1)]));
+        events.push(stream(&[("use1-a", 2)]));
+        assert_eq!(check(&events).violations, vec![]);
+        // One missing.
+        let mut events = clean();
+        events.push(from.clone());
+        events.push(stream(&[("use1-a", 1), ("use1-a", 2)]));
+        let v = only(events, "C9");
+        assert_eq!(v[0].ops, vec![2]);
+        assert!(v[0].message.contains("euw1-a#1"), "{}", v[0].message);
+        // Going back within an origin.
+        let mut events = clean();
+        events.push(from);
+        events.push(stream(&[("euw1-a", 1), ("use1-a", 2), ("use1-a", 1)]));
+        assert!(only(events, "C9")[0].message.contains("went back"));
+        // Without consumers, nothing is required.
+        assert_eq!(check(&clean()).violations, vec![]);
+    }
+
+    #[test]
+    fn a_backup_that_lacks_a_write_below_its_cut_is_a_c10_violation() {
+        let backup = |cut: &[(&str, u64)]| Event::Backup {
+            id: 100,
+            region: "us-east-1".into(),
+            start_us: 0,
+            end_us: 1,
+            ok: true,
+            error: None,
+            failovers: 0,
+            cut: cut
+                .iter()
+                .map(|(o, q)| ("global".to_owned(), (*o).to_owned(), *q))
+                .collect(),
+            held: cut
+                .iter()
+                .map(|(o, q)| ("global".to_owned(), (*o).to_owned(), *q))
+                .collect(),
+        };
+        let rows = |cells: Vec<Cell>| Event::BackupRows {
+            id: 100,
+            rows: cells,
+        };
+        // The cut covers use1-a#1 and euw1-a#1, not use1-a#2 (set/x).
+        let cut = [("use1-a", 1), ("euw1-a", 1)];
+        let mut events = clean();
+        events.push(backup(&cut));
+        events.push(rows(vec![cell("reg/0", "b", 2000, "euw1-a")]));
+        assert_eq!(check(&events).violations, vec![]);
+        // The register's newest write below the cut is missing.
+        let mut events = clean();
+        events.push(backup(&cut));
+        events.push(rows(vec![cell("reg/0", "a", 1000, "use1-a")]));
+        let v = only(events, "C10");
+        assert_eq!(v[0].ops, vec![2]);
+        // A unique key past the cut is in it.
+        let mut events = clean();
+        events.push(backup(&cut));
+        events.push(rows(vec![
+            cell("reg/0", "b", 2000, "euw1-a"),
+            cell("set/x", "x", 3000, "use1-a"),
+        ]));
+        assert!(only(events, "C10")[0].message.contains("past the cut"));
+        // A scope that is not exact is held to its start only: set/x (use1-a#2)
+        // below the cut but above the start may be missing.
+        let mut events = clean();
+        let mut inexact = backup(&[("use1-a", 2), ("euw1-a", 1)]);
+        if let Event::Backup { held, .. } = &mut inexact {
+            held[0].2 = 1;
+        }
+        events.push(inexact);
+        events.push(rows(vec![cell("reg/0", "b", 2000, "euw1-a")]));
+        assert_eq!(check(&events).violations, vec![]);
+        // Backups tried, none completed.
+        let mut events = clean();
+        events.push(Event::Backup {
+            id: 101,
+            region: "us-east-1".into(),
+            start_us: 0,
+            end_us: 1,
+            ok: false,
+            error: Some("unavailable".into()),
+            failovers: 2,
+            cut: vec![],
+            held: vec![],
+        });
+        assert!(only(events, "C10")[0].message.contains("no backup"));
     }
 }

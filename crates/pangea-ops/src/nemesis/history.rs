@@ -36,6 +36,41 @@ pub enum Event {
     },
     /// One client operation.
     Op(Op),
+    /// A change-stream consumer (workload `changes`) has its cursor: every write
+    /// begun after the last consumer's start must reach some consumer (C9).
+    ChangesFrom { region: String, at_us: u64 },
+    /// Changes a consumer read, in order: each one's name (scope, origin, sequence).
+    Changes {
+        region: String,
+        at_us: u64,
+        names: Vec<(String, String, u64)>,
+    },
+    /// A consumer could not go on from its cursor (expired at every replica).
+    ChangesLost {
+        region: String,
+        at_us: u64,
+        error: String,
+    },
+    /// A backup the `backup` workload took (`pangea_ops::backup::create`).
+    Backup {
+        id: u64,
+        region: String,
+        start_us: u64,
+        end_us: u64,
+        ok: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+        /// Times a replica failed mid-way and its scopes went to another.
+        failovers: u64,
+        /// Its cut, (scope, origin, sequence); empty if it failed.
+        cut: Vec<(String, String, u64)>,
+        /// What it holds for certain: the cut of its exact scopes, the start of
+        /// the others (a table without a change stream has no tail).
+        #[serde(default)]
+        held: Vec<(String, String, u64)>,
+    },
+    /// What a backup holds under the run's keys as of its cut (read after the heal).
+    BackupRows { id: u64, rows: Vec<Cell> },
     /// Every fault lifted (processes resumed or restarted, links and clocks healed);
     /// the workloads stop here.
     Heal { at_us: u64 },

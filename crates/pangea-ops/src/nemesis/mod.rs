@@ -187,12 +187,16 @@ pub fn run(o: &Options, say: Say) -> Result<(check::Report, PathBuf)> {
             at_us: rec.now_us(),
         });
         rec.say("healed; stopping the workloads");
-        load.stop().await;
+        let leftover = load.stop().await;
         fault_result?;
         // The files as the faults left them (a resize changes the processes).
         let cluster = ClusterFile::load(&o.cluster).map_err(anyhow::Error::msg)?;
         let deployment = local::load(&cluster.topology, cluster.placement.as_deref())?;
-        workload::settle(&cluster, &deployment, &rec, o.converge_limit, &tag).await
+        let settled = workload::settle(&cluster, &deployment, &rec, o.converge_limit, &tag).await;
+        leftover
+            .finish(&deployment, &rec, o.converge_limit, &tag)
+            .await;
+        settled
     });
     let events = rec.finish()?;
     run?;

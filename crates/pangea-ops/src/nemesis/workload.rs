@@ -11,6 +11,14 @@
 //!   region, then read it in the next region at the write's token.
 //! - `set`: unique inserts (`set/...`), and one in four under `eu/set/...`, a prefix
 //!   the placement keeps in eu-west-1 (its residency is audited at the end).
+//! - `changes`: in every region a consumer of the table's change stream, from
+//!   its cursor at the start, through every fault, and read to its end after the
+//!   cluster converged: every acknowledged write must be in some consumer's
+//!   stream (C9).
+//! - `backup`: a full backup (`pangea_ops::backup::create`) from the first region
+//!   every few seconds, through every fault; after the heal each is read back as
+//!   of its cut: it holds every acknowledged write at or below its cut, and no
+//!   unique-key write above it (C10).
 //!
 //! After the heal, [`settle`] waits for convergence, audits every replica and reads
 //! what each one holds under every workload prefix.
@@ -20,18 +28,19 @@ use super::history::{Cell, Event, Kind, Op, Outcome, Recorder, ScopeDigest, Vers
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use pangea_client::{
-    Client, ClientConfig, Consistency, Mutation, ReadOptions, Row, RowMutation, ScanOptions, Token,
-    WriteOptions,
+    ChangesFrom, Client, ClientConfig, Consistency, Mutation, ReadOptions, Row, RowMutation,
+    ScanOptions, Token, WriteOptions,
 };
 use pangea_topology::cluster::ClusterFile;
 use pangea_topology::{Deployment, ReplicaId, process_id};
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
-pub const WORKLOADS: [&str; 3] = ["register", "ryw", "set"];
+pub const WORKLOADS: [&str; 5] = ["register", "ryw", "set", "changes", "backup"];
 
 const TABLE: &str = "ad_profiles";
 const FAMILY: &str = "profile";
@@ -50,14 +59,55 @@ const PREFIXES: [&str; 4] = ["reg/", "ryw/", "set/", "eu/set/"];
 pub(super) struct Load {
     stop: Arc<AtomicBool>,
     tasks: JoinSet<()>,
+    consumers: Arc<Mutex<Vec<Consumer>>>,
+    backups: Arc<Mutex<Vec<(u64, PathBuf)>>>,
+    backup_dir: tempfile::TempDir,
+}
+
+/// What the workloads leave to be read after the heal: the change-stream
+/// consumers where they stopped, the backups taken.
+pub(super) struct Leftover {
+    consumers: Vec<Consumer>,
+    backups: Vec<(u64, PathBuf)>,
+    _backup_dir: tempfile::TempDir,
+}
+
+/// A change-stream consumer where it stopped: read to the end after the heal.
+struct Consumer {
+    region: String,
+    client: Arc<Client>,
+    cursor: Option<Bytes>,
 }
 
 impl Load {
     /// Stops every worker after its current operation (each is bounded by its
-    /// deadline) and waits for them.
-    pub(super) async fn stop(mut self) {
+    /// deadline) and waits for them; the change-stream consumers, to be read to
+    /// their end once the cluster converged ([`drain_changes`]).
+    pub(super) async fn stop(mut self) -> Leftover {
         self.stop.store(true, Ordering::Relaxed);
         while self.tasks.join_next().await.is_some() {}
+        let take =
+            |m: &Mutex<Vec<_>>| std::mem::take(&mut *m.lock().unwrap_or_else(|e| e.into_inner()));
+        Leftover {
+            consumers: take(&self.consumers),
+            backups: std::mem::take(&mut *self.backups.lock().unwrap_or_else(|e| e.into_inner())),
+            _backup_dir: self.backup_dir,
+        }
+    }
+}
+
+impl Leftover {
+    /// After convergence: reads the change streams to their end and each
+    /// backup back as of its cut.
+    pub(super) async fn finish(
+        self,
+        deployment: &Deployment,
+        rec: &Recorder,
+        limit: Duration,
+        tag: &str,
+    ) {
+        drain_changes(self.consumers, rec, limit).await;
+        read_backups(&self.backups, deployment, rec, tag);
     }
 }
 
@@ -93,6 +143,11 @@ pub(super) async fn start(
         latest: Mutex::new(HashMap::new()),
     });
     let mut tasks = JoinSet::new();
+    let consumers = Arc::new(Mutex::new(Vec::new()));
+    let backups = Arc::new(Mutex::new(Vec::new()));
+    let backup_dir = tempfile::Builder::new()
+        .prefix("pangea-nemesis-backups-")
+        .tempdir()?;
     for (i, (region, client)) in clients.iter().enumerate() {
         let next = clients[(i + 1) % clients.len()].1.clone();
         for w in workloads {
@@ -110,6 +165,13 @@ pub(super) async fn start(
                 "set" => {
                     tasks.spawn(set(ctx, region, client));
                 }
+                "changes" => {
+                    tasks.spawn(consume_changes(ctx, region, client, consumers.clone()));
+                }
+                "backup" if i == 0 => {
+                    let dir = backup_dir.path().to_owned();
+                    tasks.spawn(take_backups(ctx, region, client, dir, backups.clone()));
+                }
                 _ => {}
             }
         }
@@ -117,6 +179,9 @@ pub(super) async fn start(
     Ok(Load {
         stop: ctx.stop.clone(),
         tasks,
+        consumers,
+        backups,
+        backup_dir,
     })
 }
 
@@ -296,6 +361,242 @@ async fn set(ctx: Arc<Ctx>, region: String, client: Arc<Client>) {
         )
         .await;
         tokio::time::sleep(PACE).await;
+    }
+}
+
+const CHANGES_PAGE: u32 = 500;
+/// How long a consumer whose cursor expired at every replica keeps trying.
+const CHANGES_EXPIRED_MAX: Duration = Duration::from_secs(10);
+
+/// One page of the table's change stream from `cursor` (`None`: from now).
+async fn changes_page(
+    client: &Client,
+    cursor: Option<&Bytes>,
+) -> Result<pangea_client::ChangesPage, pangea_client::Error> {
+    let from = match cursor {
+        Some(c) => ChangesFrom::Cursor(c.clone()),
+        None => ChangesFrom::Now,
+    };
+    let opts = ReadOptions::default().with_deadline(READ_DEADLINE);
+    Ok(client
+        .read_changes(TABLE, Bytes::new(), &from, CHANGES_PAGE, &opts)
+        .await?
+        .value)
+}
+
+/// Records a page's changes, if any.
+fn record_changes(rec: &Recorder, region: &str, page: &pangea_client::ChangesPage) {
+    if page.changes.is_empty() {
+        return;
+    }
+    rec.record(Event::Changes {
+        region: region.to_owned(),
+        at_us: rec.now_us(),
+        names: page
+            .changes
+            .iter()
+            .map(|c| (c.scope.to_string(), c.origin.to_string(), c.sequence))
+            .collect(),
+    });
+}
+
+/// A consumer of the table's change stream in `region`, from now until the
+/// workloads stop; it leaves its cursor in `consumers`.
+async fn consume_changes(
+    ctx: Arc<Ctx>,
+    region: String,
+    client: Arc<Client>,
+    consumers: Arc<Mutex<Vec<Consumer>>>,
+) {
+    let mut cursor: Option<Bytes> = None;
+    let mut expired_since: Option<Instant> = None;
+    while !ctx.stop.load(Ordering::Relaxed) {
+        match changes_page(&client, cursor.as_ref()).await {
+            Ok(page) => {
+                expired_since = None;
+                if cursor.is_none() {
+                    ctx.rec.record(Event::ChangesFrom {
+                        region: region.clone(),
+                        at_us: ctx.rec.now_us(),
+                    });
+                }
+                record_changes(&ctx.rec, &region, &page);
+                cursor = Some(page.cursor);
+                if page.more {
+                    continue;
+                }
+            }
+            Err(pangea_client::Error::CursorExpired(e)) => {
+                let since = *expired_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > CHANGES_EXPIRED_MAX {
+                    ctx.rec.record(Event::ChangesLost {
+                        region: region.clone(),
+                        at_us: ctx.rec.now_us(),
+                        error: e,
+                    });
+                    return;
+                }
+            }
+            // A fault: ask again (another replica, or the same once back).
+            Err(_) => {}
+        }
+        tokio::time::sleep(PACE).await;
+    }
+    consumers
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Consumer {
+            region,
+            client,
+            cursor,
+        });
+}
+
+/// After convergence: reads every consumer's stream to its end (until a page
+/// comes back empty and caught up twice, 200 ms apart, or `limit` passes).
+async fn drain_changes(consumers: Vec<Consumer>, rec: &Recorder, limit: Duration) {
+    let until = Instant::now() + limit;
+    for mut c in consumers {
+        let Some(mut cursor) = c.cursor.take() else {
+            continue;
+        };
+        let mut quiet = 0;
+        while quiet < 2 && Instant::now() < until {
+            match changes_page(&c.client, Some(&cursor)).await {
+                Ok(page) => {
+                    quiet = if page.changes.is_empty() && !page.more {
+                        quiet + 1
+                    } else {
+                        0
+                    };
+                    record_changes(rec, &c.region, &page);
+                    cursor = page.cursor;
+                    if page.more {
+                        continue;
+                    }
+                }
+                Err(e) => rec.say(&format!("change stream in {}: {e}", c.region)),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Time between backups of the `backup` workload.
+const BACKUP_EVERY: Duration = Duration::from_secs(3);
+
+/// Full backups from `region` every [`BACKUP_EVERY`] until the workloads stop.
+async fn take_backups(
+    ctx: Arc<Ctx>,
+    region: String,
+    client: Arc<Client>,
+    dir: PathBuf,
+    taken: Arc<Mutex<Vec<(u64, PathBuf)>>>,
+) {
+    let mut next = Instant::now() + Duration::from_secs(1);
+    while !ctx.stop.load(Ordering::Relaxed) {
+        if Instant::now() < next {
+            tokio::time::sleep(PACE).await;
+            continue;
+        }
+        next = Instant::now() + BACKUP_EVERY;
+        let id = ctx.rec.next_id();
+        let to = dir.join(id.to_string());
+        let start_us = ctx.rec.now_us();
+        let o = crate::backup::CreateOptions {
+            to: to.clone(),
+            incremental_from: None,
+            tables: vec![TABLE.to_owned()],
+            policies: Vec::new(),
+            deadline: Duration::from_secs(5),
+        };
+        let mut failovers = 0;
+        let result = crate::backup::create(&client, &o, &mut |line: String| {
+            if line.contains("go to another replica") {
+                failovers += 1;
+            }
+        })
+        .await;
+        let positions = |m: &crate::backup::Manifest, exact_only: bool| {
+            m.scopes
+                .iter()
+                .flat_map(|s| {
+                    let at = if s.exact || !exact_only {
+                        &s.end
+                    } else {
+                        &s.start
+                    };
+                    at.iter()
+                        .map(|p| (s.scope.clone(), p.origin.clone(), p.sequence))
+                })
+                .collect()
+        };
+        let (ok, error, cut, held) = match &result {
+            Ok(m) => (true, None, positions(m, false), positions(m, true)),
+            Err(e) => (false, Some(format!("{e:#}")), Vec::new(), Vec::new()),
+        };
+        ctx.rec.record(Event::Backup {
+            id,
+            region: region.clone(),
+            start_us,
+            end_us: ctx.rec.now_us(),
+            ok,
+            error,
+            failovers,
+            cut,
+            held,
+        });
+        if ok {
+            taken
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((id, to));
+        }
+    }
+}
+
+/// Each backup's rows under the run's keys, as of its cut.
+fn read_backups(taken: &[(u64, PathBuf)], deployment: &Deployment, rec: &Recorder, tag: &str) {
+    let schema = deployment.placement.schema.table(TABLE);
+    for (id, dir) in taken {
+        let rows = match crate::backup::rows_at_cut(dir, TABLE, b"", schema) {
+            Ok(rows) => rows,
+            Err(e) => {
+                rec.say(&format!("backup {id}: {e:#}"));
+                rec.record(Event::Backup {
+                    id: *id,
+                    region: String::new(),
+                    start_us: rec.now_us(),
+                    end_us: rec.now_us(),
+                    ok: false,
+                    error: Some(format!("reading it back: {e:#}")),
+                    failovers: 0,
+                    cut: Vec::new(),
+                    held: Vec::new(),
+                });
+                continue;
+            }
+        };
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let cells = rows
+            .iter()
+            .filter(|(key, _)| key.windows(tag.len()).any(|w| w == tag.as_bytes()))
+            .filter_map(|(key, st)| {
+                let row = st.read(key, &pangea_core::ReadFilter::default(), schema, now_ms)?;
+                let (value, version) = value_cell(&row)?;
+                Some(Cell {
+                    key: String::from_utf8_lossy(key).into_owned(),
+                    value,
+                    version,
+                })
+            })
+            .collect();
+        rec.record(Event::BackupRows {
+            id: *id,
+            rows: cells,
+        });
     }
 }
 
