@@ -206,7 +206,7 @@ pub async fn restore(
             restored.insert((table, key));
         }
     }
-    out.flush(progress).await?;
+    out.finish(progress).await?;
     if o.mode == Mode::Replace {
         // Rows that exist now but did not then, scope by scope from a replica
         // of it (another policy's rows are another backup's to restore).
@@ -248,7 +248,7 @@ pub async fn restore(
                 }
             }
         }
-        out.flush(progress).await?;
+        out.finish(progress).await?;
     }
     drop(out);
     report.seconds = began.elapsed().as_secs_f64();
@@ -487,8 +487,9 @@ struct Writer<'a> {
     client: &'a Client,
     o: &'a RestoreOptions,
     report: &'a mut RestoreReport,
-    batch: Vec<RowMutation>,
-    deletes: u64,
+    /// Rows to send, each marked whether it deletes.
+    batch: Vec<(RowMutation, bool)>,
+    inflight: tokio::task::JoinSet<Written>,
 }
 
 impl std::fmt::Debug for Writer<'_> {
@@ -506,7 +507,7 @@ impl<'a> Writer<'a> {
             o,
             report,
             batch: Vec::new(),
-            deletes: 0,
+            inflight: tokio::task::JoinSet::new(),
         }
     }
 
@@ -533,7 +534,6 @@ impl<'a> Writer<'a> {
                 &limits,
             ),
             (Mode::Replace, None) => {
-                self.deletes += 1;
                 RowMutation::new(table, key.clone(), vec![Mutation::DeleteFromRow], &limits)
             }
             (Mode::Replace, Some(row)) => {
@@ -563,7 +563,7 @@ impl<'a> Writer<'a> {
             }
         };
         match m {
-            Ok(m) => self.batch.push(m),
+            Ok(m) => self.batch.push((m, !exists)),
             Err(e) => {
                 self.report.rows_failed += 1;
                 progress(format!("{table} row {}: not written: {e}", show_key(key)));
@@ -588,59 +588,109 @@ impl<'a> Writer<'a> {
             vec![Mutation::DeleteFromRow],
             &Limits::default(),
         )?;
-        self.deletes += 1;
-        self.batch.push(m);
+        self.batch.push((m, true));
         if self.batch.len() >= self.o.batch_rows {
             self.flush(progress).await?;
         }
         Ok(())
     }
 
-    /// Writes the queued rows, each again up to twice if it failed.
+    /// Sends the queued rows as one batch write, with at most
+    /// [`BATCHES_IN_FLIGHT`] in flight (their rows are of distinct keys: a
+    /// restore writes each key once).
     async fn flush(&mut self, progress: &mut (dyn FnMut(String) + Send)) -> Result<()> {
-        // A row sent again after an unknown outcome is harmless: it sets the
-        // same state (a replace: at a later time, the same values).
-        let opts = WriteOptions {
-            deadline: Some(self.o.deadline),
-            resend_if_unknown: true,
-            ..WriteOptions::default()
-        };
-        let mut rows = std::mem::take(&mut self.batch);
-        let deletes = std::mem::take(&mut self.deletes);
-        let n = rows.len() as u64;
-        let mut failed = 0;
-        for attempt in 0..3 {
-            if rows.is_empty() {
-                break;
-            }
-            let results = self.client.mutate_rows(rows.clone(), &opts).await;
-            let mut again = Vec::new();
-            for (m, r) in rows.into_iter().zip(results) {
-                if let Err(e) = r {
-                    if attempt == 2 {
-                        failed += 1;
-                        progress(format!(
-                            "{} row {}: not written: {e}",
-                            m.table(),
-                            show_key(m.row_key())
-                        ));
-                    } else {
-                        again.push(m);
-                    }
-                }
-            }
-            rows = again;
+        if !self.batch.is_empty() {
+            // A row sent again after an unknown outcome is harmless: it sets the
+            // same state (a replace: at a later time, the same values).
+            let opts = WriteOptions {
+                deadline: Some(self.o.deadline),
+                resend_if_unknown: true,
+                ..WriteOptions::default()
+            };
+            let rows = std::mem::take(&mut self.batch);
+            self.inflight
+                .spawn(write_batch(self.client.clone(), rows, opts));
         }
-        let deleted = deletes.min(n - failed);
-        self.report.rows_failed += failed;
-        self.report.rows_deleted += deleted;
-        self.report.rows_written += n - failed - deleted;
+        while self.inflight.len() >= BATCHES_IN_FLIGHT {
+            self.join_one(progress).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends what is queued and waits for every batch.
+    async fn finish(&mut self, progress: &mut (dyn FnMut(String) + Send)) -> Result<()> {
+        self.flush(progress).await?;
+        while !self.inflight.is_empty() {
+            self.join_one(progress).await?;
+        }
+        Ok(())
+    }
+
+    async fn join_one(&mut self, progress: &mut (dyn FnMut(String) + Send)) -> Result<()> {
+        let Some(done) = self.inflight.join_next().await else {
+            return Ok(());
+        };
+        let done = done.context("a batch write task failed")?;
+        for p in done.problems {
+            progress(p);
+        }
+        let before = self.report.rows_written + self.report.rows_deleted;
+        self.report.rows_failed += done.failed;
+        self.report.rows_deleted += done.deleted;
+        self.report.rows_written += done.written;
         let total = self.report.rows_written + self.report.rows_deleted;
-        if total / 50_000 != (total - (n - failed)) / 50_000 {
+        if total / 50_000 != before / 50_000 {
             progress(format!("{total} rows written"));
         }
         Ok(())
     }
+}
+
+/// Batch writes a restore keeps in flight.
+const BATCHES_IN_FLIGHT: usize = 8;
+
+/// What one batch write did.
+#[derive(Debug, Default)]
+struct Written {
+    written: u64,
+    deleted: u64,
+    failed: u64,
+    problems: Vec<String>,
+}
+
+/// Writes `rows` (each marked whether it deletes), each again up to twice if
+/// it failed.
+async fn write_batch(
+    client: Client,
+    mut rows: Vec<(RowMutation, bool)>,
+    opts: WriteOptions,
+) -> Written {
+    let mut out = Written::default();
+    for attempt in 0..3 {
+        if rows.is_empty() {
+            break;
+        }
+        let ms: Vec<RowMutation> = rows.iter().map(|(m, _)| m.clone()).collect();
+        let results = client.mutate_rows(ms, &opts).await;
+        let mut again = Vec::new();
+        for ((m, delete), r) in rows.into_iter().zip(results) {
+            match r {
+                Ok(_) if delete => out.deleted += 1,
+                Ok(_) => out.written += 1,
+                Err(e) if attempt == 2 => {
+                    out.failed += 1;
+                    out.problems.push(format!(
+                        "{} row {}: not written: {e}",
+                        m.table(),
+                        show_key(m.row_key())
+                    ));
+                }
+                Err(_) => again.push((m, delete)),
+            }
+        }
+        rows = again;
+    }
+    out
 }
 
 fn show_key(key: &[u8]) -> String {
