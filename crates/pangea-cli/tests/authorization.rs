@@ -234,10 +234,7 @@ fn hex(b: &[u8]) -> String {
 #[test]
 fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()> {
     let c = Cluster::up(false)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = common::runtime()?;
     rt.block_on(async {
         // Rows to lose: 200 global, 100 EU-resident.
         let fe = c.client(common::US, "frontend").await?;
@@ -709,10 +706,7 @@ fn a_replica_refuses_a_certificate_that_is_not_its_own() -> Result<()> {
 #[test]
 fn applies_that_would_strand_rows_are_refused_and_change_nothing() -> Result<()> {
     let c = Cluster::up(false)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = common::runtime()?;
     rt.block_on(async {
         let fe = c.client(common::EU, "frontend").await?;
         let op = c.operator(common::EU).await?;

@@ -87,10 +87,7 @@ fn a_bad_batch_job_is_undone_by_a_restore_as_of_before_it() -> Result<()> {
     let cluster = cluster.to_str().context("path")?;
     let dir = tempfile::tempdir()?;
     let at = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = common::runtime()?;
     let us = rt.block_on(c.client(US, "frontend"))?;
     let eu = rt.block_on(c.client(EU, "frontend"))?;
     // What each row holds, as the test wrote it: value and counter.
@@ -398,10 +395,7 @@ fn a_backup_restored_into_a_new_cluster_merges_and_newer_versions_win() -> Resul
     let target = Cluster::up_with(TOPOLOGY, PLACEMENT, false)?;
     let dir = tempfile::tempdir()?;
     let to = dir.path().join("full").to_string_lossy().into_owned();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = common::runtime()?;
     let (src, dst) = rt.block_on(async {
         Ok::<_, anyhow::Error>((
             source.client(REGION, "frontend").await?,

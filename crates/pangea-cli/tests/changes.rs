@@ -92,10 +92,7 @@ fn consume(c: &Cluster, region: &str, args: &[&str], kill_after: Option<Duration
 #[test]
 fn a_consumer_killed_and_resumed_twenty_times_sees_every_acknowledged_write() -> Result<()> {
     let c = Cluster::up(false)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = common::runtime()?;
     // The stream from now, before any write.
     let start = consume(&c, US, &["--prefix", "cs/"], None)?;
     let mut cursor = start.cursor.context("a cursor from now")?;

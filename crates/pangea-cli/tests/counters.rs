@@ -46,10 +46,7 @@ async fn count_at(c: &Cluster, id: &str, key: &[u8], column: &[u8]) -> Result<Op
 #[test]
 fn increments_from_every_region_all_count_through_a_kill() -> Result<()> {
     let mut c = Cluster::up(false)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = common::runtime()?;
     // (row, column, regions that count into it): a global row counted
     // everywhere, an EU-resident row counted in the EU.
     let global: &[u8] = b"us/user-1";

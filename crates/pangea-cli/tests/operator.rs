@@ -60,10 +60,7 @@ fn one_replica_stops_starts_and_restarts_and_its_log_grows() -> Result<()> {
     );
 
     // --deadline-ms reaches operator calls: 1 ms is too short to audit 3,000 rows.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = common::runtime()?;
     rt.block_on(async {
         let fe = c.client(common::US, "frontend").await?;
         let mut tasks = tokio::task::JoinSet::new();

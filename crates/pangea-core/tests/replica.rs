@@ -1352,16 +1352,6 @@ fn a_change_stream_reads_the_log_kept_for_its_retention() {
         Some((1, 10)),
         "kept where applied too"
     );
-    let streams = |rs: &BTreeMap<String, Replica<MemStorage>>, id: &str| -> Vec<Stream> {
-        let wm = rs[id].watermarks(scope).unwrap();
-        wm.iter()
-            .map(|(o, w)| Stream {
-                scope: scope.clone(),
-                origin: o.clone(),
-                durable: w.sequence,
-            })
-            .collect()
-    };
     let q = Query {
         table: "ad_profiles",
         prefix: b"us/",
@@ -1369,13 +1359,22 @@ fn a_change_stream_reads_the_log_kept_for_its_retention() {
         scan_max: 10_000,
         bytes_max: 1 << 20,
     };
-    let page = changes::read(
-        rs["use1-a"].storage(),
-        &streams(&rs, "use1-a"),
-        &Cursor::default(),
-        &q,
-    )
-    .unwrap();
+    // A page of use1-a's stream from `from`.
+    let read_at = |rs: &BTreeMap<String, Replica<MemStorage>>, from: &Cursor| {
+        let r = &rs["use1-a"];
+        let streams: Vec<Stream> = r
+            .watermarks(scope)
+            .unwrap()
+            .iter()
+            .map(|(o, w)| Stream {
+                scope: scope.clone(),
+                origin: o.clone(),
+                durable: w.sequence,
+            })
+            .collect();
+        changes::read(r.storage(), &streams, from, &q)
+    };
+    let page = read_at(&rs, &Cursor::default()).unwrap();
     let seen: Vec<u64> = page.changes.iter().map(|c| c.sequence).collect();
     assert_eq!(seen, (1..=10).collect::<Vec<_>>());
     assert_eq!(page.changes[3].mutation.row_key().as_ref(), b"us/3");
@@ -1383,24 +1382,12 @@ fn a_change_stream_reads_the_log_kept_for_its_retention() {
     // Past the retention: purged, and the old cursor is refused.
     run(&mut rs, 2_050, 4_500);
     assert_eq!(bounds(&rs, "use1-a"), None);
-    let err = changes::read(
-        rs["use1-a"].storage(),
-        &streams(&rs, "use1-a"),
-        &Cursor::default(),
-        &q,
-    )
-    .unwrap_err();
+    let err = read_at(&rs, &Cursor::default()).unwrap_err();
     assert!(
         matches!(err, ChangesError::Expired { read: 0, .. }),
         "{err}"
     );
     // The cursor the reader had kept reads on.
-    let page = changes::read(
-        rs["use1-a"].storage(),
-        &streams(&rs, "use1-a"),
-        &page.cursor,
-        &q,
-    )
-    .unwrap();
+    let page = read_at(&rs, &page.cursor).unwrap();
     assert!(page.changes.is_empty() && !page.more);
 }

@@ -45,6 +45,14 @@ pub fn repo_file(rel: &str) -> PathBuf {
         .join(rel)
 }
 
+/// The tests' tokio runtime: two worker threads, timers and I/O.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
 /// Runs `pangea cluster nemesis --cluster C ARGS --history H` on `cluster`
 /// (bounded to 300 s), writing the history to `DIR/history.jsonl`; its stdout
 /// and the history's path, or an error with both outputs if it failed.

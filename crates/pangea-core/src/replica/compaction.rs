@@ -173,8 +173,12 @@ fn entries_older_than<S: Storage>(
     before: Timestamp,
 ) -> Result<u64, Error> {
     let head = storage.read_log(scope, origin, first, 1)?;
-    if head.first().is_none_or(|e| e.timestamp >= before) || max <= 1 {
-        return Ok(u64::from(head.first().is_some_and(|e| e.timestamp < before)).min(max));
+    let head_old = head.first().is_some_and(|e| e.timestamp < before);
+    if !head_old || max == 0 {
+        return Ok(0);
+    }
+    if max == 1 {
+        return Ok(1);
     }
     let entries = storage.read_log(scope, origin, first, max as usize)?;
     Ok(entries.iter().take_while(|e| e.timestamp < before).count() as u64)

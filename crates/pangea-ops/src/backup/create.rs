@@ -86,7 +86,7 @@ pub async fn create(
             .is_some_and(|p| p.regions.contains(&here));
         if !allowed {
             skipped.push(format!(
-                "{s}: policy {} keeps its rows in {}; back it up from there                  (--region {} --policies {})",
+                "{s}: policy {} keeps its rows in {}; back it up from there (--region {} --policies {})",
                 s.policy(),
                 policy_regions(&d, s).join(", "),
                 policy_regions(&d, s).first().map_or("?", |r| r.as_str()),
