@@ -321,6 +321,16 @@ fn process(
                 bytes_max: 4 << 20,
             };
             let page = changes::read(r.storage(), &streams, &from, &q).map_err(|e| e.to_string())?;
+            // The node's `register_reader`: loaders only, the name checked and
+            // the readers bounded by the replica.
+            if !c.reader.is_empty() {
+                if !matches!(who, Principal::Loader { .. }) {
+                    return Err("registering a reader needs a loader".into());
+                }
+                r.register_reader(now, &c.reader, from)
+                    .map_err(|e| e.to_string())?;
+                assert!(r.readers().iter().count() <= changes::READERS_MAX);
+            }
             Ok(Response::Changes(page.to_proto()))
         }
         R::PlacementMove(_) | R::Audit(_) | R::Reload(_) | R::Deployment(_) => {

@@ -210,6 +210,13 @@ fn client_frames() -> Vec<Seed> {
             limit: 1,
             ..Default::default()
         })),
+        // As a registered reader (a loader's; refused to others).
+        req(R::Changes(pb::ChangesRequest {
+            table: "ad_profiles".into(),
+            limit: 1,
+            reader: "pipeline".into(),
+            ..Default::default()
+        })),
     ]);
     // A loader's merge of a pre-versioned row, then reads of it.
     let mut merged = RowState::default();

@@ -32,6 +32,16 @@ pub(crate) struct ChangesArgs {
     /// Most changes per page (the replica caps it at 1,000).
     #[arg(long, default_value_t = 1_000)]
     limit: u32,
+    /// Read as this registered reader: the replica keeps its log after the
+    /// cursor given past the tables' retention while the reader comes back
+    /// within a week. Needs a loader certificate (`--credential
+    /// loader/loader-PROFILE`).
+    #[arg(long)]
+    reader: Option<String>,
+    /// Read from this replica only (no failover): a registered reader keeps to
+    /// the replica that holds its log.
+    #[arg(long)]
+    replica: Option<String>,
 }
 
 pub(crate) fn run(a: ChangesArgs) -> Result<()> {
@@ -49,10 +59,37 @@ pub(crate) fn run(a: ChangesArgs) -> Result<()> {
         let table = &a.connect.table;
         let mut out = std::io::stdout().lock();
         loop {
-            let page = client
-                .read_changes(table, prefix.clone(), &from, a.limit, &opts)
-                .await?;
-            for c in &page.value.changes {
+            let reader = a.reader.as_deref().unwrap_or("");
+            // The page, and who answered.
+            let (page, replica, region) = match &a.replica {
+                None => {
+                    let r = client
+                        .read_changes_as(reader, table, prefix.clone(), &from, a.limit, &opts)
+                        .await?;
+                    (r.value, r.replica.to_string(), r.region)
+                }
+                Some(id) => {
+                    let at = pangea_core::ReplicaId::new(id.as_str());
+                    let page = client
+                        .read_changes_at(
+                            &at,
+                            reader,
+                            table,
+                            prefix.clone(),
+                            &from,
+                            a.limit,
+                            a.connect.deadline(),
+                        )
+                        .await?;
+                    let region = client
+                        .deployment()
+                        .topology
+                        .region_of(id)
+                        .map_or_else(|| "?".to_owned(), |r| r.to_string());
+                    (page, id.clone(), region)
+                }
+            };
+            for c in &page.changes {
                 if a.connect.json {
                     writeln!(out, "{}", change_json(c))?;
                 } else {
@@ -61,21 +98,21 @@ pub(crate) fn run(a: ChangesArgs) -> Result<()> {
             }
             // The cursor after the page: a consumer that saves it once the
             // changes above are handled resumes without missing any.
-            let cursor = format!("0x{}", hex(&page.value.cursor));
+            let cursor = format!("0x{}", hex(&page.cursor));
             if a.connect.json {
                 writeln!(out, "{}", serde_json::json!({ "cursor": cursor }))?;
             } else {
                 writeln!(
                     out,
                     "-- {} changes from {} ({}); resume with --from {cursor}",
-                    page.value.changes.len(),
-                    page.replica,
-                    page.region
+                    page.changes.len(),
+                    replica,
+                    region
                 )?;
             }
             out.flush()?;
-            from = ChangesFrom::Cursor(page.value.cursor);
-            if !page.value.more {
+            from = ChangesFrom::Cursor(page.cursor);
+            if !page.more {
                 if !a.follow {
                     return Ok(());
                 }

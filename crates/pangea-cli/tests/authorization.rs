@@ -344,6 +344,15 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
                 }),
             ),
             (
+                "changes as a registered reader",
+                pb::client_request::Request::Changes(pb::ChangesRequest {
+                    table: TABLE.into(),
+                    limit: 10,
+                    reader: "auth-test".into(),
+                    ..Default::default()
+                }),
+            ),
+            (
                 "changes _jobs",
                 pb::client_request::Request::Changes(pb::ChangesRequest {
                     table: "_jobs".into(),
@@ -397,6 +406,7 @@ fn every_identity_against_every_request_then_the_attacks_replayed() -> Result<()
             /* deployment      */ [Served,     Served,     Served],
             /* location changes*/ [Served,     Served,     Served],
             /* changes         */ [Served,     Served,     Denied],
+            /* changes reader  */ [Denied, Served,     Denied],
             /* changes _jobs   */ [Denied, Denied, Invalid],
             /* scan _jobs      */ [Denied, Denied, Served],
             /* audit           */ [Denied, Denied, Served],

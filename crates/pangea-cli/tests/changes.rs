@@ -8,7 +8,7 @@ mod common;
 
 use anyhow::{Context, Result, ensure};
 use common::{Cluster, EU, PANGEA, US, sigkill};
-use pangea_client::{Mutation, RowMutation, WriteOptions};
+use pangea_client::{ChangesFrom, Mutation, RowMutation, WriteOptions};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -274,4 +274,98 @@ fn bad_requests_are_refused_by_name() -> Result<()> {
     let e = run(&["--table", "nope"])?;
     ensure!(e.contains("unknown table \"nope\""), "{e}");
     Ok(())
+}
+
+/// A registered reader (`pangea changes --reader`, docs/client.md "Registered
+/// readers"): with a 1 s retention, the replica a loader's reader registered
+/// with keeps the log after its cursor, so the reader reads every write it
+/// missed seconds later, while another replica has purged it (its cursor is
+/// refused there); a frontend's client certificate may not register one.
+#[test]
+fn a_registered_reader_reads_on_past_the_retention() -> Result<()> {
+    let c = Cluster::up_with(
+        "topology/local-3-regions.toml",
+        "crates/pangea-cli/tests/data/changes-1s.placement.toml",
+        false,
+    )?;
+    let rt = common::runtime()?;
+    rt.block_on(async {
+        let writer = c.client(US, "frontend").await?;
+        let config = pangea_client::ClientConfig::from_cluster(
+            &pangea_topology::cluster::ClusterFile::load(&c.cluster_path())
+                .map_err(anyhow::Error::msg)?,
+            US,
+            "frontend",
+        )?
+        .with_credential(pangea_client::Credential::Loader("loader-frontend".into()));
+        let loader = pangea_client::Client::connect(config).await?;
+        let (held, other) = (
+            pangea_core::ReplicaId::new("use1-a"),
+            pangea_core::ReplicaId::new("use1-b"),
+        );
+        let deadline = Duration::from_secs(5);
+        let read = |at: &pangea_core::ReplicaId, reader: &'static str, from: ChangesFrom| {
+            let (loader, at) = (&loader, at.clone());
+            async move {
+                loader
+                    .read_changes_at(&at, reader, TABLE, "rr/".into(), &from, 1_000, deadline)
+                    .await
+            }
+        };
+        // Registered at now on use1-a.
+        let start = read(&held, "pipeline", ChangesFrom::Now).await?.cursor;
+        let mut keys = Vec::new();
+        for i in 0..30 {
+            let key = format!("rr/{i:03}");
+            writer
+                .mutate(
+                    common::profile_set(key.clone(), "v")?,
+                    &common::setup_writes(),
+                )
+                .await?;
+            keys.push(key);
+        }
+        // use1-b, where no reader holds it, purges the log after the retention.
+        common::eventually(
+            Duration::from_secs(20),
+            Duration::from_millis(200),
+            "use1-b purging its log",
+            || async {
+                match read(&other, "", ChangesFrom::Cursor(start.clone())).await {
+                    Err(pangea_client::Error::CursorExpired(_)) => Ok(Some(())),
+                    _ => Ok(None),
+                }
+            },
+        )
+        .await?;
+        // use1-a kept it for the reader: every write, from its cursor.
+        let page = read(&held, "pipeline", ChangesFrom::Cursor(start.clone())).await?;
+        // Every write (two origins' streams, one after the other).
+        let seen: BTreeSet<String> = page
+            .changes
+            .iter()
+            .map(|c| String::from_utf8_lossy(c.mutation.row_key()).into_owned())
+            .collect();
+        ensure!(
+            page.changes.len() == keys.len() && seen == keys.iter().cloned().collect(),
+            "the reader read {seen:?}"
+        );
+        // A client certificate may not register a reader.
+        let e = writer
+            .read_changes_as(
+                "sneaky",
+                TABLE,
+                bytes::Bytes::new(),
+                &ChangesFrom::Now,
+                1,
+                &pangea_client::ReadOptions::default(),
+            )
+            .await
+            .expect_err("a client registered a reader");
+        ensure!(
+            matches!(e, pangea_client::Error::PolicyForbids(_)) && e.to_string().contains("loader"),
+            "{e}"
+        );
+        Ok(())
+    })
 }

@@ -53,6 +53,24 @@ impl Client {
         limit: u32,
         opts: &ReadOptions,
     ) -> Result<Response<ChangesPage>, Error> {
+        self.read_changes_as("", table, prefix, from, limit, opts)
+            .await
+    }
+
+    /// [`Client::read_changes`] as the registered reader `reader` (empty: none):
+    /// the replica that answers keeps its log after `from` (what the reader
+    /// has handled) past the tables' retention, while the reader comes back
+    /// within a week (docs/client.md, "Registered readers"). Needs a loader
+    /// certificate.
+    pub async fn read_changes_as(
+        &self,
+        reader: &str,
+        table: &str,
+        prefix: impl Into<Bytes>,
+        from: &ChangesFrom,
+        limit: u32,
+        opts: &ReadOptions,
+    ) -> Result<Response<ChangesPage>, Error> {
         let prefix = prefix.into();
         let (cursor, from_earliest) = match from {
             ChangesFrom::Now => (Bytes::new(), false),
@@ -65,6 +83,7 @@ impl Client {
             cursor,
             from_earliest,
             limit,
+            reader: reader.to_owned(),
         });
         let limits = pangea_core::Limits::default();
         let r = self.read(Op::Changes, table, &prefix, 1, req, opts).await?;
@@ -84,28 +103,39 @@ impl Client {
 }
 
 impl Client {
-    /// One page of `table`'s change stream answered by `replica` alone, from
-    /// `cursor` (empty: the start of every stream): no routing or failover.
-    /// For tools that read one replica's cut, such as backups
-    /// (`pangea backup create`); consumers use [`Client::read_changes`].
+    /// One page of `table`'s change stream under `prefix` answered by `replica`
+    /// alone, from `from`, as the registered reader `reader` (empty: none): no
+    /// routing or failover. For
+    /// tools that read one replica's cut, such as backups (`pangea backup
+    /// create`), and readers that keep to the replica holding their log;
+    /// consumers use [`Client::read_changes`].
+    #[allow(clippy::too_many_arguments)]
     pub async fn read_changes_at(
         &self,
         replica: &pangea_core::ReplicaId,
+        reader: &str,
         table: &str,
-        cursor: Bytes,
+        prefix: Bytes,
+        from: &ChangesFrom,
         limit: u32,
         deadline: std::time::Duration,
     ) -> Result<ChangesPage, Error> {
+        let (cursor, from_earliest) = match from {
+            ChangesFrom::Now => (Bytes::new(), false),
+            ChangesFrom::Earliest => (Bytes::new(), true),
+            ChangesFrom::Cursor(c) => (c.clone(), false),
+        };
         let req = pb::ClientRequest {
             deadline_us: deadline.as_micros() as u64,
             app_profile: self.inner.config.app_profile.clone(),
             traceparent: String::new(),
             request: Some(pb::client_request::Request::Changes(pb::ChangesRequest {
                 table: table.to_owned(),
-                prefix: Bytes::new(),
+                prefix,
                 cursor,
-                from_earliest: false,
+                from_earliest,
                 limit,
+                reader: reader.to_owned(),
             })),
         };
         let call = self.inner.transport.call(replica, &req);

@@ -12,6 +12,7 @@
 //! | write cells or increment counters of an ordinary table | no | if P grants read-write | if P grants read-write | no |
 //! | write any system table (`_*`) | no | no | no | no |
 //! | merge pre-versioned rows (`MergeRow`) | no | no | if P grants read-write | no |
+//! | read a change stream as a registered reader (the replica keeps its log) | no | no | if P grants read (checked by the node: `serve::register_reader`) | no |
 //! | read this replica's watermarks | no | scopes P may read | scopes P may read | yes |
 //! | placement move, placement audit, reload | no | no | no | yes |
 //!

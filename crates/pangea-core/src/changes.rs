@@ -94,6 +94,113 @@ impl Cursor {
     }
 }
 
+/// Most change-stream readers one replica keeps its log for.
+pub const READERS_MAX: usize = 32;
+/// How long a registered reader that stopped reading still holds the log.
+pub const READER_IDLE_MAX_MS: u64 = 7 * 24 * 3600 * 1000;
+/// The replica metadata key the registered readers are kept under.
+pub const READERS_META: &str = "change_readers";
+
+/// The named readers a replica keeps its replication log for: the entries
+/// after each one's cursor stay (compaction keeps them past the tables'
+/// `changes.retention`) while it registers again at least every
+/// [`READER_IDLE_MAX_MS`]; at most [`READERS_MAX`] of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Readers(BTreeMap<String, Registered>);
+
+/// A registered reader: where it stood when it last registered, and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registered {
+    pub seen_ms: u64,
+    pub cursor: Cursor,
+}
+
+impl Readers {
+    /// Registers `name` at `cursor` (again: moves it). A new name past
+    /// [`READERS_MAX`] live readers is refused, naming the limit.
+    pub fn register(&mut self, name: &str, cursor: Cursor, now_ms: u64) -> Result<(), String> {
+        pangea_topology::schema::validate_name("reader", name).map_err(|e| e.to_string())?;
+        self.0
+            .retain(|_, r| now_ms.saturating_sub(r.seen_ms) <= READER_IDLE_MAX_MS);
+        if !self.0.contains_key(name) && self.0.len() >= READERS_MAX {
+            return Err(format!(
+                "{} change-stream readers are registered here, the most a replica keeps \
+                 its log for ({READERS_MAX}); reuse a name or let one lapse",
+                self.0.len()
+            ));
+        }
+        self.0.insert(
+            name.to_owned(),
+            Registered {
+                seen_ms: now_ms,
+                cursor,
+            },
+        );
+        Ok(())
+    }
+
+    /// Per stream, the last sequence some live reader has read: compaction
+    /// keeps the entries after it.
+    pub fn holds(&self, now_ms: u64) -> BTreeMap<(ScopeId, ReplicaId), u64> {
+        let mut holds: BTreeMap<(ScopeId, ReplicaId), u64> = BTreeMap::new();
+        for r in self.live(now_ms) {
+            for (scope, origin, seq) in r.cursor.positions() {
+                let h = holds.entry((scope.clone(), origin.clone())).or_insert(seq);
+                *h = (*h).min(seq);
+            }
+        }
+        holds
+    }
+
+    fn live(&self, now_ms: u64) -> impl Iterator<Item = &Registered> {
+        self.0
+            .values()
+            .filter(move |r| now_ms.saturating_sub(r.seen_ms) <= READER_IDLE_MAX_MS)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Registered)> {
+        self.0.iter().map(|(n, r)| (n.as_str(), r))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The bytes kept in replica metadata ([`READERS_META`]).
+    pub fn encode(&self) -> Bytes {
+        let readers = self
+            .0
+            .iter()
+            .map(|(name, r)| pb::ChangeReader {
+                name: name.clone(),
+                seen_ms: r.seen_ms,
+                cursor: pb::ChangeCursor::decode(&r.cursor.encode()[..]).ok(),
+            })
+            .collect();
+        Bytes::from(pb::ChangeReaders { readers }.encode_to_vec())
+    }
+
+    /// What [`Readers::encode`] made; anything else is refused naming what was
+    /// wrong.
+    pub fn decode(bytes: &[u8]) -> Result<Readers, String> {
+        let rs = pb::ChangeReaders::decode(bytes)
+            .map_err(|e| format!("not a list of change-stream readers: {e}"))?;
+        let mut readers = BTreeMap::new();
+        for r in rs.readers {
+            let cursor = r.cursor.unwrap_or_default().encode_to_vec();
+            let cursor = Cursor::decode(&cursor).map_err(|e| format!("reader {}: {e}", r.name))?;
+            readers.insert(
+                r.name,
+                Registered {
+                    seen_ms: r.seen_ms,
+                    cursor,
+                },
+            );
+        }
+        Ok(Readers(readers))
+    }
+}
+
 /// One stream a replica can serve changes of: its scope, its origin, and the
 /// last sequence the replica holds durably.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -458,5 +565,49 @@ mod tests {
         };
         let err = Cursor::decode(&twice.encode_to_vec()).unwrap_err();
         assert!(err.contains("stream s/a given twice"), "{err}");
+    }
+
+    #[test]
+    fn registered_readers_hold_their_streams_until_they_lapse() {
+        let (s, a, b) = (ScopeId::new("s"), ReplicaId::new("a"), ReplicaId::new("b"));
+        let at = |qa: u64, qb: u64| {
+            Cursor::at(&[
+                Stream {
+                    scope: s.clone(),
+                    origin: a.clone(),
+                    durable: qa,
+                },
+                Stream {
+                    scope: s.clone(),
+                    origin: b.clone(),
+                    durable: qb,
+                },
+            ])
+        };
+        let mut rs = Readers::default();
+        rs.register("pipeline", at(5, 2), 1_000).unwrap();
+        rs.register("audit", at(3, 9), 2_000).unwrap();
+        let h = rs.holds(3_000);
+        assert_eq!(h[&(s.clone(), a.clone())], 3);
+        assert_eq!(h[&(s.clone(), b.clone())], 2);
+        // Moved on: the hold follows.
+        rs.register("pipeline", at(8, 9), 4_000).unwrap();
+        assert_eq!(rs.holds(5_000)[&(s.clone(), b.clone())], 9);
+        // Through its bytes.
+        assert_eq!(Readers::decode(&rs.encode()).unwrap(), rs);
+        assert!(Readers::decode(b"\xff\xff").is_err());
+        // A reader idle past the limit holds nothing, and makes room.
+        let later = 4_000 + READER_IDLE_MAX_MS + 1;
+        assert_eq!(rs.holds(later - 2_000)[&(s.clone(), a.clone())], 8);
+        assert!(rs.holds(later).is_empty());
+        // A bad name and one reader too many are refused by name.
+        assert!(rs.register("no/slash", at(0, 0), 5_000).is_err());
+        let mut full = Readers::default();
+        for i in 0..READERS_MAX {
+            full.register(&format!("r{i}"), at(0, 0), 5_000).unwrap();
+        }
+        let e = full.register("one-more", at(0, 0), 5_000).unwrap_err();
+        assert!(e.contains("32"), "{e}");
+        full.register("r0", at(1, 1), 5_000).unwrap();
     }
 }

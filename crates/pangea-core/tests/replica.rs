@@ -1391,3 +1391,64 @@ fn a_change_stream_reads_the_log_kept_for_its_retention() {
     let page = read_at(&rs, &page.cursor).unwrap();
     assert!(page.changes.is_empty() && !page.more);
 }
+
+/// Registered readers (`changes::Readers`): a reader registered at a cursor
+/// holds the log entries after it past the retention, so it reads on from
+/// there; once it registers further on, compaction purges what it has read.
+/// The registration survives a restart (replica metadata).
+#[test]
+fn a_registered_reader_holds_the_log_past_the_retention() {
+    use pangea_core::changes::{Cursor, Stream};
+    let mut d = (*deployment()).clone();
+    let table = d.placement.schema.tables.get_mut("ad_profiles").unwrap();
+    table.change_retention_ms = Some(3_000);
+    let d = Arc::new(d);
+    let mut rs = all_replicas(&d);
+    let a = rs.get_mut("euw1-a").unwrap();
+    let tokens: Vec<Token> = (0..10)
+        .map(|i| a.propose(at(1), set(&format!("us/{i}"), "v")).unwrap())
+        .collect();
+    pump(&mut rs, at(2));
+    let (scope, origin) = (tokens[0].scope.clone(), ReplicaId::from("euw1-a"));
+    // use1-a's reader has read the first four.
+    let read_up_to = |q: u64| {
+        Cursor::at(&[Stream {
+            scope: scope.clone(),
+            origin: origin.clone(),
+            durable: q,
+        }])
+    };
+    rs.get_mut("use1-a")
+        .unwrap()
+        .register_reader(at(3), "pipeline", read_up_to(4))
+        .unwrap();
+    let bounds = |rs: &BTreeMap<String, Replica<MemStorage>>, id: &str| {
+        rs[id].storage().log_bounds(&scope, &origin).unwrap()
+    };
+    // Past the retention: purged elsewhere, held after the reader's cursor here.
+    run(&mut rs, 50, 4_500);
+    assert_eq!(bounds(&rs, "use1-b"), None);
+    assert_eq!(bounds(&rs, "use1-a"), Some((5, 10)));
+    // A restart keeps the registration.
+    let r = rs.remove("use1-a").unwrap();
+    let reopened = Replica::new(
+        "use1-a".into(),
+        d,
+        r.config().clone(),
+        r.into_storage(),
+        7,
+        at(4_600),
+    )
+    .unwrap();
+    assert_eq!(reopened.readers().iter().count(), 1);
+    rs.insert("use1-a".into(), reopened);
+    run(&mut rs, 4_600, 5_000);
+    assert_eq!(bounds(&rs, "use1-a"), Some((5, 10)));
+    // It read on: the rest goes.
+    rs.get_mut("use1-a")
+        .unwrap()
+        .register_reader(at(5_001), "pipeline", read_up_to(10))
+        .unwrap();
+    run(&mut rs, 5_001, 7_000);
+    assert_eq!(bounds(&rs, "use1-a"), None);
+}

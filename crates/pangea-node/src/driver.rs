@@ -102,6 +102,13 @@ pub enum Input {
         sequence: u64,
         reply: oneshot::Sender<Option<(BTreeSet<RegionId>, BTreeSet<RegionId>)>>,
     },
+    /// A loader registers a change-stream reader at a cursor
+    /// (`Replica::register_reader`); the reply says whether it was taken.
+    RegisterReader {
+        name: String,
+        cursor: pangea_core::changes::Cursor,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
     /// A peer task wrote (or dropped) a frame of this many bytes.
     Sent {
         to: ReplicaId,
@@ -480,6 +487,9 @@ async fn recover(
                 Some(Input::RegionsApplied { reply, .. }) => {
                     let _ = reply.send(None);
                 }
+                Some(Input::RegisterReader { reply, .. }) => {
+                    let _ = reply.send(Err(unavailable().to_string()));
+                }
                 // Frames: fetched again by gap repair. A new deployment: read from
                 // `shared` when the core is rebuilt.
                 Some(_) => {}
@@ -594,6 +604,14 @@ fn handle(
             replica.want_reports(&scope, sequence);
             let id = replica.id().clone();
             let _ = reply.send(replica.regions_applied(&scope, &id, sequence));
+        }
+        Input::RegisterReader {
+            name,
+            cursor,
+            reply,
+        } => {
+            let taken = replica.register_reader(now, &name, cursor);
+            let _ = reply.send(taken.map_err(|e| e.to_string()));
         }
         Input::Sent { to, bytes } => replica.handle_sent(&to, bytes),
         Input::View(_) => {}

@@ -752,7 +752,7 @@ fn changes(
     caller: &Principal,
     limits: &Limits,
     c: pb::ChangesRequest,
-) -> Result<pb::ChangesResponse, Failure> {
+) -> Result<(pb::ChangesResponse, pangea_core::changes::Cursor), Failure> {
     use pangea_core::changes::{ChangesError, Cursor, Query, Stream};
     key_within(limits, &c.prefix, "prefix")?;
     let d = shared.deployment();
@@ -816,7 +816,45 @@ fn changes(
             }
             ChangesError::Storage(e) => Failure::from(CoreError::from(e)),
         })?;
-    Ok(page.to_proto())
+    Ok((page.to_proto(), from))
+}
+
+/// Registers the caller's change-stream reader `name` at `cursor` (where its
+/// page began: what it has handled): this replica keeps the log after it.
+/// Loaders only — a registration makes every replica it reaches keep log, so
+/// a frontend credential may not.
+async fn register_reader(
+    shared: &Shared,
+    caller: &Principal,
+    name: String,
+    cursor: pangea_core::changes::Cursor,
+) -> Result<(), Failure> {
+    if !matches!(caller, Principal::Loader { .. }) {
+        return Err(Failure::new(
+            Code::PolicyForbids,
+            format!(
+                "{} {} may not register change-stream reader {name:?}: a loader certificate \
+                 is needed (readers make replicas keep their log)",
+                caller.kind(),
+                caller.name()
+            ),
+        ));
+    }
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let gone = || Failure::new(Code::Unavailable, "the replica is stopping".to_owned());
+    shared
+        .driver
+        .send(Input::RegisterReader {
+            name,
+            cursor,
+            reply,
+        })
+        .await
+        .map_err(|_| gone())?;
+    answer
+        .await
+        .map_err(|_| gone())?
+        .map_err(|e| Failure::new(Code::InvalidArgument, e))
 }
 
 fn scan(
@@ -1595,10 +1633,14 @@ async fn execute(
                 .map_err(|e| Failure::new(Code::InvalidArgument, e))?;
             Ok((W::Reload(pb::ReloadResponse { changes }).into(), None))
         }
-        R::Changes(c) => Ok((
-            W::Changes(changes(shared, caller, &limits, c)?).into(),
-            None,
-        )),
+        R::Changes(mut c) => {
+            let reader = std::mem::take(&mut c.reader);
+            let (page, from) = changes(shared, caller, &limits, c)?;
+            if !reader.is_empty() {
+                register_reader(shared, caller, reader, from).await?;
+            }
+            Ok((W::Changes(page).into(), None))
+        }
         R::LocationChanges(r) => {
             let page = shared
                 .published

@@ -27,7 +27,8 @@ impl<S: Storage> Replica<S> {
     /// Recomputes purge horizons and truncates the logs below them, removing at
     /// most [`PURGE_ENTRIES_MAX`] entries; `true` if it left some for later.
     /// With change streams (a table's `changes.retention`), an entry also stays
-    /// until it is that old (by its HLC time against this replica's clock).
+    /// until it is that old (by its HLC time against this replica's clock), and
+    /// while a registered reader has not read it (`changes::Readers`).
     pub(super) fn purge_logs(&mut self, now: Now) -> Result<bool, Error> {
         let mut budget = PURGE_ENTRIES_MAX;
         let mut more = false;
@@ -37,6 +38,7 @@ impl<S: Storage> Replica<S> {
             .schema
             .change_retention_ms()
             .map(|ms| Timestamp::new(now.wall_ms.saturating_sub(ms), 0));
+        let holds = self.readers.holds(now.wall_ms);
         let scopes: Vec<ScopeId> = self.scopes.keys().cloned().collect();
         for scope in scopes {
             let s = self.scopes.get_mut(&scope).expect("listed above");
@@ -70,8 +72,13 @@ impl<S: Storage> Replica<S> {
             let mut batch = WriteBatch::default();
             for (o, h) in s.origins.iter().zip(horizon_seq) {
                 let applied = s.streams.get(o).map_or(0, |st| st.durable.sequence);
-                let keep_from =
+                let mut keep_from =
                     (h + 1).max(applied.saturating_sub(self.config.log_entries_retained_max));
+                if !holds.is_empty()
+                    && let Some(read) = holds.get(&(scope.clone(), o.clone()))
+                {
+                    keep_from = keep_from.min(read + 1);
+                }
                 if let Some((first, _)) = self.storage.log_bounds(&scope, o)?
                     && first < keep_from
                 {

@@ -847,6 +847,9 @@ pub struct Replica<S: Storage> {
     /// snapshot from that process — asked again should it stall — then by the
     /// stream.
     copying: BTreeMap<ScopeId, ReplicaId>,
+    /// Change-stream readers this replica keeps its log for
+    /// ([`Replica::register_reader`]).
+    readers: crate::changes::Readers,
     stats: Stats,
 }
 
@@ -905,12 +908,19 @@ impl<S: Storage> Replica<S> {
             assigned_jobs: Vec::new(),
             relearning: BTreeMap::new(),
             copying: BTreeMap::new(),
+            readers: crate::changes::Readers::default(),
             stats: Stats::default(),
         };
         // Its streams come from the store just below, every scope's at once.
         r.rebuild_scope_states(now);
         // Location metadata, as this replica last applied it.
         r.reload_location(now)?;
+        // The change-stream readers it keeps its log for. Unreadable ones
+        // (written by another version) hold nothing: the log falls back to the
+        // tables' retention, and each reader registers again as it reads.
+        if let Some(bytes) = r.storage.meta(crate::changes::READERS_META)? {
+            r.readers = crate::changes::Readers::decode(&bytes).unwrap_or_default();
+        }
         // Restore durable watermarks; the clock never issues below what we wrote (I1).
         for (scope, origin, wm) in r.storage.watermarks()? {
             if origin == r.id {
@@ -928,6 +938,36 @@ impl<S: Storage> Replica<S> {
 
     pub fn id(&self) -> &ReplicaId {
         &self.id
+    }
+
+    /// Registers the change-stream reader `name` at `cursor`, or moves it
+    /// there: the log entries after the cursor stay past the tables'
+    /// retention while it comes back within
+    /// [`READER_IDLE_MAX_MS`](crate::changes::READER_IDLE_MAX_MS). Written with
+    /// the next store write, durable with the next sync. A bad name, or a new
+    /// reader past [`READERS_MAX`](crate::changes::READERS_MAX), is refused.
+    pub fn register_reader(
+        &mut self,
+        now: Now,
+        name: &str,
+        cursor: crate::changes::Cursor,
+    ) -> Result<(), Error> {
+        self.readers
+            .register(name, cursor, now.wall_ms)
+            .map_err(|e| Error::malformed("reader", e))?;
+        self.storage.write(WriteBatch {
+            meta: vec![(
+                crate::changes::READERS_META.to_owned(),
+                Some(self.readers.encode()),
+            )],
+            ..WriteBatch::default()
+        })?;
+        Ok(())
+    }
+
+    /// The change-stream readers this replica keeps its log for.
+    pub fn readers(&self) -> &crate::changes::Readers {
+        &self.readers
     }
 
     pub fn deployment(&self) -> &Arc<Deployment> {

@@ -9,7 +9,7 @@ use super::{
 };
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
-use pangea_client::{Client, Error as ClientError, ReadFilter, ScanOptions};
+use pangea_client::{ChangesFrom, Client, Error as ClientError, ReadFilter, ScanOptions};
 use pangea_core::changes::Cursor;
 use pangea_core::{ReplicaId, ScopeId, ScopeWatermarks};
 use pangea_topology::Deployment;
@@ -506,7 +506,15 @@ async fn tail<'s>(
     let began = Instant::now();
     loop {
         let page = client
-            .read_changes_at(r, table, from.encode(), PAGE, o.deadline)
+            .read_changes_at(
+                r,
+                "",
+                table,
+                Bytes::new(),
+                &ChangesFrom::Cursor(from.encode()),
+                PAGE,
+                o.deadline,
+            )
             .await?;
         for c in &page.changes {
             if let Some(w) = writers.get_mut(&c.scope)

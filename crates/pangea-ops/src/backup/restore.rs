@@ -21,7 +21,7 @@ use super::create::{candidates, now_ms};
 use super::{FileKind, Kind, Manifest, RecordReader, cursor_at, verify_file};
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
-use pangea_client::{Client, ScanOptions, WriteOptions};
+use pangea_client::{ChangesFrom, Client, ScanOptions, WriteOptions};
 use pangea_core::changes::{Change, Cursor};
 use pangea_core::{
     Limits, Mutation, ReadFilter, ReplicaId, RowMutation, RowState, ScopeId, Timestamp, Version,
@@ -374,7 +374,7 @@ pub(crate) fn state_of(
                 Mutation::Increment {
                     family: family.clone(),
                     column: cell.column.clone(),
-                    delta: count_of(&cell.value),
+                    delta: pangea_core::row::count_of(&cell.value),
                 }
             } else {
                 Mutation::SetCell {
@@ -387,14 +387,6 @@ pub(crate) fn state_of(
         }
     }
     st
-}
-
-/// A counter cell's sum: 8 bytes big-endian (a shorter value, sign-less).
-fn count_of(value: &[u8]) -> i64 {
-    let mut be = [0u8; 8];
-    let n = value.len().min(8);
-    be[8 - n..].copy_from_slice(&value[value.len() - n..]);
-    i64::from_be_bytes(be)
 }
 
 fn merge_changes(
@@ -456,7 +448,15 @@ async fn read_log(
             let mut from = cursor_at(positions.iter().map(|(s, p)| (s.as_str(), p.as_slice())));
             loop {
                 let page = client
-                    .read_changes_at(&r, table, from.encode(), 1_000, o.deadline)
+                    .read_changes_at(
+                        &r,
+                        "",
+                        table,
+                        Bytes::new(),
+                        &ChangesFrom::Cursor(from.encode()),
+                        1_000,
+                        o.deadline,
+                    )
                     .await
                     .with_context(|| {
                         format!(
@@ -548,7 +548,7 @@ impl<'a> Writer<'a> {
                             Mutation::Increment {
                                 family: family.clone(),
                                 column: cell.column.clone(),
-                                delta: count_of(&cell.value),
+                                delta: pangea_core::row::count_of(&cell.value),
                             }
                         } else {
                             Mutation::SetCell {
