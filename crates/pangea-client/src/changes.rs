@@ -23,6 +23,31 @@ pub enum ChangesFrom {
     Cursor(Bytes),
 }
 
+impl ChangesFrom {
+    /// The request's `cursor` and `from_earliest`.
+    fn request(&self) -> (Bytes, bool) {
+        match self {
+            ChangesFrom::Now => (Bytes::new(), false),
+            ChangesFrom::Earliest => (Bytes::new(), true),
+            ChangesFrom::Cursor(c) => (c.clone(), false),
+        }
+    }
+}
+
+/// A replica's answer, its changes checked as any write's.
+fn page_of(c: pb::ChangesResponse) -> Result<ChangesPage, Error> {
+    let limits = pangea_core::Limits::default();
+    Ok(ChangesPage {
+        changes: c
+            .changes
+            .into_iter()
+            .map(|ch| Change::from_proto(ch, &limits))
+            .collect::<Result<_, _>>()?,
+        cursor: c.cursor,
+        more: c.more,
+    })
+}
+
 /// One committed mutation (`pangea_core::changes::Change`).
 pub use pangea_core::changes::Change;
 
@@ -72,11 +97,7 @@ impl Client {
         opts: &ReadOptions,
     ) -> Result<Response<ChangesPage>, Error> {
         let prefix = prefix.into();
-        let (cursor, from_earliest) = match from {
-            ChangesFrom::Now => (Bytes::new(), false),
-            ChangesFrom::Earliest => (Bytes::new(), true),
-            ChangesFrom::Cursor(c) => (c.clone(), false),
-        };
+        let (cursor, from_earliest) = from.request();
         let req = pb::client_request::Request::Changes(pb::ChangesRequest {
             table: table.to_owned(),
             prefix: prefix.clone(),
@@ -85,18 +106,9 @@ impl Client {
             limit,
             reader: reader.to_owned(),
         });
-        let limits = pangea_core::Limits::default();
         let r = self.read(Op::Changes, table, &prefix, 1, req, opts).await?;
         r.map(|resp| match resp {
-            pb::client_response::Response::Changes(c) => Ok(ChangesPage {
-                changes: c
-                    .changes
-                    .into_iter()
-                    .map(|ch| Change::from_proto(ch, &limits))
-                    .collect::<Result<_, _>>()?,
-                cursor: c.cursor,
-                more: c.more,
-            }),
+            pb::client_response::Response::Changes(c) => page_of(c),
             other => Err(Error::Internal(format!("unexpected response {other:?}"))),
         })
     }
@@ -120,11 +132,7 @@ impl Client {
         limit: u32,
         deadline: std::time::Duration,
     ) -> Result<ChangesPage, Error> {
-        let (cursor, from_earliest) = match from {
-            ChangesFrom::Now => (Bytes::new(), false),
-            ChangesFrom::Earliest => (Bytes::new(), true),
-            ChangesFrom::Cursor(c) => (c.clone(), false),
-        };
+        let (cursor, from_earliest) = from.request();
         let req = pb::ClientRequest {
             deadline_us: deadline.as_micros() as u64,
             app_profile: self.inner.config.app_profile.clone(),
@@ -148,17 +156,8 @@ impl Client {
             }
             Ok(resp) => resp?,
         };
-        let limits = pangea_core::Limits::default();
         match resp.response {
-            Some(pb::client_response::Response::Changes(c)) => Ok(ChangesPage {
-                changes: c
-                    .changes
-                    .into_iter()
-                    .map(|ch| Change::from_proto(ch, &limits))
-                    .collect::<Result<_, _>>()?,
-                cursor: c.cursor,
-                more: c.more,
-            }),
+            Some(pb::client_response::Response::Changes(c)) => page_of(c),
             Some(pb::client_response::Response::Error(e)) => Err(Error::from_wire(&e, replica)),
             other => Err(Error::Internal(format!("unexpected response {other:?}"))),
         }

@@ -1322,14 +1322,13 @@ fn event_times_are_taken_within_the_window_and_are_the_cells_version_everywhere(
     }
 }
 
-/// Change streams (the `changes` module): with a table's `changes.retention`,
-/// an origin's log keeps entries every member applied until they are that old,
-/// a reader from the start sees each write once in its order, and once the
-/// retention has passed the log is purged and a cursor from before it is
-/// refused by name rather than answered with a gap.
-#[test]
-fn a_change_stream_reads_the_log_kept_for_its_retention() {
-    use pangea_core::changes::{self, ChangesError, Cursor, Query, Stream};
+/// Every replica of a deployment whose `ad_profiles` keeps its change stream
+/// for 3 s, after euw1-a wrote `us/0`..`us/9` and every replica applied them.
+fn ten_writes_kept_for_3s() -> (
+    Arc<pangea_topology::Deployment>,
+    BTreeMap<String, Replica<MemStorage>>,
+    Vec<Token>,
+) {
     let mut d = (*deployment()).clone();
     let table = d.placement.schema.tables.get_mut("ad_profiles").unwrap();
     table.change_retention_ms = Some(3_000);
@@ -1340,6 +1339,18 @@ fn a_change_stream_reads_the_log_kept_for_its_retention() {
         .map(|i| a.propose(at(1), set(&format!("us/{i}"), "v")).unwrap())
         .collect();
     pump(&mut rs, at(2));
+    (d, rs, tokens)
+}
+
+/// Change streams (the `changes` module): with a table's `changes.retention`,
+/// an origin's log keeps entries every member applied until they are that old,
+/// a reader from the start sees each write once in its order, and once the
+/// retention has passed the log is purged and a cursor from before it is
+/// refused by name rather than answered with a gap.
+#[test]
+fn a_change_stream_reads_the_log_kept_for_its_retention() {
+    use pangea_core::changes::{self, ChangesError, Cursor, Query, Stream};
+    let (_, mut rs, tokens) = ten_writes_kept_for_3s();
     // Every member has applied them; two compactions later they are kept.
     run(&mut rs, 50, 2_000);
     let (scope, origin) = (&tokens[0].scope, ReplicaId::from("euw1-a"));
@@ -1399,16 +1410,7 @@ fn a_change_stream_reads_the_log_kept_for_its_retention() {
 #[test]
 fn a_registered_reader_holds_the_log_past_the_retention() {
     use pangea_core::changes::{Cursor, Stream};
-    let mut d = (*deployment()).clone();
-    let table = d.placement.schema.tables.get_mut("ad_profiles").unwrap();
-    table.change_retention_ms = Some(3_000);
-    let d = Arc::new(d);
-    let mut rs = all_replicas(&d);
-    let a = rs.get_mut("euw1-a").unwrap();
-    let tokens: Vec<Token> = (0..10)
-        .map(|i| a.propose(at(1), set(&format!("us/{i}"), "v")).unwrap())
-        .collect();
-    pump(&mut rs, at(2));
+    let (d, mut rs, tokens) = ten_writes_kept_for_3s();
     let (scope, origin) = (tokens[0].scope.clone(), ReplicaId::from("euw1-a"));
     // use1-a's reader has read the first four.
     let read_up_to = |q: u64| {

@@ -360,16 +360,28 @@ pub(crate) fn state_of(
     schema: Option<&pangea_topology::schema::TableSchema>,
 ) -> RowState {
     let mut st = RowState::default();
-    for fam in &row.families {
+    for (cell, m) in cell_mutations(row, schema) {
+        let v = Version::new(
+            Timestamp::from_u64(cell.timestamp),
+            ReplicaId::new(cell.origin.as_str()),
+        );
+        st.apply(&v, &[m], schema);
+    }
+    st
+}
+
+/// Each cell of a row as a reader sees it, as the mutation that writes it: a
+/// set, or for a counter one increment of its sum.
+fn cell_mutations<'r>(
+    row: &'r pb::Row,
+    schema: Option<&pangea_topology::schema::TableSchema>,
+) -> impl Iterator<Item = (&'r pb::Cell, Mutation)> {
+    row.families.iter().flat_map(move |fam| {
         let counter = schema
             .and_then(|t| t.family(&fam.name))
             .is_some_and(|g| g.is_counter());
         let family: std::sync::Arc<str> = fam.name.as_str().into();
-        for cell in &fam.cells {
-            let v = Version::new(
-                Timestamp::from_u64(cell.timestamp),
-                ReplicaId::new(cell.origin.as_str()),
-            );
+        fam.cells.iter().map(move |cell| {
             let m = if counter {
                 Mutation::Increment {
                     family: family.clone(),
@@ -383,10 +395,9 @@ pub(crate) fn state_of(
                     value: cell.value.clone(),
                 }
             };
-            st.apply(&v, &[m], schema);
-        }
-    }
-    st
+            (cell, m)
+        })
+    })
 }
 
 fn merge_changes(
@@ -538,27 +549,7 @@ impl<'a> Writer<'a> {
             }
             (Mode::Replace, Some(row)) => {
                 let mut ms = vec![Mutation::DeleteFromRow];
-                for fam in &row.families {
-                    let counter = schema
-                        .and_then(|t| t.family(&fam.name))
-                        .is_some_and(|g| g.is_counter());
-                    let family: std::sync::Arc<str> = fam.name.as_str().into();
-                    for cell in &fam.cells {
-                        ms.push(if counter {
-                            Mutation::Increment {
-                                family: family.clone(),
-                                column: cell.column.clone(),
-                                delta: pangea_core::row::count_of(&cell.value),
-                            }
-                        } else {
-                            Mutation::SetCell {
-                                family: family.clone(),
-                                column: cell.column.clone(),
-                                value: cell.value.clone(),
-                            }
-                        });
-                    }
-                }
+                ms.extend(cell_mutations(&row, schema).map(|(_, m)| m));
                 RowMutation::new(table, key.clone(), ms, &limits)
             }
         };
