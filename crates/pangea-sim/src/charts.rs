@@ -502,6 +502,35 @@ pub fn summary_md(sc: &Scenario, description: &str, r: &RunReport) -> String {
             r.counters.rows_purged, r.counters.policy_refreshes
         );
     }
+    for b in &r.backups {
+        let end = b.end_s.map_or("running".to_owned(), |e| format!("{e:.2}"));
+        let _ = writeln!(
+            s,
+            "## {}\n\nFrom {}, {:.2} s to {end} s. Each scope's rows with its tail merged \
+             are checked against every durable write up to its cut (C10).\n\n\
+             | scope | read from | failed over from | rows | tail changes | exact | C10 | end (s) |\n\
+             |---|---|---|---:|---:|---|---|---:|",
+            b.label, b.region, b.start_s
+        );
+        for l in &b.scopes {
+            let end = l.end_s.map_or("running".to_owned(), |e| format!("{e:.2}"));
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} | {end} |",
+                l.scope,
+                l.replica,
+                l.failovers.join("; "),
+                l.rows,
+                l.changes,
+                if l.exact { "yes" } else { "no" },
+                l.state
+            );
+        }
+        for k in &b.skipped {
+            let _ = writeln!(s, "\nSkipped {k}.");
+        }
+        let _ = writeln!(s);
+    }
     if !r.counters.read_errors.is_empty() {
         let _ = writeln!(s, "Read errors by kind: {:?}\n", r.counters.read_errors);
     }

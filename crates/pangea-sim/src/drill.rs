@@ -273,6 +273,11 @@ struct RawFault {
     prefix: Option<String>,
     to: Option<String>,
     home: Option<String>,
+    /// A backup: the app profile it reads with, the policies it backs up, and
+    /// the deadline of each call.
+    app_profile: Option<String>,
+    policies: Option<Vec<String>>,
+    deadline_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1086,6 +1091,7 @@ fn allowed_keys(kind: &str) -> Option<&'static [&'static str]> {
         "change-placement" => &["placement", "rollout"],
         "rolling-restart" => &["regions", "interval", "down_for"],
         "migrate" => &["table", "prefix", "to", "home"],
+        "backup" => &["region", "app_profile", "policies", "deadline_ms"],
         _ => return None,
     })
 }
@@ -1099,7 +1105,7 @@ fn fault(cx: &mut Ctx<'_>, i: usize, f: &RawFault, base: &Path, run: SimDuration
                 "unknown fault kind {:?}; expected lose-replica, lose-region, lose-continent, \
                  crash-replica, crash-region, slow-host, isolate-region, partition, \
                  degrade-link, clock-skew, clock-jump, pause-replica, change-placement, \
-                 rolling-restart or migrate",
+                 rolling-restart, migrate or backup",
                 f.kind
             ),
         );
@@ -1127,6 +1133,9 @@ fn fault(cx: &mut Ctx<'_>, i: usize, f: &RawFault, base: &Path, run: SimDuration
         ("prefix", f.prefix.is_some()),
         ("to", f.to.is_some()),
         ("home", f.home.is_some()),
+        ("app_profile", f.app_profile.is_some()),
+        ("policies", f.policies.is_some()),
+        ("deadline_ms", f.deadline_ms.is_some()),
     ];
     for (k, there) in present {
         if there && !keys.contains(&k) {
@@ -1438,6 +1447,57 @@ fn fault(cx: &mut Ctx<'_>, i: usize, f: &RawFault, base: &Path, run: SimDuration
                     prefix: prefix.clone(),
                     to: to.clone(),
                     home: f.home.clone().unwrap_or_default(),
+                },
+                l,
+            )
+        }
+        "backup" => {
+            if duration.is_some() {
+                cx.err(&here("for"), "a backup runs to its end");
+            }
+            let Some(region) = f
+                .region
+                .as_ref()
+                .and_then(|r| cx.region(&here("region"), r))
+            else {
+                if f.region.is_none() {
+                    cx.err(&here("kind"), "backup needs the `region` it runs in");
+                }
+                return Vec::new();
+            };
+            let app_profile = f.app_profile.clone().unwrap_or_else(|| "frontend".into());
+            if !d.topology.app_profiles.contains_key(app_profile.as_str()) {
+                cx.err(
+                    &here("app_profile"),
+                    format!("no app profile {app_profile:?} in the topology"),
+                );
+            }
+            let policies = f.policies.clone().unwrap_or_default();
+            for (j, p) in policies.iter().enumerate() {
+                if !d.placement.policies.contains_key(p.as_str()) {
+                    cx.err(
+                        &p!["faults", i, "policies", j],
+                        format!("no placement policy {p:?}"),
+                    );
+                }
+            }
+            let deadline = match f.deadline_ms {
+                Some(0) => {
+                    cx.err(&here("deadline_ms"), "must be > 0");
+                    SimDuration::from_ms(1)
+                }
+                Some(ms) => SimDuration::from_ms(ms),
+                None => SimDuration::from_ms(10_000), // `pangea backup`'s default
+            };
+            let l = label(format!("backup from {region}"));
+            return_fault(
+                at,
+                None,
+                FaultKind::Backup {
+                    region,
+                    app_profile,
+                    policies,
+                    deadline,
                 },
                 l,
             )

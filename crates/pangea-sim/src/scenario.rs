@@ -260,6 +260,19 @@ pub enum FaultKind {
         /// The rows' new home region (empty: kept where the policy has it).
         home: String,
     },
+    /// An operator's backup (`pangea backup create --region R --app-profile P`,
+    /// `pangea_ops::backup`): run from `region`, each scope read from the nearest
+    /// replica the profile may use, failing over to the next when a call is
+    /// refused or passes `deadline` (`sim/backup.rs`). Permanent: it runs to its
+    /// end, and the run waits for it.
+    Backup {
+        region: RegionId,
+        app_profile: String,
+        /// Only scopes of these placement policies (empty: every policy the
+        /// region may store).
+        policies: Vec<String>,
+        deadline: SimDuration,
+    },
 }
 
 /// Expected outcomes; a violated one is listed in `slo_failures`.
@@ -410,6 +423,7 @@ impl Scenario {
                 FaultKind::ChangePlacement { deployment, .. } => {
                     *deployment = Arc::new(crate::detach::deployment(deployment));
                 }
+                FaultKind::Backup { region: r, .. } => region(r),
                 FaultKind::Migrate { .. } => {}
             }
         }

@@ -37,6 +37,7 @@ fn every_shipped_drill_validates() -> Result<()> {
         "placement-move-under-load",
         "rolling-restart",
         "counters-continent-partition",
+        "backup-during-region-loss",
     ] {
         assert!(
             names.iter().any(|n| n == required),
@@ -349,6 +350,28 @@ fn problems_name_file_line_and_key() {
         "{err}"
     );
 
+    // A backup: where it runs, with what, and that it runs to its end.
+    let backup = format!(
+        "{HEAD}\n[[faults]]\nat = \"1s\"\nkind = \"backup\"\nfor = \"1s\"\napp_profile = \"nobody\"\n\
+         policies = [\"eu-resident\", \"mars\"]\ndeadline_ms = 0\n"
+    );
+    let err = drill("backup.toml", &backup).unwrap_err().to_string();
+    for want in [
+        "faults[0].for: a backup runs to its end",
+        "faults[0].kind: backup needs the `region` it runs in",
+    ] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+    let backup = backup.replace("for = \"1s\"", "region = \"eu-west-1\"");
+    let err = drill("backup.toml", &backup).unwrap_err().to_string();
+    for want in [
+        "faults[0].app_profile: no app profile \"nobody\" in the topology",
+        "faults[0].policies[1]: no placement policy \"mars\"",
+        "faults[0].deadline_ms: must be > 0",
+    ] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+
     let waived = format!("{HEAD}\n[expect]\nzero_violations = false\n");
     let err = drill("waived.toml", &waived).unwrap_err().to_string();
     assert!(
@@ -456,6 +479,12 @@ kind = "migrate"
 table = "ad_profiles"
 prefix = "us/"
 to = "eu-resident"
+
+[[faults]]
+at = "1500ms"
+kind = "backup"
+region = "eu-north-1"
+deadline_ms = 1000
 "#
     );
     let d = drill("all-faults.toml", &text)?;
@@ -466,10 +495,29 @@ to = "eu-resident"
             .any(|f| matches!(f.kind, FaultKind::ChangePlacement { .. }))
     );
     let r = Simulation::new(d.scenario)?.run()?;
-    assert_eq!(r.faults.len(), 11);
+    assert_eq!(r.faults.len(), 12);
     // The move ran (its runner, euc1-a, is the smallest id in both policies).
     assert_eq!(r.migrations.len(), 1, "{:?}", r.violations);
     assert_eq!(r.migrations[0].runner, "euc1-a");
+    // The backup read every scope eu-north-1 may store, each as of its cut
+    // (C10), apac's skipped (residency).
+    assert_eq!(r.backups.len(), 1);
+    let b = &r.backups[0];
+    assert_eq!(
+        b.scopes
+            .iter()
+            .map(|s| (s.scope.as_str(), s.state.as_str()))
+            .collect::<Vec<_>>(),
+        [("global", "done"), ("eu-resident", "done")],
+        "{b:?}"
+    );
+    assert_eq!(b.skipped.len(), 1, "{b:?}");
+    // Without change streams (topology/placement.toml), each row was checked
+    // to lie between the writes up to the scope's start and up to its cut.
+    assert!(
+        b.scopes.iter().all(|s| !s.exact && s.rows_checked > 0),
+        "{b:?}"
+    );
     assert_eq!(r.lost_writes, 0, "{:?}", r.violations);
     assert_eq!(r.watermark_violations, 0, "{:?}", r.violations);
     assert_eq!(r.token_violations, 0, "{:?}", r.violations);

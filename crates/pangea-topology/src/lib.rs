@@ -368,6 +368,38 @@ impl Deployment {
                 || (!write && r.resize.is_some_and(|z| z.phase == ResizePhase::Serve)))
     }
 
+    /// Replicas a tool in `region` reads all of `scope` from (a backup, a
+    /// restore's log): those that store and serve its rows and that app profile
+    /// `profile` may use (any, when the topology has no such profile), the
+    /// region's own first, then by round trip from it.
+    pub fn scope_sources(
+        &self,
+        scope: &ScopeId,
+        region: &RegionId,
+        profile: &str,
+    ) -> Vec<ReplicaId> {
+        let profile = self.topology.app_profiles.get(profile);
+        let mut rs: Vec<(u64, ReplicaId)> =
+            self.scope_members(scope)
+                .into_iter()
+                .filter(|id| {
+                    self.topology.replica(id.as_str()).is_some_and(|r| {
+                        r.role.stores_rows() && profile.is_none_or(|p| p.may_use(r))
+                    }) && self.answers(id, scope, false)
+                })
+                .map(|id| {
+                    let rtt = match self.topology.region_of(id.as_str()) {
+                        Some(r) if r == region => 0.0,
+                        Some(r) => self.topology.region_rtt_ms(region, r).unwrap_or(1e6),
+                        None => 1e6,
+                    };
+                    ((rtt * 1000.0) as u64, id)
+                })
+                .collect();
+        rs.sort();
+        rs.into_iter().map(|(_, id)| id).collect()
+    }
+
     /// The process of `r`'s replica that serves `scope` when `r` only follows it
     /// (a resize moves its group), else `None`.
     pub fn leader_of(&self, r: &Replica, scope: &ScopeId) -> Option<&Replica> {

@@ -256,29 +256,7 @@ fn scopes_of(d: &Deployment, o: &CreateOptions, parent: Option<&Manifest>) -> Re
 /// Replicas that store and serve `scope`'s rows and the client's app profile
 /// may use, the client's region first, then by round trip from it.
 pub(crate) fn candidates(d: &Deployment, client: &Client, scope: &ScopeId) -> Vec<ReplicaId> {
-    let here = client.region();
-    let profile = d.topology.app_profiles.get(client.app_profile());
-    let mut rs: Vec<(u64, ReplicaId)> = d
-        .scope_members(scope)
-        .into_iter()
-        .filter(|id| {
-            d.topology
-                .replica(id.as_str())
-                .is_some_and(|r| r.role.stores_rows() && profile.is_none_or(|p| p.may_use(r)))
-                && d.answers(id, scope, false)
-        })
-        .map(|id| {
-            let region = d.topology.region_of(id.as_str()).cloned();
-            let rtt = match region {
-                Some(r) if &r == here => 0.0,
-                Some(r) => d.topology.region_rtt_ms(here, &r).unwrap_or(1e6),
-                None => 1e6,
-            };
-            ((rtt * 1000.0) as u64, id)
-        })
-        .collect();
-    rs.sort();
-    rs.into_iter().map(|(_, id)| id).collect()
+    d.scope_sources(scope, client.region(), client.app_profile())
 }
 
 fn watermarks_of<'a>(

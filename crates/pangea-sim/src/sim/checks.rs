@@ -31,6 +31,10 @@ pub(super) struct Checks {
     /// `[scope × replicas + origin]`: the durable writes of each stream, by
     /// sequence − 1 (the oracle's membership test and C1's reuse detector).
     pub(super) streams: Vec<Vec<Fingerprint>>,
+    /// `[scope × replicas + origin]`: the durable writes themselves, by sequence
+    /// − 1, when a backup runs (C10 rebuilds a scope as of a cut from them);
+    /// empty otherwise.
+    pub(super) log: Vec<Vec<Option<LogEntry>>>,
     /// `[scope × replicas + origin]`: proposal time of each write, by sequence − 1.
     pub(super) proposed_us: Vec<Vec<u64>>,
     /// `[scope × replicas + origin]`: highest acknowledged sequence.
@@ -190,6 +194,12 @@ pub(super) fn note_durable(checks: &mut Checks, scopes: &Interner, names: &Inter
         v.resize(i + 1, Fingerprint::default());
     }
     v[i] = fp;
+    if let Some(log) = checks.log.get_mut(st) {
+        if log.len() <= i {
+            log.resize(i + 1, None);
+        }
+        log[i] = Some(e.clone());
+    }
     let _ = names;
     let table: Arc<str> = e.mutation.table().clone();
     let row = checks

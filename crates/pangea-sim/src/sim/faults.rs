@@ -110,6 +110,12 @@ impl Simulation {
                 to,
                 home,
             } => self.start_migration(i, table, prefix, to, home),
+            FaultKind::Backup {
+                region,
+                app_profile,
+                policies,
+                deadline,
+            } => self.start_backup(i, region, app_profile, policies, *deadline),
         }
         self.release_dropped();
         let permanent = matches!(
@@ -117,6 +123,7 @@ impl Simulation {
             FaultKind::ChangePlacement { .. }
                 | FaultKind::ClockSkew { .. }
                 | FaultKind::Migrate { .. }
+                | FaultKind::Backup { .. }
         ) && f.duration.is_none();
         if permanent {
             self.faults[i].ended = true;
@@ -191,7 +198,9 @@ impl Simulation {
                     }
                 }
             }
-            FaultKind::ChangePlacement { .. } | FaultKind::Migrate { .. } => {}
+            FaultKind::ChangePlacement { .. }
+            | FaultKind::Migrate { .. }
+            | FaultKind::Backup { .. } => {}
         }
         // (Split, the coordinator measures catch-up over both shards.)
         if self.workload_on && self.shard.is_none() {
@@ -487,7 +496,7 @@ impl Simulation {
 
     pub(super) fn on_drain_check(&mut self) {
         let targets = self.durable_targets();
-        if self.covers(&targets) {
+        if self.covers(&targets) && self.backups_finished() {
             match self.digests_agree() {
                 Ok(()) => {
                     // The run stops here: a catch-up not yet seen done is done now

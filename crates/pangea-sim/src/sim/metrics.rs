@@ -333,6 +333,44 @@ pub struct MigrationSummary {
     pub error: String,
 }
 
+/// What became of one `backup` fault (`RunReport::backups`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BackupSummary {
+    pub label: String,
+    /// The region the tool ran in.
+    pub region: String,
+    /// Virtual seconds: started, and finished (`None`: still running at the end).
+    pub start_s: f64,
+    pub end_s: Option<f64>,
+    pub scopes: Vec<ScopeBackupSummary>,
+    /// Scopes left out, and why (residency).
+    pub skipped: Vec<String>,
+}
+
+/// One scope of a backup.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ScopeBackupSummary {
+    pub scope: String,
+    /// The replica it was read from in the end.
+    pub replica: String,
+    /// Why each replica tried before it gave the scope up.
+    pub failovers: Vec<String>,
+    pub rows: u64,
+    /// Changes of the tail (start to cut).
+    pub changes: u64,
+    /// The cut: each origin's last sequence.
+    pub cut: BTreeMap<String, u64>,
+    pub exact: bool,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub note: String,
+    /// `done` (C10 held), `failed: …`, `wrong: …` (C10 failed), or empty
+    /// while it runs.
+    pub state: String,
+    /// Rows C10 compared with the oracle.
+    pub rows_checked: u64,
+    pub end_s: Option<f64>,
+}
+
 /// The key of the frontends' share in `RunReport::hosts`, when they run on the
 /// replicas' machine (`Hosts::frontend_us`).
 pub const FRONTENDS: &str = "(frontends)";
@@ -432,6 +470,9 @@ pub struct RunReport {
     pub faults: Vec<FaultMarker>,
     /// The placement migration jobs `migrate` faults started, in start order.
     pub migrations: Vec<MigrationSummary>,
+    /// The backups `backup` faults ran, in start order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub backups: Vec<BackupSummary>,
     pub counters: Counters,
     /// Latency of answered reads over time, per client region.
     pub series_by_region: BTreeMap<String, Vec<SeriesPoint>>,

@@ -44,6 +44,7 @@
 //! clock jumps and placement changes stay), and the run waits until every replica
 //! has converged (the liveness phase), at most `drain_max`.
 
+mod backup;
 mod checks;
 pub mod client;
 mod faults;
@@ -306,6 +307,13 @@ enum Ev {
     /// A replica's migration jobs want another turn (`jobs.rs`).
     Jobs {
         r: u32,
+    },
+    /// A step of a backup's call (`backup.rs`).
+    Backup {
+        job: u32,
+        scope: u32,
+        call: u32,
+        at: backup::BackupAt,
     },
     /// A request a call left out when it ended got no answer by its deadline
     /// (`ops::learn`).
@@ -665,6 +673,12 @@ pub struct Simulation {
     record_reads_left: usize,
     /// The migration jobs `migrate` faults started (`jobs.rs`).
     migrations: Vec<metrics::MigrationSummary>,
+    /// The backups `backup` faults run (`backup.rs`), and their report lines.
+    backups: Vec<backup::BackupJob>,
+    backup_summaries: Vec<metrics::BackupSummary>,
+    /// A bug put in on purpose (tests), which C10 must catch.
+    #[cfg(test)]
+    backup_bug: Option<backup::Bug>,
     trace: Trace,
     workload_on: bool,
     catch_up: Option<CatchUp>,
@@ -987,6 +1001,16 @@ impl Simulation {
             applied: vec![0; n * s * n],
             advertised: vec![(0, Timestamp::ZERO); n * s * n],
             streams: vec![Vec::new(); s * n],
+            // Kept for C10 only when a backup runs.
+            log: if sc
+                .faults
+                .iter()
+                .any(|f| matches!(f.kind, FaultKind::Backup { .. }))
+            {
+                vec![Vec::new(); s * n]
+            } else {
+                Vec::new()
+            },
             proposed_us: vec![Vec::new(); s * n],
             acked_max: vec![0; s * n],
             oracle: BTreeMap::new(),
@@ -1066,6 +1090,10 @@ impl Simulation {
             metrics,
             recorded_reads: Vec::new(),
             migrations: Vec::new(),
+            backups: Vec::new(),
+            backup_summaries: Vec::new(),
+            #[cfg(test)]
+            backup_bug: None,
             record_reads_left: 0,
             trace: Trace(Xxh3::new()),
             workload_on: true,
@@ -1240,6 +1268,12 @@ impl Simulation {
             } => self.on_response(op, attempt as usize, r as usize, reply, received),
             Ev::Wake { op } => self.on_wake(op),
             Ev::Jobs { r } => self.on_jobs(r as usize),
+            Ev::Backup {
+                job,
+                scope,
+                call,
+                at,
+            } => self.on_backup(job as usize, scope as usize, call, at),
             Ev::Inbox { r, generation } => self.on_inbox(r as usize, generation),
             Ev::Silence { op, attempt } => self.on_silence(op, attempt),
             Ev::Probe { client } => self.on_probe(client as usize),
@@ -2236,6 +2270,118 @@ rtt_ms = 30.0
             },
         });
         sc
+    }
+
+    /// `small` with a change stream on `t`, increments in the mix, and at 1 s:
+    /// replica `c` (alone in r2) lost for 2 s, and a backup from r2 that reads
+    /// from it first (deadline 500 ms).
+    fn small_backup_through_a_loss() -> Scenario {
+        let base = small();
+        let p = pangea_topology::Placement::parse(
+            Path::new("p.toml"),
+            "[[tables]]\nname = \"t\"\nchanges = { retention = \"1h\" }\n\
+             [[tables.families]]\nname = \"f\"\nmax_versions = 1\n\
+             [[tables.families]]\nname = \"n\"\ntype = \"counter\"\n",
+            &base.deployment.topology,
+        )
+        .unwrap();
+        let d = Arc::new(Deployment {
+            topology: base.deployment.topology.clone(),
+            placement: p,
+        });
+        let mut sc = Scenario::new("backup", d.clone(), 3, SimDuration::from_secs(3));
+        sc.workload = crate::scenario::Workload::ad_serving(&d, 300.0);
+        sc.workload.increment = 0.05;
+        sc.workload.counter_family = "n".into();
+        sc.faults.push(Fault {
+            at: SimDuration::from_secs(1),
+            duration: Some(SimDuration::from_secs(2)),
+            label: "lose c".into(),
+            kind: FaultKind::Lose {
+                replicas: vec!["c".into()],
+                regions: Vec::new(),
+                silent: true,
+            },
+        });
+        sc.faults.push(Fault {
+            at: SimDuration::from_secs(1),
+            duration: None,
+            label: "backup from r2".into(),
+            kind: FaultKind::Backup {
+                region: "r2".into(),
+                app_profile: "frontend".into(),
+                policies: Vec::new(),
+                deadline: SimDuration::from_ms(500),
+            },
+        });
+        sc
+    }
+
+    fn run_backup(sc: Scenario, bug: Option<backup::Bug>) -> Simulation {
+        let mut sim = Simulation::new(sc).unwrap();
+        sim.backup_bug = bug;
+        sim.queue.push(SimTime::from_secs(1), Ev::FaultStart(0));
+        sim.queue.push(SimTime::from_secs(1), Ev::FaultStart(1));
+        run_to(&mut sim, SimTime::from_secs(3));
+        sim
+    }
+
+    /// A backup whose first replica goes silent finds out by the deadline,
+    /// reads the scope from the next one, and holds exactly the writes up to
+    /// its cut, counters included (C10).
+    #[test]
+    fn a_backup_fails_over_from_a_lost_replica_and_holds_its_cut() {
+        let sim = run_backup(small_backup_through_a_loss(), None);
+        assert!(
+            sim.checks.violations.is_empty(),
+            "{:?}",
+            sim.checks.violations
+        );
+        let b = &sim.backup_summaries[0];
+        let s = &b.scopes[0];
+        assert_eq!(
+            (s.scope.as_str(), s.state.as_str()),
+            ("global", "done"),
+            "{b:?}"
+        );
+        assert_eq!(s.failovers, ["no answer from c within 500 ms"], "{b:?}");
+        assert_eq!(s.replica, "a");
+        assert!(s.exact && s.rows > 0 && s.changes > 0, "{b:?}");
+        assert!(s.rows_checked >= s.rows);
+        // Found out by the deadline, then read over a 30 ms round trip.
+        assert!(b.end_s.unwrap() > 1.5, "{b:?}");
+    }
+
+    /// C10 can fail: a backup that leaves its tail out is told apart from the
+    /// writes up to its cut; one that leaves rows out, from the writes up to its
+    /// start (a table without a change stream, so a backup not exact).
+    #[test]
+    fn the_backup_check_catches_a_lost_tail_or_lost_rows() {
+        let sim = run_backup(small_backup_through_a_loss(), Some(backup::Bug::DropsTail));
+        let s = &sim.backup_summaries[0].scopes[0];
+        assert!(s.exact && s.state.starts_with("wrong: "), "{s:?}");
+        assert!(
+            sim.checks
+                .violations
+                .iter()
+                .any(|v| v.starts_with("C10: backup from r2: scope global: ")),
+            "{:?}",
+            sim.checks.violations
+        );
+        let mut sc = small_backup_through_a_loss();
+        sc.deployment = small().deployment; // no change stream
+        for bug in [None, Some(backup::Bug::DropsRows)] {
+            let sim = run_backup(sc.clone(), bug);
+            let s = &sim.backup_summaries[0].scopes[0];
+            assert!(!s.exact, "{s:?}");
+            match bug {
+                None => assert!(s.state == "done" && s.rows_checked > 0, "{s:?}"),
+                Some(_) => assert!(
+                    s.state.contains("it lacks writes before its start"),
+                    "{s:?}"
+                ),
+            }
+        }
     }
 
     /// A migration runs to its end on its runner; the replica outside the new

@@ -18,7 +18,12 @@ use std::time::Duration;
 impl Simulation {
     /// One-way delay of client traffic between a client region and replica `r`
     /// (`to_replica` gives the direction); `None` while a partition cuts the path.
-    fn client_path(&mut self, region: usize, r: usize, to_replica: bool) -> Option<SimDuration> {
+    pub(super) fn client_path(
+        &mut self,
+        region: usize,
+        r: usize,
+        to_replica: bool,
+    ) -> Option<SimDuration> {
         let rr = self.nodes[r].region;
         let ps = if to_replica {
             self.net.path_state(region, rr)?

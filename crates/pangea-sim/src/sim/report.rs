@@ -7,6 +7,7 @@ impl Simulation {
     /// scope (a watermark covers a whole prefix of its stream, so the highest
     /// acknowledged sequence per stream is enough).
     pub(super) fn final_checks(&mut self) {
+        self.unfinished_backups();
         let gaps = self.acked_gaps();
         self.report_acked_gaps(&gaps);
         if self.checks.counted.is_empty() {
@@ -347,6 +348,7 @@ impl Simulation {
             hosts,
             recorded_reads: std::mem::take(&mut self.recorded_reads),
             migrations: self.migrations.clone(),
+            backups: self.backup_summaries.clone(),
             drill: self.sc.name.clone(),
             seed: self.sc.seed,
             topology: self.sc.topology_path.clone(),

@@ -145,6 +145,13 @@ pub fn plan_split(sc: &Scenario) -> Option<Split> {
     if sc.host.machine_cores.is_some() {
         return None; // the hosts share one machine's cores: one thread
     }
+    if sc
+        .faults
+        .iter()
+        .any(|f| matches!(f.kind, FaultKind::Backup { .. }))
+    {
+        return None; // a backup's tool reads from replicas of any region
+    }
     let t = &sc.deployment.topology;
     let regions: Vec<&RegionId> = t.regions.keys().collect();
     let nr = regions.len();
