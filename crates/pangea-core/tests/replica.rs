@@ -449,6 +449,97 @@ fn a_lost_origin_stops_holding_bounded_reads_back_once_the_replicas_heard_vouch(
     ));
 }
 
+/// A partition heals: the replicas of the far side, heard again, report writes of
+/// an origin the near side counted fresh by vouching. The promise is about the
+/// replicas heard since `t − d`, so the near replica stays fresh up to the moment
+/// it heard them again — bounded reads keep answering while gap repair fetches
+/// the writes — and no later: a bound shorter than the time since refuses.
+#[test]
+fn a_replica_heard_again_holds_bounded_reads_to_its_writes_from_then_on() {
+    let d = deployment();
+    let global = ScopeId::global();
+    let mut rs = all_replicas(&d);
+    run(&mut rs, 0, 600);
+    // apne1 is cut off from the rest; use1-a writes on the other side.
+    let mut near: BTreeMap<String, Replica<MemStorage>> = BTreeMap::new();
+    for id in ["apne1-a", "apne1-b"] {
+        near.insert(id.into(), rs.remove(id).unwrap());
+    }
+    let writer = ReplicaId::from("use1-a");
+    for i in 1..=5 {
+        let w = rs.get_mut(writer.as_str()).unwrap();
+        w.propose(at(700 + i), set(&format!("us/{i}"), "v"))
+            .unwrap();
+    }
+    for ms in (650..=4_000).step_by(50) {
+        for side in [&mut rs, &mut near] {
+            for r in side.values_mut() {
+                r.handle_timeout(at(ms)).unwrap();
+            }
+            pump(side, at(ms));
+        }
+    }
+    let bounded = Consistency::BoundedStaleness { max_ms: 2_000 };
+    let wm = near["apne1-a"].watermarks(&global).unwrap();
+    assert_eq!(
+        wm.get(&writer).sequence,
+        0,
+        "the far side's writes are not here"
+    );
+    assert_eq!(
+        decide(&bounded, &wm, T0 + 4_000),
+        Decision::Serve,
+        "the near side vouches for the far side's origins"
+    );
+
+    // The heal, with only heartbeats getting through (the writes' frames and
+    // gap repair held back), until apne1-a hears the far side again.
+    rs.append(&mut near);
+    let mut heal = 4_000;
+    let mut heard = false;
+    while !heard {
+        heal += 50;
+        assert!(heal < 8_000, "apne1-a never heard the far side again");
+        let ids: Vec<String> = rs.keys().cloned().collect();
+        for id in &ids {
+            let r = rs.get_mut(id).unwrap();
+            r.handle_timeout(at(heal)).unwrap();
+            r.flush(at(heal)).unwrap();
+            for t in std::iter::from_fn(|| r.poll_transmit()).collect::<Vec<_>>() {
+                rs.get_mut(id).unwrap().handle_sent(&t.to, t.bytes);
+                if !matches!(t.frame, Frame::Heartbeats(_)) {
+                    continue;
+                }
+                heard |= t.to.as_str() == "apne1-a" && !id.starts_with("apne1");
+                if let Some(to) = rs.get_mut(t.to.as_str()) {
+                    to.handle_frame(at(heal), &ReplicaId::from(id.as_str()), t.frame)
+                        .unwrap();
+                }
+            }
+        }
+    }
+    let r = &rs["apne1-a"];
+    let wm = r.watermarks(&global).unwrap();
+    assert_eq!(wm.get(&writer).sequence, 0, "still without them");
+    assert!(
+        wm.fresh_as_of(&writer).wall_ms() <= T0 + heal,
+        "vouched no later than the heal: {:?}",
+        wm.fresh_as_of(&writer)
+    );
+    assert_eq!(decide(&bounded, &wm, T0 + heal + 100), Decision::Serve);
+    assert!(matches!(
+        decide(&bounded, &wm, T0 + heal + 2_100),
+        Decision::TooStale { .. }
+    ));
+
+    // Once every frame goes through, gap repair brings the writes within the
+    // bound.
+    run(&mut rs, heal, heal + 1_000);
+    let wm = rs["apne1-a"].watermarks(&global).unwrap();
+    assert_eq!(wm.get(&writer).sequence, 5);
+    assert_eq!(decide(&bounded, &wm, T0 + heal + 1_000), Decision::Serve);
+}
+
 fn decide_staleness(t: Timestamp, now_ms: u64) -> u64 {
     pangea_core::read::staleness_ms(t, now_ms)
 }

@@ -177,6 +177,7 @@ impl<S: Storage> Replica<S> {
         hbs: Vec<Heartbeat>,
     ) -> Result<(), Error> {
         let inbound_until_us = now.mono_us + self.inbound_ttl_us();
+        let window_us = self.gossip_window_us();
         // Scopes where a report moved the end of our own stream (relearning).
         let mut relearn_gaps: Vec<ScopeId> = Vec::new();
         // Streams of origins gone quiet whose end a report moved.
@@ -241,6 +242,21 @@ impl<S: Storage> Replica<S> {
                         .or_default()
                         .raise(&hb.applied),
                 }
+                // Heard again after a silence: bounded reads hold it to what it
+                // had from now on (`Replica::vouch`). Its first report of this
+                // process's life is no reunion: heard since ever.
+                let since = match s.reported_at.get(&hb.origin) {
+                    Some((_, received_us))
+                        if now.mono_us.saturating_sub(*received_us) > window_us =>
+                    {
+                        Some(Timestamp::new(now.wall_ms, 0))
+                    }
+                    Some(_) => None,
+                    None => Some(Timestamp::ZERO),
+                };
+                if let Some(t) = since {
+                    s.heard_since.insert(hb.origin.clone(), t);
+                }
                 let at = s
                     .reported_at
                     .entry(hb.origin.clone())
@@ -273,11 +289,18 @@ impl<S: Storage> Replica<S> {
                 }
                 // The reporter is heard now: vouching holds only as of its report
                 // (a reporter heard again may report from before the vouched
-                // time), and not at all for an origin it has writes of that this
-                // replica lacks. At once, not at the next round.
+                // time), and for an origin it has writes of that this replica
+                // lacks, only up to when it was heard again (`Replica::vouch`).
+                // At once, not at the next round.
                 if let Some(v) = &s.vouched {
                     let floor = s.created_floor;
                     let at = hb.timestamp.max(floor);
+                    let heard_since = s
+                        .heard_since
+                        .get(&hb.origin)
+                        .copied()
+                        .unwrap_or(Timestamp::ZERO)
+                        .max(floor);
                     let lacks = |i: usize| {
                         hb.applied
                             .iter()
@@ -288,7 +311,7 @@ impl<S: Storage> Replica<S> {
                         if v[i] <= floor || s.origin_ids[i] == hb.origin {
                             v[i]
                         } else if lacks(i) {
-                            floor
+                            v[i].min(heard_since)
                         } else {
                             v[i].min(at)
                         }

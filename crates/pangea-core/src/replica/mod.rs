@@ -400,6 +400,12 @@ struct ScopeState {
     /// least what it reported by then), and when the report arrived here
     /// (`Now::mono_us`).
     reported_at: BTreeMap<ReplicaId, (Timestamp, u64)>,
+    /// When this replica began hearing each member's reports again after a
+    /// silence longer than the gossip window (its own clock's reading then);
+    /// `Timestamp::ZERO` for a member heard without a break since this process
+    /// first heard it. Bounded staleness is promised with respect to the
+    /// replicas heard since `t − d` ([`Replica::vouch`]).
+    heard_since: BTreeMap<ReplicaId, Timestamp>,
     /// Per origin of `origin_ids`, for origins suspected down: the vouched time
     /// ([`Replica::vouch`], [`ScopeWatermarks::freshness`]). `None` while no origin
     /// is vouched for.
@@ -1435,6 +1441,7 @@ impl<S: Storage> Replica<S> {
                             streams: IdMap::default(),
                             applied_by: BTreeMap::new(),
                             reported_at: BTreeMap::new(),
+                            heard_since: BTreeMap::new(),
                             vouched: None,
                             created_floor: Timestamp::ZERO,
                             purge_horizon: Timestamp::ZERO,
@@ -1644,10 +1651,12 @@ impl<S: Storage> Replica<S> {
     /// the suspicion timeout (down, or cut off from this replica). A scope's other origins that this
     /// replica *hears* are those whose applied watermarks reached it within the
     /// last two gossip periods (one second by default); an origin's vouched time
-    /// rises to the earliest of their last reports, if none of them reported more
-    /// of that origin's stream than this replica holds durably. So "vouched as of
-    /// T" means: as of T, no replica this one hears had applied a write of the
-    /// origin that this one lacks. A replica that hears no other origin of the
+    /// rises to the earliest of their last reports, but no later than when this
+    /// replica began hearing again one of them that reported more of that
+    /// origin's stream than this replica holds durably (`heard_since`; never, for
+    /// one heard without a break). So "vouched as of T" means: as of T, no
+    /// replica this one has heard since T had applied a write of the origin that
+    /// this one lacks. A replica that hears no other origin of the
     /// scope vouches for nothing (an isolated replica is not fresh), nor while a
     /// member it has not suspected has never reported. Recomputed from scratch each
     /// round (and dropped at once when a report shows writes this replica lacks,
@@ -1676,6 +1685,9 @@ impl<S: Storage> Replica<S> {
                     continue;
                 }
                 let mut earliest: Option<Timestamp> = None;
+                // No later than when a reporter holding writes we lack was heard
+                // again (gap repair fetches them meanwhile).
+                let mut cap = Timestamp::MAX;
                 let mut vouchable = true;
                 for p in s.origins.iter() {
                     if p == origin || *p == self.id {
@@ -1696,13 +1708,12 @@ impl<S: Storage> Replica<S> {
                         .and_then(|r| r.get(origin))
                         .map_or(0, |w| w.sequence);
                     if theirs > mark.sequence {
-                        vouchable = false; // it has writes we lack: gap repair first
-                        break;
+                        cap = cap.min(s.heard_since.get(p).copied().unwrap_or(Timestamp::ZERO));
                     }
                     earliest = Some(earliest.map_or(at, |e| e.min(at)));
                 }
                 if let Some(at) = earliest.filter(|_| vouchable) {
-                    vouched[i] = vouched[i].max(at);
+                    vouched[i] = vouched[i].max(at.min(cap));
                 }
             }
             let unchanged = match &s.vouched {
@@ -1722,7 +1733,7 @@ impl<S: Storage> Replica<S> {
     /// lately (within two gossip periods, not suspected): those it *hears*, whose
     /// reports vouch for origins gone quiet ([`ScopeWatermarks::freshness`]).
     /// For checkers.
-    pub fn heard_reporters(&self, scope: &ScopeId, now: Now) -> Vec<ReplicaId> {
+    pub fn heard_reporters(&self, scope: &ScopeId, now: Now) -> Vec<(ReplicaId, Timestamp)> {
         let window_us = self.gossip_window_us();
         let Some(s) = self.scopes.get(scope) else {
             return Vec::new();
@@ -1736,7 +1747,10 @@ impl<S: Storage> Replica<S> {
                     Heard::Lately(_)
                 )
             })
-            .cloned()
+            .map(|p| {
+                let since = s.heard_since.get(p).copied().unwrap_or(Timestamp::ZERO);
+                (p.clone(), since)
+            })
             .collect()
     }
 

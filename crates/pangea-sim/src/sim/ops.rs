@@ -876,9 +876,9 @@ impl Simulation {
                         }
                         // C7: an origin whose watermark here is older than the
                         // bound counted as fresh by vouching. No replica this one
-                        // hears may have applied, when its clock read the bound
-                        // before ours (less the clocks' allowed offset), a write of
-                        // that origin this one lacks.
+                        // has heard since the bound before (less the clocks'
+                        // allowed offset) may have applied, when its clock read
+                        // that time, a write of that origin this one lacks.
                         // A read as of a time makes the promise of a bounded
                         // read of `now - ms` at the replica's clock.
                         if let Some(max_ms) = &consistency.staleness_bound_ms(nw.wall_ms)
@@ -895,11 +895,15 @@ impl Simulation {
                                 let Some(o) = self.names.get(origin.as_str()) else {
                                     continue;
                                 };
-                                // Each heard replica, and when its clock read the claim.
+                                // Each replica heard since the claim (on this
+                                // replica's clock), and when its clock read the claim.
                                 let heard = heard.get_or_insert_with(|| {
+                                    let claim = nw.wall_ms as i64
+                                        - (*max_ms + rep.config().max_offset_ms) as i64;
                                     rep.heard_reporters(scope_id, nw)
                                         .iter()
-                                        .filter_map(|p| self.names.get(p.as_str()))
+                                        .filter(|(_, since)| since.wall_ms() as i64 <= claim)
+                                        .filter_map(|(p, _)| self.names.get(p.as_str()))
                                         .map(|p| {
                                             let ms = claim_ms - self.nodes[p].skew_ms;
                                             // Never after the read (a reader's clock
@@ -916,8 +920,8 @@ impl Simulation {
                                     self.checks.staleness_violations += 1;
                                     self.checks.violation(format!(
                                         "C7: {} served a {max_ms} ms bounded (or as-of) read holding \
-                                         {scope_id}/{origin} #{} while {}, which it hears, \
-                                         had #{had} the bound (and max offset) before",
+                                         {scope_id}/{origin} #{} while {}, which it has heard \
+                                         since, had #{had} the bound (and max offset) before",
                                         node.id, w.sequence, self.nodes[p].id
                                     ));
                                 }
