@@ -1,12 +1,30 @@
-//! `pangea bench`, `pangea bench-echo` and `pangea bench-redis`: flags for the
-//! harnesses of `pangea_ops::bench`, and their reports.
+//! `pangea bench`, `pangea bench-echo`, `pangea bench-redis` and `pangea
+//! bench-ceilings`: flags for the harnesses of `pangea_ops::bench`, and their
+//! reports.
 
 use crate::data_cmd::{Connect, parse_consistency};
 use crate::parse_duration;
 use anyhow::Result;
 use clap::Args;
-use pangea_ops::bench::{echo, load, redis};
+use pangea_ops::bench::{ceilings, echo, load, redis};
 use std::net::SocketAddr;
+
+/// `pangea bench-ceilings`: this machine's limits for one core.
+#[derive(Debug, Args)]
+pub(crate) struct CeilingsArgs {
+    /// How long each figure is measured for.
+    #[arg(long, default_value = "1s")]
+    each: String,
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn run_ceilings(a: CeilingsArgs) -> Result<()> {
+    let report = ceilings::run(&ceilings::Options {
+        each: parse_duration(&a.each)?,
+    })?;
+    crate::output::print(a.json, &report)
+}
 
 /// `pangea bench-echo`: the floor.
 #[derive(Debug, Args)]

@@ -90,6 +90,9 @@ enum Command {
     BenchEcho(bench_cmd::EchoArgs),
     /// The baseline: Redis GET measured by this same harness (docs/benchmarks.md).
     BenchRedis(bench_cmd::RedisArgs),
+    /// The ceilings: AEAD seals, memcpy and loopback UDP datagrams one core can
+    /// do on this machine, which serving figures are fractions of.
+    BenchCeilings(bench_cmd::CeilingsArgs),
     /// Run one replica.
     Start(start_cmd::StartArgs),
     /// Cluster certificates: a CA, replica and client leaf certificates.
@@ -198,6 +201,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => bench_cmd::run(args),
         Command::BenchEcho(args) => bench_cmd::run_echo(args),
         Command::BenchRedis(args) => bench_cmd::run_redis(args),
+        Command::BenchCeilings(args) => bench_cmd::run_ceilings(args),
         Command::Start(args) => start_cmd::start(args),
         Command::Certs(cmd) => certs_cmd::certs(cmd),
         Command::Cluster(cmd) => cluster_cmd::run(cmd),

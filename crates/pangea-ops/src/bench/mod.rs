@@ -6,8 +6,12 @@
 //! - [`echo`]: the same request and response sizes over a bare quinn echo server,
 //!   the floor any QUIC service on this machine sees (`pangea bench-echo`);
 //! - [`redis`]: Redis GET through the same harness, the baseline of
-//!   docs/benchmarks.md (`pangea bench-redis`).
+//!   docs/benchmarks.md (`pangea bench-redis`);
+//! - [`ceilings`]: this machine's limits for one core — AEAD seals, memcpy,
+//!   loopback UDP datagrams with GSO — that serving figures are fractions of
+//!   (`pangea bench-ceilings`).
 
+pub mod ceilings;
 pub mod echo;
 pub mod load;
 pub mod redis;
