@@ -17,6 +17,7 @@ use crate::hlc::Timestamp;
 use crate::ids::{ReplicaId, ScopeId};
 use crate::mutation::RowMutation;
 use crate::storage::Storage;
+use crate::watermark::ScopeWatermarks;
 use bytes::Bytes;
 use pangea_proto::prost::Message;
 use pangea_proto::v1 as pb;
@@ -208,6 +209,17 @@ pub struct Stream {
     pub scope: ScopeId,
     pub origin: ReplicaId,
     pub durable: u64,
+}
+
+impl Stream {
+    /// The streams of a scope as far as `w` has applied them: one per origin.
+    pub fn of(w: &ScopeWatermarks) -> impl Iterator<Item = Stream> + '_ {
+        w.iter().map(|(origin, m)| Stream {
+            scope: w.scope.clone(),
+            origin: origin.clone(),
+            durable: m.sequence,
+        })
+    }
 }
 
 /// One committed mutation.

@@ -785,13 +785,7 @@ fn changes(
         .values()
         .filter(|w| d.answers(&shared.id, &w.scope, false))
         .filter(|w| auth::authorize_rows(&d, caller, &w.scope).is_ok())
-        .flat_map(|w| {
-            w.iter().map(|(origin, m)| Stream {
-                scope: w.scope.clone(),
-                origin: origin.clone(),
-                durable: m.sequence,
-            })
-        })
+        .flat_map(|w| Stream::of(w))
         .collect();
     let from = match from {
         Some(cursor) => cursor,

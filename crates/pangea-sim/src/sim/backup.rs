@@ -406,15 +406,7 @@ impl Simulation {
             Step::Tail { table, cursor, .. } => {
                 let streams: Vec<Stream> = rep
                     .watermarks(scope)
-                    .map(|w| {
-                        w.iter()
-                            .map(|(origin, m)| Stream {
-                                scope: scope.clone(),
-                                origin: origin.clone(),
-                                durable: m.sequence,
-                            })
-                            .collect()
-                    })
+                    .map(|w| Stream::of(&w).collect())
                     .unwrap_or_default();
                 let q = Query {
                     table: &b.tables[*table],
@@ -653,7 +645,7 @@ impl Simulation {
                     .collect()
             })
             .unwrap_or_default();
-        let checked = self.check_backup(scope, &got);
+        let checked = self.check_backup(scope, got);
         let line = &mut self.backup_summaries[j].scopes[s];
         match checked {
             Ok(rows) => {
@@ -682,20 +674,26 @@ impl Simulation {
     /// C10: the scope's rows with its tail merged are exactly the oracle's as of
     /// the cut; a scope without its whole tail holds each row somewhere between
     /// the oracle's at `start` and at the cut. Returns the rows compared.
-    fn check_backup(&self, scope: usize, got: &Got) -> std::result::Result<u64, String> {
+    fn check_backup(&self, scope: usize, got: Got) -> std::result::Result<u64, String> {
         let schema = &self.views[self.client_view].placement.schema;
-        let (start, end) = match (&got.start, &got.end) {
-            (Some(s), Some(e)) => (s, e),
-            _ => return Err("no cut".into()),
+        let Got {
+            start: Some(start),
+            end: Some(end),
+            rows: mut backup,
+            tail,
+            inexact,
+            ..
+        } = got
+        else {
+            return Err("no cut".into());
         };
-        let mut backup = got.rows.clone();
-        for c in &got.tail {
+        for c in &tail {
             apply(&mut backup, &c.mutation, c.timestamp, &c.origin, schema);
         }
-        let hi = self.oracle_at(scope, end)?;
-        let lo = match got.inexact.is_empty() {
+        let hi = self.oracle_at(scope, &end)?;
+        let lo = match inexact.is_empty() {
             true => None,
-            false => Some(self.oracle_at(scope, start)?),
+            false => Some(self.oracle_at(scope, &start)?),
         };
         let now_ms = self.now_wall_ms();
         let visible = |k: &(Arc<str>, Bytes), row: Option<&RowState>| {
@@ -804,15 +802,7 @@ impl ScopeJob {
 
 /// A cursor at a scope's watermarks.
 fn cursor_at(w: &ScopeWatermarks) -> Cursor {
-    let streams: Vec<Stream> = w
-        .iter()
-        .map(|(origin, m)| Stream {
-            scope: w.scope.clone(),
-            origin: origin.clone(),
-            durable: m.sequence,
-        })
-        .collect();
-    Cursor::at(&streams)
+    Cursor::at(&Stream::of(w).collect::<Vec<_>>())
 }
 
 fn show(row: Option<&RowState>) -> String {

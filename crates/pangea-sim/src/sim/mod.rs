@@ -2241,21 +2241,24 @@ rtt_ms = 30.0
         assert_eq!(t.origin.as_str().as_ptr(), own);
     }
 
+    /// `small`'s topology with the placement `text`.
+    fn small_with_placement(text: &str) -> Arc<Deployment> {
+        let topology = small().deployment.topology.clone();
+        let placement =
+            pangea_topology::Placement::parse(Path::new("p.toml"), text, &topology).unwrap();
+        Arc::new(Deployment {
+            topology,
+            placement,
+        })
+    }
+
     /// `small` with a policy `r1` (region r1 alone) and, at 1 s, a migration of
     /// every row the workload writes (`g/`) from `global` into it.
     fn small_moving_to_r1() -> Scenario {
-        let base = small();
-        let p = pangea_topology::Placement::parse(
-            Path::new("p.toml"),
+        let d = small_with_placement(
             "[[tables]]\nname = \"t\"\n[[tables.families]]\nname = \"f\"\nmax_versions = 1\n\
              [[policies]]\nname = \"r1\"\nregions = [\"r1\"]\n",
-            &base.deployment.topology,
-        )
-        .unwrap();
-        let d = Arc::new(Deployment {
-            topology: base.deployment.topology.clone(),
-            placement: p,
-        });
+        );
         let mut sc = Scenario::new("moving", d.clone(), 3, SimDuration::from_secs(4));
         sc.workload = crate::scenario::Workload::ad_serving(&d, 200.0);
         sc.faults.push(Fault {
@@ -2276,19 +2279,11 @@ rtt_ms = 30.0
     /// replica `c` (alone in r2) lost for 2 s, and a backup from r2 that reads
     /// from it first (deadline 500 ms).
     fn small_backup_through_a_loss() -> Scenario {
-        let base = small();
-        let p = pangea_topology::Placement::parse(
-            Path::new("p.toml"),
+        let d = small_with_placement(
             "[[tables]]\nname = \"t\"\nchanges = { retention = \"1h\" }\n\
              [[tables.families]]\nname = \"f\"\nmax_versions = 1\n\
              [[tables.families]]\nname = \"n\"\ntype = \"counter\"\n",
-            &base.deployment.topology,
-        )
-        .unwrap();
-        let d = Arc::new(Deployment {
-            topology: base.deployment.topology.clone(),
-            placement: p,
-        });
+        );
         let mut sc = Scenario::new("backup", d.clone(), 3, SimDuration::from_secs(3));
         sc.workload = crate::scenario::Workload::ad_serving(&d, 300.0);
         sc.workload.increment = 0.05;
