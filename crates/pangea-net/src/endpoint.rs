@@ -17,6 +17,7 @@ use quinn::{AsyncUdpSocket, Runtime as _};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::error::{Error, Result};
+use crate::gso::GsoBatches;
 use crate::reset::ResetKey;
 use crate::wan::WanEmulator;
 
@@ -122,15 +123,20 @@ fn on_socket(
     let socket_error = |source| Error::Socket { addr, source };
     std_socket.set_nonblocking(true).map_err(socket_error)?;
     let runtime = Arc::new(quinn::TokioRuntime);
-    let real = runtime.wrap_udp_socket(std_socket).map_err(socket_error)?;
+    let real: Arc<dyn AsyncUdpSocket> =
+        GsoBatches::wrap(runtime.wrap_udp_socket(std_socket).map_err(socket_error)?);
     let socket: Arc<dyn AsyncUdpSocket> = match wan {
         Some(wan) => wan.wrap(real)?,
         None => real,
     };
-    let endpoint_config = match reset_key {
+    let mut endpoint_config = match reset_key {
         Some(key) => key.endpoint_config(),
         None => quinn::EndpointConfig::default(),
     };
+    // Peers may send us datagrams as large as path-MTU discovery may go.
+    endpoint_config
+        .max_udp_payload_size(crate::tls::MTU_UPPER_BOUND)
+        .expect("the MTU upper bound is a valid UDP payload size");
     let mut endpoint =
         quinn::Endpoint::new_with_abstract_socket(endpoint_config, server_config, socket, runtime)
             .map_err(socket_error)?;

@@ -50,6 +50,45 @@ pub fn encode_frame<M: Message>(msg: &M) -> Result<Bytes> {
     Ok(buf.freeze())
 }
 
+/// A frame of `head` followed by one `bytes` field holding `tail`, nested in
+/// length-delimited fields: `nest` lists the field numbers from the outermost
+/// (`[11, 1]` puts `tail` in field 1 of a message that is field 11 of the body).
+/// Returns the frame in two pieces, so that `tail` (a cached encoded row, up to
+/// megabytes) goes to the stream without being copied. Wire-identical to encoding
+/// the whole message when `head` holds only fields numbered below `nest[0]`.
+pub fn encode_frame_nesting<M: Message>(head: &M, nest: &[u32], tail: Bytes) -> Result<[Bytes; 2]> {
+    use pangea_proto::prost::encoding::{
+        WireType, encode_key, encode_varint, encoded_len_varint, key_len,
+    };
+    // The length of each level's contents, innermost first.
+    let mut lengths = Vec::with_capacity(nest.len());
+    let mut inner = tail.len();
+    for field in nest.iter().rev() {
+        lengths.push(inner);
+        inner += key_len(*field) + encoded_len_varint(inner as u64);
+    }
+    let body_bytes = head.encoded_len() + inner;
+    let prefix = u32::try_from(body_bytes).map_err(|_| Error::FrameTooLarge {
+        size_bytes: body_bytes as u64,
+        limit_bytes: u32::MAX as usize,
+    })?;
+    let mut buf = BytesMut::with_capacity(FRAME_HEADER_BYTES + body_bytes - tail.len());
+    buf.put_u32(prefix);
+    head.encode(&mut buf)?;
+    for (field, len) in nest.iter().zip(lengths.iter().rev()) {
+        encode_key(*field, WireType::LengthDelimited, &mut buf);
+        encode_varint(*len as u64, &mut buf);
+    }
+    Ok([buf.freeze(), tail])
+}
+
+/// Writes the two pieces of [`encode_frame_nesting`] as one frame.
+pub async fn write_frame_pieces(send: &mut quinn::SendStream, pieces: [Bytes; 2]) -> Result<()> {
+    let mut pieces = pieces;
+    send.write_all_chunks(&mut pieces).await?;
+    Ok(())
+}
+
 /// Decodes one frame from the front of `buf`.
 ///
 /// - `Ok(None)`: `buf` holds only part of a frame (read more and retry); nothing
@@ -130,20 +169,28 @@ async fn read_body<M: Message + Default>(
     recv: &mut quinn::RecvStream,
     body_bytes: usize,
 ) -> Result<M> {
-    let mut body = vec![0u8; body_bytes];
-    match recv.read_exact(&mut body).await {
-        Ok(()) => {}
-        Err(quinn::ReadExactError::FinishedEarly(received_bytes)) => {
+    // quinn hands out what it received as `Bytes`: a body that came in one piece
+    // is decoded from it as it is; a longer one is gathered once (not zeroed first
+    // and then copied into, as a read into a buffer would).
+    let mut body = BytesMut::new();
+    while body.len() < body_bytes {
+        let Some(chunk) = recv.read_chunk(body_bytes - body.len(), true).await? else {
             return Err(Error::FrameTruncated {
                 expected_bytes: body_bytes,
-                received_bytes,
+                received_bytes: body.len(),
             });
+        };
+        if body.is_empty() && chunk.bytes.len() == body_bytes {
+            return Ok(M::decode(chunk.bytes)?);
         }
-        Err(quinn::ReadExactError::ReadError(e)) => return Err(e.into()),
+        if body.is_empty() {
+            body.reserve(body_bytes);
+        }
+        body.extend_from_slice(&chunk.bytes);
     }
     // From `Bytes`, prost hands out the `bytes` fields (values, keys) as slices of
     // this buffer instead of copying each one.
-    Ok(M::decode(Bytes::from(body))?)
+    Ok(M::decode(body.freeze())?)
 }
 
 /// Memory for frames being read, before they are complete: one budget per
@@ -245,6 +292,49 @@ mod tests {
         ClientRequest, GetRequest, Hello, ReplicationFrame, client_request, replication_frame,
     };
     use proptest::prelude::*;
+
+    /// A get's answer written as `served_by` and the encoded row uncopied is the
+    /// frame of the whole `ClientResponse`, byte for byte: rows of every length
+    /// class of a varint, and no row.
+    #[test]
+    fn a_frame_nesting_a_tail_is_the_frame_of_the_whole_message() {
+        use pangea_proto::v1::{ClientResponseEncodedGet, GetResponseEncoded, ServedBy};
+        let served_by = Some(ServedBy {
+            replica: "us-east1-a".into(),
+            region: "us-east1".into(),
+            watermarks: None,
+            deployment: 0x5eed,
+        });
+        for len in [0usize, 1, 127, 128, 16_383, 16_384, 2_097_152] {
+            let row = Bytes::from(vec![0xabu8; len]);
+            let whole = ClientResponseEncodedGet {
+                served_by: served_by.clone(),
+                get: Some(GetResponseEncoded {
+                    row: Some(row.clone()),
+                }),
+            };
+            let head = ClientResponseEncodedGet {
+                served_by: served_by.clone(),
+                get: None,
+            };
+            let [a, b] = encode_frame_nesting(&head, &[11, 1], row).unwrap();
+            assert_eq!(
+                [a, b].concat(),
+                encode_frame(&whole).unwrap(),
+                "row of {len} bytes"
+            );
+        }
+        let empty = ClientResponseEncodedGet {
+            served_by: served_by.clone(),
+            get: Some(GetResponseEncoded { row: None }),
+        };
+        let head = ClientResponseEncodedGet {
+            served_by,
+            get: None,
+        };
+        let [a, b] = encode_frame_nesting(&head, &[11], Bytes::new()).unwrap();
+        assert_eq!([a, b].concat(), encode_frame(&empty).unwrap());
+    }
 
     fn hello() -> ReplicationFrame {
         ReplicationFrame {

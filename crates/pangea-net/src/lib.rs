@@ -65,6 +65,7 @@ pub mod certs;
 pub mod endpoint;
 pub mod error;
 pub mod frame;
+pub mod gso;
 pub mod handshake;
 pub mod identity;
 pub mod reload;

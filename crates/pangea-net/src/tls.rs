@@ -69,6 +69,12 @@ pub const CONNECTION_RECEIVE_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
 /// Bytes we keep buffered for sending on one connection (matches the receive side).
 pub const SEND_WINDOW_BYTES: u64 = 16 * 1024 * 1024;
 
+/// The largest UDP payload path-MTU discovery probes for: jumbo frames (9,000-byte
+/// MTU less the IPv4 and UDP headers, rounded down to a multiple of 8). Paths that
+/// carry less stop below it (probes that are lost are not counted as congestion);
+/// loopback and jumbo-frame links inside a region reach it.
+pub const MTU_UPPER_BOUND: u16 = 8_952;
+
 /// The TLS server name a client should use to dial replica `replica_id`.
 ///
 /// The replica id itself when it is a valid DNS name (every replica certificate
@@ -172,6 +178,9 @@ pub fn transport_config() -> TransportConfig {
         .stream_receive_window(VarInt::from_u32(STREAM_RECEIVE_WINDOW_BYTES))
         .receive_window(VarInt::from_u32(CONNECTION_RECEIVE_WINDOW_BYTES))
         .send_window(SEND_WINDOW_BYTES);
+    let mut mtu_discovery = quinn::MtuDiscoveryConfig::default();
+    mtu_discovery.upper_bound(MTU_UPPER_BOUND);
+    transport.mtu_discovery_config(Some(mtu_discovery));
     transport
 }
 

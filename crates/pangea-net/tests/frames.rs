@@ -144,3 +144,46 @@ async fn truncated_frames_are_errors() -> Result<()> {
     server.shutdown().await;
     Ok(())
 }
+
+/// Over loopback, path-MTU discovery raises the packet size to the jumbo-frame
+/// bound, and megabyte frames then travel in batches of such packets (over the
+/// 65,507 bytes one UDP send may carry, so split: `gso::GsoBatches`) with no
+/// packet lost and no black hole detected — a refused batch would show as both,
+/// and would drop the MTU back to 1,200 bytes.
+#[tokio::test]
+async fn megabyte_frames_travel_in_jumbo_packets_over_loopback_without_loss() -> Result<()> {
+    let pki = Pki::new()?;
+    let mut server = EchoServer::start(&pki, pangea_net::FRAME_BYTES_MAX, None)?;
+    let client = client_endpoint(pki.client_config()?, None)?;
+    let conn = connect(&client, server.addr()?).await?;
+    expect_accepted(&mut server).await?;
+    let bound = pangea_net::tls::MTU_UPPER_BOUND;
+    let mut big = request(1);
+    big.traceparent = "x".repeat(1 << 20);
+    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+    while conn.stats().path.current_mtu < bound {
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "path MTU still {} after {TEST_TIMEOUT:?}",
+                conn.stats().path.current_mtu
+            );
+        }
+        assert_eq!(round_trip(&conn, &request(2)).await?, request(2));
+    }
+    for _ in 0..4 {
+        assert_eq!(round_trip(&conn, &big).await?, big);
+    }
+    let path = conn.stats().path;
+    assert_eq!(
+        (
+            path.current_mtu,
+            path.black_holes_detected,
+            path.lost_packets
+        ),
+        (bound, 0, 0),
+        "{path:?}"
+    );
+    close_client(client).await;
+    server.shutdown().await;
+    Ok(())
+}

@@ -20,6 +20,7 @@ use pangea_core::{
     BytesRange, Error as CoreError, Limits, ReadFilter, RowMutation, ScopeId, ScopeWatermarks,
     Token,
 };
+use pangea_net::frame::{encode_frame_nesting, write_frame_pieces};
 use pangea_net::{read_frame_within, write_frame};
 use pangea_proto::Message as _;
 
@@ -446,14 +447,27 @@ impl From<pb::client_response::Response> for Body {
 /// An answer ready to write. Both decode, on the client, as a `ClientResponse`.
 enum Reply {
     Message(pb::ClientResponse),
-    EncodedGet(pb::ClientResponseEncodedGet),
+    /// A get's answer from the row cache's encoded row: written as the frame of a
+    /// `ClientResponse` with `served_by`, then the row (`get.row`, fields 11 and 1)
+    /// as the cache holds it, uncopied.
+    EncodedGet {
+        served_by: pb::ClientResponseEncodedGet,
+        row: Option<Bytes>,
+    },
 }
 
 impl Reply {
     async fn write(&self, send: &mut quinn::SendStream) -> pangea_net::Result<()> {
         match self {
             Reply::Message(m) => write_frame(send, m).await,
-            Reply::EncodedGet(m) => write_frame(send, m).await,
+            Reply::EncodedGet { served_by, row } => {
+                let (nest, tail): (&[u32], Bytes) = match row {
+                    Some(row) => (&[11, 1], row.clone()),
+                    // An empty `get` (no row): field 11 of length 0.
+                    None => (&[11], Bytes::new()),
+                };
+                write_frame_pieces(send, encode_frame_nesting(served_by, nest, tail)?).await
+            }
         }
     }
 }
@@ -472,10 +486,13 @@ fn response(
     let response = match result {
         Ok(Body::Message(r)) => r,
         Ok(Body::EncodedRow(row)) => {
-            return Reply::EncodedGet(pb::ClientResponseEncodedGet {
-                served_by,
-                get: Some(pb::GetResponseEncoded { row }),
-            });
+            return Reply::EncodedGet {
+                served_by: pb::ClientResponseEncodedGet {
+                    served_by,
+                    get: None,
+                },
+                row,
+            };
         }
         Err(f) => pb::client_response::Response::Error(f.into_proto()),
     };
