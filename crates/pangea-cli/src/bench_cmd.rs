@@ -62,8 +62,13 @@ pub(crate) struct LoadArgs {
     /// token of each task's last write).
     #[arg(long, default_value = "eventual")]
     mode: String,
-    #[arg(long, default_value_t = 1024)]
-    value_bytes: usize,
+    /// Value sizes: BYTES, or lognormal:MEDIAN,SIGMA,MAX (drawn per write, e.g.
+    /// lognormal:2048,1.5,1048576: a median of 2 KiB, a tail to 1 MiB).
+    #[arg(long, default_value = "1024")]
+    value_bytes: load::Sizes,
+    /// Zipf exponent of key popularity (e.g. 0.99); 0: every key alike.
+    #[arg(long, default_value_t = 0.0)]
+    zipf: f64,
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
     #[arg(long, default_value = "10s")]
@@ -122,7 +127,8 @@ pub(crate) fn run(a: LoadArgs) -> Result<()> {
         op: a.op,
         mode,
         mode_name: a.mode.clone(),
-        value_bytes: a.value_bytes,
+        value_sizes: a.value_bytes,
+        zipf: a.zipf,
         concurrency: a.concurrency,
         duration: parse_duration(&a.duration)?,
         keys: a.keys,

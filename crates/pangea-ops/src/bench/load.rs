@@ -53,6 +53,118 @@ pub enum ReadMode {
     Watermark,
 }
 
+/// The sizes of the values written.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sizes {
+    /// Every value this long.
+    Fixed(usize),
+    /// Log-normal: `median` bytes, `sigma` the spread of the size's logarithm,
+    /// cut at `max` (ad profiles: a few KiB, a tail to 1 MiB).
+    LogNormal {
+        median: usize,
+        sigma: f64,
+        max: usize,
+    },
+}
+
+impl Sizes {
+    /// The longest value it draws.
+    pub fn max(self) -> usize {
+        match self {
+            Sizes::Fixed(n) => n,
+            Sizes::LogNormal { max, .. } => max,
+        }
+    }
+
+    /// One size (Box–Muller for the normal draw).
+    fn draw(self, rng: &mut pangea_core::rng::Rng) -> usize {
+        match self {
+            Sizes::Fixed(n) => n,
+            Sizes::LogNormal { median, sigma, max } => {
+                let (u1, u2) = (1.0 - rng.next_f64(), rng.next_f64());
+                let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+                ((median as f64 * (sigma * z).exp()) as usize).clamp(1, max)
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Sizes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Sizes::Fixed(n) => write!(f, "{n}"),
+            Sizes::LogNormal { median, sigma, max } => {
+                write!(f, "lognormal:{median},{sigma},{max}")
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for Sizes {
+    type Err = String;
+    /// `N` (bytes) or `lognormal:MEDIAN,SIGMA,MAX`.
+    fn from_str(s: &str) -> Result<Sizes, String> {
+        let bad = || {
+            format!(
+                "{s:?} is not BYTES or lognormal:MEDIAN,SIGMA,MAX (e.g. lognormal:2048,1.5,1048576)"
+            )
+        };
+        match s.strip_prefix("lognormal:") {
+            None => s.parse().map(Sizes::Fixed).map_err(|_| bad()),
+            Some(rest) => {
+                let parts: Vec<&str> = rest.split(',').collect();
+                let [median, sigma, max] = parts[..] else {
+                    return Err(bad());
+                };
+                let (median, sigma, max) = (
+                    median.parse::<usize>().map_err(|_| bad())?,
+                    sigma.parse::<f64>().map_err(|_| bad())?,
+                    max.parse::<usize>().map_err(|_| bad())?,
+                );
+                if median == 0 || median > max || !(sigma.is_finite() && sigma >= 0.0) {
+                    return Err(format!("{s:?}: need 0 < MEDIAN <= MAX and SIGMA >= 0"));
+                }
+                Ok(Sizes::LogNormal { median, sigma, max })
+            }
+        }
+    }
+}
+
+/// Which key each operation takes: uniformly, or by a Zipf law of exponent `s`
+/// over the keys' ranks (a few hot keys, a long tail).
+#[derive(Debug, Clone)]
+struct KeyChooser {
+    /// Cumulative weights, for Zipf; empty for uniform.
+    cdf: Vec<f64>,
+}
+
+impl KeyChooser {
+    fn new(keys: usize, zipf: f64) -> KeyChooser {
+        if zipf <= 0.0 {
+            return KeyChooser { cdf: Vec::new() };
+        }
+        let mut total = 0.0;
+        let mut cdf: Vec<f64> = (1..=keys)
+            .map(|rank| {
+                total += (rank as f64).powf(-zipf);
+                total
+            })
+            .collect();
+        cdf.iter_mut().for_each(|c| *c /= total);
+        KeyChooser { cdf }
+    }
+
+    fn pick(&self, keys: usize, rng: &mut pangea_core::rng::Rng) -> usize {
+        match self.cdf.is_empty() {
+            true => (rng.next_u64() % keys as u64) as usize,
+            false => {
+                let u = rng.next_f64();
+                self.cdf.partition_point(|c| *c < u).min(keys - 1)
+            }
+        }
+    }
+}
+
 /// A load (the flags of `pangea bench`).
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -61,7 +173,10 @@ pub struct Options {
     pub mode: ReadMode,
     /// The mode as the caller named it, for the report.
     pub mode_name: String,
-    pub value_bytes: usize,
+    /// Sizes of the values written (preloaded and put).
+    pub value_sizes: Sizes,
+    /// Zipf exponent of key popularity; 0: uniform.
+    pub zipf: f64,
     pub concurrency: usize,
     pub duration: Duration,
     /// Distinct keys written first and then read.
@@ -86,7 +201,12 @@ pub struct Report {
     pub op: Op,
     pub mode: String,
     pub region: String,
+    /// The longest value written (every value, unless `value_sizes` draws them).
     pub value_bytes: usize,
+    /// The value sizes: bytes, or `lognormal:MEDIAN,SIGMA,MAX`.
+    pub value_sizes: String,
+    /// Zipf exponent of key popularity; 0: uniform.
+    pub zipf: f64,
     pub concurrency: usize,
     /// Paced operations per second; 0: a closed loop.
     pub rate: f64,
@@ -102,11 +222,12 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "bench {} {} from {}: {} B values, concurrency {}, {} thread(s), {:.1} s ({})",
+            "bench {} {} from {}: {} B values, zipf {}, concurrency {}, {} thread(s), {:.1} s ({})",
             self.op.as_str(),
             self.mode,
             self.region,
-            self.value_bytes,
+            self.value_sizes,
+            self.zipf,
             self.concurrency,
             self.threads,
             self.duration_s,
@@ -133,6 +254,9 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
                 .collect(),
         );
         preload(&client, o, &keys).await?;
+        let chooser = Arc::new(KeyChooser::new(keys.len(), o.zipf));
+        // Values are slices of one buffer as long as the longest.
+        let values = Bytes::from(vec![b'x'; o.value_sizes.max()]);
         let reads = Arc::new(Mutex::new(histogram()));
         let writes = Arc::new(Mutex::new(histogram()));
         let errors = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
@@ -143,10 +267,11 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
         // Paced: worker `t` sends every `interval`, the workers staggered evenly.
         let interval = (o.rate > 0.0).then(|| Duration::from_secs_f64(workers as f64 / o.rate));
         for t in 0..workers {
-            let (client, keys, o) = (client.clone(), keys.clone(), o.clone());
+            let (client, keys, o, chooser) =
+                (client.clone(), keys.clone(), o.clone(), chooser.clone());
             let (reads, writes, errors, stop) =
                 (reads.clone(), writes.clone(), errors.clone(), stop.clone());
-            let value = Bytes::from(vec![b'x'; o.value_bytes]);
+            let values = values.clone();
             tasks.spawn(async move {
                 let mut draws = draws(t);
                 let mut token = None;
@@ -156,9 +281,9 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
                     ..Default::default()
                 };
                 while !stop.load(Ordering::Relaxed) {
-                    let x = draws.next_u64();
-                    let key = keys[(x % keys.len() as u64) as usize].clone();
-                    let write = o.op == Op::Put || (o.op == Op::Mix && x.is_multiple_of(10));
+                    let key = keys[chooser.pick(keys.len(), &mut draws)].clone();
+                    let write =
+                        o.op == Op::Put || (o.op == Op::Mix && draws.next_u64().is_multiple_of(10));
                     // Latency from when the request was due (paced) or sent.
                     let t0 = match (due.as_mut(), interval) {
                         (Some(at), Some(iv)) => {
@@ -170,7 +295,8 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
                         _ => Instant::now(),
                     };
                     if write {
-                        match put(&client, &o.table, key, value.clone(), &wopts).await {
+                        let value = values.slice(..o.value_sizes.draw(&mut draws));
+                        match put(&client, &o.table, key, value, &wopts).await {
                             Ok(tok) => {
                                 token = Some(tok);
                                 record(&writes, t0);
@@ -214,7 +340,9 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
             op: o.op,
             mode: o.mode_name.clone(),
             region,
-            value_bytes: o.value_bytes,
+            value_bytes: o.value_sizes.max(),
+            value_sizes: o.value_sizes.to_string(),
+            zipf: o.zipf,
             concurrency: o.concurrency,
             rate: o.rate,
             threads: o.threads,
@@ -234,25 +362,31 @@ fn record(h: &Mutex<hdrhistogram::Histogram<u64>>, t0: Instant) {
         .record(t0.elapsed().as_micros() as u64);
 }
 
-/// Writes every key once, `o.concurrency` writers at a time.
+/// Writes every key once (a value of a drawn size), `o.concurrency` writers at a
+/// time.
 async fn preload(client: &Client, o: &Options, keys: &[Bytes]) -> Result<()> {
-    let value = Bytes::from(vec![b'x'; o.value_bytes]);
+    let values = Bytes::from(vec![b'x'; o.value_sizes.max()]);
     let wopts = WriteOptions {
         deadline: Some(Duration::from_secs(5)),
         ..Default::default()
     };
     let mut loaders = tokio::task::JoinSet::new();
-    for chunk in keys.chunks(keys.len().div_ceil(o.concurrency.max(1)).max(1)) {
-        let (client, chunk, value, wopts, table) = (
+    let per = keys.len().div_ceil(o.concurrency.max(1)).max(1);
+    for (n, chunk) in keys.chunks(per).enumerate() {
+        let (client, chunk, values, wopts, table, sizes) = (
             client.clone(),
             chunk.to_vec(),
-            value.clone(),
+            values.clone(),
             wopts.clone(),
             o.table.clone(),
+            o.value_sizes,
         );
+        // Draws of their own: the workers' later draws do not depend on the preload.
+        let mut draws = draws(usize::MAX - n);
         loaders.spawn(async move {
             for k in chunk {
-                put(&client, &table, k, value.clone(), &wopts).await?;
+                let value = values.slice(..sizes.draw(&mut draws));
+                put(&client, &table, k, value, &wopts).await?;
             }
             anyhow::Ok(())
         });
@@ -277,4 +411,69 @@ async fn put(
     };
     let mutation = RowMutation::new(table, key, vec![m], &pangea_core::Limits::default())?;
     Ok(client.mutate(mutation, opts).await?.value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_sizes_parse_or_say_what_is_wrong() {
+        assert_eq!("1024".parse(), Ok(Sizes::Fixed(1024)));
+        assert_eq!(
+            "lognormal:2048,1.5,1048576".parse(),
+            Ok(Sizes::LogNormal {
+                median: 2048,
+                sigma: 1.5,
+                max: 1 << 20
+            })
+        );
+        for bad in [
+            "",
+            "lognormal:2048,1.5",
+            "lognormal:0,1,10",
+            "lognormal:20,-1,10",
+            "x",
+        ] {
+            let e = bad.parse::<Sizes>().unwrap_err();
+            assert!(e.contains(bad), "{e}");
+        }
+    }
+
+    /// Log-normal sizes have the median asked for, stay within the cut, and
+    /// reach far above the median (the tail); Zipf keys favour the first ranks
+    /// as 1/rank^s says.
+    #[test]
+    fn sizes_and_keys_follow_their_laws() {
+        let mut rng = pangea_core::rng::Rng::new(7);
+        let sizes = Sizes::LogNormal {
+            median: 2048,
+            sigma: 1.5,
+            max: 1 << 20,
+        };
+        let mut drawn: Vec<usize> = (0..20_000).map(|_| sizes.draw(&mut rng)).collect();
+        drawn.sort_unstable();
+        let median = drawn[drawn.len() / 2];
+        assert!((1_850..2_250).contains(&median), "median {median}");
+        assert!(
+            drawn[drawn.len() * 999 / 1000] > 100 * 1024,
+            "p99.9 {}",
+            drawn[drawn.len() * 999 / 1000]
+        );
+        assert!(*drawn.last().unwrap() <= 1 << 20 && drawn[0] >= 1);
+        let keys = KeyChooser::new(1_000, 0.99);
+        let mut hits = [0u32; 1_000];
+        for _ in 0..100_000 {
+            hits[keys.pick(1_000, &mut rng)] += 1;
+        }
+        // P(rank 1) = 1 / sum(1/r^0.99) ≈ 0.13; rank 2 about half of it.
+        assert!((12_000..14_500).contains(&hits[0]), "rank 1: {}", hits[0]);
+        assert!((hits[1] as f64 / hits[0] as f64 - 0.5).abs() < 0.05);
+        let uniform = KeyChooser::new(1_000, 0.0);
+        let mut hits = [0u32; 1_000];
+        for _ in 0..100_000 {
+            hits[uniform.pick(1_000, &mut rng)] += 1;
+        }
+        assert!(hits.iter().all(|h| (40..170).contains(h)));
+    }
 }

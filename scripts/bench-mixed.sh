@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A mixed, realistic load on one replica (docs/benchmarks.md, "A mixed load"):
+# 90 % gets and 10 % puts (fsync durability), keys by a Zipf law, values
+# log-normal around 2 KiB with a tail to 1 MiB. First a closed loop finds the
+# capacity; then open loops paced at 50 % and 90 % of it give the latencies
+# (from when each request was due). Prints one line per run; JSON in $OUT.
+# Run on an otherwise idle machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+P=${P:-target/release/pangea}   # cargo build --release -p pangea-cli
+KEYS=${KEYS:-10000}
+SIZES=${SIZES:-lognormal:2048,1.5,1048576}
+ZIPF=${ZIPF:-0.99}
+C=${CONCURRENCY:-32}          # the closed loop's requests in flight
+PACED_C=${PACED_CONCURRENCY:-512}  # the open loops' workers: enough that one slow
+                                   # request does not hold back the schedule
+DURATION=${DURATION:-20s}
+export PANGEA_ROW_CACHE_MIB=${ROW_CACHE_MIB:-512}   # as scripts/bench-serving.sh
+OUT=${OUT:-$(mktemp -d)}
+D=$(mktemp -d)
+$P cluster up topology/single-replica.toml --placement topology/single-replica.placement.toml --data-dir "$D" >/dev/null
+trap '$P cluster down --data-dir "$D" >/dev/null; rm -rf "$D"' EXIT
+sleep 1
+run() { # NAME RATE CONCURRENCY
+  $P bench --cluster "$D/cluster.toml" --region local-1 --op mix --value-bytes "$SIZES" --zipf "$ZIPF" \
+    --keys "$KEYS" --concurrency "$3" --duration "$DURATION" --rate "$2" --json > "$OUT/$1.json" 2>/dev/null
+}
+run capacity 0 "$C"
+CAP=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['reads']['ops_per_s'] + r['writes']['ops_per_s'])" "$OUT/capacity.json")
+run at50 "$(python3 -c "print($CAP * 0.5)")" "$PACED_C"
+run at90 "$(python3 -c "print($CAP * 0.9)")" "$PACED_C"
+python3 - "$OUT" <<'EOF'
+import json, os, sys
+out = sys.argv[1]
+print(f"{'run':<9} {'ops/s':>8}  {'reads p50/p99/p999 ms':<24} {'writes p50/p99/p999 ms':<24} errors")
+for name in ("capacity", "at50", "at90"):
+    r = json.load(open(os.path.join(out, name + ".json")))
+    rd, wr = r["reads"], r["writes"]
+    f = lambda x: f"{x['p50_ms']:.2f} / {x['p99_ms']:.2f} / {x['p999_ms']:.2f}"
+    print(f"{name:<9} {rd['ops_per_s'] + wr['ops_per_s']:>8.0f}  {f(rd):<24} {f(wr):<24} {rd['errors'] + wr['errors']}")
+print(f"{r['machine']}; raw results: {out}")
+EOF
