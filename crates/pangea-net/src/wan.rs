@@ -33,6 +33,12 @@
 //!   kernel's timer slack (50 µs by default).
 //! - **Bounded.** At most [`WAN_QUEUE_BYTES_MAX`] bytes wait in the queue; beyond it
 //!   datagrams are tail-dropped, like a router's full buffer.
+//! - **An internet path MTU on delayed links.** A datagram over
+//!   [`WAN_PATH_PAYLOAD_MAX`] bytes (a 1,500-byte Ethernet frame less IPv4 and UDP
+//!   headers) to a destination with a delay is dropped, as a WAN path drops a
+//!   too-big packet with "don't fragment" set: path-MTU discovery stops there, as
+//!   it would between regions, while links without a delay (same region,
+//!   loopback) carry jumbo packets.
 //! - **Rules change at runtime.** [`WanControl`] is a cheap clone of an
 //!   `Arc<Mutex<..>>`; a drill flips a partition on and off while traffic flows.
 //!   A partition also drops datagrams already queued for that destination when
@@ -61,6 +67,9 @@ use pangea_core::rng::Rng;
 /// At 25 ms one-way delay that holds ~20 Gbit/s of traffic in flight, far more
 /// than a loopback test sends; it exists so a runaway sender cannot eat memory.
 pub const WAN_QUEUE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// The largest datagram a link with a delay carries: 1,500 − 20 − 8 bytes.
+pub const WAN_PATH_PAYLOAD_MAX: usize = 1_472;
 
 /// Emulated conditions of the path toward one destination (one direction).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -112,6 +121,9 @@ pub struct WanStats {
     pub dropped_partition: u64,
     /// Dropped because the queue held [`WAN_QUEUE_BYTES_MAX`] bytes.
     pub dropped_queue_full: u64,
+    /// Dropped as larger than a delayed link carries ([`WAN_PATH_PAYLOAD_MAX`]):
+    /// path-MTU discovery's probes.
+    pub dropped_too_big: u64,
 }
 
 #[derive(Debug, Default)]
@@ -119,6 +131,7 @@ struct Counters {
     sent: AtomicU64,
     delayed: AtomicU64,
     dropped_loss: AtomicU64,
+    dropped_too_big: AtomicU64,
     dropped_partition: AtomicU64,
     dropped_queue_full: AtomicU64,
 }
@@ -207,6 +220,7 @@ impl WanControl {
             dropped_loss: c.dropped_loss.load(Ordering::Relaxed),
             dropped_partition: c.dropped_partition.load(Ordering::Relaxed),
             dropped_queue_full: c.dropped_queue_full.load(Ordering::Relaxed),
+            dropped_too_big: c.dropped_too_big.load(Ordering::Relaxed),
         }
     }
 }
@@ -362,6 +376,10 @@ impl WanSocket {
         let counters = &self.shared.control.counters;
         if rule.partitioned {
             bump(&counters.dropped_partition);
+            return Verdict::Drop;
+        }
+        if !rule.is_transparent() && transmit.contents.len() > WAN_PATH_PAYLOAD_MAX {
+            bump(&counters.dropped_too_big);
             return Verdict::Drop;
         }
         let mut state = self.shared.state();

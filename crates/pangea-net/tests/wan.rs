@@ -282,3 +282,48 @@ async fn loss_is_seeded_and_roughly_the_configured_rate() -> Result<()> {
     assert_eq!(runs[0], runs[1], "same seed, different losses");
     Ok(())
 }
+
+/// A delayed (inter-region) link carries datagrams of an internet path at most:
+/// path-MTU discovery probes past it, the probes are dropped, and the
+/// connection settles between 1,400 and 1,472 bytes with no black hole declared
+/// while large frames cross.
+#[tokio::test]
+async fn a_delayed_link_keeps_an_internet_path_mtu() -> Result<()> {
+    let pki = Pki::new()?;
+    let server_wan = WanControl::new();
+    let client_wan = WanControl::new();
+    server_wan.set_default(LinkRule::delay(Duration::from_millis(1)));
+    client_wan.set_default(LinkRule::delay(Duration::from_millis(1)));
+    let server = EchoServer::start(
+        &pki,
+        pangea_net::FRAME_BYTES_MAX,
+        Some(WanEmulator::new(server_wan.clone(), 1)),
+    )?;
+    let client = client_endpoint(
+        pki.client_config()?,
+        Some(WanEmulator::new(client_wan.clone(), 2)),
+    )?;
+    let conn = connect(&client, server.addr()?).await?;
+    let mut big = request(1);
+    big.traceparent = "x".repeat(256 * 1024);
+    // Long enough for discovery's search to end (a round trip per probe).
+    let until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < until {
+        assert_eq!(round_trip(&conn, &big).await?, big);
+    }
+    let path = conn.stats().path;
+    assert!(
+        path.current_mtu as usize <= pangea_net::wan::WAN_PATH_PAYLOAD_MAX
+            && path.current_mtu >= 1_400,
+        "{path:?}"
+    );
+    assert!(
+        path.sent_plpmtud_probes > 0 && path.lost_plpmtud_probes > 0,
+        "{path:?}"
+    );
+    assert_eq!(path.black_holes_detected, 0, "{path:?}");
+    assert!(client_wan.stats().dropped_too_big > 0);
+    close_client(client).await;
+    server.shutdown().await;
+    Ok(())
+}

@@ -232,6 +232,7 @@ impl FaultControl {
                 "dropped_partition": stats.dropped_partition,
                 "dropped_loss": stats.dropped_loss,
                 "dropped_queue_full": stats.dropped_queue_full,
+                "dropped_too_big": stats.dropped_too_big,
             },
         })
     }
