@@ -378,6 +378,68 @@ async fn handshake_floods_are_retried_and_memory_stays_bounded() -> Result<()> {
     Ok(())
 }
 
+/// A frontend that starts with 400 calls in flight opens one connection per slot
+/// (two per replica), not one per call: the calls that find a slot empty share one
+/// handshake. A herd of handshakes from one process would meet the replica's
+/// per-source limit (128), and the calls past it would fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_starting_with_hundreds_of_calls_opens_one_connection_per_slot() -> Result<()> {
+    let c = Cluster::up(false)?;
+    let writer = c.client(US, "frontend").await?;
+    writer
+        .mutate(
+            common::profile_set("us/herd", &b"v"[..])?,
+            &pangea_client::WriteOptions::default(),
+        )
+        .await?;
+    let accepted = |c: &Cluster| -> Result<f64> {
+        let mut sum = 0.0;
+        for id in c.ids() {
+            sum += metric(
+                c,
+                &id,
+                "pangea_connection_attempts_total{outcome=\"accepted\"}",
+            )?;
+        }
+        Ok(sum)
+    };
+    let before = accepted(&c)?;
+    let fe = c.client(US, "frontend").await?;
+    let opts = pangea_client::ReadOptions::default().with_deadline(Duration::from_secs(5));
+    let calls: Vec<_> = (0..400)
+        .map(|_| {
+            let (fe, opts) = (fe.clone(), opts.clone());
+            tokio::spawn(async move {
+                fe.get("ad_profiles", Bytes::from_static(b"us/herd"), &opts)
+                    .await
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for call in calls {
+        match call.await? {
+            Ok(r) if r.value.is_some() => {}
+            Ok(r) => failed.push(format!("no row from {}", r.replica)),
+            Err(e) => failed.push(e.to_string()),
+        }
+    }
+    let opened = accepted(&c)? - before;
+    eprintln!("400 calls from a fresh client: {opened} connections accepted, {} failed", failed.len());
+    ensure!(
+        failed.is_empty(),
+        "{} of 400 gets failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    let slots = 2 * c.ids().len();
+    ensure!(
+        opened <= slots as f64,
+        "400 calls from a fresh client opened {opened} connections; at most {slots} (2 per replica)"
+    );
+    c.down(common::CLEANUP_GRACE_MS)?;
+    Ok(())
+}
+
 /// A client certificate for `pangea://client/<name>?app_profile=frontend`, signed by
 /// the CA of `ca_dir`, valid from January 1st of one year to January 1st of
 /// another, written where the

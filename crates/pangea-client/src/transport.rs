@@ -38,6 +38,9 @@ const IDLE_STREAMS_MAX: usize = pangea_net::tls::BIDI_STREAMS_MAX as usize / 2;
 
 type Stream = (quinn::SendStream, quinn::RecvStream);
 
+/// One connection attempt, awaited by every call that needs it.
+type Dial = Arc<tokio::sync::OnceCell<Result<Arc<Link>, Error>>>;
+
 /// A connection to one replica and its idle streams.
 struct Link {
     connection: quinn::Connection,
@@ -91,6 +94,12 @@ pub(crate) struct Transport {
     emulated: Option<(pangea_net::wan::WanControl, pangea_topology::RegionId)>,
     /// By replica and slot (`0..per_replica`).
     connections: DashMap<(ReplicaId, usize), Arc<Link>>,
+    /// The handshake under way for a slot with no live connection: every call
+    /// that finds the slot empty meanwhile waits for this one attempt and shares
+    /// its outcome, so a frontend starting with hundreds of calls in flight (or
+    /// finding its replica restarted) opens one connection per slot, not one per
+    /// call — a herd the replica's per-source handshake limit would refuse.
+    dialing: DashMap<(ReplicaId, usize), Dial>,
     per_replica: usize,
     /// The slot of the next call (round robin over every replica's slots).
     next_slot: std::sync::atomic::AtomicUsize,
@@ -143,19 +152,52 @@ impl Transport {
             addresses: config.addresses.clone().into_iter().collect(),
             emulated,
             connections: DashMap::new(),
+            dialing: DashMap::new(),
             per_replica: config.connections_per_replica.max(1),
             next_slot: std::sync::atomic::AtomicUsize::new(0),
             _tls: live,
         })
     }
 
+    /// The live connection of `slot` to `replica`, made if there is none: by one
+    /// handshake that every call arriving meanwhile shares ([`Transport::dialing`]).
     async fn link(&self, replica: &ReplicaId, slot: usize) -> Result<Arc<Link>, Error> {
         let at = (replica.clone(), slot);
-        if let Some(l) = self.connections.get(&at).map(|l| l.clone())
-            && l.connection.close_reason().is_none()
-        {
+        if let Some(l) = self.live(&at) {
             return Ok(l);
         }
+        let dial = self.dialing.entry(at.clone()).or_default().clone();
+        // Cancel-safe: if the call driving the handshake is dropped (a hedge that
+        // lost), the next waiter starts it again.
+        let outcome = dial
+            .get_or_init(|| async {
+                // A call that found the slot empty may get here after an earlier
+                // attempt connected and was retired.
+                if let Some(l) = self.live(&at) {
+                    return Ok(l);
+                }
+                let link = self.connect(replica).await?;
+                self.connections.insert(at.clone(), link.clone());
+                Ok(link)
+            })
+            .await
+            .clone();
+        // This attempt is over: the next call that finds the slot empty (this
+        // connection lost, or the handshake failed) dials afresh.
+        self.dialing.remove_if(&at, |_, d| Arc::ptr_eq(d, &dial));
+        outcome
+    }
+
+    /// The cached connection at `at`, unless it has closed.
+    fn live(&self, at: &(ReplicaId, usize)) -> Option<Arc<Link>> {
+        self.connections
+            .get(at)
+            .map(|l| l.clone())
+            .filter(|l| l.connection.close_reason().is_none())
+    }
+
+    /// A new connection to `replica`, checked to be that replica's.
+    async fn connect(&self, replica: &ReplicaId) -> Result<Arc<Link>, Error> {
         let addr = *self
             .addresses
             .get(replica)
@@ -178,13 +220,11 @@ impl Transport {
                 )));
             }
         }
-        let link = Arc::new(Link {
+        Ok(Arc::new(Link {
             connection: c,
             idle: Mutex::new(Vec::new()),
             answered: Default::default(),
-        });
-        self.connections.insert(at, link.clone());
-        Ok(link)
+        }))
     }
 
     /// Adds the addresses of replicas a newer deployment names (its topology's
@@ -241,11 +281,7 @@ impl Transport {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             % self.per_replica;
         let at = (replica.clone(), slot);
-        let cached = self
-            .connections
-            .get(&at)
-            .map(|l| l.clone())
-            .filter(|l| l.connection.close_reason().is_none());
+        let cached = self.live(&at);
         // A write is sent again only if it certainly did not arrive: sent twice it
         // would be applied twice.
         let resend_lost = !matches!(
