@@ -17,6 +17,7 @@ PACED_C=${PACED_CONCURRENCY:-512}  # the open loops' workers: enough that one sl
 DURATION=${DURATION:-20s}
 export PANGEA_ROW_CACHE_MIB=${ROW_CACHE_MIB:-512}   # as scripts/bench-serving.sh
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 D=$(mktemp -d)
 $P cluster up topology/single-replica.toml --placement topology/single-replica.placement.toml --data-dir "$D" >/dev/null
 trap '$P cluster down --data-dir "$D" >/dev/null; rm -rf "$D"' EXIT

@@ -424,7 +424,10 @@ async fn a_client_starting_with_hundreds_of_calls_opens_one_connection_per_slot(
         }
     }
     let opened = accepted(&c)? - before;
-    eprintln!("400 calls from a fresh client: {opened} connections accepted, {} failed", failed.len());
+    eprintln!(
+        "400 calls from a fresh client: {opened} connections accepted, {} failed",
+        failed.len()
+    );
     ensure!(
         failed.is_empty(),
         "{} of 400 gets failed: {:?}",

@@ -711,7 +711,7 @@ fn admit(
     }
 }
 
-fn read_row(
+async fn read_row(
     shared: &Shared,
     table: &str,
     key: &Bytes,
@@ -720,6 +720,7 @@ fn read_row(
     let d = shared.deployment();
     let row = shared
         .store_row(table, key)
+        .await
         .map_err(|e| Failure::new(Code::Unavailable, pangea_core::Chain(&e).to_string()))?;
     Ok(row.and_then(|r| {
         r.read(
@@ -733,10 +734,15 @@ fn read_row(
 
 /// A point read of the newest version of every cell, answered from the row's
 /// encoded answer, which the row cache keeps until the row changes.
-fn read_row_encoded(shared: &Shared, table: &str, key: &Bytes) -> Result<Option<Bytes>, Failure> {
+async fn read_row_encoded(
+    shared: &Shared,
+    table: &str,
+    key: &Bytes,
+) -> Result<Option<Bytes>, Failure> {
     let (d, generation) = shared.deployed.deployment_and_generation();
     let row = shared
         .store_row(table, key)
+        .await
         .map_err(|e| Failure::new(Code::Unavailable, pangea_core::Chain(&e).to_string()))?;
     Ok(row.and_then(|r| {
         r.latest_encoded(
@@ -868,8 +874,8 @@ async fn register_reader(
         .map_err(|e| Failure::new(Code::InvalidArgument, e))
 }
 
-fn scan(
-    shared: &Shared,
+async fn scan(
+    shared: &Arc<Shared>,
     caller: &Principal,
     limits: &Limits,
     s: pb::ScanPrefixRequest,
@@ -960,7 +966,8 @@ fn scan(
     'page: while visited < visit_max && rows.len() < limit {
         let want = (visit_max - visited).min(SCAN_FETCH_ROWS);
         let found = shared
-            .scan(&s.table, &range, reverse, want + 1)
+            .scan_off_thread(s.table.clone(), range.clone(), reverse, want + 1)
+            .await
             .map_err(|e| Failure::new(Code::Unavailable, pangea_core::Chain(&e).to_string()))?;
         more = found.len() > want;
         for (key, row) in found.into_iter().take(want) {
@@ -1008,7 +1015,7 @@ fn scan(
 /// file gives it is a violation, whatever `_location` says. Yields to the
 /// runtime between pages of the scan: on a single-threaded runtime (`threads = 1`) a
 /// scan that never yielded would stall serving and replication until it ended.
-async fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
+async fn audit(shared: &Arc<Shared>) -> Result<pb::AuditResponse, Failure> {
     let d = shared.deployment();
     let files = shared.deployed.files();
     let now_ms = shared.clock.now().wall_ms;
@@ -1027,7 +1034,8 @@ async fn audit(shared: &Shared) -> Result<pb::AuditResponse, Failure> {
         let mut rest = BytesRange::ALL;
         loop {
             let rows = shared
-                .scan(table, &rest, false, 10_000)
+                .scan_off_thread(table.to_string(), rest.clone(), false, 10_000)
+                .await
                 .map_err(|e| Failure::new(Code::Unavailable, pangea_core::Chain(&e).to_string()))?;
             let Some((last, _)) = rows.last() else { break };
             rest.start = Bound::Excluded(last.clone());
@@ -1536,10 +1544,10 @@ async fn execute(
             let wm = admit(shared, &scope, &c)?;
             let f = filter(g.filter)?.under(&c);
             if f.is_latest() {
-                let row = read_row_encoded(shared, &g.table, &g.row_key)?;
+                let row = read_row_encoded(shared, &g.table, &g.row_key).await?;
                 return Ok((Body::EncodedRow(row), Some(wm)));
             }
-            let row = read_row(shared, &g.table, &g.row_key, &f)?;
+            let row = read_row(shared, &g.table, &g.row_key, &f).await?;
             Ok((W::Get(pb::GetResponse { row }).into(), Some(wm)))
         }
         R::GetMany(g) => {
@@ -1587,16 +1595,18 @@ async fn execute(
                         scope = Some(s);
                     }
                 }
-                let row = read_row(shared, &g.table, key, &f)?.unwrap_or_else(|| pb::Row {
-                    key: key.clone(),
-                    families: vec![],
-                });
+                let row = read_row(shared, &g.table, key, &f)
+                    .await?
+                    .unwrap_or_else(|| pb::Row {
+                        key: key.clone(),
+                        families: vec![],
+                    });
                 bytes += row.encoded_len();
                 rows.push(row);
             }
             Ok((W::GetMany(pb::GetManyResponse { rows }).into(), wm))
         }
-        R::ScanPrefix(s) => scan(shared, caller, &limits, s),
+        R::ScanPrefix(s) => scan(shared, caller, &limits, s).await,
         R::Mutate(m) => {
             refuse_writes_if_disk_refuses(shared)?;
             let wait = (m.wait_regions, m.wait_all_regions);
@@ -1646,7 +1656,15 @@ async fn execute(
         }
         R::Changes(mut c) => {
             let reader = std::mem::take(&mut c.reader);
-            let (page, from) = changes(shared, caller, &limits, c)?;
+            // The log is read from fjall, on a blocking thread (`Shared::store_row`).
+            let (page, from) = {
+                let (shared, caller) = (shared.clone(), caller.clone());
+                tokio::task::spawn_blocking(move || changes(&shared, &caller, &limits, c))
+                    .await
+                    .map_err(|e| {
+                        Failure::new(Code::Unavailable, format!("reading changes: {e}"))
+                    })??
+            };
             if !reader.is_empty() {
                 register_reader(shared, caller, reader, from).await?;
             }

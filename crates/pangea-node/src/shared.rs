@@ -20,6 +20,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use tokio::sync::{Semaphore, mpsc};
 
+/// A read on a blocking thread that panicked (or was cancelled by the runtime
+/// shutting down): an engine failure to the caller, who may ask another replica.
+fn blocking_read_failed(e: tokio::task::JoinError) -> StorageError {
+    StorageError::Io {
+        doing: "reading on a blocking thread",
+        source: pangea_core::EngineError::new(e),
+    }
+}
+
 /// State shared by the driver, the peer tasks and the request handlers.
 pub struct Shared {
     pub id: ReplicaId,
@@ -146,12 +155,25 @@ impl Shared {
         self.published.watermarks_of(scope)
     }
 
-    pub(crate) fn store_row(
+    /// A row for a point read: from the row cache on this thread, or, on a miss,
+    /// from fjall on a blocking thread. A fjall read can wait tens of milliseconds
+    /// while a flush or compaction installs its files (fjall holds its version lock
+    /// across their syncs, and those wait for the disk behind the journal's
+    /// fsyncs); on the serving thread it would hold up every request of the
+    /// replica (the mixed load's read tail, docs/benchmarks.md), here only itself.
+    pub(crate) async fn store_row(
         &self,
         table: &str,
         key: &[u8],
     ) -> Result<Option<Arc<pangea_store::CachedRow>>, StorageError> {
-        self.with_store(|s| s.get_row_shared(table, key))
+        let (store, miss) =
+            match self.with_store(|s| Ok(s.cached_row(table, key).map_err(|m| (s.clone(), m))))? {
+                Ok(row) => return Ok(Some(row)),
+                Err(missed) => missed,
+            };
+        tokio::task::spawn_blocking(move || store.read_missed_row(miss))
+            .await
+            .unwrap_or_else(|e| Err(blocking_read_failed(e)))
     }
 
     pub(crate) fn scan(
@@ -163,6 +185,20 @@ impl Shared {
     ) -> Result<Vec<(bytes::Bytes, RowState)>, StorageError> {
         use pangea_core::Storage;
         self.with_store(|s| s.scan_range(table, range, reverse, limit))
+    }
+
+    /// [`Shared::scan`] on a blocking thread (as [`Shared::store_row`]'s misses).
+    pub(crate) async fn scan_off_thread(
+        self: &Arc<Self>,
+        table: String,
+        range: pangea_core::BytesRange,
+        reverse: bool,
+        limit: usize,
+    ) -> Result<Vec<(bytes::Bytes, RowState)>, StorageError> {
+        let shared = self.clone();
+        tokio::task::spawn_blocking(move || shared.scan(&table, &range, reverse, limit))
+            .await
+            .unwrap_or_else(|e| Err(blocking_read_failed(e)))
     }
 
     /// Runs `f` on the store, or fails while it is being reopened.

@@ -10,8 +10,9 @@
 //! concurrent writers: each commits its batch to the journal, then one of them
 //! fsyncs for everyone who committed before it started.
 //!
-//! Point reads go through a cache of decoded rows (`row_cache`), invalidated by
-//! every commit before it returns.
+//! Point reads go through a cache of decoded rows (`row_cache`), brought up to date
+//! by every commit before it returns; [`Store::cached_row`] answers from it alone,
+//! so a server can keep fjall's reads (which may block) off its serving threads.
 //!
 //! Modules: `keys` (the key layout), `group_commit`, `row_cache`.
 
@@ -234,16 +235,22 @@ impl Store {
             return Ok(());
         }
         let mut b = self.db.batch();
+        // Each row written, with its new state and stored size (for the row cache).
         let mut written = Vec::with_capacity(batch.rows.len());
         for w in batch.rows {
             let key = keys::row_key(&w.table, &w.key);
             match w.row {
                 Some(row) if !row.is_empty() => {
-                    b.insert(&self.rows, key.clone(), encode_row(&row));
+                    let stored = encode_row(&row);
+                    let len = stored.len();
+                    b.insert(&self.rows, key.clone(), stored);
+                    written.push((key, Some((row, len))));
                 }
-                _ => b.remove(&self.rows, key.clone()),
+                _ => {
+                    b.remove(&self.rows, key.clone());
+                    written.push((key, None));
+                }
             }
-            written.push(key);
         }
         for e in &batch.log {
             let key = keys::log_key(e.scope.as_str(), e.origin.as_str(), e.sequence);
@@ -285,9 +292,14 @@ impl Store {
             self.log_floors.moved(purged, &batch.log);
         }
         // Before returning, so before anyone can learn of this commit (row_cache).
+        // A cached row takes its new state at once: a hot row that is written
+        // stays a cache hit, and reads of it do not go to fjall.
         if let Some(cache) = &self.row_cache {
-            for key in &written {
-                cache.invalidate(key);
+            for (key, row) in written {
+                let row = row
+                    .filter(|_| committed.is_ok())
+                    .map(|(row, len)| (Arc::new(CachedRow::new(row)), len));
+                cache.replace(&key, row);
             }
         }
         committed
@@ -466,25 +478,55 @@ impl Store {
         table: &str,
         key: &[u8],
     ) -> Result<Option<Arc<CachedRow>>, StorageError> {
-        let k = keys::row_key(table, key);
-        let Some(cache) = &self.row_cache else {
-            return self
-                .rows
-                .get(&k)
-                .map_err(io("reading a row"))?
-                .map(|v| decode_row(&k, &v).map(|r| Arc::new(CachedRow::new(r))))
-                .transpose();
-        };
-        let miss = match cache.lookup(&k) {
-            Ok(row) => return Ok(Some(row)),
-            Err(miss) => miss,
-        };
-        let Some(v) = self.rows.get(&k).map_err(io("reading a row"))? else {
+        match self.cached_row(table, key) {
+            Ok(row) => Ok(Some(row)),
+            Err(miss) => self.read_missed_row(miss),
+        }
+    }
+
+    /// The row of `key` if the row cache has it, without touching fjall (never
+    /// blocks on it), or the ticket for [`Store::read_missed_row`]. A serving
+    /// thread answers hits itself and hands misses to a thread that may block:
+    /// fjall holds its version lock across file syncs and deletions while it
+    /// installs a flush or a compaction, and a read meanwhile waits for them.
+    pub fn cached_row(&self, table: &str, key: &[u8]) -> Result<Arc<CachedRow>, RowMiss> {
+        let key = keys::row_key(table, key);
+        match &self.row_cache {
+            None => Err(RowMiss { key, ticket: None }),
+            Some(cache) => cache.lookup(&key).map_err(|ticket| RowMiss {
+                key,
+                ticket: Some(ticket),
+            }),
+        }
+    }
+
+    /// Reads a row the cache missed from fjall (may block), and caches it unless
+    /// a write to its part of the cache came in meanwhile.
+    pub fn read_missed_row(&self, miss: RowMiss) -> Result<Option<Arc<CachedRow>>, StorageError> {
+        let RowMiss { key, ticket } = miss;
+        let Some(v) = self.rows.get(&key).map_err(io("reading a row"))? else {
             return Ok(None);
         };
-        let row = Arc::new(CachedRow::new(decode_row(&k, &v)?));
-        cache.fill(&k, miss, &row, v.len());
+        let row = Arc::new(CachedRow::new(decode_row(&key, &v)?));
+        if let (Some(cache), Some(ticket)) = (&self.row_cache, ticket) {
+            cache.fill(&key, ticket, &row, v.len());
+        }
         Ok(Some(row))
+    }
+}
+
+/// A point read the row cache could not answer ([`Store::cached_row`]).
+pub struct RowMiss {
+    key: Vec<u8>,
+    ticket: Option<row_cache::Miss>,
+}
+
+impl std::fmt::Debug for RowMiss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Row keys stay out of logs (pangea_core::redact).
+        f.debug_struct("RowMiss")
+            .field("key_bytes", &self.key.len())
+            .finish_non_exhaustive()
     }
 }
 

@@ -6,12 +6,15 @@
 //! (docs/benchmarks.md). The cache holds decoded [`RowState`]s by row key.
 //!
 //! It is never staler than the store once a commit has returned: [`Store`]'s commit
-//! invalidates the rows it wrote right after fjall applied the batch, before it
-//! returns (so before the driver publishes the new watermarks that let a read ask
-//! for them). A read that missed fills the cache only if no invalidation touched its
-//! stripe since the miss ([`RowCache::lookup`] hands out the stripe's epoch): a read
-//! that fetched the row from fjall just before a commit cannot put the old row back
-//! after that commit's invalidation.
+//! replaces the cached rows it wrote with their new states (rows not cached stay
+//! out) right after fjall applied the batch, before it returns (so before the
+//! driver publishes the new watermarks that let a read ask for them). Hot rows that
+//! are written therefore stay hits: a read of one does not go to fjall, whose reads
+//! can wait tens of milliseconds behind a flush or compaction installing its files
+//! (its version lock is held across their syncs). A read that missed fills the
+//! cache only if no commit touched its stripe since the miss ([`RowCache::lookup`]
+//! hands out the stripe's epoch): a read that fetched the row from fjall just
+//! before a commit cannot put the old row back after it.
 //!
 //! Beside each row the cache keeps, once a get asked for it, the row's answer to a
 //! point read of its newest versions already encoded ([`CachedRow::latest_encoded`]):
@@ -181,12 +184,26 @@ impl RowCache {
         s.bytes += encoded_bytes;
     }
 
-    /// Forgets `key`: called after every commit that wrote it.
-    pub(crate) fn invalidate(&self, key: &[u8]) {
+    /// Called after every commit that wrote `key`: a cached row takes `row` (its
+    /// new state and stored size; `None` for a deleted row, or one the commit
+    /// may not have written); a row not cached stays out, so writes alone (a bulk
+    /// load) do not push the rows being read out of the cache. Reads that missed
+    /// before this cannot fill the stripe afterwards.
+    pub(crate) fn replace(&self, key: &[u8], row: Option<(Arc<CachedRow>, usize)>) {
         let mut s = self.lock(self.stripe_of(key));
         s.epoch += 1;
-        if let Some((_, bytes)) = s.rows.remove(key) {
-            s.bytes -= bytes;
+        let Some((_, old)) = s.rows.remove(key) else {
+            return;
+        };
+        s.bytes -= old;
+        if let Some((row, stored_bytes)) = row {
+            let encoded_bytes = stored_bytes.saturating_mul(2);
+            if encoded_bytes <= self.stripe_bytes / 4
+                && s.bytes + encoded_bytes <= self.stripe_bytes
+            {
+                s.rows.insert(key.to_vec(), (row, encoded_bytes));
+                s.bytes += encoded_bytes;
+            }
         }
     }
 }

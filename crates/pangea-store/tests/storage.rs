@@ -404,6 +404,51 @@ fn the_row_cache_is_never_staler_than_a_returned_commit() -> Result<()> {
     Ok(())
 }
 
+/// A commit brings the rows it wrote up to date in the row cache: a cached row
+/// that is written stays a hit, answered without fjall (`cached_row`), with its
+/// new state; a row never read stays out (a bulk load does not fill the cache);
+/// a deleted row leaves it.
+#[test]
+fn written_rows_that_are_cached_stay_hits_with_their_new_state() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let opts = StoreOptions {
+        durability: pangea_store::Durability::OsBuffer,
+        ..Default::default()
+    };
+    let mut store = Store::open(dir.path(), opts)?;
+    let put = |store: &mut Store, key: &'static [u8], r: Option<RowState>| {
+        store.write(WriteBatch {
+            rows: vec![RowWrite {
+                table: "t".into(),
+                key: Bytes::from_static(key),
+                row: r,
+            }],
+            ..Default::default()
+        })
+    };
+    put(&mut store, b"hot", Some(row("one", 1)))?;
+    put(&mut store, b"cold", Some(row("one", 1)))?;
+    assert!(
+        store.cached_row("t", b"hot").is_err(),
+        "cached before any read"
+    );
+    store.get_row("t", b"hot")?;
+    let hit = |store: &Store, key: &[u8]| store.cached_row("t", key).ok().map(|r| r.value_bytes());
+    assert_eq!(hit(&store, b"hot"), Some(row("one", 1).value_bytes()));
+    put(&mut store, b"hot", Some(row("three", 2)))?;
+    put(&mut store, b"cold", Some(row("three", 2)))?;
+    assert_eq!(
+        hit(&store, b"hot"),
+        Some(row("three", 2).value_bytes()),
+        "the write's state, from the cache"
+    );
+    assert_eq!(hit(&store, b"cold"), None, "a row only written was cached");
+    put(&mut store, b"hot", None)?;
+    assert_eq!(hit(&store, b"hot"), None, "a deleted row stayed cached");
+    assert!(store.get_row("t", b"hot")?.is_none());
+    Ok(())
+}
+
 /// An engine failure keeps its cause: the error names the path, and its source
 /// chain (not a string copy) carries the operating system's reason.
 #[test]
