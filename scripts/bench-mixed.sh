@@ -12,8 +12,8 @@ KEYS=${KEYS:-10000}
 SIZES=${SIZES:-lognormal:2048,1.5,1048576}
 ZIPF=${ZIPF:-0.99}
 C=${CONCURRENCY:-32}          # the closed loop's requests in flight
-PACED_C=${PACED_CONCURRENCY:-512}  # the open loops' workers: enough that one slow
-                                   # request does not hold back the schedule
+PACED_C=${PACED_CONCURRENCY:-512}  # the open loops' schedules, and the most
+                                   # requests they keep in flight
 DURATION=${DURATION:-20s}
 export PANGEA_ROW_CACHE_MIB=${ROW_CACHE_MIB:-512}   # as scripts/bench-serving.sh
 OUT=${OUT:-$(mktemp -d)}

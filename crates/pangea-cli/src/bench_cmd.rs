@@ -69,6 +69,8 @@ pub(crate) struct LoadArgs {
     /// Zipf exponent of key popularity (e.g. 0.99); 0: every key alike.
     #[arg(long, default_value_t = 0.0)]
     zipf: f64,
+    /// Workers: requests in flight in a closed loop; with `--rate`, the schedules
+    /// the rate is spread over, and the most requests in flight.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
     #[arg(long, default_value = "10s")]
@@ -87,8 +89,9 @@ pub(crate) struct LoadArgs {
     #[arg(long, default_value_t = pangea_client::CONNECTIONS_PER_REPLICA)]
     connections: usize,
     /// Operations per second over all workers, paced (an open loop): each worker
-    /// sends its share on a schedule and latency counts from when a request was
-    /// due, so a stalled replica shows in the tail instead of slowing the load.
+    /// sends its share on a schedule, each request at its time whatever the
+    /// worker's earlier ones still wait for, and latency counts from when a request
+    /// was due, so a stalled replica shows in the tail instead of slowing the load.
     /// 0 (default): a closed loop, each worker as fast as its answers come.
     #[arg(long, default_value_t = 0.0)]
     rate: f64,

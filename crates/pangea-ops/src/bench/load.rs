@@ -188,9 +188,11 @@ pub struct Options {
     pub threads: usize,
     /// Per-call deadline.
     pub deadline: Duration,
-    /// Operations per second over all workers, paced (an open loop): latency counts
-    /// from when a request was due, so a stalled replica shows in the tail instead
-    /// of slowing the load. 0: a closed loop.
+    /// Operations per second over all workers, paced (an open loop): each request
+    /// goes out at its time, not after the worker's earlier ones (a read is not
+    /// held behind a slow write), at most `concurrency` in flight; latency counts
+    /// from when it was due, so a stalled replica shows in the tail instead of
+    /// slowing the load. 0: a closed loop.
     pub rate: f64,
 }
 
@@ -257,71 +259,65 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
         let chooser = Arc::new(KeyChooser::new(keys.len(), o.zipf));
         // Values are slices of one buffer as long as the longest.
         let values = Bytes::from(vec![b'x'; o.value_sizes.max()]);
-        let reads = Arc::new(Mutex::new(histogram()));
-        let writes = Arc::new(Mutex::new(histogram()));
-        let errors = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let ctx = Arc::new(Ctx {
+            client: client.clone(),
+            o: o.clone(),
+            reads: Mutex::new(histogram()),
+            writes: Mutex::new(histogram()),
+            errors: (AtomicU64::new(0), AtomicU64::new(0)),
+        });
         let stop = Arc::new(AtomicBool::new(false));
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         let workers = o.concurrency.max(1);
-        // Paced: worker `t` sends every `interval`, the workers staggered evenly.
+        // Paced: worker `t` sends every `interval`, the workers staggered evenly;
+        // each request goes out at its time whatever the worker's earlier ones are
+        // still waiting for (a read is not held behind a slow write), at most
+        // `concurrency` in flight in all.
         let interval = (o.rate > 0.0).then(|| Duration::from_secs_f64(workers as f64 / o.rate));
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(workers));
         for t in 0..workers {
-            let (client, keys, o, chooser) =
-                (client.clone(), keys.clone(), o.clone(), chooser.clone());
-            let (reads, writes, errors, stop) =
-                (reads.clone(), writes.clone(), errors.clone(), stop.clone());
-            let values = values.clone();
+            let (ctx, keys, chooser, values, stop, in_flight) = (
+                ctx.clone(),
+                keys.clone(),
+                chooser.clone(),
+                values.clone(),
+                stop.clone(),
+                in_flight.clone(),
+            );
             tasks.spawn(async move {
+                let o = &ctx.o;
                 let mut draws = draws(t);
-                let mut token = None;
+                let token = Arc::new(Mutex::new(None));
                 let mut due = interval.map(|iv| started + iv * t as u32 / workers as u32);
-                let wopts = WriteOptions {
-                    deadline: Some(o.deadline),
-                    ..Default::default()
-                };
+                let mut sent = tokio::task::JoinSet::new();
                 while !stop.load(Ordering::Relaxed) {
                     let key = keys[chooser.pick(keys.len(), &mut draws)].clone();
                     let write =
                         o.op == Op::Put || (o.op == Op::Mix && draws.next_u64().is_multiple_of(10));
-                    // Latency from when the request was due (paced) or sent.
-                    let t0 = match (due.as_mut(), interval) {
+                    let value = write.then(|| values.slice(..o.value_sizes.draw(&mut draws)));
+                    match (due.as_mut(), interval) {
+                        // Latency from when the request was due.
                         (Some(at), Some(iv)) => {
                             tokio::time::sleep_until((*at).into()).await;
-                            let was = *at;
+                            let t0 = *at;
                             *at += iv;
-                            was
+                            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                                break;
+                            };
+                            let (ctx, token) = (ctx.clone(), token.clone());
+                            sent.spawn(async move {
+                                ctx.send(key, value, &token, t0).await;
+                                drop(permit);
+                            });
+                            // Reap the finished ones as we go.
+                            while sent.try_join_next().is_some() {}
                         }
-                        _ => Instant::now(),
-                    };
-                    if write {
-                        let value = values.slice(..o.value_sizes.draw(&mut draws));
-                        match put(&client, &o.table, key, value, &wopts).await {
-                            Ok(tok) => {
-                                token = Some(tok);
-                                record(&writes, t0);
-                            }
-                            Err(_) => {
-                                errors.1.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    } else {
-                        let consistency = match (&o.mode, &token) {
-                            (ReadMode::Watermark, Some(t)) => Consistency::Watermark(t.clone()),
-                            (ReadMode::Watermark, None) => Consistency::Eventual,
-                            (ReadMode::Fixed(c), _) => c.clone(),
-                        };
-                        let opts = ReadOptions::default()
-                            .with_consistency(consistency)
-                            .with_deadline(o.deadline);
-                        match client.get(&o.table, key, &opts).await {
-                            Ok(_) => record(&reads, t0),
-                            Err(_) => {
-                                errors.0.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
+                        // Latency from when it was sent.
+                        _ => ctx.send(key, value, &token, Instant::now()).await,
                     }
                 }
+                while sent.join_next().await.is_some() {}
             });
         }
         tokio::time::sleep(o.duration).await;
@@ -347,12 +343,71 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
             rate: o.rate,
             threads: o.threads,
             duration_s: elapsed.as_secs_f64(),
-            reads: fig(&reads, &errors.0),
-            writes: fig(&writes, &errors.1),
+            reads: fig(&ctx.reads, &ctx.errors.0),
+            writes: fig(&ctx.writes, &ctx.errors.1),
             hedges: client.stats().hedges.load(Ordering::Relaxed),
             failovers: client.stats().failovers.load(Ordering::Relaxed),
         })
     })
+}
+
+/// What every request of a load shares: the client, the load's options, and
+/// what it measured.
+struct Ctx {
+    client: Client,
+    o: Options,
+    reads: Mutex<hdrhistogram::Histogram<u64>>,
+    writes: Mutex<hdrhistogram::Histogram<u64>>,
+    /// Failed reads, failed writes.
+    errors: (AtomicU64, AtomicU64),
+}
+
+impl Ctx {
+    /// One request: a put of `value`, or a get; its latency counted from `t0`.
+    /// `token`: the worker's last write's, for watermark reads.
+    async fn send(
+        &self,
+        key: Bytes,
+        value: Option<Bytes>,
+        token: &Mutex<Option<pangea_client::Token>>,
+        t0: Instant,
+    ) {
+        let o = &self.o;
+        match value {
+            Some(value) => {
+                let wopts = WriteOptions {
+                    deadline: Some(o.deadline),
+                    ..Default::default()
+                };
+                match put(&self.client, &o.table, key, value, &wopts).await {
+                    Ok(tok) => {
+                        *token.lock().unwrap_or_else(|p| p.into_inner()) = Some(tok);
+                        record(&self.writes, t0);
+                    }
+                    Err(_) => {
+                        self.errors.1.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            None => {
+                let last = token.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let consistency = match (&o.mode, last) {
+                    (ReadMode::Watermark, Some(t)) => Consistency::Watermark(t),
+                    (ReadMode::Watermark, None) => Consistency::Eventual,
+                    (ReadMode::Fixed(c), _) => c.clone(),
+                };
+                let opts = ReadOptions::default()
+                    .with_consistency(consistency)
+                    .with_deadline(o.deadline);
+                match self.client.get(&o.table, key, &opts).await {
+                    Ok(_) => record(&self.reads, t0),
+                    Err(_) => {
+                        self.errors.0.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn record(h: &Mutex<hdrhistogram::Histogram<u64>>, t0: Instant) {
@@ -362,8 +417,8 @@ fn record(h: &Mutex<hdrhistogram::Histogram<u64>>, t0: Instant) {
         .record(t0.elapsed().as_micros() as u64);
 }
 
-/// Writes every key once (a value of a drawn size), `o.concurrency` writers at a
-/// time.
+/// Writes every key once (a value of a drawn size), then reads each once,
+/// `o.concurrency` at a time.
 async fn preload(client: &Client, o: &Options, keys: &[Bytes]) -> Result<()> {
     let values = Bytes::from(vec![b'x'; o.value_sizes.max()]);
     let wopts = WriteOptions {
@@ -387,6 +442,27 @@ async fn preload(client: &Client, o: &Options, keys: &[Bytes]) -> Result<()> {
             for k in chunk {
                 let value = values.slice(..sizes.draw(&mut draws));
                 put(&client, &table, k, value, &wopts).await?;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = loaders.join_next().await {
+        r??;
+    }
+    // Then every key read once, as a long-running replica's reads would have: the
+    // measured window starts with the row cache as warm as it gets, not with a
+    // first read of each row going to the store.
+    let ropts = ReadOptions::default().with_deadline(Duration::from_secs(5));
+    for chunk in keys.chunks(per) {
+        let (client, chunk, table, ropts) = (
+            client.clone(),
+            chunk.to_vec(),
+            o.table.clone(),
+            ropts.clone(),
+        );
+        loaders.spawn(async move {
+            for k in chunk {
+                client.get(&table, k, &ropts).await?;
             }
             anyhow::Ok(())
         });
