@@ -88,6 +88,15 @@ pub struct NodeConfig {
     /// Storage writes and fsyncs run on their own thread either way.
     #[serde(default)]
     pub threads: usize,
+    /// Nice value of the driver's thread (writes, fsyncs, replication), 0–19
+    /// (default 5): behind the serving threads, so reads do not wait for the CPU
+    /// while writes are applied (`priority.rs`). 0 leaves it as started.
+    #[serde(default = "default_driver_nice")]
+    pub driver_nice: i32,
+    /// Nice value of the store's flush and compaction threads, 0–19 (default 10):
+    /// behind the driver and the serving threads. 0 leaves them as started.
+    #[serde(default = "default_compaction_nice")]
+    pub compaction_nice: i32,
     /// Memory for the row cache, in MiB (default 64): decoded hot rows and their
     /// encoded answers, so point reads of them skip the store and the encoding. A
     /// row counts twice its stored size; rows stored in more than 1/512 of it (128
@@ -224,6 +233,14 @@ fn default_certs_reload_ms() -> u64 {
     30_000
 }
 
+fn default_driver_nice() -> i32 {
+    5
+}
+
+fn default_compaction_nice() -> i32 {
+    10
+}
+
 fn default_row_cache_mib() -> u64 {
     64
 }
@@ -288,14 +305,25 @@ impl NodeConfig {
                 .only(&FIELDS),
         );
         f = f.merge(Serialized::defaults(overrides));
-        f.extract()
-            .map_err(|e| anyhow::anyhow!("node configuration: {e}"))
+        let config: NodeConfig = f
+            .extract()
+            .map_err(|e| anyhow::anyhow!("node configuration: {e}"))?;
+        for (field, nice) in [
+            ("driver_nice", config.driver_nice),
+            ("compaction_nice", config.compaction_nice),
+        ] {
+            anyhow::ensure!(
+                (0..=19).contains(&nice),
+                "node configuration: {field} = {nice} is not a nice value from 0 to 19"
+            );
+        }
+        Ok(config)
     }
 }
 
 /// Keys the environment may set (so unrelated `PANGEA_*` variables, such as the
 /// topology overrides, are not mistaken for node settings).
-const FIELDS: [&str; 29] = [
+const FIELDS: [&str; 31] = [
     "topology",
     "placement",
     "replica",
@@ -315,6 +343,8 @@ const FIELDS: [&str; 29] = [
     "fault_injection",
     "new_cluster",
     "threads",
+    "driver_nice",
+    "compaction_nice",
     "row_cache_mib",
     "frame_budget_connection_mib",
     "frame_budget_mib",
@@ -332,7 +362,8 @@ mod tests {
     use super::*;
     use tokio::runtime::RuntimeFlavor;
 
-    fn load(extra: &str) -> NodeConfig {
+    /// A node config file of the required keys and `extra`, loaded.
+    fn try_load(extra: &str) -> anyhow::Result<NodeConfig> {
         let dir = tempfile::tempdir().expect("temp dir");
         let file = dir.path().join("node.toml");
         std::fs::write(
@@ -342,7 +373,19 @@ mod tests {
             ),
         )
         .expect("write config");
-        NodeConfig::load(Some(&file), &serde_json::json!({})).expect("config loads")
+        NodeConfig::load(Some(&file), &serde_json::json!({}))
+    }
+
+    fn load(extra: &str) -> NodeConfig {
+        try_load(extra).expect("config loads")
+    }
+
+    /// The error of a config that must not load.
+    fn refused(extra: &str) -> String {
+        match try_load(extra) {
+            Ok(_) => panic!("{extra:?} was accepted"),
+            Err(e) => e.to_string(),
+        }
     }
 
     #[test]
@@ -368,16 +411,7 @@ mod tests {
             load("durability = \"os-buffer\"").durability,
             Durability::OsBuffer
         );
-        let dir = tempfile::tempdir().expect("temp dir");
-        let file = dir.path().join("node.toml");
-        std::fs::write(
-            &file,
-            "topology = \"t\"\nreplica = \"r\"\ndata_dir = \"d\"\ncerts = \"c\"\ndurability = \"fsyncc\"\n",
-        )
-        .expect("write config");
-        let e = NodeConfig::load(Some(&file), &serde_json::json!({}))
-            .expect_err("a misspelt durability is refused")
-            .to_string();
+        let e = refused("durability = \"fsyncc\"");
         assert!(
             e.contains("fsyncc") && e.contains("os-buffer") && e.contains("durability"),
             "{e}"
@@ -388,6 +422,19 @@ mod tests {
     fn huge_pages_are_off_unless_asked_for() {
         assert!(!load("").huge_pages);
         assert!(load("huge_pages = true").huge_pages);
+    }
+
+    #[test]
+    fn background_threads_are_niced_unless_told_otherwise() {
+        let c = load("");
+        assert_eq!((c.driver_nice, c.compaction_nice), (5, 10));
+        let c = load("driver_nice = 0\ncompaction_nice = 19");
+        assert_eq!((c.driver_nice, c.compaction_nice), (0, 19));
+        let e = refused("compaction_nice = 25");
+        assert!(
+            e.contains("compaction_nice = 25") && e.contains("0 to 19"),
+            "{e}"
+        );
     }
 
     #[test]

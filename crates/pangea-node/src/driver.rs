@@ -505,7 +505,10 @@ async fn recover(
                 let opened =
                     Store::open(&shared.config.data_dir, crate::store_options(&shared.config));
                 let store = match opened {
-                    Ok(s) => s,
+                    Ok(s) => {
+                        crate::priority::lower_store_workers(shared.config.compaction_nice);
+                        s
+                    }
                     Err(e) => {
                         // Locked while fjall's own threads let go of the old one.
                         let error = pangea_core::Chain(&e);

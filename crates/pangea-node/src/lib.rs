@@ -34,6 +34,7 @@ pub mod lag;
 pub mod metrics;
 pub mod migration;
 pub mod peers;
+mod priority;
 pub mod readiness;
 pub mod reload;
 pub mod serve;
@@ -247,6 +248,7 @@ pub async fn run_with_sockets(
         (None, None) => anyhow::bail!("replica {id} has no address in the topology; pass --listen"),
     };
     let store = Store::open(&config.data_dir, store_options(&config))?;
+    priority::lower_store_workers(config.compaction_nice);
 
     // Whether this replica trusts its store (readiness.rs): a replica created with
     // a new cluster records it on its first start, while its store is empty.
@@ -363,9 +365,11 @@ pub async fn run_with_sockets(
     // The driver gets its own thread and runtime: storage calls (fsync above all)
     // block, and must never stall the tasks that serve clients (principle 6).
     let driver_shared = shared.clone();
+    let driver_nice = shared.config.driver_nice;
     let driver = std::thread::Builder::new()
         .name(format!("pangea-driver-{id}"))
         .spawn(move || {
+            priority::lower_this_thread(driver_nice, "driver");
             match tokio::runtime::Builder::new_current_thread()
                 .enable_time()
                 .build()
