@@ -83,8 +83,10 @@ pub fn encode_frame_nesting<M: Message>(head: &M, nest: &[u32], tail: Bytes) -> 
 }
 
 /// Writes the two pieces of [`encode_frame_nesting`] as one frame.
-pub async fn write_frame_pieces(send: &mut quinn::SendStream, pieces: [Bytes; 2]) -> Result<()> {
-    let mut pieces = pieces;
+pub async fn write_frame_pieces(
+    send: &mut quinn::SendStream,
+    mut pieces: [Bytes; 2],
+) -> Result<()> {
     send.write_all_chunks(&mut pieces).await?;
     Ok(())
 }
