@@ -297,10 +297,15 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
                         o.op == Op::Put || (o.op == Op::Mix && draws.next_u64().is_multiple_of(10));
                     let value = write.then(|| values.slice(..o.value_sizes.draw(&mut draws)));
                     match (due.as_mut(), interval) {
-                        // Latency from when the request was due.
+                        // Latency from when the request was due, or from when it
+                        // went out if that was earlier: tokio's timers fire on the
+                        // first 1 ms tick at or after their deadline, so aiming half
+                        // a tick early sends within ±0.5 ms of the due time instead
+                        // of 0–1 ms late, and an early request still counts its
+                        // whole wait.
                         (Some(at), Some(iv)) => {
-                            tokio::time::sleep_until((*at).into()).await;
-                            let t0 = *at;
+                            tokio::time::sleep_until((*at - TIMER_TICK / 2).into()).await;
+                            let t0 = (*at).min(Instant::now());
                             *at += iv;
                             let Ok(permit) = in_flight.clone().acquire_owned().await else {
                                 break;
@@ -350,6 +355,9 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
         })
     })
 }
+
+/// The resolution of tokio's timers.
+const TIMER_TICK: Duration = Duration::from_millis(1);
 
 /// What every request of a load shares: the client, the load's options, and
 /// what it measured.
