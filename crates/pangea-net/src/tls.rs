@@ -167,17 +167,68 @@ pub fn client_crypto_bundle(
     Ok(config)
 }
 
+/// Bandwidth assumed for a link whose topology entry states none (`bandwidth_mbps`
+/// of a `[[links]]` entry): 1 Gbit/s.
+pub const LINK_BANDWIDTH_DEFAULT_MBPS: f64 = 1_000.0;
+
+/// The largest stream window a link gets whatever its bandwidth-delay product.
+pub const STREAM_RECEIVE_WINDOW_MAX_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The largest connection window a link gets: the most one peer connection may
+/// hold unread, so it bounds memory per peer.
+pub const CONNECTION_RECEIVE_WINDOW_MAX_BYTES: u64 = 128 * 1024 * 1024;
+
+/// Flow-control windows of a connection: what the peer may send ahead of our
+/// reading, on one stream and on them all (and what we keep buffered to send).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Windows {
+    pub stream_bytes: u64,
+    pub connection_bytes: u64,
+}
+
+impl Windows {
+    /// Every connection's unless its link asks for more: clients are in their
+    /// replica's region, where these are far above the bandwidth-delay product.
+    pub const DEFAULT: Windows = Windows {
+        stream_bytes: STREAM_RECEIVE_WINDOW_BYTES as u64,
+        connection_bytes: CONNECTION_RECEIVE_WINDOW_BYTES as u64,
+    };
+
+    /// A replication link of `rtt_ms` round trip carrying `bandwidth_mbps`: one
+    /// stream may keep the link full for a round trip (its bandwidth-delay
+    /// product), the connection twice that (the replication stream and the
+    /// snapshot stream at once). Never below [`Windows::DEFAULT`], never above the
+    /// caps. A 2 MiB stream window lets one stream carry 56 Mbit/s across a 300 ms
+    /// round trip; the product of 1 Gbit/s and 300 ms is 37.5 MB.
+    pub fn for_link(rtt_ms: f64, bandwidth_mbps: f64) -> Windows {
+        let bdp = (bandwidth_mbps.max(0.0) * 1e6 / 8.0 * rtt_ms.max(0.0) / 1e3) as u64;
+        Windows {
+            stream_bytes: bdp.clamp(Self::DEFAULT.stream_bytes, STREAM_RECEIVE_WINDOW_MAX_BYTES),
+            connection_bytes: bdp.saturating_mul(2).clamp(
+                Self::DEFAULT.connection_bytes,
+                CONNECTION_RECEIVE_WINDOW_MAX_BYTES,
+            ),
+        }
+    }
+}
+
 /// QUIC transport parameters shared by both sides (see the constants above).
 pub fn transport_config() -> TransportConfig {
+    transport_config_with(Windows::DEFAULT)
+}
+
+/// [`transport_config`] with the flow-control windows of a link.
+pub fn transport_config_with(windows: Windows) -> TransportConfig {
+    let clamp32 = |b: u64| VarInt::from_u32(u32::try_from(b).unwrap_or(u32::MAX));
     let mut transport = TransportConfig::default();
     transport
         .keep_alive_interval(Some(KEEP_ALIVE_INTERVAL))
         .max_idle_timeout(Some(IdleTimeout::from(VarInt::from_u32(IDLE_TIMEOUT_MS))))
         .max_concurrent_bidi_streams(VarInt::from_u32(BIDI_STREAMS_MAX))
         .max_concurrent_uni_streams(VarInt::from_u32(UNI_STREAMS_MAX))
-        .stream_receive_window(VarInt::from_u32(STREAM_RECEIVE_WINDOW_BYTES))
-        .receive_window(VarInt::from_u32(CONNECTION_RECEIVE_WINDOW_BYTES))
-        .send_window(SEND_WINDOW_BYTES);
+        .stream_receive_window(clamp32(windows.stream_bytes))
+        .receive_window(clamp32(windows.connection_bytes))
+        .send_window(windows.connection_bytes.max(SEND_WINDOW_BYTES));
     let mut mtu_discovery = quinn::MtuDiscoveryConfig::default();
     mtu_discovery.upper_bound(MTU_UPPER_BOUND);
     transport.mtu_discovery_config(Some(mtu_discovery));
@@ -228,6 +279,29 @@ mod tests {
     use super::*;
     use crate::certs;
     use crate::error::Error;
+
+    /// A link's windows are its bandwidth-delay product, between the defaults and
+    /// the caps.
+    #[test]
+    fn link_windows_follow_the_bandwidth_delay_product() {
+        // Inside a region: far below the defaults.
+        assert_eq!(Windows::for_link(1.0, 10_000.0), Windows::DEFAULT);
+        // Across the Pacific at 1 Gbit/s: 37.5 MB a round trip.
+        let w = Windows::for_link(300.0, LINK_BANDWIDTH_DEFAULT_MBPS);
+        assert_eq!(w.stream_bytes, 37_500_000);
+        assert_eq!(w.connection_bytes, 75_000_000);
+        // A 10 Gbit/s link at 300 ms: capped.
+        let w = Windows::for_link(300.0, 10_000.0);
+        assert_eq!(
+            (w.stream_bytes, w.connection_bytes),
+            (
+                STREAM_RECEIVE_WINDOW_MAX_BYTES,
+                CONNECTION_RECEIVE_WINDOW_MAX_BYTES
+            )
+        );
+        // Nonsense in, defaults out.
+        assert_eq!(Windows::for_link(f64::NAN, -5.0), Windows::DEFAULT);
+    }
 
     #[test]
     fn configs_build_from_issued_certificates() -> Result<()> {

@@ -545,10 +545,29 @@ async fn handle_incoming(
     handshake: pangea_net::admission::HandshakeGuard,
 ) {
     let remote = incoming.remote_address();
-    let handshaking = tokio::time::timeout(
-        pangea_net::admission::HANDSHAKE_TIME_MAX,
-        std::future::IntoFuture::into_future(incoming),
-    );
+    // A peer replica's connection gets the windows of its link (the
+    // bandwidth-delay product, `peers::link_windows`); clients get the defaults.
+    // Who it is is checked after the handshake, as for every connection.
+    let d = shared.deployment();
+    let windows = peers::replica_at(&d, remote)
+        .map(|peer| peers::link_windows(&d, &shared.id, &peer))
+        .filter(|w| *w != pangea_net::tls::Windows::DEFAULT);
+    let config = windows.and_then(|w| match shared.tls.server_config() {
+        Ok(mut c) => {
+            c.transport_config(Arc::new(pangea_net::tls::transport_config_with(w)));
+            Some(Arc::new(c))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, %remote, "cannot size a peer link's windows; using the defaults");
+            None
+        }
+    });
+    let handshaking = tokio::time::timeout(pangea_net::admission::HANDSHAKE_TIME_MAX, async {
+        match config {
+            Some(c) => incoming.accept_with(c)?.await,
+            None => incoming.await,
+        }
+    });
     let connection = match handshaking.await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {

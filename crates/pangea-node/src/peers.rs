@@ -13,7 +13,7 @@ use crate::driver::Input;
 use pangea_core::frame::{Frame, FrameClass};
 use pangea_core::link::{LinkDecoder, LinkEncoder};
 use pangea_core::replica::Transmit;
-use pangea_net::{Backoff, FRAME_BYTES_MAX, PeerIdentity, read_frame, write_frame};
+use pangea_net::{Backoff, FRAME_BYTES_MAX, PeerIdentity, read_frame, tls, write_frame};
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
 use pangea_topology::ReplicaId;
@@ -61,14 +61,61 @@ fn hello(shared: &Shared) -> pb::ReplicationFrame {
     }
 }
 
+/// The flow-control windows of the link between replicas `me` and `peer`: the
+/// bandwidth-delay product of their round trip in the topology and of the
+/// bandwidth of the link between their regions (`bandwidth_mbps`, else
+/// [`tls::LINK_BANDWIDTH_DEFAULT_MBPS`]). Inside a region, and for replicas the
+/// topology does not know, the defaults.
+pub(crate) fn link_windows(
+    d: &pangea_topology::Deployment,
+    me: &ReplicaId,
+    peer: &ReplicaId,
+) -> tls::Windows {
+    let t = &d.topology;
+    let Some(rtt_ms) = t.rtt_ms(me, peer) else {
+        return tls::Windows::DEFAULT;
+    };
+    let bandwidth_mbps = t
+        .region_of(me.as_str())
+        .zip(t.region_of(peer.as_str()))
+        .and_then(|(a, b)| t.link(a, b))
+        .and_then(|l| l.bandwidth_mbps)
+        .unwrap_or(tls::LINK_BANDWIDTH_DEFAULT_MBPS);
+    tls::Windows::for_link(rtt_ms, bandwidth_mbps)
+}
+
+/// The replica whose address (in the topology) `remote` is, if any.
+pub(crate) fn replica_at(d: &pangea_topology::Deployment, remote: SocketAddr) -> Option<ReplicaId> {
+    d.topology
+        .replicas
+        .values()
+        .find(|r| {
+            r.address
+                .as_deref()
+                .and_then(|a| a.parse::<SocketAddr>().ok())
+                == Some(remote)
+        })
+        .map(|r| r.id.clone())
+}
+
 async fn connect(
     shared: &Shared,
     endpoint: &quinn::Endpoint,
     peer: &ReplicaId,
     addr: SocketAddr,
 ) -> anyhow::Result<Link> {
-    let name = pangea_net::tls::server_name(peer.as_str());
-    let connection = endpoint.connect(addr, name)?.await?;
+    let name = tls::server_name(peer.as_str());
+    // Windows sized for this link; the peer sizes its own for what it receives
+    // (`handle_incoming`).
+    let windows = link_windows(&shared.deployment(), &shared.id, peer);
+    let connecting = if windows == tls::Windows::DEFAULT {
+        endpoint.connect(addr, name)?
+    } else {
+        let mut config = shared.tls.client_config()?;
+        config.transport_config(Arc::new(tls::transport_config_with(windows)));
+        endpoint.connect_with(config, addr, name)?
+    };
+    let connection = connecting.await?;
     match pangea_net::peer_identity(&connection)? {
         PeerIdentity::Replica { id, .. } if id == peer.as_str() => {}
         other => anyhow::bail!("{addr} presented {other}, expected replica {peer}"),
@@ -366,5 +413,52 @@ async fn read_stream(
         if shared.driver.send(input).await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+
+    fn deployment() -> pangea_topology::Deployment {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../topology/local-3-regions.toml");
+        let text = std::fs::read_to_string(&path)
+            .expect("topology")
+            .replacen(
+                "id = \"euw1-a\"",
+                "id = \"euw1-a\"\n    address = \"127.0.0.1:7101\"",
+                1,
+            )
+            .replacen("rtt_ms = 149.3", "rtt_ms = 149.3\nbandwidth_mbps = 100", 1);
+        pangea_topology::Deployment::parse(&path, &text, None).expect("deployment")
+    }
+
+    /// Each link's windows come from its round trip and bandwidth in the topology;
+    /// inside a region they are the defaults.
+    #[test]
+    fn peer_links_get_the_windows_of_their_bandwidth_delay_product() {
+        let d = deployment();
+        let w = |a: &str, b: &str| link_windows(&d, &ReplicaId::from(a), &ReplicaId::from(b));
+        assert_eq!(w("use1-a", "use1-b"), tls::Windows::DEFAULT);
+        // Dublin – Tokyo, 201 ms at the default 1 Gbit/s: 25.1 MB a round trip.
+        assert_eq!(
+            w("euw1-a", "apne1-b"),
+            tls::Windows::for_link(201.0, 1_000.0)
+        );
+        assert_eq!(w("euw1-a", "apne1-b").stream_bytes, 25_125_000);
+        assert_eq!(w("apne1-b", "euw1-a"), w("euw1-a", "apne1-b"));
+        // Virginia – Tokyo is declared at 100 Mbit/s: 1.9 MB, the defaults.
+        assert_eq!(w("use1-a", "apne1-a"), tls::Windows::DEFAULT);
+        assert_eq!(w("use1-a", "nobody"), tls::Windows::DEFAULT);
+    }
+
+    /// An accepted connection is a peer's when it comes from a replica's address.
+    #[test]
+    fn a_peer_is_known_by_its_address() {
+        let d = deployment();
+        let at = |a: &str| replica_at(&d, a.parse().expect("address"));
+        assert_eq!(at("127.0.0.1:7101"), Some(ReplicaId::from("euw1-a")));
+        assert_eq!(at("127.0.0.1:7102"), None);
     }
 }
