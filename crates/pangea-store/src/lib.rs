@@ -242,9 +242,18 @@ impl Store {
             match w.row {
                 Some(row) if !row.is_empty() => {
                     let stored = encode_row(&row);
-                    let len = stored.len();
+                    // A cached row takes its new state decoded from what is stored,
+                    // not `row` itself: its values may be slices of the frame (or
+                    // the packet buffer) they arrived in, which the cache must not
+                    // keep alive beyond the bytes it counts.
+                    let fresh = self
+                        .row_cache
+                        .as_ref()
+                        .filter(|c| c.contains(&key))
+                        .and_then(|_| decode_row(&key, &stored).ok())
+                        .map(|r| (Arc::new(CachedRow::new(r)), stored.len()));
                     b.insert(&self.rows, key.clone(), stored);
-                    written.push((key, Some((row, len))));
+                    written.push((key, fresh));
                 }
                 _ => {
                     b.remove(&self.rows, key.clone());
@@ -295,11 +304,8 @@ impl Store {
         // A cached row takes its new state at once: a hot row that is written
         // stays a cache hit, and reads of it do not go to fjall.
         if let Some(cache) = &self.row_cache {
-            for (key, row) in written {
-                let row = row
-                    .filter(|_| committed.is_ok())
-                    .map(|(row, len)| (Arc::new(CachedRow::new(row)), len));
-                cache.replace(&key, row);
+            for (key, fresh) in written {
+                cache.replace(&key, fresh.filter(|_| committed.is_ok()));
             }
         }
         committed

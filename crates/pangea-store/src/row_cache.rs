@@ -163,6 +163,12 @@ impl RowCache {
         }
     }
 
+    /// Whether `key` is cached now (a commit then decodes its new state for
+    /// [`RowCache::replace`]; one cached meanwhile is dropped there instead).
+    pub(crate) fn contains(&self, key: &[u8]) -> bool {
+        self.lock(self.stripe_of(key)).rows.contains_key(key)
+    }
+
     /// Caches `row` (`stored_bytes` long on disk) unless its stripe was invalidated
     /// since `miss` was handed out.
     pub(crate) fn fill(&self, key: &[u8], miss: Miss, row: &Arc<CachedRow>, stored_bytes: usize) {
