@@ -7,11 +7,15 @@
 # ended euw1-a had every row (the last row readable there). Raw JSON in $OUT, with
 # euw1-a's own request-duration buckets for gets after each phase (handled-*.txt).
 # OP=put measures writes at euw1-a instead: each waits for euw1-a's driver, which
-# is applying the load's replicated rows meanwhile.
+# is applying the load's replicated rows meanwhile. ROW_BYTES sizes the load's rows;
+# TOPO names another two-region topology (its links' rtt_ms and bandwidth_mbps set
+# the emulated delay and the replication link's flow-control windows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${P:-target/release/pangea}   # cargo build --release -p pangea-cli
 ROWS=${ROWS:-200000}
+ROW_BYTES=${ROW_BYTES:-1024}
+TOPO=${TOPO:-topology/two-regions.toml}
 RATE=${RATE:-1000}              # requests per second at euw1-a
 OP=${OP:-get}                   # what the frontend at euw1-a sends: get, or put (writes
                                 # that euw1-a makes durable among the replicated ones)
@@ -21,7 +25,7 @@ OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 D=$(mktemp -d)
 trap '$P cluster down --data-dir "$D" >/dev/null; rm -rf "$D"' EXIT
-$P cluster up topology/two-regions.toml --placement topology/single-replica.placement.toml \
+$P cluster up "$TOPO" --placement topology/single-replica.placement.toml \
   --data-dir "$D" --emulate-wan >/dev/null
 C="$D/cluster.toml"
 # PIN=1: euw1-a and the reader on CPU 0 (READER_CPU=1 moves the reader), use1-a
@@ -36,7 +40,7 @@ if [ "${PIN:-0}" = 1 ]; then
   LOADER=(taskset -c 1)
   READER=(taskset -c "${READER_CPU:-0}")
 fi
-awk -v n="$ROWS" 'BEGIN { v = sprintf("%1024s", ""); gsub(/ /, "x", v);
+awk -v n="$ROWS" -v b="$ROW_BYTES" 'BEGIN { v = "x"; while (length(v) < b) v = v v; v = substr(v, 1, b);
   for (i = 0; i < n; i++) printf("{\"key\":\"load/%08d\",\"cells\":{\"profile:p\":\"%s\"}}\n", i, v) }' \
   > "$D/rows.ndjson"
 last=$(printf 'load/%08d' $((ROWS - 1)))
@@ -68,9 +72,10 @@ handled "$OUT/handled-during.txt"
 wait $load
 loaded=$(cat "$OUT/load-end")
 caught=$(cat "$OUT/caught")
-python3 - "$OUT" "$start" "$loaded" "$caught" "$ROWS" "$during_end" "$OP" <<'PY'
+python3 - "$OUT" "$start" "$loaded" "$caught" "$ROWS" "$during_end" "$OP" "$ROW_BYTES" <<'PY'
 import json, sys
 out, start, loaded, caught, rows, during_end = sys.argv[1], *map(float, sys.argv[2:5]), int(sys.argv[5]), float(sys.argv[6])
+row_bytes = int(sys.argv[8])
 what = "writes" if sys.argv[7] == "put" else "reads"
 if during_end > loaded:
     print(f"warning: the load ended {during_end - loaded:.1f} s before the reading did: 'during' mixes in idle time (lower DURING_SECS)")
@@ -81,6 +86,7 @@ for name in ["idle", "during"]:
     except Exception as e:
         print(f"{name:>6}: no report ({e})")
 print(f"load: {rows} rows in {loaded - start:.1f} s ({rows / (loaded - start):.0f} rows/s); "
-      f"euw1-a had the last row {caught - loaded:.2f} s after the load ended")
+      f"euw1-a had the last row {caught - loaded:.2f} s after the load ended "
+      f"(replicated {rows * row_bytes / (caught - start) / 1e6:.1f} MB/s of values)")
 PY
 echo "raw: $OUT"

@@ -361,7 +361,7 @@ pub fn read<S: Storage + ?Sized>(
             let want = READ_CHUNK
                 .min(q.scan_max - scanned)
                 .min((s.durable - next + 1) as usize);
-            let entries = storage.read_log(&s.scope, &s.origin, next, want)?;
+            let entries = storage.read_log(&s.scope, &s.origin, next, want, usize::MAX)?;
             if entries.is_empty() {
                 break; // not expected: the bounds said the log holds them
             }

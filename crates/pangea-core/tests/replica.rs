@@ -128,6 +128,74 @@ fn a_lost_frame_is_repaired_from_a_neighbour() {
     assert!(wm.covers(&t1) && wm.covers(&t2));
 }
 
+/// A gap of large entries is answered in frames a peer can read (at most
+/// `gap_fill_bytes_max`, far below the 17 MiB a peer reads), each answer leading
+/// to the next request, until the requester has them all. Answered in one frame,
+/// 40 entries of 1 MiB were a 40 MiB frame, which the peer refused, and the gap
+/// was asked for again and again.
+#[test]
+fn a_gap_of_large_entries_is_filled_in_frames_a_peer_can_read() {
+    let d = deployment();
+    let mut a = replica(&d, "euw1-a");
+    let mut b = replica(&d, "euw1-b");
+    let b_id: ReplicaId = "euw1-b".into();
+    let value = "x".repeat(1 << 20);
+    let mut tokens = Vec::new();
+    let mut for_b = Vec::new();
+    for i in 0..40 {
+        tokens.push(a.propose(at(1), set(&format!("us/{i}"), &value)).unwrap());
+        a.flush(at(1)).unwrap();
+        // Everything a sends is sent; what was meant for b is lost.
+        while let Some(t) = a.poll_transmit() {
+            a.handle_sent(&t.to, t.bytes);
+            if let (true, Frame::Mutations(es)) = (t.to == b_id, t.frame) {
+                for_b.extend(es);
+            }
+        }
+    }
+    assert_eq!(for_b.len(), 40);
+    // b hears only the last entry, and so misses the 39 before it.
+    let last = for_b.pop().expect("entries for b");
+    b.handle_frame(at(2), &"euw1-a".into(), Frame::Mutations(vec![last]))
+        .unwrap();
+    let budget = Config::default().gap_fill_bytes_max;
+    let mut fills = 0;
+    let covered = |b: &Replica<MemStorage>| {
+        let wm = b.watermarks(&ScopeId::global()).unwrap();
+        tokens.iter().all(|t| wm.covers(t))
+    };
+    for ms in (10..5_000).step_by(20) {
+        a.handle_timeout(at(ms)).unwrap();
+        b.handle_timeout(at(ms)).unwrap();
+        let asked: Vec<_> = std::iter::from_fn(|| b.poll_transmit()).collect();
+        for t in asked.into_iter().filter(|t| t.to.as_str() == "euw1-a") {
+            a.handle_frame(at(ms), &b_id, t.frame).unwrap();
+        }
+        while let Some(t) = a.poll_transmit() {
+            a.handle_sent(&t.to, t.bytes);
+            if t.to != b_id {
+                continue;
+            }
+            if matches!(t.frame, Frame::GapFill(_)) {
+                let bytes = t.frame.to_proto().encoded_len();
+                // Within the budget, and below what a peer reads (17 MiB).
+                assert!(
+                    bytes <= budget + 4096 && bytes < 17 << 20,
+                    "a gap fill of {bytes} bytes"
+                );
+                fills += 1;
+            }
+            b.handle_frame(at(ms), &"euw1-a".into(), t.frame).unwrap();
+        }
+        b.flush(at(ms)).unwrap();
+        if covered(&b) {
+            break;
+        }
+    }
+    assert!(covered(&b), "b caught up after {fills} fills");
+    assert!(fills >= 39 / (budget >> 20), "{fills} fills");
+}
+
 fn rejections(r: &mut Replica<MemStorage>) -> Vec<Reject> {
     events(r)
         .into_iter()
@@ -1021,8 +1089,10 @@ impl Storage for FlakySync {
         origin: &ReplicaId,
         from: u64,
         max_entries: usize,
+        max_bytes: usize,
     ) -> Result<Vec<LogEntry>, pangea_core::StorageError> {
-        self.inner.read_log(scope, origin, from, max_entries)
+        self.inner
+            .read_log(scope, origin, from, max_entries, max_bytes)
     }
 
     fn log_bounds(

@@ -393,8 +393,9 @@ async fn read_stream(
                 }
             }
             Ok(None) => return,
-            Err(pangea_net::Error::FrameTooLarge { .. }) => {
+            Err(e @ pangea_net::Error::FrameTooLarge { .. }) => {
                 // The length prefix is all we read: the stream cannot be resynchronized.
+                tracing::warn!(%peer, error = %e, "closing a replication stream");
                 let _ = shared
                     .driver
                     .send(Input::Malformed {

@@ -625,20 +625,25 @@ impl Storage for Store {
         origin: &ReplicaId,
         from: u64,
         max_entries: usize,
+        max_bytes: usize,
     ) -> Result<Vec<LogEntry>, StorageError> {
         // Nothing lies below the floor but purged entries' tombstones.
         let from = from.max(self.log_floors.get(scope, origin));
         let start = keys::log_key(scope.as_str(), origin.as_str(), from);
         let end = keys::log_key(scope.as_str(), origin.as_str(), u64::MAX);
         let mut out = Vec::new();
+        let mut bytes = 0usize;
         for kv in self.log.range(start..=end).take(max_entries) {
             let (k, v) = kv.into_inner().map_err(io("reading the log"))?;
             let frame = pb::MutationFrame::decode(body("log entry", &k, &v)?)
                 .map_err(|e| corrupt("log entry", &k, e))?;
-            out.push(
-                LogEntry::from_frame(frame, &Limits::STORED)
-                    .map_err(|e| corrupt("log entry", &k, e))?,
-            );
+            let entry = LogEntry::from_frame(frame, &Limits::STORED)
+                .map_err(|e| corrupt("log entry", &k, e))?;
+            bytes = bytes.saturating_add(entry.wire_bytes());
+            if !out.is_empty() && bytes > max_bytes {
+                break;
+            }
+            out.push(entry);
         }
         Ok(out)
     }

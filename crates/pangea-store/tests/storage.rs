@@ -97,11 +97,22 @@ fn contract(s: &mut dyn Storage) -> Result<()> {
 
     assert_eq!(s.log_bounds(&ScopeId::global(), &"o".into())?, Some((1, 5)));
     assert_eq!(s.log_bounds(&ScopeId::global(), &"p".into())?, None);
-    let log = s.read_log(&ScopeId::global(), &"o".into(), 3, 10)?;
+    let log = s.read_log(&ScopeId::global(), &"o".into(), 3, 10, usize::MAX)?;
     assert_eq!(log, vec![entry(3), entry(4), entry(5)]);
     assert_eq!(
-        s.read_log(&ScopeId::global(), &"o".into(), 2, 1)?,
+        s.read_log(&ScopeId::global(), &"o".into(), 2, 1, usize::MAX)?,
         vec![entry(2)]
+    );
+    // A byte budget stops the read after the entries that fit; the first entry
+    // comes whatever its size.
+    let two = entry(3).wire_bytes() + entry(4).wire_bytes();
+    assert_eq!(
+        s.read_log(&ScopeId::global(), &"o".into(), 3, 10, two)?,
+        vec![entry(3), entry(4)]
+    );
+    assert_eq!(
+        s.read_log(&ScopeId::global(), &"o".into(), 3, 10, 1)?,
+        vec![entry(3)]
     );
     assert_eq!(
         s.watermarks()?,
@@ -138,14 +149,17 @@ fn contract(s: &mut dyn Storage) -> Result<()> {
     };
     s.write(purge(100))?;
     assert_eq!(s.log_bounds(&ScopeId::global(), &"o".into())?, None);
-    assert_eq!(s.read_log(&ScopeId::global(), &"o".into(), 0, 10)?, vec![]);
+    assert_eq!(
+        s.read_log(&ScopeId::global(), &"o".into(), 0, 10, usize::MAX)?,
+        vec![]
+    );
     s.write(WriteBatch {
         log: vec![entry(2), entry(3)],
         ..WriteBatch::default()
     })?;
     assert_eq!(s.log_bounds(&ScopeId::global(), &"o".into())?, Some((2, 3)));
     assert_eq!(
-        s.read_log(&ScopeId::global(), &"o".into(), 1, 10)?,
+        s.read_log(&ScopeId::global(), &"o".into(), 1, 10, usize::MAX)?,
         vec![entry(2), entry(3)]
     );
     s.write(purge(3))?;

@@ -179,7 +179,7 @@ fn entries_older_than<S: Storage>(
     max: u64,
     before: Timestamp,
 ) -> Result<u64, Error> {
-    let head = storage.read_log(scope, origin, first, 1)?;
+    let head = storage.read_log(scope, origin, first, 1, usize::MAX)?;
     let head_old = head.first().is_some_and(|e| e.timestamp < before);
     if !head_old || max == 0 {
         return Ok(0);
@@ -187,6 +187,6 @@ fn entries_older_than<S: Storage>(
     if max == 1 {
         return Ok(1);
     }
-    let entries = storage.read_log(scope, origin, first, max as usize)?;
+    let entries = storage.read_log(scope, origin, first, max as usize, usize::MAX)?;
     Ok(entries.iter().take_while(|e| e.timestamp < before).count() as u64)
 }

@@ -94,6 +94,13 @@ pub struct Config {
     pub gap_grace_ms: u64,
     /// Most entries asked for, or sent, in one gap request (default 512).
     pub gap_entries_max: usize,
+    /// Most bytes of entries sent in one answer to a gap request (default 8 MiB;
+    /// a single larger entry still goes whole). The requester asks again for the
+    /// rest. Without it, 512 entries of 100 KiB made a 51 MB frame, past what a
+    /// peer reads (`pangea_net::FRAME_BYTES_MAX`, 17 MiB): the peer dropped the
+    /// stream, the link reconnected, the same gap was asked again, and the stream
+    /// never caught up.
+    pub gap_fill_bytes_max: usize,
     /// Log entries kept per stream even when someone still needs them; a replica
     /// further behind gets a snapshot (default 1,000,000).
     pub log_entries_retained_max: u64,
@@ -129,6 +136,7 @@ impl Default for Config {
             gap_retry_ms: 200,
             gap_grace_ms: 100,
             gap_entries_max: 512,
+            gap_fill_bytes_max: 8 << 20,
             log_entries_retained_max: 1_000_000,
             snapshot_chunk_bytes_max: 1 << 20,
             inflight_bytes_max: 8 << 20,

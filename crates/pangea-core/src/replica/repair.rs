@@ -129,7 +129,13 @@ impl<S: Storage> Replica<S> {
         let to = g.to.min(upto);
         let entries = if to >= g.from {
             let n = ((to - g.from + 1) as usize).min(self.config.gap_entries_max);
-            self.storage.read_log(&g.scope, &g.origin, g.from, n)?
+            self.storage.read_log(
+                &g.scope,
+                &g.origin,
+                g.from,
+                n,
+                self.config.gap_fill_bytes_max,
+            )?
         } else {
             Vec::new()
         };

@@ -810,10 +810,22 @@ impl Storage for MemStorage {
         origin: &ReplicaId,
         from: u64,
         max_entries: usize,
+        max_bytes: usize,
     ) -> Result<Vec<LogEntry>, StorageError> {
+        let mut bytes = 0usize;
         Ok(self
             .stream_log(scope, origin)
-            .map(|log| log.from(from).take(max_entries).cloned().collect())
+            .map(|log| {
+                log.from(from)
+                    .take(max_entries)
+                    .take_while(|e| {
+                        let first = bytes == 0;
+                        bytes = bytes.saturating_add(e.wire_bytes());
+                        first || bytes <= max_bytes
+                    })
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default())
     }
 
@@ -956,7 +968,7 @@ mod tests {
             "{:?} {:?} {:?} {:?} {:?} {:?} {:?}",
             s.rows().collect::<Vec<_>>(),
             s.tables().unwrap(),
-            s.read_log(&g, &a, 0, usize::MAX).unwrap(),
+            s.read_log(&g, &a, 0, usize::MAX, usize::MAX).unwrap(),
             s.log_bounds(&g, &a).unwrap(),
             s.watermarks().unwrap(),
             s.meta("m").unwrap(),

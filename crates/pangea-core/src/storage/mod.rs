@@ -310,13 +310,16 @@ pub trait Storage {
     /// Makes every earlier write durable (fsync).
     fn sync(&mut self) -> Result<(), StorageError>;
 
-    /// Up to `max_entries` log entries of (scope, origin) from sequence `from` on.
+    /// Up to `max_entries` log entries of (scope, origin) from sequence `from` on,
+    /// and no more than `max_bytes` of them by [`LogEntry::wire_bytes`] — except
+    /// the first, which comes whatever its size, so a reader always progresses.
     fn read_log(
         &self,
         scope: &ScopeId,
         origin: &ReplicaId,
         from: u64,
         max_entries: usize,
+        max_bytes: usize,
     ) -> Result<Vec<LogEntry>, StorageError>;
 
     /// First and last retained sequence of (scope, origin), if any.
