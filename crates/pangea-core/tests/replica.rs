@@ -128,6 +128,56 @@ fn a_lost_frame_is_repaired_from_a_neighbour() {
     assert!(wm.covers(&t1) && wm.covers(&t2));
 }
 
+/// A gap request that goes unanswered is asked again after a wait that doubles
+/// each time (up to 8x): a slow answer (megabytes over a thin link) is not
+/// buried under copies of itself. Here the only peer that stays alive (its
+/// heartbeats arrive) never answers: at a fixed 200 ms, b would ask 50 times in
+/// 10 s.
+#[test]
+fn unanswered_gap_requests_back_off() {
+    let d = deployment();
+    let mut a = replica(&d, "euw1-a");
+    let mut b = replica(&d, "euw1-b");
+    let b_id: ReplicaId = "euw1-b".into();
+    for i in 0..3 {
+        a.propose(at(1), set(&format!("us/{i}"), "v")).unwrap();
+        a.flush(at(1)).unwrap();
+    }
+    let mut for_b: Vec<LogEntry> = Vec::new();
+    while let Some(t) = a.poll_transmit() {
+        a.handle_sent(&t.to, t.bytes);
+        if let (true, Frame::Mutations(es)) = (t.to == b_id, t.frame) {
+            for_b.extend(es);
+        }
+    }
+    let last = for_b.pop().expect("entries for b");
+    b.handle_frame(at(2), &"euw1-a".into(), Frame::Mutations(vec![last]))
+        .unwrap();
+    let mut asked_at = Vec::new();
+    for ms in (10..10_000).step_by(10) {
+        a.handle_timeout(at(ms)).unwrap();
+        b.handle_timeout(at(ms)).unwrap();
+        while let Some(t) = b.poll_transmit() {
+            if matches!(t.frame, Frame::GapRequest(_)) {
+                asked_at.push(ms);
+            }
+        }
+        // Only a's heartbeats reach b: a stays alive and never answers.
+        while let Some(t) = a.poll_transmit() {
+            a.handle_sent(&t.to, t.bytes);
+            if t.to == b_id && matches!(t.frame, Frame::Heartbeats(_)) {
+                b.handle_frame(at(ms), &"euw1-a".into(), t.frame).unwrap();
+            }
+        }
+    }
+    let waits: Vec<u64> = asked_at.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(asked_at.len() <= 12, "asked {} times: {waits:?}", asked_at.len());
+    assert!(
+        waits.iter().rev().take(3).all(|w| *w >= 1_600),
+        "the waits grow to 8 x 200 ms: {waits:?}"
+    );
+}
+
 /// A gap of large entries is answered in frames a peer can read (at most
 /// `gap_fill_bytes_max`, far below the 17 MiB a peer reads), each answer leading
 /// to the next request, until the requester has them all. Answered in one frame,

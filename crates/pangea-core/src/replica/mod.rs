@@ -333,6 +333,12 @@ struct GapInFlight {
     asked: ReplicaId,
     at_us: u64,
     attempt: u32,
+    /// Requests in a row that got no answer before their wait ran out: each
+    /// doubles the next wait (up to 8x). An answer may simply be slow — a gap
+    /// fill of several MiB over a thin or distant link takes longer than two
+    /// round trips — and asking again at a fixed pace fills the link with copies
+    /// of the same answer, so the stream falls further behind the faster it asks.
+    unanswered: u32,
 }
 
 /// What one member reported as applied in a scope: a watermark per origin, in

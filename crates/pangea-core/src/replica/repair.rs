@@ -36,11 +36,18 @@ impl<S: Storage> Replica<S> {
             Some(t) if st.gap.is_none() && now.mono_us < t + grace_us => return,
             Some(_) => {}
         }
-        let attempt = match &st.gap {
-            // Wait at least two round trips to the peer asked before asking another.
-            Some(g) if now.mono_us < g.at_us + retry_us.max(2 * self.rtt_us(&g.asked)) => return,
-            Some(g) => g.attempt + 1,
-            None => 0,
+        let (attempt, unanswered) = match &st.gap {
+            // Wait at least two round trips to the peer asked before asking another,
+            // and twice as long after each request that went unanswered.
+            Some(g)
+                if now.mono_us
+                    < g.at_us
+                        + (retry_us.max(2 * self.rtt_us(&g.asked)) << g.unanswered.min(3)) =>
+            {
+                return;
+            }
+            Some(g) => (g.attempt + 1, g.unanswered + 1),
+            None => (0, 0),
         };
         // Candidates: the hint (it sent us something later, so it applied this), tree
         // neighbours, the origin, then any live member that stores the scope.
@@ -65,6 +72,7 @@ impl<S: Storage> Replica<S> {
             asked: asked.clone(),
             at_us: now.mono_us,
             attempt,
+            unanswered,
         });
         self.stats.gap_requests += 1;
         self.events.push_back(Event::GapDetected {
@@ -204,6 +212,7 @@ impl<S: Storage> Replica<S> {
                     asked: from.clone(),
                     at_us: soon_us,
                     attempt,
+                    unanswered: 0,
                 });
             }
         }
