@@ -171,11 +171,53 @@ fn unanswered_gap_requests_back_off() {
         }
     }
     let waits: Vec<u64> = asked_at.windows(2).map(|w| w[1] - w[0]).collect();
-    assert!(asked_at.len() <= 12, "asked {} times: {waits:?}", asked_at.len());
+    assert!(
+        asked_at.len() <= 12,
+        "asked {} times: {waits:?}",
+        asked_at.len()
+    );
     assert!(
         waits.iter().rev().take(3).all(|w| *w >= 1_600),
         "the waits grow to 8 x 200 ms: {waits:?}"
     );
+}
+
+/// A peer that asks again while the first answer has not left yet gets that one
+/// answer, not a copy queued behind it.
+#[test]
+fn a_gap_asked_twice_before_its_answer_leaves_is_answered_once() {
+    let d = deployment();
+    let mut a = replica(&d, "euw1-a");
+    let b_id: ReplicaId = "euw1-b".into();
+    for i in 0..3 {
+        a.propose(at(1), set(&format!("us/{i}"), "v")).unwrap();
+        a.flush(at(1)).unwrap();
+    }
+    while let Some(t) = a.poll_transmit() {
+        a.handle_sent(&t.to, t.bytes);
+    }
+    let ask = || {
+        Frame::GapRequest(pangea_core::frame::GapRequest {
+            scope: ScopeId::global(),
+            origin: "euw1-a".into(),
+            from: 1,
+            to: 2,
+        })
+    };
+    a.handle_frame(at(2), &b_id, ask()).unwrap();
+    a.handle_frame(at(3), &b_id, ask()).unwrap();
+    let fills = |a: &mut Replica<MemStorage>| {
+        let mut n = 0;
+        while let Some(t) = a.poll_transmit() {
+            a.handle_sent(&t.to, t.bytes);
+            n += usize::from(t.to == b_id && matches!(t.frame, Frame::GapFill(_)));
+        }
+        n
+    };
+    assert_eq!(fills(&mut a), 1);
+    // Once it has left, a new request is answered again (the first may be lost).
+    a.handle_frame(at(4), &b_id, ask()).unwrap();
+    assert_eq!(fills(&mut a), 1);
 }
 
 /// A gap of large entries is answered in frames a peer can read (at most

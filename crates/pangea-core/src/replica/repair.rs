@@ -122,6 +122,17 @@ impl<S: Storage> Replica<S> {
             self.reject(from, Reject::NotInScope);
             return Ok(());
         }
+        // An answer to this peer still waits to leave: a new one would queue
+        // behind it, a copy of what is on its way. (Not refused for a link busy
+        // with mutations: the fill is what lets the peer apply them.) The
+        // requester asks again after its wait.
+        if self
+            .peers
+            .get(from)
+            .is_some_and(|p| p.frames.iter().any(|f| matches!(f, Frame::GapFill(_))))
+        {
+            return Ok(());
+        }
         // Only the watermarks (cloning the stream would copy its reorder buffer).
         let (applied, durable) = s
             .streams
@@ -181,6 +192,9 @@ impl<S: Storage> Replica<S> {
             .get(&origin)
             .map_or(1, |st| st.applied.sequence + 1);
         let filled = g.entries.iter().any(|e| e.sequence == wanted);
+        // A late copy of an answer already applied says nothing about the request
+        // in flight now: it must not make us ask again at once.
+        let stale = g.entries.last().is_some_and(|e| e.sequence < wanted);
         for e in g.entries {
             self.accept(now, from, e)?;
         }
@@ -199,7 +213,7 @@ impl<S: Storage> Replica<S> {
             return self.drain_pending(now, &scope, &origin);
         }
         let st = self.stream_mut(&scope, &origin);
-        if st.gap.as_ref().is_some_and(|gap| &gap.asked == from) {
+        if !stale && st.gap.as_ref().is_some_and(|gap| &gap.asked == from) {
             let attempt = st.gap.as_ref().map_or(0, |gap| gap.attempt);
             st.gap = None;
             if !filled {
