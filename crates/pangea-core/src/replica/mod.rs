@@ -86,7 +86,9 @@ pub struct Config {
     /// Out-of-order entries more than this many sequences ahead of the applied
     /// watermark are refused (default 4,096 per stream); gap repair fetches them later.
     pub reorder_window: u64,
-    /// A gap request unanswered this long is retried with another peer (default 200 ms).
+    /// A gap request unanswered this long (or two round trips to the peer asked,
+    /// if longer) is retried with another peer (default 200 ms); the wait doubles
+    /// with each request in a row left unanswered, up to 8x.
     pub gap_retry_ms: u64,
     /// How long a stream may look behind before a gap request goes out (default
     /// 100 ms): entries still in flight on another path, or queued behind a
