@@ -114,6 +114,7 @@ fn client_frames() -> Vec<Seed> {
         deadline_us: 1_000_000,
         app_profile: "frontend".into(),
         traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+        known_watermarks: 0,
         request: Some(request),
     };
     let mutate = |m: RowMutation| {

@@ -452,6 +452,7 @@ fn exchanges_to_write(profile: &str) -> Vec<(&'static str, Vec<u8>)> {
             deadline_us: 2_000_000,
             app_profile: app_profile.to_owned(),
             traceparent: String::new(),
+            known_watermarks: 0,
             request: r,
         };
         let body = req.encode_to_vec();

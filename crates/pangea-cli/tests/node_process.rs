@@ -1609,3 +1609,101 @@ async fn a_replica_whose_clock_falls_behind_fences_itself_and_writes_fail_over()
     .await
     .context("test timed out")?
 }
+
+/// A replica leaves out of its answer the watermarks the request says the caller
+/// holds (`ClientRequest.known_watermarks`), and sends them again once they change;
+/// the client library fills a response's watermarks from what it holds. One
+/// replica with no peers, so only the test's write moves its watermarks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_leave_out_the_watermarks_the_caller_holds() -> Result<()> {
+    let cluster = Cluster::up_with(
+        "topology/single-replica.toml",
+        "topology/single-replica.placement.toml",
+        false,
+    )?;
+    timeout(Duration::from_secs(40), async {
+        let node = "solo";
+        let raw = cluster.raw_client("frontend")?;
+        let conn = raw.connect(cluster.addr(node)?, node).await?;
+        let get = |known: u64| pb::ClientRequest {
+            known_watermarks: known,
+            ..common::request(
+                "frontend",
+                2_000_000,
+                common::get_request(TABLE, b"wm/1", None),
+            )
+        };
+        let served = |r: &pb::ClientResponse| -> Result<pb::ServedBy> {
+            ensure!(common::error_of(r).is_none(), "request failed: {r:?}");
+            r.served_by.clone().context("no served_by")
+        };
+        let write = |value: &[u8]| {
+            common::request(
+                "frontend",
+                2_000_000,
+                common::set_cell(TABLE, b"wm/1", FAMILY, COLUMN, value.to_vec()),
+            )
+        };
+        served(&common::call(&conn, &write(b"one")).await?)?;
+
+        // Unnamed: sent in full, with their digest.
+        let first = served(&common::call(&conn, &get(0)).await?)?;
+        let digest = first.watermarks_digest;
+        ensure!(digest != 0, "no digest: {first:?}");
+        let wm = first.watermarks.clone().context("no watermarks")?;
+        ensure!(wm.scope == "global" && !wm.origins.is_empty(), "{wm:?}");
+        // Named and unchanged: left out, named by the same digest.
+        let again = served(&common::call(&conn, &get(digest)).await?)?;
+        ensure!(
+            again.watermarks.is_none() && again.watermarks_digest == digest,
+            "unchanged watermarks were sent again: {again:?}"
+        );
+        // Another digest (another replica's, or stale): sent in full.
+        let other = served(&common::call(&conn, &get(digest ^ 1)).await?)?;
+        ensure!(other.watermarks == Some(wm.clone()) && other.watermarks_digest == digest);
+
+        // A write moves them: the write's answer and the next get carry the new ones.
+        let w = served(
+            &common::call(
+                &conn,
+                &pb::ClientRequest {
+                    known_watermarks: digest,
+                    ..write(b"two")
+                },
+            )
+            .await?,
+        )?;
+        let moved = w
+            .watermarks
+            .clone()
+            .context("a write's answer left out new watermarks")?;
+        ensure!(w.watermarks_digest != digest && moved != wm, "{w:?}");
+        let after = served(&common::call(&conn, &get(digest)).await?)?;
+        ensure!(
+            after.watermarks == Some(moved) && after.watermarks_digest == w.watermarks_digest,
+            "{after:?}"
+        );
+
+        // Through the client library: the second answer leaves them out, and the
+        // response still has them.
+        let client = cluster.client("local-1", "frontend").await?;
+        let opts = read_opts(Consistency::Eventual, Duration::from_secs(2));
+        let r1 = client.get(TABLE, &b"wm/1"[..], &opts).await?;
+        let r2 = client.get(TABLE, &b"wm/1"[..], &opts).await?;
+        ensure!(
+            value_of(&r2.value) == Some("two".to_owned()),
+            "{:?}",
+            r2.value
+        );
+        ensure!(r1.watermarks.is_some(), "first response without watermarks");
+        ensure!(
+            r2.watermarks == r1.watermarks,
+            "{:?} vs {:?}",
+            r2.watermarks,
+            r1.watermarks
+        );
+        Ok(())
+    })
+    .await
+    .context("test timed out")?
+}

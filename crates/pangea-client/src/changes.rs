@@ -137,6 +137,7 @@ impl Client {
             deadline_us: deadline.as_micros() as u64,
             app_profile: self.inner.config.app_profile.clone(),
             traceparent: String::new(),
+            known_watermarks: 0,
             request: Some(pb::client_request::Request::Changes(pb::ChangesRequest {
                 table: table.to_owned(),
                 prefix,

@@ -236,7 +236,7 @@ pub(crate) struct Inner {
     down: DashMap<ReplicaId, Instant>,
     /// Last-known watermarks per replica and scope, from every response, with
     /// when they arrived.
-    known: DashMap<ReplicaId, BTreeMap<ScopeId, Known>>,
+    known: DashMap<ReplicaId, KnownOf>,
     /// Location metadata (`_location`), refreshed in the background: run-time
     /// placement of rows, their policy and home region. Updated in place with what
     /// changed; a call reads it while it plans (never across an await).
@@ -312,34 +312,83 @@ pub(crate) struct Current {
     pub(crate) digest: u64,
 }
 
+/// What the client knows of one replica's watermarks.
+#[derive(Debug, Default)]
+struct KnownOf {
+    scopes: BTreeMap<ScopeId, Known>,
+    /// The digest of the watermarks its last answer sent in full, which requests
+    /// name (`ClientRequest.known_watermarks`) so that the replica leaves them out
+    /// while they still hold; 0: none.
+    last_digest: u64,
+}
+
 /// A replica's watermarks for one scope, as its last answer gave them.
 #[derive(Debug, Clone)]
 struct Known {
     watermarks: ScopeWatermarks,
+    /// The replica's name for them (`ServedBy.watermarks_digest`); 0: unknown (a
+    /// probe's answer).
+    digest: u64,
     /// The client's wall clock when the answer arrived, ms.
     learned_ms: u64,
 }
 
 impl Inner {
-    /// Keeps what `replica` said of a scope's watermarks at `now_ms` (wall clock).
-    fn learn_watermarks(&self, replica: &ReplicaId, wm: &ScopeWatermarks, now_ms: u64) {
-        let known = || Known {
-            watermarks: wm.clone(),
-            learned_ms: now_ms,
-        };
-        match self.known.get_mut(replica) {
-            Some(mut scopes) => match scopes.get_mut(&wm.scope) {
-                // Most answers repeat what the last one said: no copy then.
-                Some(k) if k.watermarks == *wm => k.learned_ms = now_ms,
-                _ => {
-                    scopes.insert(wm.scope.clone(), known());
+    /// Keeps what `replica` said of a scope's watermarks at `now_ms` (wall clock):
+    /// `digest` is the replica's name for them (0: not named).
+    fn learn_watermarks(
+        &self,
+        replica: &ReplicaId,
+        wm: &ScopeWatermarks,
+        digest: u64,
+        now_ms: u64,
+    ) {
+        let mut of = self.known.entry(replica.clone()).or_default();
+        if digest != 0 {
+            of.last_digest = digest;
+        }
+        match of.scopes.get_mut(&wm.scope) {
+            // Most answers repeat what the last one said: no copy then.
+            Some(k) if k.watermarks == *wm => {
+                k.learned_ms = now_ms;
+                if digest != 0 {
+                    k.digest = digest;
                 }
-            },
-            None => {
-                let scopes = BTreeMap::from([(wm.scope.clone(), known())]);
-                self.known.insert(replica.clone(), scopes);
+            }
+            _ => {
+                let known = Known {
+                    watermarks: wm.clone(),
+                    digest,
+                    learned_ms: now_ms,
+                };
+                let replaced = of.scopes.insert(wm.scope.clone(), known);
+                // Unnamed ones (a probe's) replaced the ones requests name: name
+                // none, so the next answer sends them in full.
+                if replaced.is_some_and(|k| k.digest == of.last_digest) && digest == 0 {
+                    of.last_digest = 0;
+                }
             }
         }
+    }
+
+    /// The watermarks `replica` named by `digest` and left out of an answer at
+    /// `now_ms`: unchanged since it sent them, so they are fresh as of now. `None`
+    /// when the client no longer holds them.
+    fn named_watermarks(
+        &self,
+        replica: &ReplicaId,
+        digest: u64,
+        now_ms: u64,
+    ) -> Option<ScopeWatermarks> {
+        let mut of = self.known.get_mut(replica)?;
+        let k = of.scopes.values_mut().find(|k| k.digest == digest)?;
+        k.learned_ms = now_ms;
+        Some(k.watermarks.clone())
+    }
+
+    /// The digest a request to `replica` names (`ClientRequest.known_watermarks`).
+    fn known_digest(&self, replica: &ReplicaId) -> u64 {
+        self.known.get(replica).map_or(0, |of| of.last_digest)
     }
 
     pub(crate) fn current(&self) -> Arc<Current> {
@@ -372,15 +421,15 @@ impl PeerView for LiveView<'_> {
             .is_some_and(|until| *until > self.now)
     }
     fn covers(&self, replica: &ReplicaId, token: &Token) -> bool {
-        self.inner.known.get(replica).is_some_and(|scopes| {
-            scopes
+        self.inner.known.get(replica).is_some_and(|of| {
+            of.scopes
                 .get(&token.scope)
                 .is_some_and(|k| k.watermarks.covers(token))
         })
     }
     fn freshness(&self, replica: &ReplicaId, scope: &ScopeId) -> Option<pangea_core::Timestamp> {
-        let scopes = self.inner.known.get(replica)?;
-        let k = scopes.get(scope)?;
+        let of = self.inner.known.get(replica)?;
+        let k = of.scopes.get(scope)?;
         let fresh = k.watermarks.freshness();
         Some(pangea_core::read::freshness_now(
             fresh,
@@ -557,6 +606,7 @@ impl Client {
             deadline_us: PROBE_TIMEOUT.as_micros() as u64,
             app_profile: inner.config.app_profile.clone(),
             traceparent: String::new(),
+            known_watermarks: 0,
             request: Some(pb::client_request::Request::Deployment(
                 pb::DeploymentRequest {},
             )),
@@ -657,6 +707,7 @@ impl Client {
                     deadline_us: timeout.as_micros() as u64,
                     app_profile: inner.config.app_profile.clone(),
                     traceparent: String::new(),
+                    known_watermarks: 0,
                     request: Some(pb::client_request::Request::Watermarks(
                         pb::WatermarkRequest {
                             scope: String::new(),
@@ -673,7 +724,8 @@ impl Client {
                     if let Some(pb::client_response::Response::Watermarks(w)) = resp.response {
                         let now_ms = wall_ms();
                         for s in &w.scopes {
-                            inner.learn_watermarks(&r, &ScopeWatermarks::from_proto(s), now_ms);
+                            let wm = ScopeWatermarks::from_proto(s);
+                            inner.learn_watermarks(&r, &wm, 0, now_ms);
                         }
                     }
                     inner.down.remove(&r);
@@ -1612,6 +1664,7 @@ impl Client {
             deadline_us: self.operator_deadline_us(10_000_000),
             app_profile: self.inner.config.app_profile.clone(),
             traceparent: String::new(),
+            known_watermarks: 0,
             request: Some(pb::client_request::Request::PlacementMove(
                 pb::PlacementMoveRequest {
                     table: table.to_owned(),
@@ -1663,6 +1716,7 @@ impl Client {
             deadline_us: self.operator_deadline_us(60_000_000),
             app_profile: self.inner.config.app_profile.clone(),
             traceparent: String::new(),
+            known_watermarks: 0,
             request: Some(pb::client_request::Request::Audit(pb::AuditRequest {})),
         };
         match self.inner.transport.call(replica, &req).await?.response {
@@ -1688,6 +1742,7 @@ impl Client {
             deadline_us: self.operator_deadline_us(30_000_000),
             app_profile: self.inner.config.app_profile.clone(),
             traceparent: String::new(),
+            known_watermarks: 0,
             request: Some(pb::client_request::Request::Reload(pb::ReloadRequest {})),
         };
         match self.inner.transport.call(replica, &req).await?.response {
@@ -1714,6 +1769,7 @@ impl Client {
             deadline_us: deadline.as_micros() as u64,
             app_profile: self.inner.config.app_profile.clone(),
             traceparent: String::new(),
+            known_watermarks: 0,
             request: Some(pb::client_request::Request::ScanPrefix(scan.request(
                 table,
                 prefix.into(),
@@ -1744,6 +1800,7 @@ impl Client {
             deadline_us: self.operator_deadline_us(2_000_000),
             app_profile: self.inner.config.app_profile.clone(),
             traceparent: String::new(),
+            known_watermarks: 0,
             request: Some(pb::client_request::Request::Watermarks(
                 pb::WatermarkRequest {
                     scope: String::new(),
@@ -2014,6 +2071,7 @@ impl Inner {
             deadline_us: deadline_at.saturating_duration_since(since).as_micros() as u64,
             app_profile: self.config.app_profile.clone(),
             traceparent,
+            known_watermarks: self.known_digest(&c.replica),
             request: Some(body),
         };
         let mut resp = match self.transport.call_noting(&c.replica, &req, sent).await {
@@ -2037,10 +2095,18 @@ impl Inner {
             *self.announced.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some((c.replica.clone(), served.deployment));
         }
-        let wm = served.watermarks.as_ref().map(ScopeWatermarks::from_proto);
-        if let Some(w) = &wm {
-            self.learn_watermarks(&c.replica, w, wall_ms());
-        }
+        let wm = match &served.watermarks {
+            Some(w) => {
+                let wm = ScopeWatermarks::from_proto(w);
+                self.learn_watermarks(&c.replica, &wm, served.watermarks_digest, wall_ms());
+                Some(wm)
+            }
+            // Left out as the ones this request named: unchanged.
+            None if served.watermarks_digest != 0 => {
+                self.named_watermarks(&c.replica, served.watermarks_digest, wall_ms())
+            }
+            None => None,
+        };
         let served = Served {
             region: served.region,
             watermarks: wm,

@@ -50,6 +50,23 @@ pub fn encode_frame<M: Message>(msg: &M) -> Result<Bytes> {
     Ok(buf.freeze())
 }
 
+/// A frame whose body is `head`'s encoding followed by `rest`'s. Protobuf merges
+/// the fields of concatenated encodings, so this is the frame of the one message
+/// holding the fields of both, when they set no field in common: a part encoded
+/// before (`head`) is joined to the rest without being decoded again.
+pub fn encode_frame_pair<A: Message, B: Message>(head: &A, rest: &B) -> Result<Bytes> {
+    let body_bytes = head.encoded_len() + rest.encoded_len();
+    let prefix = u32::try_from(body_bytes).map_err(|_| Error::FrameTooLarge {
+        size_bytes: body_bytes as u64,
+        limit_bytes: u32::MAX as usize,
+    })?;
+    let mut buf = BytesMut::with_capacity(FRAME_HEADER_BYTES + body_bytes);
+    buf.put_u32(prefix);
+    head.encode(&mut buf)?;
+    rest.encode(&mut buf)?;
+    Ok(buf.freeze())
+}
+
 /// A frame of `head` followed by one `bytes` field holding `tail`, nested in
 /// length-delimited fields: `nest` lists the field numbers from the outermost
 /// (`[11, 1]` puts `tail` in field 1 of a message that is field 11 of the body).
@@ -300,12 +317,13 @@ mod tests {
     /// class of a varint, and no row.
     #[test]
     fn a_frame_nesting_a_tail_is_the_frame_of_the_whole_message() {
-        use pangea_proto::v1::{ClientResponseEncodedGet, GetResponseEncoded, ServedBy};
-        let served_by = Some(ServedBy {
+        use pangea_proto::v1::{ClientResponseEncodedGet, GetResponseEncoded, ServedByEncoded};
+        let served_by = Some(ServedByEncoded {
             replica: "us-east1-a".into(),
             region: "us-east1".into(),
             watermarks: None,
             deployment: 0x5eed,
+            watermarks_digest: 0,
         });
         for len in [0usize, 1, 127, 128, 16_383, 16_384, 2_097_152] {
             let row = Bytes::from(vec![0xabu8; len]);
@@ -336,6 +354,54 @@ mod tests {
         };
         let [a, b] = encode_frame_nesting(&head, &[11], Bytes::new()).unwrap();
         assert_eq!([a, b].concat(), encode_frame(&empty).unwrap());
+    }
+
+    /// A response written as its `served_by`, encoded apart, and the rest is the
+    /// frame of the whole response.
+    #[test]
+    fn a_frame_of_two_parts_is_the_frame_of_the_message_holding_both() {
+        use pangea_proto::v1::{
+            ClientResponse, ClientResponseEncodedGet, Error as WireError, ServedBy,
+            ServedByEncoded, client_response,
+        };
+        let watermarks = pangea_proto::v1::ScopeWatermarks {
+            scope: "global".into(),
+            low_watermark: 9,
+            ..Default::default()
+        };
+        for sent in [Some(watermarks), None] {
+            let head = ClientResponseEncodedGet {
+                served_by: Some(ServedByEncoded {
+                    replica: "us-east1-a".into(),
+                    region: "us-east1".into(),
+                    watermarks: sent.as_ref().map(|w| w.encode_to_vec().into()),
+                    deployment: 0x5eed,
+                    watermarks_digest: 77,
+                }),
+                get: None,
+            };
+            let error = Some(client_response::Response::Error(WireError {
+                code: 4,
+                message: "not covered".into(),
+                token: Bytes::new(),
+            }));
+            let rest = ClientResponse {
+                served_by: None,
+                response: error.clone(),
+            };
+            let whole = ClientResponse {
+                served_by: Some(ServedBy {
+                    replica: "us-east1-a".into(),
+                    region: "us-east1".into(),
+                    watermarks: sent,
+                    deployment: 0x5eed,
+                    watermarks_digest: 77,
+                }),
+                response: error,
+            };
+            let frame = encode_frame_pair(&head, &rest).unwrap();
+            assert_eq!(frame, encode_frame(&whole).unwrap());
+        }
     }
 
     fn hello() -> ReplicationFrame {
@@ -500,6 +566,7 @@ mod tests {
                 deadline_us,
                 app_profile,
                 traceparent: String::new(),
+                known_watermarks: 0,
                 request: Some(client_request::Request::Get(GetRequest {
                     table,
                     row_key: row_key.into(),

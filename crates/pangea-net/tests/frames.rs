@@ -59,6 +59,7 @@ async fn oversized_frames_are_refused_and_the_server_keeps_serving() -> Result<(
         deadline_us: 1,
         app_profile: CLIENT_PROFILE.into(),
         traceparent: String::new(),
+        known_watermarks: 0,
         request: Some(client_request::Request::Get(GetRequest {
             table: "profiles".into(),
             row_key: vec![7u8; TEST_LIMIT_BYTES].into(),

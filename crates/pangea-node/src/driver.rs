@@ -755,7 +755,7 @@ fn drain_transmits(replica: &mut Replica<Store>, shared: &Shared, peers: &PeerQu
 fn publish(replica: &Replica<Store>, shared: &Shared) {
     let wms: BTreeMap<_, _> = replica
         .scopes()
-        .filter_map(|s| replica.watermarks(s).map(|w| (s.clone(), Arc::new(w))))
+        .filter_map(|s| replica.watermarks(s).map(|w| (s.clone(), w)))
         .collect();
     let suspected = replica.suspected().cloned().collect();
     shared.published.publish(wms, suspected, replica.location());

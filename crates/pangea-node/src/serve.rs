@@ -12,16 +12,16 @@
 use crate::Shared;
 use crate::audit_log::Outcome;
 use crate::driver::{Input, Unacked};
+use crate::shared::PublishedWatermarks;
 use bytes::Bytes;
 use pangea_core::auth::{self, Action, Principal};
 use pangea_core::digest::ContentDigest;
 use pangea_core::read::{Consistency, Decision, decide, vouching_scope};
 use pangea_core::{
-    BytesRange, Error as CoreError, Limits, ReadFilter, RowMutation, ScopeId, ScopeWatermarks,
-    Token,
+    BytesRange, Error as CoreError, Limits, ReadFilter, RowMutation, ScopeId, Token,
 };
-use pangea_net::frame::{encode_frame_nesting, write_frame_pieces};
-use pangea_net::{read_frame_within, write_frame};
+use pangea_net::frame::{encode_frame_nesting, encode_frame_pair, write_frame_pieces};
+use pangea_net::read_frame_within;
 use pangea_proto::Message as _;
 
 /// The code a refused request's stream is stopped with (its answer says why).
@@ -78,7 +78,7 @@ struct Failure {
     code: Code,
     message: String,
     /// Watermarks to attach (not-covered answers carry them so the client learns).
-    watermarks: Option<Arc<ScopeWatermarks>>,
+    watermarks: Option<Arc<PublishedWatermarks>>,
     /// Refused by authorization (counted apart from placement refusals).
     denied: bool,
     /// A write's token, sent with `NotReplicated` (the write happened).
@@ -230,7 +230,7 @@ async fn serve_stream(
                 };
                 shared.metrics.inc_frames_rejected(reason);
                 let _ = recv.stop(STOP_REFUSED.into());
-                let resp = response(&shared, Err(failure), None);
+                let resp = response(&shared, Err(failure), None, 0);
                 let _ = resp.write(&mut send).await;
                 break;
             }
@@ -286,6 +286,7 @@ fn key_within(limits: &Limits, key: &[u8], field: &str) -> Result<(), Failure> {
 async fn serve_request(shared: &Arc<Shared>, caller: &Principal, req: pb::ClientRequest) -> Reply {
     let started = Instant::now();
     let (op, mode) = describe(&req);
+    let known = req.known_watermarks;
     let budget = if req.deadline_us > 0 {
         Duration::from_micros(req.deadline_us)
     } else {
@@ -334,10 +335,10 @@ async fn serve_request(shared: &Arc<Shared>, caller: &Principal, req: pb::Client
         span.record("otel.status_code", "ERROR");
     }
     let resp = match result {
-        Ok((body, wm)) => response(shared, Ok(body), wm),
+        Ok((body, wm)) => response(shared, Ok(body), wm, known),
         Err(f) => {
             let wm = f.watermarks.clone();
-            response(shared, Err(f), wm)
+            response(shared, Err(f), wm, known)
         }
     };
     shared
@@ -444,62 +445,82 @@ impl From<pb::client_response::Response> for Body {
     }
 }
 
-/// An answer ready to write. Both decode, on the client, as a `ClientResponse`.
-enum Reply {
+/// An answer ready to write: its `served_by` (field 1 of a `ClientResponse`), with
+/// the watermarks as published, encoded before, and the rest. Both kinds decode, on
+/// the client, as a `ClientResponse`.
+struct Reply {
+    served_by: pb::ClientResponseEncodedGet,
+    rest: Rest,
+}
+
+// One per request being answered, moved once: not worth a box per message.
+#[allow(clippy::large_enum_variant)]
+enum Rest {
+    /// The response (`served_by` unset): written after `served_by` in one frame.
     Message(pb::ClientResponse),
-    /// A get's answer from the row cache's encoded row: written as the frame of a
-    /// `ClientResponse` with `served_by`, then the row (`get.row`, fields 11 and 1)
-    /// as the cache holds it, uncopied.
-    EncodedGet {
-        served_by: pb::ClientResponseEncodedGet,
-        row: Option<Bytes>,
-    },
+    /// A get's answer from the row cache's encoded row: the row (`get.row`, fields
+    /// 11 and 1) as the cache holds it, uncopied.
+    EncodedRow(Option<Bytes>),
 }
 
 impl Reply {
     async fn write(&self, send: &mut quinn::SendStream) -> pangea_net::Result<()> {
-        match self {
-            Reply::Message(m) => write_frame(send, m).await,
-            Reply::EncodedGet { served_by, row } => {
+        match &self.rest {
+            Rest::Message(m) => {
+                // Handed to quinn as it is: no copy into the stream's send buffer.
+                send.write_chunk(encode_frame_pair(&self.served_by, m)?)
+                    .await?;
+                Ok(())
+            }
+            Rest::EncodedRow(row) => {
                 let (nest, tail): (&[u32], Bytes) = match row {
                     Some(row) => (&[11, 1], row.clone()),
                     // An empty `get` (no row): field 11 of length 0.
                     None => (&[11], Bytes::new()),
                 };
-                write_frame_pieces(send, encode_frame_nesting(served_by, nest, tail)?).await
+                let pieces = encode_frame_nesting(&self.served_by, nest, tail)?;
+                write_frame_pieces(send, pieces).await
             }
         }
     }
 }
 
+/// The answer to a request whose caller holds the watermarks `known` names
+/// (`ClientRequest.known_watermarks`): `wm`, the watermarks of the scope checked,
+/// are left out when they are those.
 fn response(
     shared: &Shared,
     result: Result<Body, Failure>,
-    wm: Option<Arc<ScopeWatermarks>>,
+    wm: Option<Arc<PublishedWatermarks>>,
+    known: u64,
 ) -> Reply {
-    let served_by = Some(pb::ServedBy {
-        replica: shared.id.to_string(),
-        region: shared.region.to_string(),
-        watermarks: wm.map(|w| w.to_proto()),
-        deployment: shared.deployed.sources_digest(),
-    });
-    let response = match result {
-        Ok(Body::Message(r)) => r,
-        Ok(Body::EncodedRow(row)) => {
-            return Reply::EncodedGet {
-                served_by: pb::ClientResponseEncodedGet {
-                    served_by,
-                    get: None,
-                },
-                row,
-            };
-        }
-        Err(f) => pb::client_response::Response::Error(f.into_proto()),
+    let (watermarks, watermarks_digest) = match &wm {
+        Some(w) if w.digest == known => (None, w.digest),
+        Some(w) => (Some(w.wire.clone()), w.digest),
+        None => (None, 0),
     };
-    Reply::Message(pb::ClientResponse {
-        served_by,
-        response: Some(response),
-    })
+    let served_by = pb::ClientResponseEncodedGet {
+        served_by: Some(pb::ServedByEncoded {
+            replica: shared.id.to_string(),
+            region: shared.region.to_string(),
+            watermarks,
+            deployment: shared.deployed.sources_digest(),
+            watermarks_digest,
+        }),
+        get: None,
+    };
+    let rest = match result {
+        Ok(Body::EncodedRow(row)) => Rest::EncodedRow(row),
+        Ok(Body::Message(r)) => Rest::Message(pb::ClientResponse {
+            served_by: None,
+            response: Some(r),
+        }),
+        Err(f) => Rest::Message(pb::ClientResponse {
+            served_by: None,
+            response: Some(pb::client_response::Response::Error(f.into_proto())),
+        }),
+    };
+    Reply { served_by, rest }
 }
 
 fn consistency(c: Option<pb::Consistency>) -> Result<Consistency, Failure> {
@@ -678,7 +699,7 @@ fn admit(
     shared: &Shared,
     scope: &ScopeId,
     c: &Consistency,
-) -> Result<Arc<ScopeWatermarks>, Failure> {
+) -> Result<Arc<PublishedWatermarks>, Failure> {
     let d = shared.deployment();
     let vouching = vouching_scope(scope, c, |s| d.allowed(&shared.id, s));
     let wm = shared.watermarks_of(vouching);
@@ -754,7 +775,7 @@ async fn read_row_encoded(
     }))
 }
 
-type Served = (Body, Option<Arc<ScopeWatermarks>>);
+type Served = (Body, Option<Arc<PublishedWatermarks>>);
 
 /// One page of a scan (`ScanPrefixRequest`): rows under the prefix and in the
 /// range, forward or back, past the resume key; filtered, sampled, bounded in

@@ -151,7 +151,7 @@ impl Shared {
     }
 
     /// Durable watermarks of `scope` (all origins at zero if none published yet).
-    pub fn watermarks_of(&self, scope: &ScopeId) -> Arc<ScopeWatermarks> {
+    pub fn watermarks_of(&self, scope: &ScopeId) -> Arc<PublishedWatermarks> {
         self.published.watermarks_of(scope)
     }
 
@@ -365,12 +365,47 @@ impl Sources {
     }
 }
 
+/// A scope's durable watermarks as the driver published them, with their wire form
+/// made once per change rather than once per answer. Derefs to the watermarks.
+#[derive(Debug)]
+pub struct PublishedWatermarks {
+    watermarks: ScopeWatermarks,
+    /// `watermarks` encoded as a `pb::ScopeWatermarks`: what answers carry.
+    pub wire: bytes::Bytes,
+    /// Names `wire` to the clients holding it (`ServedBy.watermarks_digest`); a
+    /// hash of it, never 0.
+    pub digest: u64,
+}
+
+impl PublishedWatermarks {
+    pub fn new(watermarks: ScopeWatermarks) -> PublishedWatermarks {
+        use pangea_proto::Message as _;
+        use std::hash::{Hash as _, Hasher as _};
+        let wire = bytes::Bytes::from(watermarks.to_proto().encode_to_vec());
+        let mut h = std::hash::DefaultHasher::new();
+        wire.hash(&mut h);
+        PublishedWatermarks {
+            watermarks,
+            wire,
+            digest: h.finish().max(1),
+        }
+    }
+}
+
+impl std::ops::Deref for PublishedWatermarks {
+    type Target = ScopeWatermarks;
+    fn deref(&self) -> &ScopeWatermarks {
+        &self.watermarks
+    }
+}
+
 /// What the driver publishes every turn; everyone else only reads it.
 #[derive(Debug)]
 pub struct Published {
     /// Durable watermarks per scope, after every flush. Shared with the requests
-    /// that answer with them (each publish makes new ones), not copied per request.
-    watermarks: RwLock<BTreeMap<ScopeId, Arc<ScopeWatermarks>>>,
+    /// that answer with them, not copied per request; a scope's stay the same
+    /// (`Arc`) over turns that did not change them.
+    watermarks: RwLock<BTreeMap<ScopeId, Arc<PublishedWatermarks>>>,
     suspected: RwLock<BTreeSet<ReplicaId>>,
     /// Location metadata as the driver last applied it.
     location: RwLock<Location>,
@@ -402,17 +437,21 @@ impl Published {
     }
 
     /// Durable watermarks of `scope` (all origins at zero if none published yet).
-    pub fn watermarks_of(&self, scope: &ScopeId) -> Arc<ScopeWatermarks> {
+    pub fn watermarks_of(&self, scope: &ScopeId) -> Arc<PublishedWatermarks> {
         self.watermarks
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(scope)
             .cloned()
-            .unwrap_or_else(|| Arc::new(ScopeWatermarks::new(scope.clone())))
+            .unwrap_or_else(|| {
+                Arc::new(PublishedWatermarks::new(ScopeWatermarks::new(
+                    scope.clone(),
+                )))
+            })
     }
 
     /// Every scope's durable watermarks.
-    pub fn watermarks(&self) -> BTreeMap<ScopeId, Arc<ScopeWatermarks>> {
+    pub fn watermarks(&self) -> BTreeMap<ScopeId, Arc<PublishedWatermarks>> {
         self.watermarks
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -439,7 +478,7 @@ impl Published {
     /// copied per turn).
     pub(crate) fn publish(
         &self,
-        watermarks: BTreeMap<ScopeId, Arc<ScopeWatermarks>>,
+        watermarks: BTreeMap<ScopeId, ScopeWatermarks>,
         suspected: BTreeSet<ReplicaId>,
         core: &Location,
     ) {
@@ -451,6 +490,17 @@ impl Published {
                 .unwrap_or_else(|p| p.into_inner())
                 .follow(core);
         }
+        // A scope's watermarks are encoded again only when they changed: most turns
+        // change none, or one scope's.
+        let before = self.watermarks();
+        let watermarks = watermarks
+            .into_iter()
+            .map(|(scope, wm)| {
+                let kept = before.get(&scope).filter(|p| p.watermarks == wm).cloned();
+                let published = kept.unwrap_or_else(|| Arc::new(PublishedWatermarks::new(wm)));
+                (scope, published)
+            })
+            .collect();
         *self.watermarks.write().unwrap_or_else(|p| p.into_inner()) = watermarks;
         *self.suspected.write().unwrap_or_else(|p| p.into_inner()) = suspected;
     }

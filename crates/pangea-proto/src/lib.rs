@@ -42,15 +42,34 @@ mod tests {
                 }],
             }],
         };
+        let watermarks = ScopeWatermarks {
+            scope: "global".into(),
+            origins: vec![OriginWatermark {
+                origin: "us-east1-a".into(),
+                sequence: 7,
+                timestamp: 42,
+                vouched: 0,
+            }],
+            low_watermark: 42,
+            freshness: 42,
+        };
         let served_by = Some(ServedBy {
             replica: "us-east1-a".into(),
             region: "us-east1".into(),
-            watermarks: None,
+            watermarks: Some(watermarks.clone()),
             deployment: 0x5eed,
+            watermarks_digest: 0xd16e57,
+        });
+        let served_by_encoded = Some(ServedByEncoded {
+            replica: "us-east1-a".into(),
+            region: "us-east1".into(),
+            watermarks: Some(watermarks.encode_to_vec().into()),
+            deployment: 0x5eed,
+            watermarks_digest: 0xd16e57,
         });
         for row in [Some(row), None] {
             let encoded = ClientResponseEncodedGet {
-                served_by: served_by.clone(),
+                served_by: served_by_encoded.clone(),
                 get: Some(GetResponseEncoded {
                     row: row.as_ref().map(|r| r.encode_to_vec().into()),
                 }),

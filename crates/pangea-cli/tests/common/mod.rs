@@ -548,6 +548,7 @@ pub fn request(
         deadline_us,
         app_profile: app_profile.to_owned(),
         traceparent: String::new(),
+        known_watermarks: 0,
         request: Some(r),
     }
 }

@@ -226,6 +226,7 @@ pub fn request(seq: u64) -> ClientRequest {
         deadline_us: seq,
         app_profile: CLIENT_PROFILE.into(),
         traceparent: String::new(),
+        known_watermarks: 0,
         request: None,
     }
 }

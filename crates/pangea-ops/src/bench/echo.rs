@@ -100,6 +100,7 @@ pub fn run(o: &Options) -> Result<Report> {
             deadline_us: 0,
             app_profile: String::new(),
             traceparent: String::new(),
+            known_watermarks: 0,
             request: Some(Request::Get(GetRequest {
                 table: "t".into(),
                 row_key: Bytes::from(vec![b'x'; o.value_bytes]),
