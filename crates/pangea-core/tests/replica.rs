@@ -128,6 +128,18 @@ fn a_lost_frame_is_repaired_from_a_neighbour() {
     assert!(wm.covers(&t1) && wm.covers(&t2));
 }
 
+/// Everything `a` has to send, marked sent; the log entries meant for `to`.
+fn drain_entries_for(a: &mut Replica<MemStorage>, to: &ReplicaId) -> Vec<LogEntry> {
+    let mut entries = Vec::new();
+    while let Some(t) = a.poll_transmit() {
+        a.handle_sent(&t.to, t.bytes);
+        if let (true, Frame::Mutations(es)) = (t.to == *to, t.frame) {
+            entries.extend(es);
+        }
+    }
+    entries
+}
+
 /// A gap request that goes unanswered is asked again after a wait that doubles
 /// each time (up to 8x): a slow answer (megabytes over a thin link) is not
 /// buried under copies of itself. Here the only peer that stays alive (its
@@ -143,13 +155,7 @@ fn unanswered_gap_requests_back_off() {
         a.propose(at(1), set(&format!("us/{i}"), "v")).unwrap();
         a.flush(at(1)).unwrap();
     }
-    let mut for_b: Vec<LogEntry> = Vec::new();
-    while let Some(t) = a.poll_transmit() {
-        a.handle_sent(&t.to, t.bytes);
-        if let (true, Frame::Mutations(es)) = (t.to == b_id, t.frame) {
-            for_b.extend(es);
-        }
-    }
+    let mut for_b = drain_entries_for(&mut a, &b_id);
     let last = for_b.pop().expect("entries for b");
     b.handle_frame(at(2), &"euw1-a".into(), Frame::Mutations(vec![last]))
         .unwrap();
@@ -238,12 +244,7 @@ fn a_gap_of_large_entries_is_filled_in_frames_a_peer_can_read() {
         tokens.push(a.propose(at(1), set(&format!("us/{i}"), &value)).unwrap());
         a.flush(at(1)).unwrap();
         // Everything a sends is sent; what was meant for b is lost.
-        while let Some(t) = a.poll_transmit() {
-            a.handle_sent(&t.to, t.bytes);
-            if let (true, Frame::Mutations(es)) = (t.to == b_id, t.frame) {
-                for_b.extend(es);
-            }
-        }
+        for_b.extend(drain_entries_for(&mut a, &b_id));
     }
     assert_eq!(for_b.len(), 40);
     // b hears only the last entry, and so misses the 39 before it.
