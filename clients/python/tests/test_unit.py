@@ -151,6 +151,28 @@ def test_plans_follow_section_9() -> None:
     assert (p.primary[0].replica, p.primary[0].reason) == ("apne1-a", "fresh")
 
 
+def test_peers_name_the_watermarks_a_replica_last_sent() -> None:
+    # §7: a request names the last watermarks a replica sent in full; an answer
+    # that leaves them out gets them back by that name; a probe's other ones drop it.
+    peers = Peers()
+    assert peers.known_digest("euw1-a") == 0
+    old = ScopeWatermarks("global", {"use1-a": OriginMark(4, 1, 0)})
+    peers.keep("euw1-a", old, 0xD1)
+    assert peers.known_digest("euw1-a") == 0xD1
+    assert peers.named_watermarks("euw1-a", 0xD1) == old
+    assert peers.named_watermarks("euw1-a", 0xD2) is None
+    assert peers.named_watermarks("use1-b", 0xD1) is None
+    peers.keep("euw1-a", ScopeWatermarks("eu-resident", {}), 0)  # another scope: name kept
+    assert peers.known_digest("euw1-a") == 0xD1
+    peers.keep("euw1-a", old, 0)  # the same ones, unnamed: name kept
+    assert peers.known_digest("euw1-a") == 0xD1
+    newer = ScopeWatermarks("global", {"use1-a": OriginMark(5, 2, 0)})
+    peers.keep("euw1-a", newer, 0)  # other ones, unnamed: the name no longer holds
+    assert peers.known_digest("euw1-a") == 0
+    assert peers.named_watermarks("euw1-a", 0xD1) is None
+    assert peers.freshness("euw1-a", "global") == newer
+
+
 def cands(*ids: str) -> list[Candidate]:
     return [Candidate(i, "nearest", 1.0) for i in ids]
 

@@ -66,6 +66,9 @@ class Peers:
     rtt: dict[str, float] = field(default_factory=dict)
     down_until: dict[str, float] = field(default_factory=dict)
     known: dict[str, dict[str, ScopeWatermarks]] = field(default_factory=dict)
+    # The last watermarks each replica sent in full, with its digest of them
+    # (`ServedBy.watermarks_digest`), which requests name (§7).
+    named: dict[str, tuple[int, ScopeWatermarks]] = field(default_factory=dict)
 
     def rtt_ms(self, replica: str) -> float | None:
         return self.rtt.get(replica)
@@ -98,8 +101,29 @@ class Peers:
     def clear_down(self, replica: str) -> None:
         self.down_until.pop(replica, None)
 
-    def keep(self, replica: str, w: ScopeWatermarks) -> None:
+    def keep(self, replica: str, w: ScopeWatermarks, digest: int = 0) -> None:
+        """Keeps a replica's watermarks; `digest` is its name for them (0: unnamed,
+        a probe's answer)."""
         self.known.setdefault(replica, {})[w.scope] = w
+        if digest:
+            self.named[replica] = (digest, w)
+            return
+        named = self.named.get(replica)
+        if named is not None and named[1].scope == w.scope and named[1] != w:
+            # Unnamed ones replaced the named: name none, so the next answer
+            # sends them in full.
+            del self.named[replica]
+
+    def known_digest(self, replica: str) -> int:
+        """What a request to `replica` names (`ClientRequest.known_watermarks`)."""
+        named = self.named.get(replica)
+        return 0 if named is None else named[0]
+
+    def named_watermarks(self, replica: str, digest: int) -> ScopeWatermarks | None:
+        """The watermarks `replica` left out of an answer as the ones named by
+        `digest`: unchanged. None when the client no longer holds them."""
+        named = self.named.get(replica)
+        return named[1] if named is not None and named[0] == digest else None
 
 
 def eligible(d: Deployment, profile: AppProfile, client_region: str, scope: str) -> list[Replica]:
