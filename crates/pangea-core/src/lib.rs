@@ -54,6 +54,7 @@ mod error;
 pub mod filter;
 pub mod frame;
 pub mod frontend;
+pub mod hash;
 pub mod hlc;
 mod idmap;
 pub use pangea_topology::ids;

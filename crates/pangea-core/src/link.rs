@@ -20,6 +20,7 @@
 
 use crate::Error;
 use crate::frame::{Frame, FrameLimits, Heartbeat, heartbeat_batch_body_len, pb_len};
+use crate::hash::WordMap;
 use crate::hlc::{LOGICAL_BITS, Timestamp};
 use crate::ids::{ReplicaId, ScopeId};
 use crate::limits::Limits;
@@ -63,13 +64,16 @@ fn diff(new: u64, old: u64) -> i64 {
 }
 
 /// The sender's side of one stream.
+///
+/// Its maps are keyed by names this replica sends and by their indexes, never by
+/// what a peer sent, so they hash with [`WordMap`]'s fast hasher.
 #[derive(Debug, Default)]
 pub struct LinkEncoder {
-    names: HashMap<Arc<str>, u32>,
-    last: HashMap<(u32, u32), Last>,
-    reported: HashMap<(u32, u32, u32), u64>,
+    names: WordMap<Arc<str>, u32>,
+    last: WordMap<(u32, u32), Last>,
+    reported: WordMap<(u32, u32, u32), u64>,
     /// Per (scope, reporter): the origins of its last report on this stream.
-    origins: HashMap<(u32, u32), Vec<u32>>,
+    origins: WordMap<(u32, u32), Vec<u32>>,
 }
 
 /// Where condensed heartbeats go: built into a message, or only measured.

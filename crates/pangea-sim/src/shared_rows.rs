@@ -20,11 +20,12 @@
 //! by it, so that such replicas share again from then on.
 
 use bytes::Bytes;
+use pangea_core::hash::WordHasher;
 use pangea_core::storage::RowSharing;
 use pangea_core::{Compaction, ReplicaId, RowApply, RowMutation, RowState, Timestamp};
 use pangea_topology::Deployment;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Records kept: the applies of about 16 s of writes at the reference run's 250
@@ -94,54 +95,6 @@ struct Records {
 }
 
 type Words = BuildHasherDefault<WordHasher>;
-
-/// Multiply-rotate hashing, eight bytes at a step (as `FxHash` does), with the
-/// high half folded onto the low one, where the table takes its bucket from: the
-/// keys are addresses, timestamps and short row keys. Streaming xxh3, which a
-/// `BuildHasher` gets, cost more than the rest of a lookup.
-#[derive(Debug, Default)]
-struct WordHasher(u64);
-
-impl WordHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
-impl Hasher for WordHasher {
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 32)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes(c.try_into().expect("eight bytes")));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(b));
-        }
-    }
-
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-}
 
 fn address(row: Option<&Arc<RowState>>) -> usize {
     row.map_or(0, |r| Arc::as_ptr(r) as usize)
