@@ -1,16 +1,18 @@
-//! A fast hasher for maps whose keys this process chose itself: small integers,
-//! addresses, timestamps and short names.
+//! A fast hasher for maps whose keys this process chose itself: indexes it
+//! assigned, addresses, timestamps.
 //!
 //! Multiply-rotate hashing, eight bytes at a step (as `FxHash` does), with the high
-//! half folded onto the low one, where the table takes its bucket from. std's
-//! SipHash resists keys chosen to collide, which these maps do not need, and cost
-//! about 9 % of the simulator's instructions in the link encoder's maps alone.
-//! Maps keyed by what a peer or a client sends keep SipHash.
+//! half folded onto the low one, where the table takes its bucket from. Its key is
+//! fixed, so keys can be found offline that collide: std's SipHash, with a random
+//! key, resists that and stays for every map a key of which a peer, a client or a
+//! file could have chosen — names included, even those relayed.
+//! SipHash was about 9 % of the simulator's instructions in the link encoder's
+//! maps.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// A `HashMap` hashed with [`WordHasher`]: only for keys no peer or client chose.
+/// A `HashMap` hashed with [`WordHasher`]: only for keys no peer, client or file chose.
 pub type WordMap<K, V> = HashMap<K, V, BuildHasherDefault<WordHasher>>;
 
 /// See the module's documentation.

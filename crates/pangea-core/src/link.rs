@@ -65,11 +65,12 @@ fn diff(new: u64, old: u64) -> i64 {
 
 /// The sender's side of one stream.
 ///
-/// Its maps are keyed by names this replica sends and by their indexes, never by
-/// what a peer sent, so they hash with [`WordMap`]'s fast hasher.
+/// The maps keyed by the indexes it assigns hash with [`WordMap`]'s fast hasher.
+/// `names` keeps SipHash: the origins of a relayed report are names a peer sent,
+/// and keys chosen to collide must not make interning quadratic.
 #[derive(Debug, Default)]
 pub struct LinkEncoder {
-    names: WordMap<Arc<str>, u32>,
+    names: HashMap<Arc<str>, u32>,
     last: WordMap<(u32, u32), Last>,
     reported: WordMap<(u32, u32, u32), u64>,
     /// Per (scope, reporter): the origins of its last report on this stream.

@@ -491,7 +491,8 @@ impl Published {
                 .follow(core);
         }
         // A scope's watermarks are encoded again only when they changed: most turns
-        // change none, or one scope's.
+        // change none, or one scope's. Read, then replaced, under two locks: the
+        // driver is the only writer.
         let before = self.watermarks();
         let watermarks = watermarks
             .into_iter()
