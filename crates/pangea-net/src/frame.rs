@@ -37,17 +37,23 @@ pub const FRAME_HEADER_BYTES: usize = 4;
 /// reader would accept anyway. Callers wanting to respect a peer's smaller limit
 /// check `msg.encoded_len()` themselves.
 pub fn encode_frame<M: Message>(msg: &M) -> Result<Bytes> {
-    let body_bytes = msg.encoded_len();
-    let prefix = u32::try_from(body_bytes).map_err(|_| Error::FrameTooLarge {
-        size_bytes: body_bytes as u64,
-        limit_bytes: u32::MAX as usize,
-    })?;
-    let mut buf = BytesMut::with_capacity(FRAME_HEADER_BYTES + body_bytes);
-    buf.put_u32(prefix);
+    let mut buf = frame_buffer(msg.encoded_len(), 0)?;
     // prost fails only when the buffer cannot grow, which BytesMut always can;
     // reported rather than assumed.
     msg.encode(&mut buf)?;
     Ok(buf.freeze())
+}
+
+/// A buffer holding the length prefix of a `body_bytes` frame, with room for the
+/// body but its last `held_bytes` (a piece sent apart from the buffer).
+fn frame_buffer(body_bytes: usize, held_bytes: usize) -> Result<BytesMut> {
+    let prefix = u32::try_from(body_bytes).map_err(|_| Error::FrameTooLarge {
+        size_bytes: body_bytes as u64,
+        limit_bytes: u32::MAX as usize,
+    })?;
+    let mut buf = BytesMut::with_capacity(FRAME_HEADER_BYTES + body_bytes - held_bytes);
+    buf.put_u32(prefix);
+    Ok(buf)
 }
 
 /// A frame whose body is `head`'s encoding followed by `rest`'s. Protobuf merges
@@ -55,13 +61,7 @@ pub fn encode_frame<M: Message>(msg: &M) -> Result<Bytes> {
 /// holding the fields of both, when they set no field in common: a part encoded
 /// before (`head`) is joined to the rest without being decoded again.
 pub fn encode_frame_pair<A: Message, B: Message>(head: &A, rest: &B) -> Result<Bytes> {
-    let body_bytes = head.encoded_len() + rest.encoded_len();
-    let prefix = u32::try_from(body_bytes).map_err(|_| Error::FrameTooLarge {
-        size_bytes: body_bytes as u64,
-        limit_bytes: u32::MAX as usize,
-    })?;
-    let mut buf = BytesMut::with_capacity(FRAME_HEADER_BYTES + body_bytes);
-    buf.put_u32(prefix);
+    let mut buf = frame_buffer(head.encoded_len() + rest.encoded_len(), 0)?;
     head.encode(&mut buf)?;
     rest.encode(&mut buf)?;
     Ok(buf.freeze())
@@ -84,13 +84,7 @@ pub fn encode_frame_nesting<M: Message>(head: &M, nest: &[u32], tail: Bytes) -> 
         lengths.push(inner);
         inner += key_len(*field) + encoded_len_varint(inner as u64);
     }
-    let body_bytes = head.encoded_len() + inner;
-    let prefix = u32::try_from(body_bytes).map_err(|_| Error::FrameTooLarge {
-        size_bytes: body_bytes as u64,
-        limit_bytes: u32::MAX as usize,
-    })?;
-    let mut buf = BytesMut::with_capacity(FRAME_HEADER_BYTES + body_bytes - tail.len());
-    buf.put_u32(prefix);
+    let mut buf = frame_buffer(head.encoded_len() + inner, tail.len())?;
     head.encode(&mut buf)?;
     for (field, len) in nest.iter().zip(lengths.iter().rev()) {
         encode_key(*field, WireType::LengthDelimited, &mut buf);

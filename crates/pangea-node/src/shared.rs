@@ -151,6 +151,9 @@ impl Shared {
     }
 
     /// Durable watermarks of `scope` (all origins at zero if none published yet).
+    /// The driver publishes every scope its replica hosts at its first turn, and
+    /// requests ask only for hosted scopes, so the empty value is made only in the
+    /// first moments after start and is not worth keeping.
     pub fn watermarks_of(&self, scope: &ScopeId) -> Arc<PublishedWatermarks> {
         self.published.watermarks_of(scope)
     }
@@ -437,6 +440,9 @@ impl Published {
     }
 
     /// Durable watermarks of `scope` (all origins at zero if none published yet).
+    /// The driver publishes every scope its replica hosts at its first turn, and
+    /// requests ask only for hosted scopes, so the empty value is made only in the
+    /// first moments after start and is not worth keeping.
     pub fn watermarks_of(&self, scope: &ScopeId) -> Arc<PublishedWatermarks> {
         self.watermarks
             .read()
