@@ -71,6 +71,8 @@ fn diff(new: u64, old: u64) -> i64 {
 #[derive(Debug, Default)]
 pub struct LinkEncoder {
     names: HashMap<Arc<str>, u32>,
+    /// The names by index (`names` inverted).
+    by_index: Vec<Arc<str>>,
     last: WordMap<(u32, u32), Last>,
     reported: WordMap<(u32, u32, u32), u64>,
     /// Per (scope, reporter): the origins of its last report on this stream.
@@ -177,11 +179,15 @@ impl LinkEncoder {
                 flags |= REPORT_AFTER;
             }
             // Names of the report's origins first: a name is defined before its use.
-            let report: Vec<u32> = hb
-                .applied
-                .iter()
-                .map(|(o, _)| self.intern(o.as_str(), sink))
-                .collect();
+            // Most reports name the origins of the reporter's last one, which are
+            // compared by name rather than hashed again (`None`).
+            let report = (!hb.applied.is_empty() && !self.same_origins(scope, origin, &hb.applied))
+                .then(|| {
+                    hb.applied
+                        .iter()
+                        .map(|(o, _)| self.intern(o.as_str(), sink))
+                        .collect::<Vec<u32>>()
+                });
             sink.number(scope as i64);
             sink.number(origin as i64);
             sink.number(flags);
@@ -212,6 +218,18 @@ impl LinkEncoder {
         verbose
     }
 
+    /// Whether `applied` names the origins of `reporter`'s last report on this
+    /// stream, in its order.
+    fn same_origins(&self, scope: u32, reporter: u32, applied: &[(ReplicaId, Watermark)]) -> bool {
+        self.origins.get(&(scope, reporter)).is_some_and(|last| {
+            last.len() == applied.len()
+                && last
+                    .iter()
+                    .zip(applied)
+                    .all(|(&i, (o, _))| *self.by_index[i as usize] == *o.as_str())
+        })
+    }
+
     /// An applied-watermark report: a header (`n × 4`, + 1 when the origins are
     /// those of the reporter's last report on this stream, + 2 when every entry has
     /// one timestamp), the origins' indexes unless the same, each sequence as the
@@ -223,11 +241,16 @@ impl LinkEncoder {
         scope: u32,
         reporter: u32,
         wall: u64,
-        origins: Vec<u32>,
+        new_origins: Option<Vec<u32>>,
         applied: &[(ReplicaId, Watermark)],
         sink: &mut impl Sink,
     ) {
-        let same = self.origins.get(&(scope, reporter)) == Some(&origins);
+        // `None`: the origins of the last report, taken out while the entries are
+        // written and put back after.
+        let same = new_origins.is_none();
+        let origins = new_origins
+            .or_else(|| self.origins.remove(&(scope, reporter)))
+            .unwrap_or_default();
         let one_time = applied
             .windows(2)
             .all(|w| w[0].1.timestamp == w[1].1.timestamp);
@@ -248,9 +271,7 @@ impl LinkEncoder {
             sink.number(diff(wall, ww));
             sink.number(wl as i64);
         }
-        if !same {
-            self.origins.insert((scope, reporter), origins);
-        }
+        self.origins.insert((scope, reporter), origins);
     }
 
     /// Whether the names `hb` needs fit in the table.
@@ -274,8 +295,10 @@ impl LinkEncoder {
             return i;
         }
         let i = self.names.len() as u32;
-        self.names.insert(Arc::from(name), i);
-        sink.name(name);
+        let name: Arc<str> = Arc::from(name);
+        self.names.insert(name.clone(), i);
+        self.by_index.push(name);
+        sink.name(&self.by_index[i as usize]);
         i
     }
 }
