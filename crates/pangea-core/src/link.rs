@@ -465,7 +465,7 @@ impl LinkDecoder {
                 .wrapping_add(n.next("report sequence")? as u64);
             self.reported.insert((scope, reporter, o), sequence);
             applied.push((
-                ReplicaId::from(&*self.names[o as usize]),
+                ReplicaId::new(self.names[o as usize].clone()),
                 Watermark {
                     sequence,
                     timestamp: Timestamp::ZERO,
@@ -496,9 +496,9 @@ impl LinkDecoder {
 
     fn heartbeat(&mut self, n: &mut Numbers<'_>, fl: &FrameLimits) -> Result<Heartbeat, Error> {
         let (scope, scope_name) = self.name(n, "scope")?;
-        let scope_id = ScopeId::from(&**scope_name);
+        let scope_id = ScopeId::new(scope_name.clone());
         let (origin, origin_name) = self.name(n, "origin")?;
-        let origin_id = ReplicaId::from(&**origin_name);
+        let origin_id = ReplicaId::new(origin_name.clone());
         let flags = n.next("flags")?;
         if flags & !FLAGS != 0 {
             return Err(Error::malformed(
