@@ -1647,37 +1647,49 @@ async fn answers_leave_out_the_watermarks_the_caller_holds() -> Result<()> {
         served(&common::call(&conn, &write(b"one")).await?)?;
 
         // The replica's own watermark moves with its heartbeats even with no
-        // writes, so a pair of answers is asked again until no heartbeat fell
-        // between them; every answer that names new watermarks must carry them.
-        let mut unchanged = None;
+        // writes: each get names the digest of the answer before it, until one
+        // comes back unchanged (no heartbeat in its round trip). Every answer
+        // naming new watermarks must carry them.
+        let first = served(&common::call(&conn, &get(0)).await?)?;
+        ensure!(first.watermarks_digest != 0, "no digest: {first:?}");
+        let (mut digest, mut wm) = (
+            first.watermarks_digest,
+            first
+                .watermarks
+                .clone()
+                .context("unnamed watermarks left out")?,
+        );
+        ensure!(wm.scope == "global" && !wm.origins.is_empty(), "{wm:?}");
+        let mut unchanged = false;
         for _ in 0..50 {
-            // Unnamed: sent in full, with their digest.
-            let first = served(&common::call(&conn, &get(0)).await?)?;
-            let digest = first.watermarks_digest;
-            ensure!(digest != 0, "no digest: {first:?}");
-            let wm = first.watermarks.clone().context("no watermarks")?;
-            ensure!(wm.scope == "global" && !wm.origins.is_empty(), "{wm:?}");
-            // Named: left out while unchanged, named by the same digest.
             let again = served(&common::call(&conn, &get(digest)).await?)?;
             if again.watermarks_digest == digest {
                 ensure!(
                     again.watermarks.is_none(),
                     "unchanged watermarks were sent again: {again:?}"
                 );
-                unchanged = Some(digest);
+                unchanged = true;
                 break;
             }
-            ensure!(
-                again.watermarks.is_some(),
-                "moved watermarks left out: {again:?}"
-            );
+            wm = again
+                .watermarks
+                .clone()
+                .with_context(|| format!("moved watermarks left out: {again:?}"))?;
+            digest = again.watermarks_digest;
         }
-        let digest = unchanged.context("the watermarks moved between every pair of gets")?;
-        // Another digest (another replica's, or stale): sent in full.
+        ensure!(unchanged, "the watermarks moved in every round trip");
+        // Another digest (another replica's, or stale): sent in full, and the
+        // same ones unless a heartbeat moved them.
         let other = served(&common::call(&conn, &get(digest ^ 1)).await?)?;
-        ensure!(other.watermarks.is_some(), "{other:?}");
+        ensure!(
+            other.watermarks.is_some()
+                && (other.watermarks_digest != digest || other.watermarks == Some(wm.clone())),
+            "{other:?}"
+        );
 
-        // A write moves them: the write's answer and the next get carry new ones.
+        // A write moves them: the write's answer and the next get carry new ones,
+        // with the replica's own sequence past the write.
+        let top = |w: &pb::ScopeWatermarks| w.origins.iter().map(|o| o.sequence).max();
         let w = served(
             &common::call(
                 &conn,
@@ -1688,13 +1700,20 @@ async fn answers_leave_out_the_watermarks_the_caller_holds() -> Result<()> {
             )
             .await?,
         )?;
+        let moved = w
+            .watermarks
+            .clone()
+            .with_context(|| format!("a write's answer left out new watermarks: {w:?}"))?;
         ensure!(
-            w.watermarks.is_some() && w.watermarks_digest != digest,
-            "a write's answer left out new watermarks: {w:?}"
+            w.watermarks_digest != digest && top(&moved) > top(&wm),
+            "{w:?} after {wm:?}"
         );
         let after = served(&common::call(&conn, &get(digest)).await?)?;
         ensure!(
-            after.watermarks.is_some() && after.watermarks_digest != digest,
+            after.watermarks.is_some()
+                && after.watermarks_digest != digest
+                && (after.watermarks_digest != w.watermarks_digest
+                    || after.watermarks == Some(moved)),
             "{after:?}"
         );
 

@@ -251,6 +251,10 @@ impl LinkEncoder {
         let origins = new_origins
             .or_else(|| self.origins.remove(&(scope, reporter)))
             .unwrap_or_default();
+        debug_assert!(
+            !origins.is_empty(),
+            "`None` only when the last report's are kept"
+        );
         let one_time = applied
             .windows(2)
             .all(|w| w[0].1.timestamp == w[1].1.timestamp);

@@ -47,6 +47,7 @@ pub fn encode_frame<M: Message>(msg: &M) -> Result<Bytes> {
 /// A buffer holding the length prefix of a `body_bytes` frame, with room for the
 /// body but its last `held_bytes` (a piece sent apart from the buffer).
 fn frame_buffer(body_bytes: usize, held_bytes: usize) -> Result<BytesMut> {
+    debug_assert!(held_bytes <= body_bytes);
     let prefix = u32::try_from(body_bytes).map_err(|_| Error::FrameTooLarge {
         size_bytes: body_bytes as u64,
         limit_bytes: u32::MAX as usize,
