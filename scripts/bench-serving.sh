@@ -11,7 +11,7 @@
 # the replica. PIN=1 gives the servers (the replica, Redis) CPU 1 and the load
 # generators CPU 0 (taskset), instead of letting the two share both cores; the echo
 # floor, server and client in one process, stays unpinned. Run on an otherwise
-# idle machine.
+# idle machine. SERVE_POLL_US (0) sets the replica's serve_poll_us.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${P:-target/release/pangea}   # cargo build --release -p pangea-cli
@@ -26,6 +26,8 @@ if [ "${PIN:-0}" = 1 ]; then SERVER_CPU=(taskset -c 1); CLIENT_CPU=(taskset -c 0
 # counts twice: decoded and encoded), as an operator sizes it to the hot set
 # (docs/operations.md, row_cache_mib); Redis holds them all in memory too.
 export PANGEA_ROW_CACHE_MIB=${ROW_CACHE_MIB:-512}
+# The replica's serve_poll_us (0: it sleeps as soon as it has nothing to do).
+export PANGEA_SERVE_POLL_US=${SERVE_POLL_US:-0}
 OUT=${OUT:-$(mktemp -d)}
 D=$(mktemp -d)
 PORT=6399

@@ -88,6 +88,15 @@ pub struct NodeConfig {
     /// Storage writes and fsyncs run on their own thread either way.
     #[serde(default)]
     pub threads: usize,
+    /// How long the serving runtime keeps polling its sockets after a client's
+    /// request before it sleeps until the next one, in µs (default 0: it sleeps
+    /// as soon as it has nothing to do). Under load the next request comes
+    /// before the kernel would have woken a sleeping thread, so polling serves
+    /// it sooner and leaves no core idle between requests; while no request
+    /// comes, it costs nothing. For a replica with cores of its own. See `poll`
+    /// and docs/operations.md.
+    #[serde(default)]
+    pub serve_poll_us: u64,
     /// Nice value of the driver's thread (writes, fsyncs, replication), 0–19
     /// (default 5): behind the serving threads, so reads do not wait for the CPU
     /// while writes are applied (`priority.rs`). 0 leaves it as started.
@@ -323,7 +332,7 @@ impl NodeConfig {
 
 /// Keys the environment may set (so unrelated `PANGEA_*` variables, such as the
 /// topology overrides, are not mistaken for node settings).
-const FIELDS: [&str; 31] = [
+const FIELDS: [&str; 32] = [
     "topology",
     "placement",
     "replica",
@@ -343,6 +352,7 @@ const FIELDS: [&str; 31] = [
     "fault_injection",
     "new_cluster",
     "threads",
+    "serve_poll_us",
     "driver_nice",
     "compaction_nice",
     "row_cache_mib",

@@ -34,6 +34,7 @@ pub mod lag;
 pub mod metrics;
 pub mod migration;
 pub mod peers;
+pub mod poll;
 mod priority;
 pub mod readiness;
 pub mod reload;
@@ -409,6 +410,16 @@ pub async fn run_with_sockets(
             };
             if let Err(e) = admin::serve(listener, state, stopped).await {
                 tracing::error!(error = %e, "admin endpoint failed");
+            }
+        });
+    }
+    if shared.poller.enabled() {
+        let poller = shared.poller.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = poller.run() => {}
+                _ = stop.wait_for(|s| *s) => {}
             }
         });
     }

@@ -199,7 +199,10 @@ async fn serve_stream(
         )
         .await;
         let req = match read {
-            Ok(Some(r)) => r,
+            Ok(Some(r)) => {
+                shared.poller.request();
+                r
+            }
             Ok(None) => break,
             Err(e) => {
                 // The stream is no longer at a frame boundary: answer, stop the

@@ -73,6 +73,8 @@ pub struct Shared {
     pub residency: ResidencyCounts,
     /// Operator actions, refusals, merges and purges (`audit_log`).
     pub audit: crate::audit_log::AuditLog,
+    /// Keeps the serving runtime polling while requests come (`serve_poll_us`).
+    pub poller: Arc<crate::poll::Poller>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -110,6 +112,9 @@ impl Shared {
     pub(crate) fn new(p: Parts) -> Shared {
         Shared {
             intake: Intake::new(&p.config),
+            poller: Arc::new(crate::poll::Poller::new(std::time::Duration::from_micros(
+                p.config.serve_poll_us,
+            ))),
             deployed: Deployed::new(p.deployment, p.sources),
             published: Published::new(p.location),
             id: p.id,

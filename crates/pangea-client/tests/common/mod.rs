@@ -106,6 +106,7 @@ impl LocalCluster {
                 certs_reload_interval_ms: 0,
                 // As `pangea cluster up` runs them: one runtime thread each.
                 threads: 1,
+                serve_poll_us: 0,
                 driver_nice: 5,
                 compaction_nice: 10,
                 row_cache_mib: 64,

@@ -1,0 +1,124 @@
+//! Bounded polling of the serving runtime (`serve_poll_us`).
+//!
+//! A serving thread that has answered everything sleeps in `epoll_wait` until the
+//! next datagram, and the kernel takes tens of µs to wake it (more in a VM). Under
+//! load the next request comes sooner than that, so the wait for the wake-up is
+//! time the replica neither works nor lets its client work: a 1 KiB get benchmark
+//! left a fifth of a 2-core machine idle (docs/benchmarks.md, "What bounds it").
+//!
+//! While requests keep coming, a task here keeps the runtime from sleeping: it
+//! yields in a loop, and tokio polls its sockets between turns (a yielded task is
+//! woken only after the driver has been polled) instead of parking. Once no
+//! request has come for the window, it sleeps until the next one, so an idle
+//! replica costs nothing and a replica sharing its machine with others (a local
+//! cluster) polls only while it is being loaded.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// When the serving runtime polls instead of sleeping.
+#[derive(Debug)]
+pub struct Poller {
+    /// 0: never (the task is not started).
+    window: Duration,
+    epoch: Instant,
+    /// The last request, in µs since `epoch`.
+    last_us: AtomicU64,
+    /// The task sleeps until `wake`.
+    asleep: AtomicBool,
+    wake: Notify,
+}
+
+impl Poller {
+    pub fn new(window: Duration) -> Poller {
+        Poller {
+            window,
+            epoch: Instant::now(),
+            last_us: AtomicU64::new(0),
+            asleep: AtomicBool::new(true),
+            wake: Notify::new(),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        !self.window.is_zero()
+    }
+
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    /// A request came in: poll for the window from now.
+    pub fn request(&self) {
+        if !self.enabled() {
+            return;
+        }
+        self.last_us.store(self.now_us(), Ordering::Relaxed);
+        if self.asleep.swap(false, Ordering::SeqCst) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Whether a request came within the window.
+    fn busy(&self) -> bool {
+        self.now_us()
+            .saturating_sub(self.last_us.load(Ordering::Relaxed))
+            < self.window.as_micros() as u64
+    }
+
+    /// The polling task: runs on the serving runtime until the runtime stops.
+    pub async fn run(self: Arc<Self>) {
+        loop {
+            while self.busy() {
+                tokio::task::yield_now().await;
+            }
+            self.asleep.store(true, Ordering::SeqCst);
+            // A request between the check and the store found it awake and did
+            // not notify: look once more before sleeping.
+            if self.busy() {
+                self.asleep.store(false, Ordering::SeqCst);
+                continue;
+            }
+            // `notify_one` keeps a permit when no one waits yet: a request
+            // between here and the wait is not lost.
+            self.wake.notified().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Off by default (window 0): requests note nothing and wake no one.
+    #[test]
+    fn a_zero_window_never_polls() {
+        let p = Poller::new(Duration::ZERO);
+        assert!(!p.enabled());
+        p.request();
+        assert!(!p.busy());
+    }
+
+    /// A request makes the poller busy for the window, then it sleeps until the
+    /// next request wakes it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn polls_for_the_window_after_a_request_then_sleeps() {
+        let p = Arc::new(Poller::new(Duration::from_millis(20)));
+        let task = tokio::spawn(p.clone().run());
+        p.request();
+        assert!(p.busy());
+        // The task polls (yields) while busy, then goes to sleep.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !p.asleep.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "never went to sleep");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(!p.busy());
+        // A request wakes it.
+        p.request();
+        assert!(!p.asleep.load(Ordering::SeqCst) && p.busy());
+        task.abort();
+    }
+}
