@@ -93,8 +93,9 @@ pub struct NodeConfig {
     /// as soon as it has nothing to do). Under load the next request comes
     /// before the kernel would have woken a sleeping thread, so polling serves
     /// it sooner and leaves no core idle between requests; while no request
-    /// comes, it costs nothing. For a replica with cores of its own. See `poll`
-    /// and docs/operations.md.
+    /// comes, it costs nothing. For a replica with cores of its own, on the
+    /// single-threaded runtime (`threads = 1`; ignored otherwise); at most
+    /// 10,000. See `poll` and docs/operations.md.
     #[serde(default)]
     pub serve_poll_us: u64,
     /// Nice value of the driver's thread (writes, fsyncs, replication), 0–19
@@ -317,6 +318,12 @@ impl NodeConfig {
         let config: NodeConfig = f
             .extract()
             .map_err(|e| anyhow::anyhow!("node configuration: {e}"))?;
+        anyhow::ensure!(
+            config.serve_poll_us <= crate::poll::WINDOW_MAX_US,
+            "node configuration: serve_poll_us = {} is above its limit of {} µs",
+            config.serve_poll_us,
+            crate::poll::WINDOW_MAX_US
+        );
         for (field, nice) in [
             ("driver_nice", config.driver_nice),
             ("compaction_nice", config.compaction_nice),
@@ -443,6 +450,17 @@ mod tests {
         let e = refused("compaction_nice = 25");
         assert!(
             e.contains("compaction_nice = 25") && e.contains("0 to 19"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn serve_polling_is_off_unless_asked_for_and_bounded() {
+        assert_eq!(load("").serve_poll_us, 0);
+        assert_eq!(load("serve_poll_us = 500").serve_poll_us, 500);
+        let e = refused("serve_poll_us = 20000");
+        assert!(
+            e.contains("serve_poll_us = 20000") && e.contains("10000"),
             "{e}"
         );
     }

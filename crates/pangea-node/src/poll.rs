@@ -7,8 +7,12 @@
 //! left a fifth of a 2-core machine idle (docs/benchmarks.md, "What bounds it").
 //!
 //! While requests keep coming, a task here keeps the runtime from sleeping: it
-//! yields in a loop, and tokio polls its sockets between turns (a yielded task is
-//! woken only after the driver has been polled) instead of parking. Once no
+//! yields in a loop, and a single-threaded tokio runtime polls its sockets
+//! between turns (a yielded task is woken only after the driver has been
+//! polled) instead of parking. Only there: on the multi-threaded runtime a
+//! worker that yields polls the sockets only if no parked worker holds the
+//! driver, so polling would burn a core and wake nothing sooner; the node does
+//! not start it there (`threads = 0`). Once no
 //! request has come for the window, it sleeps until the next one, so an idle
 //! replica costs nothing and a replica sharing its machine with others (a local
 //! cluster) polls only while it is being loaded.
@@ -17,6 +21,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
+
+/// The most `serve_poll_us` may be: 10 ms (a window that long is a core given
+/// to polling, not a wait skipped).
+pub const WINDOW_MAX_US: u64 = 10_000;
 
 /// When the serving runtime polls instead of sleeping.
 #[derive(Debug)]
@@ -55,7 +63,9 @@ impl Poller {
         if !self.enabled() {
             return;
         }
-        self.last_us.store(self.now_us(), Ordering::Relaxed);
+        // SeqCst with the poller's re-check after it says it sleeps: either it
+        // sees this request, or this sees it asleep and wakes it.
+        self.last_us.fetch_max(self.now_us(), Ordering::SeqCst);
         if self.asleep.swap(false, Ordering::SeqCst) {
             self.wake.notify_one();
         }
@@ -64,26 +74,29 @@ impl Poller {
     /// Whether a request came within the window.
     fn busy(&self) -> bool {
         self.now_us()
-            .saturating_sub(self.last_us.load(Ordering::Relaxed))
+            .saturating_sub(self.last_us.load(Ordering::SeqCst))
             < self.window.as_micros() as u64
     }
 
     /// The polling task: runs on the serving runtime until the runtime stops.
+    /// Asleep until the first request.
     pub async fn run(self: Arc<Self>) {
         loop {
-            while self.busy() {
-                tokio::task::yield_now().await;
-            }
-            self.asleep.store(true, Ordering::SeqCst);
-            // A request between the check and the store found it awake and did
-            // not notify: look once more before sleeping.
-            if self.busy() {
-                self.asleep.store(false, Ordering::SeqCst);
-                continue;
-            }
             // `notify_one` keeps a permit when no one waits yet: a request
-            // between here and the wait is not lost.
+            // between saying it sleeps and this wait is not lost.
             self.wake.notified().await;
+            loop {
+                while self.busy() {
+                    tokio::task::yield_now().await;
+                }
+                self.asleep.store(true, Ordering::SeqCst);
+                // A request between the check and the store found it awake and
+                // did not notify: look once more before sleeping.
+                if !self.busy() {
+                    break;
+                }
+                self.asleep.store(false, Ordering::SeqCst);
+            }
         }
     }
 }
