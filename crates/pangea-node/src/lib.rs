@@ -413,15 +413,7 @@ pub async fn run_with_sockets(
             }
         });
     }
-    let single_threaded = tokio::runtime::Handle::current().runtime_flavor()
-        == tokio::runtime::RuntimeFlavor::CurrentThread;
-    if shared.poller.enabled() && !single_threaded {
-        tracing::warn!(
-            serve_poll_us = shared.config.serve_poll_us,
-            "serve_poll_us is ignored on the multi-threaded runtime (threads = 1 for it)"
-        );
-    }
-    if shared.poller.enabled() && single_threaded {
+    if shared.poller.enabled() {
         let poller = shared.poller.clone();
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {

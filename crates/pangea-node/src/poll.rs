@@ -11,10 +11,9 @@
 //! between turns (a yielded task is woken only after the driver has been
 //! polled) instead of parking. Only there: on the multi-threaded runtime a
 //! worker that yields polls the sockets only if no parked worker holds the
-//! driver, so polling would burn a core and wake nothing sooner; the node does
-//! not start it there (`threads = 0`). Once no
-//! request has come for the window, it sleeps until the next one, so an idle
-//! replica costs nothing and a replica sharing its machine with others (a local
+//! driver, so polling would burn a core and wake nothing sooner; the poller
+//! turns itself off there (`threads = 0`). Once no request has come for the
+//! window, it sleeps until the next one, so an idle replica costs nothing and a replica sharing its machine with others (a local
 //! cluster) polls only while it is being loaded.
 
 use std::sync::Arc;
@@ -48,6 +47,22 @@ impl Poller {
             asleep: AtomicBool::new(true),
             wake: Notify::new(),
         }
+    }
+
+    /// The poller for the runtime it is built on: polling only on a
+    /// single-threaded runtime; elsewhere a zero window (off, with a warning),
+    /// so no request pays for it.
+    pub fn for_current_runtime(window: Duration) -> Poller {
+        let single_threaded = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+        if !window.is_zero() && !single_threaded {
+            tracing::warn!(
+                serve_poll_us = window.as_micros() as u64,
+                "serve_poll_us is ignored on the multi-threaded runtime (threads = 1 for it)"
+            );
+            return Poller::new(Duration::ZERO);
+        }
+        Poller::new(window)
     }
 
     pub fn enabled(&self) -> bool {
@@ -104,6 +119,18 @@ impl Poller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// On a multi-threaded runtime the poller is off whatever the window.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_multi_threaded_runtime_never_polls() {
+        assert!(!Poller::for_current_runtime(Duration::from_micros(500)).enabled());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_single_threaded_runtime_polls_if_asked() {
+        assert!(Poller::for_current_runtime(Duration::from_micros(500)).enabled());
+        assert!(!Poller::for_current_runtime(Duration::ZERO).enabled());
+    }
 
     /// Off by default (window 0): requests note nothing and wake no one.
     #[test]

@@ -112,9 +112,9 @@ impl Shared {
     pub(crate) fn new(p: Parts) -> Shared {
         Shared {
             intake: Intake::new(&p.config),
-            poller: Arc::new(crate::poll::Poller::new(std::time::Duration::from_micros(
-                p.config.serve_poll_us,
-            ))),
+            poller: Arc::new(crate::poll::Poller::for_current_runtime(
+                std::time::Duration::from_micros(p.config.serve_poll_us),
+            )),
             deployed: Deployed::new(p.deployment, p.sources),
             published: Published::new(p.location),
             id: p.id,
