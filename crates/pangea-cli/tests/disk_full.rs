@@ -116,8 +116,25 @@ impl Drop for Solo {
     }
 }
 
+/// A row of `bytes` incompressible bytes (a serialized profile is not a run of one
+/// byte). With a repeated byte, fjall's journal compressed ~1,000 writes of 64 KiB
+/// into the last MiB of the disk, the memtable reached its 64 MiB and its flush to
+/// uncompressed tables filled the 64 MiB tmpfs again, at the restart.
 fn set(key: &str, bytes: usize) -> Result<RowMutation> {
-    common::profile_set(key, vec![b'x'; bytes])
+    use std::hash::{BuildHasher as _, BuildHasherDefault, DefaultHasher};
+    let mut state = BuildHasherDefault::<DefaultHasher>::default().hash_one(key);
+    let value: Vec<u8> = (0..bytes.div_ceil(8))
+        .flat_map(|_| {
+            // splitmix64
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)).to_le_bytes()
+        })
+        .take(bytes)
+        .collect();
+    common::profile_set(key, value)
 }
 
 /// Fills the file system of `dir` with a file of zeros until `leave_mib` MiB are
@@ -166,6 +183,37 @@ async fn write_until_refused(
         }
     }
     bail!("{limit} writes of 64 KiB all acknowledged on a full disk")
+}
+
+/// Free space under `dir` and its largest files, for a failure's context.
+fn space_report(dir: &Path) -> String {
+    fn walk(dir: &Path, files: &mut Vec<(u64, PathBuf)>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            match entry.metadata() {
+                Ok(m) if m.is_dir() => walk(&entry.path(), files),
+                Ok(m) => files.push((m.len(), entry.path())),
+                Err(_) => {}
+            }
+        }
+    }
+    let free = nix::sys::statvfs::statvfs(dir)
+        .map(|s| s.blocks_available().saturating_mul(s.fragment_size()) >> 10)
+        .unwrap_or_default();
+    let mut files = Vec::new();
+    walk(dir, &mut files);
+    let total: u64 = files.iter().map(|f| f.0).sum();
+    files.sort_unstable_by(|a, b| b.cmp(a));
+    let largest: Vec<String> = files
+        .iter()
+        .take(8)
+        .map(|(len, p)| format!("  {} KiB {}", len >> 10, p.display()))
+        .collect();
+    format!(
+        "{free} KiB free; {} files, {} KiB in all; largest:\n{}",
+        files.len(),
+        total >> 10,
+        largest.join("\n")
+    )
 }
 
 async fn read_all(c: &Client, keys: &[String]) -> Result<()> {
@@ -219,6 +267,10 @@ async fn cycle(reserve_mib: &str, leave_mib: u64, want: &str) -> Result<()> {
     );
     // Space returns: writes resume within seconds, no restart.
     std::fs::remove_file(&filler)?;
+    eprintln!(
+        "reserve {reserve_mib} MiB: space returned; {}",
+        space_report(fs.path())
+    );
     let freed = Instant::now();
     let resumed = eventually(
         Duration::from_secs(20),
@@ -253,18 +305,24 @@ async fn cycle(reserve_mib: &str, leave_mib: u64, want: &str) -> Result<()> {
     let pid = solo.file.replicas[0].pid.context("pid")?;
     drop(solo);
     ensure!(!common::alive(pid), "the replica did not stop");
+    eprintln!(
+        "reserve {reserve_mib} MiB: stopped; {}",
+        space_report(fs.path())
+    );
     let solo = Solo::up(
         &fs.path().join("c"),
         &[("PANGEA_DISK_RESERVE_MIB", reserve_mib)],
-    )?;
+    )
+    .with_context(|| format!("restarting: {}", space_report(fs.path())))?;
     let c = Client::connect(ClientConfig::from_cluster(
         &solo.file, "local-1", "frontend",
     )?)
     .await?;
     read_all(&c, &acked).await?;
     eprintln!(
-        "reserve {reserve_mib} MiB: {} acknowledged writes all there after a restart",
-        acked.len()
+        "reserve {reserve_mib} MiB: {} acknowledged writes all there after a restart; {}",
+        acked.len(),
+        space_report(fs.path())
     );
     Ok(())
 }
