@@ -193,9 +193,31 @@ pub(crate) fn init_logging() {
     };
 }
 
+/// Turns transparent huge pages off for this process, before it allocates much:
+/// the allocator (mimalloc) asks for them, and the first touch of each 2 MiB is then
+/// a 2 MiB clear in one page fault on whichever thread touches it. A replica does
+/// this unless `huge_pages` is set (docs/benchmarks.md, "Serving over
+/// replication"); so do the processes that measure latency (the demo's clients and
+/// the load generators): a fresh `pangea demo` spent ~100 ms of its first 250 ms
+/// clearing pages under `recvmmsg` and mimalloc's page allocation, and 0.2–0.8 % of
+/// its reads missed their 20 ms deadline. The simulator keeps them: it runs 4 %
+/// faster with them (docs/drills.md). Children inherit the setting (the demo's
+/// replicas run without huge pages, their default anyway).
+pub(crate) fn no_huge_pages() {
+    if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
+        tracing::warn!(error = %e, "cannot turn transparent huge pages off; latency may stall on page faults");
+    }
+}
+
 fn main() -> std::process::ExitCode {
     quiet_on_broken_pipe();
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Demo(_) | Command::Bench(_) | Command::BenchEcho(_) | Command::BenchRedis(_)
+    ) {
+        no_huge_pages();
+    }
     let result = match cli.command {
         Command::Demo(args) => demo_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),

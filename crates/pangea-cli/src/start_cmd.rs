@@ -126,9 +126,7 @@ pub(crate) fn start(args: StartArgs) -> Result<()> {
     if !config.huge_pages {
         // Before the runtime and the store allocate: no 2 MiB page zeroed on a
         // serving thread's fault (NodeConfig::huge_pages).
-        if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
-            tracing::warn!(error = %e, "cannot turn transparent huge pages off; serving may stall on page faults");
-        }
+        crate::no_huge_pages();
     }
     let runtime = config.runtime().build()?;
     let result = runtime.block_on(async move {

@@ -56,7 +56,10 @@ pub struct Options {
 struct Tally {
     /// (region, mode) -> latencies in µs.
     reads: BTreeMap<(String, &'static str), Histogram<u64>>,
+    /// (region, mode) -> failed requests; writes under the mode "(writes)".
     errors: BTreeMap<(String, &'static str), u64>,
+    /// Why requests failed: the error's text -> how often.
+    causes: BTreeMap<String, u64>,
     writes: BTreeMap<String, Histogram<u64>>,
     /// Watermark reads answered by the first replica asked vs. after a fallback.
     local_covered: u64,
@@ -365,17 +368,20 @@ async fn client_loop(
         if i.is_multiple_of(10) {
             // An event-driven profile update, from this region.
             let t0 = Instant::now();
-            if let Ok(r) = client
+            let result = client
                 .put_profile(user, &profile(user, i), &WriteOptions::default())
-                .await
-            {
-                last = Some((r.value, user.clone()));
-                let mut t = tally.lock().expect("not poisoned");
-                let _ = t
-                    .writes
-                    .entry(region.clone())
-                    .or_insert_with(histogram)
-                    .record(t0.elapsed().as_micros() as u64);
+                .await;
+            let mut t = tally.lock().expect("not poisoned");
+            match result {
+                Ok(r) => {
+                    last = Some((r.value, user.clone()));
+                    let _ = t
+                        .writes
+                        .entry(region.clone())
+                        .or_insert_with(histogram)
+                        .record(t0.elapsed().as_micros() as u64);
+                }
+                Err(e) => t.failed(&region, WRITES, &e),
             }
             continue;
         }
@@ -411,8 +417,24 @@ async fn client_loop(
                     }
                 }
             }
-            Err(_) => *t.errors.entry((region.clone(), mode)).or_default() += 1,
+            Err(e) => t.failed(&region, mode, &e),
         }
+    }
+}
+
+/// The causes of failures a report lists.
+const CAUSES_SHOWN: usize = 5;
+
+/// The mode column of the writes' row.
+const WRITES: &str = "(writes)";
+
+impl Tally {
+    fn failed(&mut self, region: &str, mode: &'static str, e: &pangea_client::Error) {
+        *self.errors.entry((region.to_owned(), mode)).or_default() += 1;
+        *self
+            .causes
+            .entry(format!("{mode} from {region}: {e}"))
+            .or_default() += 1;
     }
 }
 
@@ -424,11 +446,12 @@ async fn print_report(
     last: bool,
     say: &(dyn Fn(&str) + Sync),
 ) {
-    let (reads, errors, writes, local, fallback) = {
+    let (reads, errors, causes, writes, local, fallback) = {
         let t = tally.lock().expect("not poisoned");
         (
             t.reads.clone(),
             t.errors.clone(),
+            t.causes.clone(),
             t.writes.clone(),
             t.local_covered,
             t.fallback_covered,
@@ -448,20 +471,39 @@ async fn print_report(
     for region in &regions {
         for mode in MODES {
             let key = ((*region).clone(), mode);
-            let Some(h) = reads.get(&key) else { continue };
-            let f = figures(h, errors.get(&key).copied().unwrap_or(0), elapsed);
+            let failed = errors.get(&key).copied();
+            let h = match (reads.get(&key), failed) {
+                (Some(h), _) => h.clone(),
+                // Every read failed: the row still shows.
+                (None, Some(_)) => histogram(),
+                (None, None) => continue,
+            };
+            let f = figures(&h, failed.unwrap_or(0), elapsed);
             say(&format!(
                 "  {:<16} {:<10} {:>8} {:>7} {:>8.2} {:>8.2} {:>8.2}",
                 region, mode, f.count, f.errors, f.p50_ms, f.p99_ms, f.p999_ms
             ));
         }
-        if let Some(h) = writes.get(*region) {
-            let f = figures(h, 0, elapsed);
+        let failed = errors.get(&((*region).clone(), WRITES)).copied();
+        if let Some(h) = writes.get(*region).cloned().or(failed.map(|_| histogram())) {
+            let f = figures(&h, failed.unwrap_or(0), elapsed);
             say(&format!(
                 "  {:<16} {:<10} {:>8} {:>7} {:>8.2} {:>8.2} {:>8.2}",
-                region, "(writes)", f.count, "", f.p50_ms, f.p99_ms, f.p999_ms
+                region, WRITES, f.count, f.errors, f.p50_ms, f.p99_ms, f.p999_ms
             ));
         }
+    }
+    // Why requests failed, most frequent first.
+    let mut causes: Vec<(u64, String)> = causes.into_iter().map(|(c, n)| (n, c)).collect();
+    causes.sort_unstable_by(|a, b| b.cmp(a));
+    for (n, cause) in causes.iter().take(CAUSES_SHOWN) {
+        say(&format!("  {n} × {cause}"));
+    }
+    if causes.len() > CAUSES_SHOWN {
+        say(&format!(
+            "  ... and {} other causes",
+            causes.len() - CAUSES_SHOWN
+        ));
     }
     let (mut hedges, mut fallbacks, mut failovers) = (0, 0, 0);
     for c in clients.values() {
@@ -473,19 +515,30 @@ async fn print_report(
         "  hedges {hedges}, watermark fallbacks {fallbacks}, failovers {failovers}; watermark reads answered by the first replica asked: {local}, after a fallback: {fallback}"
     ));
     // Replication lag: how far each replica's watermark for each other origin is
-    // behind now, from the admin endpoints.
-    let mut lags: Vec<u64> = Vec::new();
-    for r in &cluster.replicas {
-        if let Ok(w) = Admin::new(&r.admin).and_then(|a| a.watermarks()) {
-            for s in &w.scopes {
-                for (origin, o) in &s.origins {
-                    if origin != &r.id {
-                        lags.push(o.lag_ms);
+    // behind now, from the admin endpoints. Their HTTP calls block: off the
+    // runtime, so that the clients on its workers do not wait behind them.
+    let admins: Vec<(String, String)> = cluster
+        .replicas
+        .iter()
+        .map(|r| (r.id.clone(), r.admin.clone()))
+        .collect();
+    let mut lags = tokio::task::spawn_blocking(move || {
+        let mut lags: Vec<u64> = Vec::new();
+        for (id, admin) in &admins {
+            if let Ok(w) = Admin::new(admin).and_then(|a| a.watermarks()) {
+                for s in &w.scopes {
+                    for (origin, o) in &s.origins {
+                        if origin != id {
+                            lags.push(o.lag_ms);
+                        }
                     }
                 }
             }
         }
-    }
+        lags
+    })
+    .await
+    .unwrap_or_default();
     lags.sort_unstable();
     if !lags.is_empty() {
         let q = |p: f64| lags[((lags.len() - 1) as f64 * p) as usize];
