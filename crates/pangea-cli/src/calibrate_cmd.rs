@@ -58,8 +58,8 @@ pub(crate) struct CalibrateArgs {
     json: Option<PathBuf>,
     /// Run no live cluster: compare with the live figures of an earlier `--json`
     /// (its levels and kill, with its files, rates, durations, seeds and
-    /// frontends; no saturation search), to try a change of the model on the
-    /// same live runs.
+    /// frontends; its saturation search's live steps, against the simulator's
+    /// searched again), to try a change of the model on the same live runs.
     #[arg(long, conflicts_with_all = [
         "topology", "placement", "rate", "clients_per_region", "kill", "saturate",
         "duration", "seed",
@@ -135,15 +135,17 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
     )
 }
 
-/// `--replay`: the levels and the kill of an earlier `--json` (its files, rates,
-/// durations, seeds and frontends), simulated again, as shipped and then fitted,
-/// against its live figures.
+/// `--replay`: the levels, the kill and the saturation search of an earlier
+/// `--json` (its files, rates, durations, seeds and frontends), simulated again,
+/// as shipped and then fitted, against its live figures.
 fn replay(a: &CalibrateArgs, path: &std::path::Path) -> Result<()> {
     let recording = Recording::read(path)?;
     let mut say = |line: &str| println!("{line}");
     let mut measured = Vec::new();
+    let mut levels_options = Vec::new();
     for (o, live) in recording.levels {
         let m = calibrate::replay(&o, live, &mut say)?;
+        levels_options.push(o.clone());
         measured.push((o, m));
     }
     let heading = format!("replayed from {}", path.display());
@@ -155,12 +157,22 @@ fn replay(a: &CalibrateArgs, path: &std::path::Path) -> Result<()> {
         }
         None => None,
     };
+    // The saturation search's live steps as recorded, the simulator's searched
+    // again from the last level's rate, as the live run started.
+    let saturation = match (recording.saturation, levels_options.last()) {
+        (Some(recorded), Some(o)) => {
+            let s = calibrate::replay_saturation(o, recorded, fit, a.bisect, &mut say)?;
+            println!("\n{}", s.agreement());
+            Some(s)
+        }
+        _ => None,
+    };
     write_json(
         a.json.as_deref(),
         &Report {
             levels,
             kill,
-            saturation: None,
+            saturation,
         },
     )
 }

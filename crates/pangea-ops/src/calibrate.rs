@@ -152,6 +152,10 @@ pub struct Fit {
     /// The frontends' CPU per request sent and per answer received, µs
     /// (`[host] frontend_us`): the live frontends share the machine.
     pub frontend_us: f64,
+    /// CPU to wake a replica's thread that slept, µs (`[host] wake_us`): with
+    /// three levels or more, fitted with `cpu_scale` and `background` so that the
+    /// simulated machine is as busy as the live one at each (`fit_wake`).
+    pub wake_us: f64,
 }
 
 /// Both runs and their comparison (`--json` writes it whole).
@@ -409,13 +413,14 @@ pub fn finish(
     say(&format!(
         "Simulating again with the fitted host costs (overhead {} µs, commit {} µs, CPU \
          costs ×{:.1}, {:.0} % of the cores busy with unitemized work in pieces of {:.0} µs, \
-         frontends {:.0} µs a message) ...",
+         frontends {:.0} µs a message, {:.0} µs a wake-up) ...",
         fit.overhead_us,
         fit.commit_us,
         fit.cpu_scale,
         fit.background * 100.0,
         fit.background_us,
-        fit.frontend_us
+        fit.frontend_us,
+        fit.wake_us
     ));
     let kill = match (&a.kill, live.kill) {
         (Some(k), Some(live_window)) => {
@@ -494,6 +499,18 @@ impl Report {
 pub struct Recording {
     pub levels: Vec<(Options, LiveFigures)>,
     pub kill: Option<(Options, LiveFigures)>,
+    /// The live side of the saturation search, if it ran (`--saturate`).
+    pub saturation: Option<RecordedSaturation>,
+}
+
+/// The live side of a recorded saturation search: the simulated side is searched
+/// again with the replay's fit ([`replay_saturation`]).
+#[derive(Debug, Deserialize)]
+pub struct RecordedSaturation {
+    pub step_s: f64,
+    pub live: Vec<SaturationStep>,
+    pub live_met: Option<f64>,
+    pub live_missed: Option<f64>,
 }
 
 /// The part of a [`Report`] a [`Recording`] reads.
@@ -501,6 +518,8 @@ pub struct Recording {
 struct Recorded {
     levels: Vec<RecordedLevel>,
     kill: Option<RecordedLevel>,
+    #[serde(default)]
+    saturation: Option<RecordedSaturation>,
 }
 
 #[derive(Deserialize)]
@@ -567,6 +586,7 @@ impl Recording {
                 .map(RecordedLevel::into_run)
                 .collect(),
             kill: recorded.kill.map(RecordedLevel::into_run),
+            saturation: recorded.saturation,
         })
     }
 }
@@ -589,7 +609,7 @@ pub struct Saturation {
 }
 
 /// One step of a saturation search.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SaturationStep {
     pub rate: f64,
     pub reads: u64,
@@ -695,20 +715,7 @@ pub fn saturation(
         };
         scenario(&o, deployment.clone())
     };
-    say(&format!(
-        "Saturation, simulated with the fitted host costs ({} s a step):",
-        step.as_secs()
-    ));
-    let mut sim = Vec::new();
-    let (sim_met, sim_missed) = pangea_sim::capacity::search_rate(a.rate, bisect, |rate| {
-        let mut sc = at(rate)?;
-        apply_fit(&mut sc.host, &fit);
-        let s = SaturationStep::sim(rate, &Simulation::new(sc)?.run()?);
-        say(&format!("  {s}"));
-        let met = s.met;
-        sim.push(s);
-        Ok(met)
-    })?;
+    let (sim, sim_met, sim_missed) = sim_saturation(a, &deployment, fit, step, bisect, say)?;
     let (cluster, _stop) = live_cluster(a, "saturate", say)?;
     say(&format!(
         "Saturation, live ({} s a step, one cluster):",
@@ -734,6 +741,66 @@ pub fn saturation(
         sim,
         live_met,
         live_missed,
+        sim_met,
+        sim_missed,
+    })
+}
+
+/// The fitted simulator's side of [`saturation`]: its steps, the highest rate met
+/// and the lowest missed.
+#[allow(clippy::type_complexity)] // the search's own result, with its steps
+fn sim_saturation(
+    a: &Options,
+    deployment: &Arc<Deployment>,
+    fit: Fit,
+    step: Duration,
+    bisect: u32,
+    say: &mut dyn FnMut(&str),
+) -> Result<(Vec<SaturationStep>, Option<f64>, Option<f64>)> {
+    say(&format!(
+        "Saturation, simulated with the fitted host costs ({} s a step):",
+        step.as_secs()
+    ));
+    let mut sim = Vec::new();
+    let (met, missed) = pangea_sim::capacity::search_rate(a.rate, bisect, |rate| {
+        let o = Options {
+            rate,
+            duration: step,
+            kill: None,
+            ..a.clone()
+        };
+        let mut sc = scenario(&o, deployment.clone())?;
+        apply_fit(&mut sc.host, &fit);
+        let s = SaturationStep::sim(rate, &Simulation::new(sc)?.run()?);
+        say(&format!("  {s}"));
+        let met = s.met;
+        sim.push(s);
+        Ok(met)
+    })?;
+    Ok((sim, met, missed))
+}
+
+/// A recorded saturation search's live side against the simulator searched again
+/// with `fit`, from the rate of `a` (the last level's, as [`saturation`] starts).
+pub fn replay_saturation(
+    a: &Options,
+    recorded: RecordedSaturation,
+    fit: Fit,
+    bisect: u32,
+    say: &mut dyn FnMut(&str),
+) -> Result<Saturation> {
+    let deployment = Arc::new(
+        Deployment::load(&a.topology, Some(&a.placement)).map_err(|p| anyhow::anyhow!("{p}"))?,
+    );
+    let step = Duration::from_secs_f64(recorded.step_s);
+    let (sim, sim_met, sim_missed) = sim_saturation(a, &deployment, fit, step, bisect, say)?;
+    Ok(Saturation {
+        slo_ms: SLO_MS,
+        step_s: recorded.step_s,
+        live: recorded.live,
+        sim,
+        live_met: recorded.live_met,
+        live_missed: recorded.live_missed,
         sim_met,
         sim_missed,
     })
@@ -1224,6 +1291,7 @@ fn apply_fit(hosts: &mut pangea_sim::host::Hosts, fit: &Fit) {
     host.commit_us = fit.commit_us as f64;
     host.background = fit.background;
     host.background_us = fit.background_us;
+    host.wake_us = fit.wake_us;
     for c in [
         &mut host.read,
         &mut host.write,
@@ -1277,6 +1345,53 @@ pub fn fit_levels(levels: &[&Measured]) -> Result<Fit> {
         (Some((s1, l1)), _) if s1 > 0.0 => f.cpu_scale = (l1 / s1).max(1.0),
         _ => return Ok(f),
     }
+    let Some(bound) = wake_bound(levels, &f)? else {
+        return fit_latency(first, f);
+    };
+    // The wake-up's cost between 1 µs and the bound, on a log scale: the one whose
+    // fitted model gives the third level's read p99 (every read pooled) the live
+    // one. A dearer wake-up makes CPU per request fall faster with load, so that
+    // p99 falls as the cost grows.
+    let last = levels[2];
+    let (reads, _, live_p99) = last.live.all_reads;
+    if reads == 0 || live_p99 <= 0.0 {
+        return fit_latency(first, f);
+    }
+    let (mut lo, mut hi) = (0.0f64, bound.ln());
+    let mut best: Option<(f64, Fit)> = None;
+    for _ in 0..WAKE_BISECTIONS {
+        let wake_us = ((lo + hi) / 2.0).exp();
+        let Some(g) = fit_busy(levels, &f, wake_us)? else {
+            hi = wake_us.ln();
+            continue;
+        };
+        let g = fit_latency(first, g)?;
+        let mut sc = last.sc.clone();
+        apply_fit(&mut sc.host, &g);
+        let p99 = Simulation::new(sc)?.run()?.reads.p99_ms;
+        let miss = (p99 - live_p99).abs();
+        if best.as_ref().is_none_or(|(m, _)| miss < *m) {
+            best = Some((miss, g));
+        }
+        if p99 > live_p99 {
+            lo = wake_us.ln();
+        } else {
+            hi = wake_us.ln();
+        }
+    }
+    match best {
+        Some((_, g)) => Ok(g),
+        None => fit_latency(first, f),
+    }
+}
+
+/// Bisections of the wake-up's cost in [`fit_levels`].
+const WAKE_BISECTIONS: usize = 6;
+
+/// The request overhead, then the background's piece length, fitted at the first
+/// level `first` to `f`'s CPU costs ([`fit_levels`]).
+fn fit_latency(first: &Measured, f: Fit) -> Result<Fit> {
+    let mut f = f;
     let shipped_overhead = first.sc.host.default.overhead_us;
     let mut sc = first.sc.clone();
     apply_fit(
@@ -1293,6 +1408,122 @@ pub fn fit_levels(levels: &[&Measured]) -> Result<Fit> {
         f.background_us = fit_background_piece(first, &f, live_p99)?;
     }
     Ok(f)
+}
+
+/// Each of the first three levels as a row `[1, itemized, wake-ups, live]`: the
+/// live replicas' share of the machine against the simulated replicas' itemized
+/// work (unscaled) and their wake-ups (per µs of a wake-up's cost), both as shares
+/// of the machine, counted in a simulation with `trial`'s costs. `None`: a level
+/// without the live machine's busy share.
+fn busy_rows(levels: &[&Measured], trial: &Fit) -> Result<Option<[[f64; 4]; 3]>> {
+    let mut rows = [[0.0; 4]; 3];
+    for (row, m) in rows.iter_mut().zip(levels) {
+        let Some(live) = live_replicas_busy(&m.live) else {
+            return Ok(None);
+        };
+        let mut sc = m.sc.clone();
+        apply_fit(&mut sc.host, trial);
+        let sim = Simulation::new(sc)?.run()?;
+        let wake: f64 = sim
+            .hosts
+            .values()
+            .filter_map(|h| h.work.get("wake"))
+            .map(|w| w.0)
+            .sum();
+        let itemized = (sim_replicas_busy(&sim) - wake) / trial.cpu_scale;
+        *row = [1.0, itemized, wake / trial.wake_us, live];
+    }
+    Ok(Some(rows))
+}
+
+/// With three levels or more, the most a wake-up can cost: the live replicas'
+/// share of the machine solved as `background + cpu_scale × itemized + wake_us ×
+/// wake-ups` through the first three levels ([`busy_rows`]; the wake-ups counted
+/// with the two-level fit and a 1 µs wake-up, then twice more with the last
+/// solution). A wake-up is paid by work that finds its thread asleep
+/// (`HostModel::wake_us`), fewer per request as load grows, which is why the live
+/// CPU per request falls with load where a constant cost cannot (docs/drills.md,
+/// "Fidelity"). Three busy shares pin the cost only loosely (a dearer wake-up and
+/// cheaper work fit them almost as well), so this is an upper bound, and
+/// [`fit_levels`] chooses below it. `None`: fewer than three levels, or no
+/// physical solution (a negative share or cost).
+fn wake_bound(levels: &[&Measured], f: &Fit) -> Result<Option<f64>> {
+    let Some(levels) = levels.get(..3) else {
+        return Ok(None);
+    };
+    let mut trial = Fit { wake_us: 1.0, ..*f };
+    let mut solved = None;
+    for _ in 0..3 {
+        let Some(rows) = busy_rows(levels, &trial)? else {
+            return Ok(None);
+        };
+        let Some([b, c, w]) = solve3(&rows) else {
+            return Ok(solved);
+        };
+        if !((0.0..=0.9).contains(&b) && c > 0.0 && w >= 1.0) {
+            return Ok(solved);
+        }
+        trial = Fit {
+            background: b,
+            cpu_scale: c,
+            wake_us: w,
+            ..*f
+        };
+        solved = Some(w);
+    }
+    Ok(solved)
+}
+
+/// The CPU scale and background for a wake-up of `wake_us`: the line through the
+/// first two levels' busy shares less their wake-ups against their itemized work
+/// ([`busy_rows`]), as the two-level fit without wake-ups draws it; the wake-ups
+/// counted with `f`'s costs and this wake-up, then again with the line's. `None`:
+/// no physical line.
+fn fit_busy(levels: &[&Measured], f: &Fit, wake_us: f64) -> Result<Option<Fit>> {
+    let mut trial = Fit { wake_us, ..*f };
+    for _ in 0..2 {
+        let Some(rows) = busy_rows(&levels[..3], &trial)? else {
+            return Ok(None);
+        };
+        let [(x1, y1), (x2, y2)] = [0, 1].map(|i| (rows[i][1], rows[i][3] - wake_us * rows[i][2]));
+        if x2 <= x1 {
+            return Ok(None);
+        }
+        let cpu_scale = (y2 - y1) / (x2 - x1);
+        let background = y1 - cpu_scale * x1;
+        if !((0.0..=0.9).contains(&background) && cpu_scale > 0.0) {
+            return Ok(None);
+        }
+        trial = Fit {
+            cpu_scale,
+            background,
+            ..trial
+        };
+    }
+    Ok(Some(trial))
+}
+
+/// `x` with `a x = y` for the rows `[a0, a1, a2, y]` (Cramer's rule); `None` when
+/// the rows are not independent.
+fn solve3(rows: &[[f64; 4]; 3]) -> Option<[f64; 3]> {
+    let det = |col: Option<usize>| {
+        let m = |r: usize, c: usize| {
+            if Some(c) == col {
+                rows[r][3]
+            } else {
+                rows[r][c]
+            }
+        };
+        m(0, 0) * (m(1, 1) * m(2, 2) - m(1, 2) * m(2, 1))
+            - m(0, 1) * (m(1, 0) * m(2, 2) - m(1, 2) * m(2, 0))
+            + m(0, 2) * (m(1, 0) * m(2, 1) - m(1, 1) * m(2, 0))
+    };
+    let d = det(None);
+    if d.abs() < 1e-12 {
+        return None;
+    }
+    let x = [det(Some(0)) / d, det(Some(1)) / d, det(Some(2)) / d];
+    x.iter().all(|v| v.is_finite()).then_some(x)
 }
 
 /// The length of a piece of unitemized work that makes the simulated read p99
@@ -1392,6 +1623,7 @@ fn fit(sc: &Scenario, sim: &RunReport, live: &LiveFigures) -> Fit {
         background: 0.0,
         background_us: host.background_us,
         frontend_us: 0.0,
+        wake_us: host.wake_us,
     }
 }
 
@@ -1549,13 +1781,14 @@ impl std::fmt::Display for Calibration {
         writeln!(
             f,
             "SIM: the simulator as shipped; FITTED: with [host] overhead_us = {}, commit_us = {}, \
-         background = {:.2}, background_us = {:.0}, frontend_us = {:.0} and CPU costs ×{:.1}; \
-         machine busy live {} (frontends {}), fitted {:.0} % (frontends {:.0} %)",
+         background = {:.2}, background_us = {:.0}, frontend_us = {:.0}, wake_us = {:.0} and CPU \
+         costs ×{:.1}; machine busy live {} (frontends {}), fitted {:.0} % (frontends {:.0} %)",
             c.fitted_host.overhead_us,
             c.fitted_host.commit_us,
             c.fitted_host.background,
             c.fitted_host.background_us,
             c.fitted_host.frontend_us,
+            c.fitted_host.wake_us,
             c.fitted_host.cpu_scale,
             pct(c.live.machine_busy),
             pct(c.live.frontend_busy),
@@ -1638,5 +1871,23 @@ impl std::fmt::Display for Calibration {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The busy shares' system: its solution, and none for dependent rows.
+    #[test]
+    fn three_levels_solve_for_background_cpu_and_wake_up() {
+        // busy = 0.2 + 1.5 × itemized + 100 × wake-ups
+        let row = |u: f64, n: f64| [1.0, u, n, 0.2 + 1.5 * u + 100.0 * n];
+        let x = solve3(&[row(0.05, 0.0005), row(0.2, 0.001), row(0.4, 0.0012)]).unwrap();
+        for (got, want) in x.iter().zip([0.2, 1.5, 100.0]) {
+            assert!((got - want).abs() < 1e-6 * want, "{x:?}");
+        }
+        // Wake-ups in proportion to the itemized work: nothing tells them apart.
+        assert!(solve3(&[row(0.1, 0.001), row(0.2, 0.002), row(0.4, 0.004)]).is_none());
     }
 }

@@ -138,6 +138,8 @@ struct RawHost {
     background: Option<f64>,
     /// Mean length of one piece of that work, µs (> 0).
     background_us: Option<f64>,
+    /// CPU to wake a thread that slept, paid by work that finds it asleep, µs.
+    wake_us: Option<f64>,
     /// Every host on one machine of this many cores (top level only).
     machine_cores: Option<u32>,
     /// The frontends' CPU per request and per answer on that machine (top level,
@@ -760,6 +762,7 @@ fn host_patch(cx: &mut Ctx<'_>, at: &[Seg], r: &RawHost) -> HostPatch {
     check("cpu_sigma", r.cpu_sigma);
     check("commit_us", r.commit_us);
     check("commit_sigma", r.commit_sigma);
+    check("wake_us", r.wake_us);
     if let Some(b) = r.background
         && !(0.0..=0.9).contains(&b)
     {
@@ -785,6 +788,7 @@ fn host_patch(cx: &mut Ctx<'_>, at: &[Seg], r: &RawHost) -> HostPatch {
         overhead_us: r.overhead_us,
         background: r.background,
         background_us: r.background_us,
+        wake_us: r.wake_us,
     }
 }
 

@@ -5,7 +5,10 @@
 //!
 //! Each piece of work draws its service time from a log-normal distribution around
 //! its mean ([`Cost`]), so a host's latency grows with its load and a host given more
-//! work than its cores can do falls behind without bound, as a real one does. The
+//! work than its cores can do falls behind without bound, as a real one does. Work
+//! that finds its thread asleep (the serving runtime's, or the replication
+//! driver's) pays for waking it first ([`HostModel::wake_us`]), so a busy host
+//! spends less CPU per request than an idle one, as a live one does. The
 //! defaults ([`HostModel::default`]) were measured on the reference machine class;
 //! docs/drills.md ("The host model") says how.
 //!
@@ -51,16 +54,20 @@ pub enum Work {
     /// A frontend sending a request or taking an answer (on the machine the
     /// frontends share with the replicas, `Hosts::frontend_us`).
     Frontend,
+    /// Waking a thread that slept before work it found (`HostModel::wake_us`):
+    /// its pieces are the wake-ups.
+    Wake,
 }
 
 impl Work {
-    pub const ALL: [Work; 6] = [
+    pub const ALL: [Work; 7] = [
         Work::Read,
         Work::Write,
         Work::Watermarks,
         Work::Apply,
         Work::Snapshot,
         Work::Frontend,
+        Work::Wake,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,6 +78,7 @@ impl Work {
             Work::Apply => "apply",
             Work::Snapshot => "snapshot",
             Work::Frontend => "frontend",
+            Work::Wake => "wake",
         }
     }
 }
@@ -111,6 +119,13 @@ pub struct HostModel {
     /// long a request that finds every core taken waits (`pangea sim calibrate`
     /// fits it to the live tail).
     pub background_us: f64,
+    /// CPU to wake a thread that slept (a return from `epoll_wait`, the kernel's
+    /// wake-up and the scheduler's switch, more in a VM), paid by replica work
+    /// that finds its thread — the serving runtime's or the replication driver's —
+    /// with nothing left to do. Under load work finds it still busy and pays
+    /// nothing, so CPU per request falls as load grows (`pangea sim calibrate`
+    /// fits it across load levels; 0: not modelled).
+    pub wake_us: f64,
 }
 
 impl Default for HostModel {
@@ -141,6 +156,7 @@ impl Default for HostModel {
             overhead_us: 60,
             background: 0.0,
             background_us: BACKGROUND_JOB_US,
+            wake_us: 0.0,
         }
     }
 }
@@ -160,6 +176,7 @@ pub struct HostPatch {
     pub overhead_us: Option<u64>,
     pub background: Option<f64>,
     pub background_us: Option<f64>,
+    pub wake_us: Option<f64>,
 }
 
 impl HostPatch {
@@ -200,6 +217,9 @@ impl HostPatch {
         }
         if let Some(us) = self.background_us {
             m.background_us = us;
+        }
+        if let Some(us) = self.wake_us {
+            m.wake_us = us;
         }
         m
     }
@@ -412,6 +432,10 @@ pub struct Host {
     /// The last fsync: when it starts and ends (it may not have started yet: turns
     /// that reach the disk before then join it).
     fsync: (SimTime, SimTime),
+    /// When the serving thread, and the driver's, finish the work they were
+    /// given: work that comes later finds them asleep (`HostModel::wake_us`).
+    serving_until: SimTime,
+    driver_until: SimTime,
     rng: SimRng,
     /// Service time given to the cores, and to the disk, since the start.
     pub busy: SimDuration,
@@ -452,6 +476,8 @@ impl Host {
             slow: 1.0,
             cores,
             fsync: (SimTime::ZERO, SimTime::ZERO),
+            serving_until: SimTime::ZERO,
+            driver_until: SimTime::ZERO,
             model,
             rng,
             busy: SimDuration::ZERO,
@@ -516,20 +542,43 @@ impl Host {
             return at;
         }
         let us = (mean * self.cpu.draw(&mut self.rng)).round() as u64;
-        let service = SimDuration::from_us(us.max(1));
-        self.busy += service;
+        let mut service = SimDuration::from_us(us.max(1));
         self.busy_by[work as usize] += service;
         self.pieces_by[work as usize] += 1;
+        // A frontend's thread is not the replica's (`Hosts::frontend_us` is fitted
+        // per message, wake-ups included).
+        let thread_until = match (core, work) {
+            (_, Work::Frontend) => None,
+            (Some(_), _) => Some(self.driver_until),
+            (None, _) => Some(self.serving_until),
+        };
+        if self.model.wake_us > 0.0
+            && let Some(until) = thread_until
+            && at >= until
+        {
+            let wake =
+                SimDuration::from_us((self.model.wake_us * self.slow).round().max(1.0) as u64);
+            self.busy_by[Work::Wake as usize] += wake;
+            self.pieces_by[Work::Wake as usize] += 1;
+            service += wake;
+        }
+        self.busy += service;
         if core.is_some() {
             self.driver_busy += service;
         }
-        match &mut self.cores {
+        let done = match &mut self.cores {
             Cores::Own(cores) => cores.take(core, at, service),
             Cores::Shared(machine) => machine
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take(None, at, service),
+        };
+        match (core, work) {
+            (_, Work::Frontend) => {}
+            (Some(_), _) => self.driver_until = self.driver_until.max(done),
+            (None, _) => self.serving_until = self.serving_until.max(done),
         }
+        done
     }
 
     /// A turn whose writes are ready for the disk at `ready`: when the fsync that
@@ -624,6 +673,46 @@ mod tests {
         mean_us: 10.0,
         per_kib_us: 0.0,
     };
+
+    /// Work that finds its thread asleep pays the wake-up; work that comes while
+    /// the thread is still busy does not, so CPU per request falls with load.
+    #[test]
+    fn only_work_that_finds_its_thread_asleep_pays_the_wake_up() {
+        let mut h = Host::new(
+            HostModel {
+                cores: 1,
+                cpu_sigma: 0.0,
+                wake_us: 30.0,
+                ..HostModel::default()
+            },
+            SimRng::new(1),
+        );
+        let t = SimTime::from_us(1_000);
+        // Asleep: 30 µs to wake, then 10 of work.
+        assert_eq!(h.run(t, Work::Read, US10, 1, 0), SimTime::from_us(1_040));
+        // Queued behind it: the thread is awake.
+        assert_eq!(h.run(t, Work::Read, US10, 1, 0), SimTime::from_us(1_050));
+        // Idle again later: another wake-up.
+        let later = SimTime::from_us(2_000);
+        assert_eq!(
+            h.run(later, Work::Read, US10, 1, 0),
+            SimTime::from_us(2_040)
+        );
+        // The driver's thread sleeps on its own.
+        assert_eq!(
+            h.run_driver(later, Work::Apply, US10, 1, 0),
+            SimTime::from_us(2_080)
+        );
+        let wake = h.work_shares(SimDuration::from_us(1_000))["wake"];
+        assert_eq!(wake.1, 3);
+        // Off by default.
+        let mut off = host(1, 0.0);
+        assert_eq!(off.run(t, Work::Read, US10, 1, 0), SimTime::from_us(1_010));
+        assert!(
+            !off.work_shares(SimDuration::from_us(1_000))
+                .contains_key("wake")
+        );
+    }
 
     #[test]
     fn work_queues_behind_busy_cores() {
