@@ -5,8 +5,8 @@
 # capacity; then open loops paced at 50 % and 90 % of it give the latencies
 # (from when each request was due). Prints one line per run; JSON in $OUT.
 # PIN=1 gives the replica (all its threads) CPU 1 and the load generator CPU 0
-# (taskset), instead of letting them share both cores. Run on an otherwise idle
-# machine.
+# (taskset), instead of letting them share both cores. SERVE_POLL_US (0) sets
+# the replica's serve_poll_us. Run on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${P:-target/release/pangea}   # cargo build --release -p pangea-cli
@@ -18,6 +18,7 @@ PACED_C=${PACED_CONCURRENCY:-512}  # the open loops' schedules, and the most
                                    # requests they keep in flight
 DURATION=${DURATION:-20s}
 export PANGEA_ROW_CACHE_MIB=${ROW_CACHE_MIB:-512}   # as scripts/bench-serving.sh
+export PANGEA_SERVE_POLL_US=${SERVE_POLL_US:-0}
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 SERVER_CPU=(); CLIENT_CPU=()
