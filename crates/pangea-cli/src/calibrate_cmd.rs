@@ -102,7 +102,10 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
         measured.push((o, m));
     }
     let fitted_at: Vec<String> = a.rate.iter().take(2).map(|r| r.to_string()).collect();
-    let heading = format!("host costs fitted at {} ops/s", fitted_at.join(" and "));
+    let mut heading = format!("host costs fitted at {} ops/s", fitted_at.join(" and "));
+    if let Some(third) = a.rate.get(2) {
+        heading += &format!(", the wake-up's cost to {third} ops/s's read p99");
+    }
     let (fit, levels) = calibrate::compare_levels(measured, &heading, &mut say)?;
     let kill = match kill {
         Some(k) => {

@@ -201,11 +201,12 @@ pub(crate) fn init_logging() {
 /// the load generators): a fresh `pangea demo` spent ~100 ms of its first 250 ms
 /// clearing pages under `recvmmsg` and mimalloc's page allocation, and 0.2–0.8 % of
 /// its reads missed their 20 ms deadline. The simulator keeps them: it runs 4 %
-/// faster with them (docs/drills.md). Children inherit the setting (the demo's
-/// replicas run without huge pages, their default anyway).
+/// faster with them (docs/drills.md). Children inherit the setting: a replica
+/// the demo starts turns huge pages back on if its `huge_pages` says so.
 pub(crate) fn no_huge_pages() {
+    // Before logging is set up (the demo and the benchmarks have none).
     if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
-        tracing::warn!(error = %e, "cannot turn transparent huge pages off; latency may stall on page faults");
+        eprintln!("cannot turn transparent huge pages off ({e}); latency may stall on page faults");
     }
 }
 

@@ -127,6 +127,9 @@ pub(crate) fn start(args: StartArgs) -> Result<()> {
         // Before the runtime and the store allocate: no 2 MiB page zeroed on a
         // serving thread's fault (NodeConfig::huge_pages).
         crate::no_huge_pages();
+    } else if let Err(e) = nix::sys::prctl::set_thp_disable(false) {
+        // Asked for, where a parent (`pangea demo`) turned them off.
+        tracing::warn!(error = %e, "cannot turn transparent huge pages back on");
     }
     let runtime = config.runtime().build()?;
     let result = runtime.block_on(async move {

@@ -122,16 +122,10 @@ impl Drop for Solo {
 /// uncompressed tables filled the 64 MiB tmpfs again, at the restart.
 fn set(key: &str, bytes: usize) -> Result<RowMutation> {
     use std::hash::{BuildHasher as _, BuildHasherDefault, DefaultHasher};
-    let mut state = BuildHasherDefault::<DefaultHasher>::default().hash_one(key);
+    let seed = BuildHasherDefault::<DefaultHasher>::default().hash_one(key);
+    let mut rng = pangea_core::rng::Rng::new(seed);
     let value: Vec<u8> = (0..bytes.div_ceil(8))
-        .flat_map(|_| {
-            // splitmix64
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            (z ^ (z >> 31)).to_le_bytes()
-        })
+        .flat_map(|_| rng.next_u64().to_le_bytes())
         .take(bytes)
         .collect();
     common::profile_set(key, value)

@@ -13,8 +13,9 @@
 //! worker that yields polls the sockets only if no parked worker holds the
 //! driver, so polling would burn a core and wake nothing sooner; the poller
 //! turns itself off there (`threads = 0`). Once no request has come for the
-//! window, it sleeps until the next one, so an idle replica costs nothing and a replica sharing its machine with others (a local
-//! cluster) polls only while it is being loaded.
+//! window, it sleeps until the next one, so an idle replica costs nothing and a
+//! replica sharing its machine with others (a local cluster) polls only while it
+//! is being loaded.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

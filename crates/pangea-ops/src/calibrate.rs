@@ -153,8 +153,9 @@ pub struct Fit {
     /// (`[host] frontend_us`): the live frontends share the machine.
     pub frontend_us: f64,
     /// CPU to wake a replica's thread that slept, µs (`[host] wake_us`): with
-    /// three levels or more, fitted with `cpu_scale` and `background` so that the
-    /// simulated machine is as busy as the live one at each (`fit_wake`).
+    /// three levels or more, bounded by the three levels' busy shares
+    /// (`wake_bound`) and chosen below that bound by the third level's read p99
+    /// (`fit_levels`).
     pub wake_us: f64,
 }
 
@@ -781,7 +782,7 @@ fn sim_saturation(
 }
 
 /// A recorded saturation search's live side against the simulator searched again
-/// with `fit`, from the rate of `a` (the last level's, as [`saturation`] starts).
+/// with `fit`, from the live search's first rate (`a`'s files and frontends).
 pub fn replay_saturation(
     a: &Options,
     recorded: RecordedSaturation,
@@ -793,6 +794,11 @@ pub fn replay_saturation(
         Deployment::load(&a.topology, Some(&a.placement)).map_err(|p| anyhow::anyhow!("{p}"))?,
     );
     let step = Duration::from_secs_f64(recorded.step_s);
+    // From the live search's first rate, as it started.
+    let a = &Options {
+        rate: recorded.live.first().map_or(a.rate, |s| s.rate),
+        ..a.clone()
+    };
     let (sim, sim_met, sim_missed) = sim_saturation(a, &deployment, fit, step, bisect, say)?;
     Ok(Saturation {
         slo_ms: SLO_MS,
@@ -1313,8 +1319,10 @@ fn apply_fit(hosts: &mut pangea_sim::host::Hosts, fit: &Fit) {
 /// alone are scaled. The request overhead is fitted next, against
 /// the first level simulated with the CPU fitted (the queueing the fitted CPU adds
 /// is not overhead); last, how long a piece of the background holds a core, to
-/// the first level's read p99 (the other levels' tails are the model's to
-/// predict).
+/// the first level's read p99. With three levels or more, a wake-up's cost too,
+/// bounded by the three busy shares ([`wake_bound`]) and bisected to the third
+/// level's read p99 (every read pooled), the CPU and latency costs fitted again
+/// for each candidate; the other tails are the model's to predict.
 pub fn fit_levels(levels: &[&Measured]) -> Result<Fit> {
     let first = levels[0];
     let mut f = fit(&first.sc, &first.sim, &first.live);
@@ -1431,7 +1439,8 @@ fn busy_rows(levels: &[&Measured], trial: &Fit) -> Result<Option<[[f64; 4]; 3]>>
             .map(|w| w.0)
             .sum();
         let itemized = (sim_replicas_busy(&sim) - wake) / trial.cpu_scale;
-        *row = [1.0, itemized, wake / trial.wake_us, live];
+        // The host charges whole µs, at least one, per wake-up.
+        *row = [1.0, itemized, wake / trial.wake_us.round().max(1.0), live];
     }
     Ok(Some(rows))
 }
@@ -1482,7 +1491,8 @@ fn wake_bound(levels: &[&Measured], f: &Fit) -> Result<Option<f64>> {
 fn fit_busy(levels: &[&Measured], f: &Fit, wake_us: f64) -> Result<Option<Fit>> {
     let mut trial = Fit { wake_us, ..*f };
     for _ in 0..2 {
-        let Some(rows) = busy_rows(&levels[..3], &trial)? else {
+        // The first two levels only: the third's row stays empty.
+        let Some(rows) = busy_rows(&levels[..2], &trial)? else {
             return Ok(None);
         };
         let [(x1, y1), (x2, y2)] = [0, 1].map(|i| (rows[i][1], rows[i][3] - wake_us * rows[i][2]));

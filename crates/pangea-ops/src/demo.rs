@@ -58,8 +58,10 @@ struct Tally {
     reads: BTreeMap<(String, &'static str), Histogram<u64>>,
     /// (region, mode) -> failed requests; writes under the mode "(writes)".
     errors: BTreeMap<(String, &'static str), u64>,
-    /// Why requests failed: the error's text -> how often.
-    causes: BTreeMap<String, u64>,
+    /// Why requests failed: (mode, region, the error's kind) -> how often, and the
+    /// first such error's text (texts carry figures: keyed by them, a long run's
+    /// map would grow without bound).
+    causes: BTreeMap<(&'static str, String, &'static str), (u64, String)>,
     writes: BTreeMap<String, Histogram<u64>>,
     /// Watermark reads answered by the first replica asked vs. after a fallback.
     local_covered: u64,
@@ -431,10 +433,10 @@ const WRITES: &str = "(writes)";
 impl Tally {
     fn failed(&mut self, region: &str, mode: &'static str, e: &pangea_client::Error) {
         *self.errors.entry((region.to_owned(), mode)).or_default() += 1;
-        *self
-            .causes
-            .entry(format!("{mode} from {region}: {e}"))
-            .or_default() += 1;
+        self.causes
+            .entry((mode, region.to_owned(), e.kind()))
+            .or_insert_with(|| (0, e.to_string()))
+            .0 += 1;
     }
 }
 
@@ -494,7 +496,10 @@ async fn print_report(
         }
     }
     // Why requests failed, most frequent first.
-    let mut causes: Vec<(u64, String)> = causes.into_iter().map(|(c, n)| (n, c)).collect();
+    let mut causes: Vec<(u64, String)> = causes
+        .into_iter()
+        .map(|((mode, region, _), (n, first))| (n, format!("{mode} from {region}: {first}")))
+        .collect();
     causes.sort_unstable_by(|a, b| b.cmp(a));
     for (n, cause) in causes.iter().take(CAUSES_SHOWN) {
         say(&format!("  {n} × {cause}"));

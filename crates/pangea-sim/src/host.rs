@@ -652,6 +652,9 @@ impl Host {
             }
         }
         self.fsync = (now, now);
+        // Its threads died with it: a restarted process's first work wakes them.
+        self.serving_until = self.serving_until.min(now);
+        self.driver_until = self.driver_until.min(now);
     }
 }
 
@@ -705,6 +708,32 @@ mod tests {
         );
         let wake = h.work_shares(SimDuration::from_us(1_000))["wake"];
         assert_eq!(wake.1, 3);
+        // A crash takes its threads: the restarted process's first work wakes one,
+        // even while the dead one's work would still have run.
+        let mut h = Host::new(
+            HostModel {
+                cores: 1,
+                cpu_sigma: 0.0,
+                wake_us: 30.0,
+                ..HostModel::default()
+            },
+            SimRng::new(1),
+        );
+        h.run(
+            t,
+            Work::Read,
+            Cost {
+                mean_us: 500.0,
+                per_kib_us: 0.0,
+            },
+            1,
+            0,
+        );
+        h.crash(SimTime::from_us(1_100));
+        assert_eq!(
+            h.run(SimTime::from_us(1_200), Work::Read, US10, 1, 0),
+            SimTime::from_us(1_240)
+        );
         // Off by default.
         let mut off = host(1, 0.0);
         assert_eq!(off.run(t, Work::Read, US10, 1, 0), SimTime::from_us(1_010));
