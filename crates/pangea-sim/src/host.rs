@@ -681,15 +681,19 @@ mod tests {
     /// the thread is still busy does not, so CPU per request falls with load.
     #[test]
     fn only_work_that_finds_its_thread_asleep_pays_the_wake_up() {
-        let mut h = Host::new(
-            HostModel {
-                cores: 1,
-                cpu_sigma: 0.0,
-                wake_us: 30.0,
-                ..HostModel::default()
-            },
-            SimRng::new(1),
-        );
+        // One core, constant costs, 30 µs a wake-up.
+        let waking = || {
+            Host::new(
+                HostModel {
+                    cores: 1,
+                    cpu_sigma: 0.0,
+                    wake_us: 30.0,
+                    ..HostModel::default()
+                },
+                SimRng::new(1),
+            )
+        };
+        let mut h = waking();
         let t = SimTime::from_us(1_000);
         // Asleep: 30 µs to wake, then 10 of work.
         assert_eq!(h.run(t, Work::Read, US10, 1, 0), SimTime::from_us(1_040));
@@ -710,15 +714,7 @@ mod tests {
         assert_eq!(wake.1, 3);
         // A crash takes its threads: the restarted process's first work wakes one,
         // even while the dead one's work would still have run.
-        let mut h = Host::new(
-            HostModel {
-                cores: 1,
-                cpu_sigma: 0.0,
-                wake_us: 30.0,
-                ..HostModel::default()
-            },
-            SimRng::new(1),
-        );
+        let mut h = waking();
         h.run(
             t,
             Work::Read,
