@@ -153,16 +153,56 @@ impl LocalCluster {
         };
         let cluster_path = dir.path().join("cluster.toml");
         file.save(&cluster_path).map_err(anyhow::Error::msg)?;
-        // Give the endpoints a moment to bind.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        Ok(LocalCluster {
+        let table = d
+            .placement
+            .schema
+            .tables
+            .keys()
+            .next()
+            .map(|t| t.to_string())
+            .ok_or_else(|| anyhow::anyhow!("{placement} declares no table"))?;
+        let cluster = LocalCluster {
             _serial: serial,
             dir,
             file,
             cluster_path,
             stop,
             nodes,
-        })
+        };
+        cluster.wait_serving(&table).await?;
+        Ok(cluster)
+    }
+
+    /// Waits until every replica serves reads: a replica just started listens for
+    /// its peers' heartbeats first and answers reads `unavailable` meanwhile
+    /// (readiness.rs), which a test that reads at once would take for a failure.
+    async fn wait_serving(&self, table: &str) -> Result<()> {
+        let operator = self.operator(&self.file.replicas[0].region).await?;
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        for r in &self.file.replicas {
+            let id = pangea_core::ReplicaId::from(r.id.as_str());
+            loop {
+                let probe = operator
+                    .scan_at(
+                        &id,
+                        table,
+                        bytes::Bytes::from_static(b"\0readiness-probe/"),
+                        &pangea_client::ScanOptions::default(),
+                        &pangea_client::ReadFilter::default(),
+                        Duration::from_secs(2),
+                    )
+                    .await;
+                match probe {
+                    Ok(_) => break,
+                    Err(e) if std::time::Instant::now() < until => {
+                        tracing::debug!(replica = %r.id, "not serving yet: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => anyhow::bail!("replica {} serves no reads after 30 s: {e}", r.id),
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A client acting as the cluster's operator (placement moves, job status,
