@@ -28,6 +28,9 @@ pub(crate) const PROBE_TIMEOUT: SimDuration =
 /// How long a replica a probe could not reach stays last (`PROBE_DOWN_FOR`).
 const PROBE_DOWN_FOR: SimDuration = SimDuration::from_secs(frontend::PROBE_DOWN_FOR.as_secs());
 
+/// The period of a frontend's timer wheel (tokio's), µs.
+const TIMER_TICK_US: u64 = 1_000;
+
 /// One frontend process.
 #[derive(Debug)]
 pub(crate) struct Client {
@@ -61,6 +64,9 @@ pub(crate) struct Client {
     /// it from (the first row-storing replica of its region).
     pub(crate) location: pangea_core::location::Location,
     pub(crate) location_source: Option<usize>,
+    /// Where in the millisecond this frontend's timer ticks fall (µs, < 1,000):
+    /// see [`Client::timer_fires`].
+    timer_phase_us: u64,
 }
 
 impl Client {
@@ -70,6 +76,7 @@ impl Client {
         rank_of: Arc<[usize]>,
         scopes: usize,
         now: SimTime,
+        timer_phase_us: u64,
     ) -> Self {
         let replicas = rank_of.len();
         Client {
@@ -87,7 +94,22 @@ impl Client {
             probes_pending: 0,
             location: pangea_core::location::Location::default(),
             location_source: None,
+            timer_phase_us: timer_phase_us % TIMER_TICK_US,
         }
+    }
+
+    /// When a timer this frontend sets for `at_us` fires. The library waits on
+    /// tokio's timers, which fire on the first tick of the runtime's 1 ms wheel at
+    /// or after their deadline, so a hedge due after 2 ms goes out 2–3 ms after
+    /// its read: modelled exactly, a frontend hedged several times as often as a
+    /// live one (docs/drills.md, "Fidelity"). Each frontend's ticks fall at its own
+    /// point in the millisecond, as runtimes started at different moments do.
+    pub(crate) fn timer_fires(&self, at_us: u64) -> u64 {
+        let phase = self.timer_phase_us;
+        if at_us <= phase {
+            return phase;
+        }
+        phase + (at_us - phase).div_ceil(TIMER_TICK_US) * TIMER_TICK_US
     }
 
     /// The round-trip estimate of replica `r`, in ms.
@@ -270,5 +292,31 @@ impl View<'_> {
             Some(r) => self.client.known.get(self.scope)?.get((*r)?)?.as_ref(),
             None => self.known(replica),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frontend(phase_us: u64) -> Client {
+        let rank_of: Arc<[usize]> = vec![0].into();
+        Client::new(0, "r1".into(), rank_of, 1, SimTime::ZERO, phase_us)
+    }
+
+    #[test]
+    fn timers_fire_on_the_first_tick_at_or_after_their_deadline() {
+        let c = frontend(250);
+        // Ticks at 250, 1,250, 2,250 … µs.
+        assert_eq!(c.timer_fires(0), 250);
+        assert_eq!(c.timer_fires(250), 250);
+        assert_eq!(c.timer_fires(251), 1_250);
+        assert_eq!(c.timer_fires(1_250), 1_250);
+        assert_eq!(c.timer_fires(2_000), 2_250);
+        // A hedge due 2 ms after a read sent just after a tick goes out almost
+        // 3 ms after it.
+        assert_eq!(c.timer_fires(1_251 + 2_000) - 1_251, 2_999);
+        // The phase is taken within the millisecond.
+        assert_eq!(frontend(3_700).timer_fires(5_000), 5_700);
     }
 }

@@ -932,6 +932,8 @@ impl Simulation {
                     rank_of.clone(),
                     scopes.len(),
                     SimTime::ZERO,
+                    // Spread over the millisecond, the same in every run.
+                    (clients.len() as u64).wrapping_mul(379),
                 );
                 c.location_source = source;
                 clients.push(c);

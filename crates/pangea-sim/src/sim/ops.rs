@@ -480,7 +480,11 @@ impl Simulation {
             self.end(op, outcome);
             return;
         }
-        if let Some(t) = op.call.poll_timeout().map(SimTime::from_us)
+        let client = &self.clients[op.client];
+        if let Some(t) = op
+            .call
+            .poll_timeout()
+            .map(|t| SimTime::from_us(client.timer_fires(t)))
             && op.wake_at.is_none_or(|w| t < w)
         {
             op.wake_at = Some(t);
