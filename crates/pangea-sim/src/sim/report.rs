@@ -339,7 +339,8 @@ impl Simulation {
                     driver: 0.0,
                     disk: 0.0,
                     fsyncs: 0,
-                    work: BTreeMap::new(),
+                    // Its pieces are the messages the frontends sent and took.
+                    work: f.work_shares(over),
                 };
                 (metrics::FRONTENDS.to_owned(), load)
             }))
