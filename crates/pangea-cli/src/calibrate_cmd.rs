@@ -50,7 +50,8 @@ pub(crate) struct CalibrateArgs {
     /// How long each saturation step lasts.
     #[arg(long, default_value = "10s")]
     step: String,
-    /// Bisection steps of the saturation search.
+    /// Bisection steps of the saturation search (with `--replay`: the recorded
+    /// search's, or this for a recording that does not say).
     #[arg(long, default_value_t = 2)]
     bisect: u32,
     /// Write every run and comparison as JSON here.
@@ -161,7 +162,7 @@ fn replay(a: &CalibrateArgs, path: &std::path::Path) -> Result<()> {
         None => None,
     };
     // The saturation search's live steps as recorded, the simulator's searched
-    // again from the last level's rate, as the live run started.
+    // again as the live search went (its first rate, its bisections).
     let saturation = match (recording.saturation, levels_options.last()) {
         (Some(recorded), Some(o)) => {
             let s = calibrate::replay_saturation(o, recorded, fit, a.bisect, &mut say)?;

@@ -509,6 +509,10 @@ pub struct Recording {
 #[derive(Debug, Deserialize)]
 pub struct RecordedSaturation {
     pub step_s: f64,
+    /// The search's bisections; `None` in a recording made before they were
+    /// recorded (the replay's `--bisect` then).
+    #[serde(default)]
+    pub bisect: Option<u32>,
     pub live: Vec<SaturationStep>,
     pub live_met: Option<f64>,
     pub live_missed: Option<f64>,
@@ -600,6 +604,8 @@ impl Recording {
 pub struct Saturation {
     pub slo_ms: f64,
     pub step_s: f64,
+    /// Bisections after the first missed step (both sides).
+    pub bisect: u32,
     pub live: Vec<SaturationStep>,
     pub sim: Vec<SaturationStep>,
     /// Highest rate met and lowest missed, each side.
@@ -738,6 +744,7 @@ pub fn saturation(
     Ok(Saturation {
         slo_ms: SLO_MS,
         step_s: step.as_secs_f64(),
+        bisect,
         live,
         sim,
         live_met,
@@ -782,7 +789,8 @@ fn sim_saturation(
 }
 
 /// A recorded saturation search's live side against the simulator searched again
-/// with `fit`, from the live search's first rate (`a`'s files and frontends).
+/// with `fit`, from the live search's first rate and with its bisections
+/// (`bisect` for a recording that does not say; `a`'s files and frontends).
 pub fn replay_saturation(
     a: &Options,
     recorded: RecordedSaturation,
@@ -790,6 +798,7 @@ pub fn replay_saturation(
     bisect: u32,
     say: &mut dyn FnMut(&str),
 ) -> Result<Saturation> {
+    let bisect = recorded.bisect.unwrap_or(bisect);
     let deployment = Arc::new(
         Deployment::load(&a.topology, Some(&a.placement)).map_err(|p| anyhow::anyhow!("{p}"))?,
     );
@@ -803,6 +812,7 @@ pub fn replay_saturation(
     Ok(Saturation {
         slo_ms: SLO_MS,
         step_s: recorded.step_s,
+        bisect,
         live: recorded.live,
         sim,
         live_met: recorded.live_met,
