@@ -72,6 +72,9 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
     if let Some(path) = &a.replay {
         return replay(&a, path);
     }
+    // The live frontends measure latency in this process: no stalls clearing huge
+    // pages, as the demo's and the load generators' (`no_huge_pages`).
+    crate::no_huge_pages();
     let duration = parse_duration(&a.duration)?;
     let kill = match &a.kill {
         Some(replica) => Some(Kill {

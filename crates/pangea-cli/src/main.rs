@@ -197,8 +197,8 @@ pub(crate) fn init_logging() {
 /// the allocator (mimalloc) asks for them, and the first touch of each 2 MiB is then
 /// a 2 MiB clear in one page fault on whichever thread touches it. A replica does
 /// this unless `huge_pages` is set (docs/benchmarks.md, "Serving over
-/// replication"); so do the processes that measure latency (the demo's clients and
-/// the load generators): a fresh `pangea demo` spent ~100 ms of its first 250 ms
+/// replication"); so do the processes that measure latency (the demo's clients,
+/// the load generators and `sim calibrate`'s live frontends): a fresh `pangea demo` spent ~100 ms of its first 250 ms
 /// clearing pages under `recvmmsg` and mimalloc's page allocation, and 0.2–0.8 % of
 /// its reads missed their 20 ms deadline. The simulator keeps them: it runs 4 %
 /// faster with them (docs/drills.md). Children inherit the setting: a replica

@@ -1507,15 +1507,20 @@ async fn restarted_replica_catches_up_behind_a_busy_origin() -> Result<()> {
             tokens.len(),
             ms(t.elapsed())
         );
-        let (_, metrics) = cluster.admin_get(busy, "/metrics")?;
-        let suspected = common::metric(
-            &metrics,
-            &format!("pangea_peer_suspected{{peer=\"{victim}\"}}"),
-        );
-        ensure!(
-            suspected == 0.0,
-            "{busy} suspects {victim} after it caught up"
-        );
+        // The origin does not keep suspecting it. (While it caught up on a loaded
+        // machine its heartbeats may have come late enough to be suspected again
+        // for a moment: CI failed on that once, right at the catch-up.)
+        let series = format!("pangea_peer_suspected{{peer=\"{victim}\"}}");
+        common::eventually(
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            &format!("{busy} stops suspecting {victim} after it caught up"),
+            || async {
+                let (_, metrics) = cluster.admin_get(busy, "/metrics")?;
+                Ok((common::metric(&metrics, &series) == 0.0).then_some(()))
+            },
+        )
+        .await?;
         Ok(())
     })
     .await
