@@ -95,6 +95,14 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
             "no pair from an origin {prefix}* measured on both sides: {both:?}"
         );
     }
+    // Acknowledged writes' latency is kept, p50 ≤ p95 ≤ p99 (a frontend hedges
+    // after the p95 of every request it timed, writes included).
+    let w = &report["live"]["writes_ms"];
+    let (p50, p95, p99) = (w[0].as_f64(), w[1].as_f64(), w[2].as_f64());
+    ensure!(
+        report["live"]["writes"].as_u64() > Some(0) && p50 > Some(0.0) && p50 <= p95 && p95 <= p99,
+        "live writes' latency: {w}"
+    );
     // The fitted host costs are at least the shipped defaults.
     let shipped = pangea_sim::host::HostModel::default();
     ensure!(report["fitted_host"]["overhead_us"].as_u64() >= Some(shipped.overhead_us));

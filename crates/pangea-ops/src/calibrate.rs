@@ -239,6 +239,11 @@ pub struct LiveFigures {
     pub reads_p99_interval: BTreeMap<String, BTreeMap<String, (f64, f64)>>,
     pub writes: u64,
     pub write_errors: u64,
+    /// Acknowledged writes' latency, ms: p50, p95, p99 (zeros in a recording made
+    /// before it was kept). A frontend hedges after the p95 of every request it
+    /// timed, writes included.
+    #[serde(default)]
+    pub writes_ms: (f64, f64, f64),
     /// Failed writes by the client's error kind: (count, the first message).
     #[serde(default)]
     pub write_error_kinds: BTreeMap<String, (u64, String)>,
@@ -899,6 +904,8 @@ struct Tally {
     reads: BTreeMap<(String, &'static str), (Histogram<u64>, u64)>,
     writes: u64,
     write_errors: u64,
+    /// Acknowledged writes' latency, µs.
+    write_latency: Option<Histogram<u64>>,
     write_error_kinds: BTreeMap<&'static str, (u64, String)>,
     /// The span after a kill, and what ended in it.
     window: Option<(tokio::time::Instant, tokio::time::Instant)>,
@@ -1064,6 +1071,10 @@ async fn live_run(
         }
         figures.writes = t.writes;
         figures.write_errors = t.write_errors;
+        if let Some(h) = &t.write_latency {
+            let ms = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
+            figures.writes_ms = (ms(0.5), ms(0.95), ms(0.99));
+        }
         figures.write_error_kinds = t
             .write_error_kinds
             .iter()
@@ -1197,7 +1208,9 @@ async fn one_op(
                 deadline: Some(Duration::from_micros(w.write_deadline.as_us())),
                 ..Default::default()
             };
+            let t0 = Instant::now();
             let result = frontend.client.mutate(mutation, &opts).await;
+            let us = t0.elapsed().as_micros() as u64;
             let failed = match result {
                 Ok(r) => {
                     *frontend
@@ -1209,6 +1222,12 @@ async fn one_op(
                 Err(e) => Some(e),
             };
             let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
+            if failed.is_none() {
+                let _ = t
+                    .write_latency
+                    .get_or_insert_with(histogram)
+                    .record(us.max(1));
+            }
             t.write_ended(failed.as_ref());
         }
         // One `MutateRows` request; each row counts as a write.
@@ -1771,11 +1790,17 @@ impl Calibration {
         format!(
             "{} ops/s: within {:.0} % of live: {ra} of {rn} read figures ({noise} of the live \
              p99's 95 % interval), {la} of {ln} lag figures; all reads' p99 live/fitted {all}; \
-             hedges live {}, fitted {}; live write errors {} of {}{}",
+             hedges live {}, fitted {}; writes' p99 live {}, fitted {:.1} ms; \
+             live write errors {} of {}{}",
             self.rate,
             TOLERANCE * 100.0,
             self.live.hedges,
             self.sim_fitted.counters.hedges,
+            match self.live.writes_ms.2 {
+                ms if ms > 0.0 => format!("{ms:.1}"),
+                _ => "-".to_owned(),
+            },
+            self.sim_fitted.writes.p99_ms,
             self.live.write_errors,
             self.live.writes + self.live.write_errors,
             error_kinds(&self.live.write_error_kinds)
@@ -1942,6 +1967,7 @@ mod tests {
             reads_p99_interval: BTreeMap::new(),
             writes: twin.writes.count - twin.writes.errors,
             write_errors: twin.writes.errors,
+            writes_ms: (twin.writes.p50_ms, 0.0, twin.writes.p99_ms),
             write_error_kinds: BTreeMap::new(),
             apply_lag: BTreeMap::new(),
             hedges: twin.counters.hedges,
