@@ -198,9 +198,10 @@ pub(crate) fn init_logging() {
 /// a 2 MiB clear in one page fault on whichever thread touches it. A replica does
 /// this unless `huge_pages` is set (docs/benchmarks.md, "Serving over
 /// replication"); so do the processes that measure latency (the demo's clients,
-/// the load generators and `sim calibrate`'s live frontends): a fresh `pangea demo` spent ~100 ms of its first 250 ms
-/// clearing pages under `recvmmsg` and mimalloc's page allocation, and 0.2–0.8 % of
-/// its reads missed their 20 ms deadline. The simulator keeps them: it runs 4 %
+/// the load generators and `sim calibrate`'s live frontends): a fresh `pangea
+/// demo` spent ~100 ms of its first 250 ms clearing pages under `recvmmsg` and
+/// mimalloc's page allocation, and 0.2–0.8 % of its reads missed their 20 ms
+/// deadline. The simulator keeps them: it runs 4 %
 /// faster with them (docs/drills.md). Children inherit the setting: a replica
 /// the demo starts turns huge pages back on if its `huge_pages` says so.
 pub(crate) fn no_huge_pages() {

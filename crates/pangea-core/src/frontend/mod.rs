@@ -34,6 +34,11 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A replica a background probe could not reach is tried last until a later probe
 /// reaches it, or for this long.
 pub const PROBE_DOWN_FOR: Duration = Duration::from_secs(3);
+/// The resolution of a frontend's timers (tokio's timer wheel): a call's
+/// deadlines and hedge timers fire on the first tick at or after their time. The
+/// simulator rounds its frontends' timers to it; load generators aim half a tick
+/// early to send on time.
+pub const TIMER_TICK: Duration = Duration::from_millis(1);
 
 /// Most rows one scan page holds, whatever the client asks (replicas cap it;
 /// a client merging pages of many processes cuts to it too).

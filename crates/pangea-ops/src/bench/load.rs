@@ -8,6 +8,7 @@ use bytes::Bytes;
 use pangea_client::{
     Client, ClientConfig, Consistency, Mutation, ReadOptions, RowMutation, WriteOptions,
 };
+use pangea_core::frontend;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -304,7 +305,7 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
                         // of 0–1 ms late, and an early request still counts its
                         // whole wait.
                         (Some(at), Some(iv)) => {
-                            tokio::time::sleep_until((*at - TIMER_TICK / 2).into()).await;
+                            tokio::time::sleep_until((*at - frontend::TIMER_TICK / 2).into()).await;
                             let t0 = (*at).min(Instant::now());
                             *at += iv;
                             let Ok(permit) = in_flight.clone().acquire_owned().await else {
@@ -355,9 +356,6 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
         })
     })
 }
-
-/// The resolution of tokio's timers.
-const TIMER_TICK: Duration = Duration::from_millis(1);
 
 /// What every request of a load shares: the client, the load's options, and
 /// what it measured.

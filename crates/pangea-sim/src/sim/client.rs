@@ -28,8 +28,8 @@ pub(crate) const PROBE_TIMEOUT: SimDuration =
 /// How long a replica a probe could not reach stays last (`PROBE_DOWN_FOR`).
 const PROBE_DOWN_FOR: SimDuration = SimDuration::from_secs(frontend::PROBE_DOWN_FOR.as_secs());
 
-/// The period of a frontend's timer wheel (tokio's), µs.
-const TIMER_TICK_US: u64 = 1_000;
+/// The period of a frontend's timer wheel (`frontend::TIMER_TICK`), µs.
+const TIMER_TICK_US: u64 = frontend::TIMER_TICK.as_micros() as u64;
 
 /// One frontend process.
 #[derive(Debug)]
