@@ -174,3 +174,86 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
     }
     Ok(())
 }
+
+/// Ctrl-C (SIGINT) or SIGTERM in the middle of a live run stops the live
+/// cluster: its replicas run in process groups of their own, so nothing else
+/// would, and an interrupted calibration must not leave seven replicas serving
+/// and loading the machine.
+#[test]
+fn an_interrupted_calibration_stops_its_live_cluster() -> Result<()> {
+    use nix::sys::signal::Signal;
+    use pangea_topology::cluster::ClusterFile;
+    use std::process::{Command, Stdio};
+    use std::time::Instant;
+
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("cluster");
+    let topology = common::repo_file("topology/local-3-regions.toml");
+    let placement = common::repo_file("topology/local-3-regions.placement.toml");
+    let mut child = Command::new(common::PANGEA)
+        .args(["sim", "calibrate", "--topology"])
+        .arg(&topology)
+        .arg("--placement")
+        .arg(&placement)
+        .args(["--duration", "60s", "--rate", "150", "--data-dir"])
+        .arg(&data)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // Until every replica of the live cluster is up (the cluster file lists them
+    // once started; the run then lasts 60 s).
+    let cluster_file = pangea_ops::local::cluster_path(&data);
+    let started = Instant::now();
+    let pids: Vec<u32> = loop {
+        ensure!(
+            started.elapsed() < Duration::from_secs(60),
+            "the live cluster did not start within 60 s"
+        );
+        ensure!(
+            child.try_wait()?.is_none(),
+            "calibrate ended before its live run"
+        );
+        if let Ok(c) = ClusterFile::load(&cluster_file) {
+            let pids: Vec<u32> = c.replicas.iter().filter_map(|r| r.pid).collect();
+            if pids.len() == c.replicas.len() && pids.iter().all(|p| common::alive(*p)) {
+                break pids;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    pangea_ops::local::signal(child.id(), Signal::SIGTERM);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            for p in &pids {
+                common::sigkill(*p);
+            }
+            anyhow::bail!("calibrate did not exit within 30 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().context("stderr")?, &mut stderr)?;
+    let running: Vec<u32> = pids.iter().copied().filter(|p| common::alive(*p)).collect();
+    for p in &running {
+        common::sigkill(*p);
+    }
+    ensure!(
+        running.is_empty(),
+        "replicas {running:?} still run after calibrate exited; stderr:\n{stderr}"
+    );
+    ensure!(
+        status.code() == Some(128 + 15),
+        "calibrate exited with {status} after SIGTERM, not as the signal would (143)"
+    );
+    ensure!(
+        stderr.contains("interrupted: stopping the live cluster"),
+        "stderr does not say the cluster was stopped:\n{stderr}"
+    );
+    Ok(())
+}

@@ -849,12 +849,13 @@ impl Saturation {
 
 /// Starts `a`'s topology as a live local cluster with emulated WAN, in
 /// `a.data_dir` or a temporary `pangea-{what}-PID` directory; the guard stops
-/// it (and removes a temporary directory) however the caller ends.
+/// it (and removes a temporary directory) however the caller ends, Ctrl-C
+/// included.
 fn live_cluster(
     a: &Options,
     what: &str,
     say: &mut dyn FnMut(&str),
-) -> Result<(ClusterFile, StopOnDrop)> {
+) -> Result<(ClusterFile, local::StopOnExit)> {
     let dir = match &a.data_dir {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("pangea-{what}-{}", std::process::id())),
@@ -863,34 +864,16 @@ fn live_cluster(
         "Starting the live cluster with emulated WAN in {} ...",
         dir.display()
     ));
+    // Guarded before it starts: a start that fails once the replicas are recorded
+    // (one never healthy), or is interrupted then, stops them too.
+    let stop = local::StopOnExit::new(dir.clone(), a.data_dir.is_none())?;
     let cluster = local::up(&UpOptions::emulated_wan(
         a.binary.clone(),
         a.topology.clone(),
         Some(a.placement.clone()),
-        dir.clone(),
-    ))?;
-    let stop = StopOnDrop {
         dir,
-        remove: a.data_dir.is_none(),
-    };
+    ))?;
     Ok((cluster, stop))
-}
-
-/// Stops the live cluster however the run ends (an error, a panic).
-struct StopOnDrop {
-    dir: PathBuf,
-    /// Remove the directory too (it was a temporary one).
-    remove: bool,
-}
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        if let Err(e) = local::down(&self.dir, Duration::from_secs(10)) {
-            eprintln!("stopping the live cluster in {}: {e:#}", self.dir.display());
-        } else if self.remove {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
 }
 
 /// A frontend of the live run: its client and its last acknowledged write.

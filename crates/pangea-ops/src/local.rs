@@ -618,6 +618,107 @@ pub fn down(dir: &Path, grace: Duration) -> Result<Stopped> {
     })
 }
 
+/// A local cluster this process started for itself (`sim calibrate`'s live runs):
+/// stopped when the guard drops — an error, a panic — and when the process is
+/// interrupted (SIGINT, SIGTERM), which runs no destructor. Its replicas run in
+/// process groups of their own (`spawn_replica`), so without this a Ctrl-C would
+/// leave them running, serving and loading the machine. A temporary directory
+/// (`remove`) is removed once they are stopped.
+#[derive(Debug)]
+pub struct StopOnExit {
+    dir: PathBuf,
+    remove: bool,
+}
+
+/// The clusters to stop if the process is interrupted (`StopOnExit`).
+static OWNED: std::sync::Mutex<Vec<(PathBuf, bool)>> = std::sync::Mutex::new(Vec::new());
+
+impl StopOnExit {
+    /// Guards the cluster in `dir`. Fails only if the signal handlers cannot be
+    /// installed.
+    pub fn new(dir: PathBuf, remove: bool) -> Result<StopOnExit> {
+        stop_owned_on_signal()?;
+        OWNED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((dir.clone(), remove));
+        Ok(StopOnExit { dir, remove })
+    }
+}
+
+impl Drop for StopOnExit {
+    fn drop(&mut self) {
+        OWNED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(d, _)| *d != self.dir);
+        stop_owned(&self.dir, self.remove);
+    }
+}
+
+fn stop_owned(dir: &Path, remove: bool) {
+    // No cluster file: `up` failed before it recorded any replica it started.
+    if !cluster_path(dir).exists() {
+        if remove {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        return;
+    }
+    if let Err(e) = down(dir, Duration::from_secs(10)) {
+        eprintln!("stopping the live cluster in {}: {e:#}", dir.display());
+    } else if remove {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Once per process: a thread that, on SIGINT or SIGTERM, stops every cluster a
+/// `StopOnExit` guards and exits as the signal would have (128 + its number).
+fn stop_owned_on_signal() -> Result<()> {
+    static INSTALLED: std::sync::OnceLock<std::result::Result<(), String>> =
+        std::sync::OnceLock::new();
+    INSTALLED
+        .get_or_init(|| {
+            use tokio::signal::unix::{SignalKind, signal};
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()
+                .map_err(|e| e.to_string())?;
+            // Installed here, before the guard is handed out: from now on the
+            // signals reach the thread instead of ending the process.
+            let (mut int, mut term) = {
+                let _in = runtime.enter();
+                (
+                    signal(SignalKind::interrupt()).map_err(|e| e.to_string())?,
+                    signal(SignalKind::terminate()).map_err(|e| e.to_string())?,
+                )
+            };
+            std::thread::Builder::new()
+                .name("pangea-signals".into())
+                .spawn(move || {
+                    let code = runtime.block_on(async {
+                        tokio::select! {
+                            _ = int.recv() => 128 + 2,
+                            _ = term.recv() => 128 + 15,
+                        }
+                    });
+                    let owned =
+                        std::mem::take(&mut *OWNED.lock().unwrap_or_else(|p| p.into_inner()));
+                    for (dir, remove) in owned {
+                        eprintln!(
+                            "interrupted: stopping the live cluster in {}",
+                            dir.display()
+                        );
+                        stop_owned(&dir, remove);
+                    }
+                    std::process::exit(code);
+                })
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(|e| anyhow::anyhow!("cannot watch for SIGINT and SIGTERM: {e}"))
+}
+
 /// Stops replicas `ids` of the cluster in `dir`, as `down` stops them all, and
 /// records them as stopped. Returns those killed after the grace period.
 pub fn stop(dir: &Path, ids: &[String], grace: Duration) -> Result<Vec<String>> {
