@@ -632,6 +632,8 @@ pub struct StopOnExit {
 
 /// The clusters to stop if the process is interrupted (`StopOnExit`).
 static OWNED: std::sync::Mutex<Vec<(PathBuf, bool)>> = std::sync::Mutex::new(Vec::new());
+/// Set once SIGINT or SIGTERM arrived.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl StopOnExit {
     /// Guards the cluster in `dir`. Fails only if the signal handlers cannot be
@@ -648,6 +650,14 @@ impl StopOnExit {
 
 impl Drop for StopOnExit {
     fn drop(&mut self) {
+        // Interrupted: the signal's thread is stopping the clusters and ends the
+        // process as the signal would; this thread (whose run is failing as its
+        // replicas go) must not end it first with an error of its own.
+        if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+            loop {
+                std::thread::park();
+            }
+        }
         OWNED
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -701,6 +711,7 @@ fn stop_owned_on_signal() -> Result<()> {
                             _ = term.recv() => 128 + 15,
                         }
                     });
+                    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
                     let owned =
                         std::mem::take(&mut *OWNED.lock().unwrap_or_else(|p| p.into_inner()));
                     for (dir, remove) in owned {
