@@ -140,6 +140,9 @@ struct RawHost {
     background_us: Option<f64>,
     /// CPU to wake a thread that slept, paid by work that finds it asleep, µs.
     wake_us: Option<f64>,
+    /// How much longer the replication driver waits for a core than the serving
+    /// threads (1 to 40: the ratio of their scheduler weights).
+    driver_wait: Option<f64>,
     /// Every host on one machine of this many cores (top level only).
     machine_cores: Option<u32>,
     /// The frontends' CPU per request and per answer on that machine (top level,
@@ -776,6 +779,11 @@ fn host_patch(cx: &mut Ctx<'_>, at: &[Seg], r: &RawHost) -> HostPatch {
             format!("must be 1 to 1000000 µs, not {us}"),
         );
     }
+    if let Some(w) = r.driver_wait
+        && !(w.is_finite() && (1.0..=40.0).contains(&w))
+    {
+        cx.err(&field("driver_wait"), format!("must be 1 to 40, not {w}"));
+    }
     HostPatch {
         cores: r.cores,
         read_us: r.read_us,
@@ -789,6 +797,7 @@ fn host_patch(cx: &mut Ctx<'_>, at: &[Seg], r: &RawHost) -> HostPatch {
         background: r.background,
         background_us: r.background_us,
         wake_us: r.wake_us,
+        driver_wait: r.driver_wait,
     }
 }
 

@@ -43,7 +43,7 @@ impl Cost {
 pub enum Work {
     /// A client read (or a request refused while the replica catches up).
     Read,
-    /// A client write, before its commit.
+    /// A client write, before its commit (on the driver's thread).
     Write,
     /// A frontend's watermark poll.
     Watermarks,
@@ -126,7 +126,21 @@ pub struct HostModel {
     /// nothing, so CPU per request falls as load grows (`pangea sim calibrate`
     /// fits it across load levels; 0: not modelled).
     pub wake_us: f64,
+    /// How much longer the replication driver's thread (writes, applies,
+    /// snapshot reads) waits for a core than a serving thread does when it wakes
+    /// to find every core taken: the ratio of the two threads' scheduler
+    /// weights. A replica runs its driver at nice 5 (`driver_nice`), whose Linux
+    /// weight is 335 against the serving threads' 1024, so on a busy machine it
+    /// waits about 3× as long for its turn ([`DRIVER_WAIT`]; docs/drills.md, "The
+    /// host model", has the `perf sched` measurement). Once running it drains
+    /// what queued meanwhile, so work that finds it awake waits only for it.
+    /// 1: first come, first served.
+    pub driver_wait: f64,
 }
+
+/// [`HostModel::driver_wait`] of a replica at the default `driver_nice` (5): the
+/// Linux scheduler's weight of nice 0 over nice 5's (`sched_prio_to_weight`).
+pub const DRIVER_WAIT: f64 = 1024.0 / 335.0;
 
 impl Default for HostModel {
     /// The reference machine class: a 2-vCPU server with a local SSD, as measured
@@ -157,6 +171,7 @@ impl Default for HostModel {
             background: 0.0,
             background_us: BACKGROUND_JOB_US,
             wake_us: 0.0,
+            driver_wait: DRIVER_WAIT,
         }
     }
 }
@@ -177,6 +192,7 @@ pub struct HostPatch {
     pub background: Option<f64>,
     pub background_us: Option<f64>,
     pub wake_us: Option<f64>,
+    pub driver_wait: Option<f64>,
 }
 
 impl HostPatch {
@@ -220,6 +236,9 @@ impl HostPatch {
         }
         if let Some(us) = self.wake_us {
             m.wake_us = us;
+        }
+        if let Some(w) = self.driver_wait {
+            m.driver_wait = w;
         }
         m
     }
@@ -358,14 +377,21 @@ impl CoreSet {
 
     /// Work of `service` arriving at `at` on `core` (`None`: the first free one
     /// once the background work until `at` has run): when it is done.
-    fn take(&mut self, core: Option<usize>, at: SimTime, service: SimDuration) -> SimTime {
+    /// Returns when it starts and when it is done.
+    fn take(
+        &mut self,
+        core: Option<usize>,
+        at: SimTime,
+        service: SimDuration,
+    ) -> (SimTime, SimTime) {
         if let Some(b) = &mut self.background {
             self.background_busy += b.advance(&mut self.free, at);
         }
         let core = core.unwrap_or_else(|| first_free(&self.free));
-        let done = self.free[core].max(at) + service;
+        let start = self.free[core].max(at);
+        let done = start + service;
         self.free[core] = done;
-        done
+        (start, done)
     }
 }
 
@@ -512,10 +538,13 @@ impl Host {
         self.run_on(None, at, work, cost, items, bytes)
     }
 
-    /// Replication work (`run`'s arguments): the node applies frames and reads
-    /// snapshots on one thread, its replication driver, so this work queues on
-    /// one core (the first) however many the host has, and serving work finds
-    /// that core busy while it runs. A frame's entries are one piece of work.
+    /// Driver work (`run`'s arguments): the node proposes client writes,
+    /// applies frames and reads snapshots on one thread, its replication driver,
+    /// so this work runs one piece at a time, on one core (the first) however
+    /// many the host has, and serving work finds that core busy while it runs;
+    /// woken to find the cores taken, it waits `driver_wait` times as long as
+    /// the queue says ([`HostModel::driver_wait`]). A frame's entries are one
+    /// piece of work.
     pub fn run_driver(
         &mut self,
         at: SimTime,
@@ -566,12 +595,26 @@ impl Host {
         if core.is_some() {
             self.driver_busy += service;
         }
-        let done = match &mut self.cores {
+        let (start, done) = match &mut self.cores {
             Cores::Own(cores) => cores.take(core, at, service),
             Cores::Shared(machine) => machine
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take(None, at, service),
+        };
+        // The driver is one thread: its work runs one piece at a time, so a
+        // piece that finds it awake ends no sooner than its service after the
+        // work in hand. Woken at a lower priority, it waits longer for its turn
+        // than the cores' queue says. Either way the cores' time is spent as
+        // their queue has it: what other threads ran meanwhile is the same work
+        // in another order, and a core is never held idle for the driver.
+        let done = match core {
+            Some(_) if at >= self.driver_until => {
+                let extra = (start - at).as_us() as f64 * (self.model.driver_wait - 1.0).max(0.0);
+                done + SimDuration::from_us(extra.round() as u64)
+            }
+            Some(_) => done.max(self.driver_until + service),
+            None => done,
         };
         match (core, work) {
             (_, Work::Frontend) => {}
@@ -688,6 +731,7 @@ mod tests {
                     cores: 1,
                     cpu_sigma: 0.0,
                     wake_us: 30.0,
+                    driver_wait: 1.0,
                     ..HostModel::default()
                 },
                 SimRng::new(1),
@@ -792,10 +836,51 @@ mod tests {
         assert_eq!(h.busy, SimDuration::from_us(130));
     }
 
+    /// The driver's thread, woken to find every core taken, waits `driver_wait`
+    /// times as long as the cores' queue says (its lower scheduler weight); the
+    /// core is not held idle meanwhile, work that finds the driver awake runs
+    /// after the work in hand without a wait of its own, and a driver that finds
+    /// a free core waits for nothing.
+    #[test]
+    fn a_woken_driver_waits_longer_for_a_taken_core_than_serving_work() {
+        let mut h = Host::new(
+            HostModel {
+                cores: 1,
+                cpu_sigma: 0.0,
+                driver_wait: 3.0,
+                ..HostModel::default()
+            },
+            SimRng::new(1),
+        );
+        let t = SimTime::from_us(1_000);
+        assert_eq!(h.run(t, Work::Read, US10, 1, 0), SimTime::from_us(1_010));
+        // Asleep, the core taken for 10 µs: it waits 30.
+        assert_eq!(
+            h.run_driver(t, Work::Apply, US10, 1, 0),
+            SimTime::from_us(1_040)
+        );
+        // The core ran the apply's 10 µs in its turn: a read queues behind that
+        // alone, not behind the driver's wait.
+        assert_eq!(h.run(t, Work::Read, US10, 1, 0), SimTime::from_us(1_030));
+        // Awake: right after the work in hand, no wait of its own.
+        let soon = SimTime::from_us(1_001);
+        assert_eq!(
+            h.run_driver(soon, Work::Write, US10, 1, 0),
+            SimTime::from_us(1_050)
+        );
+        // Asleep again with the core free: no wait at all.
+        let later = SimTime::from_us(5_000);
+        assert_eq!(
+            h.run_driver(later, Work::Apply, US10, 1, 0),
+            SimTime::from_us(5_010)
+        );
+    }
+
     #[test]
     fn hosts_on_one_machine_share_its_cores() {
         let model = HostModel {
             cpu_sigma: 0.0,
+            driver_wait: 1.0,
             ..HostModel::default()
         };
         let machine = Cores::machine(2, 0.0, BACKGROUND_JOB_US, 0.0, 0);

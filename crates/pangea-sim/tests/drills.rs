@@ -579,6 +579,7 @@ fn host_costs_add_to_reads_writes_and_lag() -> Result<()> {
             "background_us = 0",
             "host.background_us: must be 1 to 1000000 µs",
         ),
+        ("driver_wait = 0.5", "host.driver_wait: must be 1 to 40"),
         (
             "[host.regions.eu-west-1]\nmachine_cores = 2",
             "takes no regions, replicas, machine_cores or frontend_us",

@@ -972,7 +972,7 @@ impl Simulation {
         let bytes = rows.iter().map(RowMutation::payload_bytes).sum();
         let done = self.nodes[r]
             .host
-            .run(self.now, Work::Write, cost, rows.len(), bytes);
+            .run_driver(self.now, Work::Write, cost, rows.len(), bytes);
         let n = rows.len() as u32;
         let (mut proposed, mut first) = (0, None);
         for (i, m) in rows.into_vec().into_iter().enumerate() {
