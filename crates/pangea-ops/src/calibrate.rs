@@ -864,8 +864,8 @@ fn live_cluster(
         "Starting the live cluster with emulated WAN in {} ...",
         dir.display()
     ));
-    // Guarded before it starts: a start that fails once the replicas are recorded
-    // (one never healthy), or is interrupted then, stops them too.
+    // Guarded before it starts, so that an interrupt during the start (once the
+    // cluster file lists the replicas) stops them too.
     let stop = local::StopOnExit::new(dir.clone(), a.data_dir.is_none())?;
     let cluster = local::up(&UpOptions::emulated_wan(
         a.binary.clone(),

@@ -268,6 +268,43 @@ pub fn up(o: &UpOptions) -> Result<ClusterFile> {
         None => None,
     };
     std::fs::create_dir_all(dir.join("logs"))?;
+    // A start that fails leaves nothing of its own running: the replicas it
+    // started are stopped before the error is returned.
+    let mut started: Vec<(String, u32)> = Vec::new();
+    let result = start_all(
+        o,
+        &dir,
+        deployment.topology.name,
+        topology,
+        placement,
+        certs,
+        &mut replicas,
+        sockets,
+        earlier.is_none(),
+        &mut started,
+    );
+    if result.is_err() && !started.is_empty() {
+        terminate(&started, Duration::from_secs(2));
+    }
+    result
+}
+
+/// `up`'s second half: starts `replicas` on `sockets`, records them in the
+/// cluster file and waits for them to turn healthy; `started` gets each as it
+/// starts.
+#[allow(clippy::too_many_arguments)]
+fn start_all(
+    o: &UpOptions,
+    dir: &Path,
+    name: String,
+    topology: PathBuf,
+    placement: Option<PathBuf>,
+    certs: PathBuf,
+    replicas: &mut [ClusterReplica],
+    sockets: Vec<ReplicaSockets>,
+    new_cluster: bool,
+    started: &mut Vec<(String, u32)>,
+) -> Result<ClusterFile> {
     for (r, sockets) in replicas.iter_mut().zip(sockets) {
         r.pid = Some(
             spawn_replica(
@@ -282,24 +319,25 @@ pub fn up(o: &UpOptions) -> Result<ClusterFile> {
                     fault_injection: o.fault_injection,
                     durability: o.durability,
                     // A directory this command has not run a cluster in yet.
-                    new_cluster: earlier.is_none(),
+                    new_cluster,
                 },
                 &[],
             )?
             .id(),
         );
+        started.extend(r.pid.map(|p| (r.id.clone(), p)));
     }
     let cluster = ClusterFile {
-        name: deployment.topology.name,
+        name,
         topology,
         placement,
         certs,
         emulate_wan: o.emulate_wan,
         fault_injection: o.fault_injection,
-        replicas,
+        replicas: replicas.to_vec(),
     };
     cluster
-        .save(&cluster_path(&dir))
+        .save(&cluster_path(dir))
         .map_err(anyhow::Error::msg)?;
     // Wait for every replica to report healthy.
     for r in &cluster.replicas {
@@ -618,71 +656,100 @@ pub fn down(dir: &Path, grace: Duration) -> Result<Stopped> {
     })
 }
 
-/// A local cluster this process started for itself (`sim calibrate`'s live runs):
+/// A local cluster this process starts for itself (`sim calibrate`'s live runs):
 /// stopped when the guard drops — an error, a panic — and when the process is
 /// interrupted (SIGINT, SIGTERM), which runs no destructor. Its replicas run in
 /// process groups of their own (`spawn_replica`), so without this a Ctrl-C would
-/// leave them running, serving and loading the machine. A temporary directory
-/// (`remove`) is removed once they are stopped.
+/// leave them running, serving and loading the machine. Take it before `up`:
+/// only a cluster file written after it was taken is stopped (never a cluster
+/// that already ran there, which `up` refuses), and a failed `up` stops what it
+/// started itself. A temporary directory (`remove`) is removed at the end.
 #[derive(Debug)]
 pub struct StopOnExit {
     dir: PathBuf,
     remove: bool,
+    since: std::time::SystemTime,
 }
 
-/// The clusters to stop if the process is interrupted (`StopOnExit`).
-static OWNED: std::sync::Mutex<Vec<(PathBuf, bool)>> = std::sync::Mutex::new(Vec::new());
+/// The clusters to stop if the process is interrupted (`StopOnExit`): directory,
+/// whether to remove it, and since when the guard holds it.
+type Owned = Vec<(PathBuf, bool, std::time::SystemTime)>;
+static OWNED: std::sync::Mutex<Owned> = std::sync::Mutex::new(Vec::new());
+/// Held while a guard's clusters are being stopped, by a drop or by the signal's
+/// thread: the signal waits for a drop's stop to finish before it ends the
+/// process.
+static STOPPING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// Set once SIGINT or SIGTERM arrived.
 static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl StopOnExit {
-    /// Guards the cluster in `dir`. Fails only if the signal handlers cannot be
-    /// installed.
+    /// Guards the cluster to be started in `dir`. Fails only if the signal
+    /// handlers cannot be installed.
     pub fn new(dir: PathBuf, remove: bool) -> Result<StopOnExit> {
         stop_owned_on_signal()?;
+        let since = std::time::SystemTime::now();
         OWNED
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push((dir.clone(), remove));
-        Ok(StopOnExit { dir, remove })
+            .push((dir.clone(), remove, since));
+        Ok(StopOnExit { dir, remove, since })
     }
 }
 
 impl Drop for StopOnExit {
     fn drop(&mut self) {
-        // Interrupted: the signal's thread is stopping the clusters and ends the
-        // process as the signal would; this thread (whose run is failing as its
-        // replicas go) must not end it first with an error of its own.
+        // Interrupted: the signal's thread stops every guarded cluster and ends
+        // the process as the signal would; this thread (whose run is failing as
+        // its replicas go) must not end it first with an error of its own.
         if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
-            loop {
-                std::thread::park();
-            }
+            park_forever();
         }
-        OWNED
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|(d, _)| *d != self.dir);
-        stop_owned(&self.dir, self.remove);
+        {
+            // A signal now waits for this stop to finish.
+            let _stopping = STOPPING.lock().unwrap_or_else(|p| p.into_inner());
+            stop_owned(&self.dir, self.remove, self.since);
+            OWNED
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(d, _, _)| *d != self.dir);
+        }
+        if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+            park_forever();
+        }
     }
 }
 
-fn stop_owned(dir: &Path, remove: bool) {
-    // No cluster file: `up` failed before it recorded any replica it started.
-    if !cluster_path(dir).exists() {
-        if remove {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+fn park_forever() -> ! {
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Stops the cluster in `dir` if its cluster file was written since `since`
+/// (this run's), and removes `dir` if `remove`. Writes to stderr without
+/// failing: a closed stderr (Ctrl-C in `... | tee log`) must not stop it.
+fn stop_owned(dir: &Path, remove: bool, since: std::time::SystemTime) {
+    use std::io::Write as _;
+    // `up` writes the cluster file after starting every replica, well after the
+    // guard was taken (coarse file times lag the clock by a few ms at most).
+    let ours = std::fs::metadata(cluster_path(dir))
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t >= since);
+    if ours && let Err(e) = down(dir, Duration::from_secs(10)) {
+        let _ = writeln!(
+            std::io::stderr(),
+            "stopping the live cluster in {}: {e:#}",
+            dir.display()
+        );
         return;
     }
-    if let Err(e) = down(dir, Duration::from_secs(10)) {
-        eprintln!("stopping the live cluster in {}: {e:#}", dir.display());
-    } else if remove {
+    if remove {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
 
 /// Once per process: a thread that, on SIGINT or SIGTERM, stops every cluster a
-/// `StopOnExit` guards and exits as the signal would have (128 + its number).
+/// `StopOnExit` guards and exits as the signal would (128 + its number).
 fn stop_owned_on_signal() -> Result<()> {
     static INSTALLED: std::sync::OnceLock<std::result::Result<(), String>> =
         std::sync::OnceLock::new();
@@ -705,6 +772,7 @@ fn stop_owned_on_signal() -> Result<()> {
             std::thread::Builder::new()
                 .name("pangea-signals".into())
                 .spawn(move || {
+                    use std::io::Write as _;
                     let code = runtime.block_on(async {
                         tokio::select! {
                             _ = int.recv() => 128 + 2,
@@ -712,14 +780,16 @@ fn stop_owned_on_signal() -> Result<()> {
                         }
                     });
                     INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+                    let _stopping = STOPPING.lock().unwrap_or_else(|p| p.into_inner());
                     let owned =
                         std::mem::take(&mut *OWNED.lock().unwrap_or_else(|p| p.into_inner()));
-                    for (dir, remove) in owned {
-                        eprintln!(
+                    for (dir, remove, since) in owned {
+                        let _ = writeln!(
+                            std::io::stderr(),
                             "interrupted: stopping the live cluster in {}",
                             dir.display()
                         );
-                        stop_owned(&dir, remove);
+                        stop_owned(&dir, remove, since);
                     }
                     std::process::exit(code);
                 })
