@@ -377,7 +377,9 @@ impl CoreSet {
 
     /// Work of `service` arriving at `at` on `core` (`None`: the first free one
     /// once the background work until `at` has run): when it is done.
-    /// Returns when it starts and when it is done.
+    /// Returns when it is done, and when the first core to be free could have
+    /// started it (`at` if one is free): the wait of a thread that may run on
+    /// any core.
     fn take(
         &mut self,
         core: Option<usize>,
@@ -387,11 +389,12 @@ impl CoreSet {
         if let Some(b) = &mut self.background {
             self.background_busy += b.advance(&mut self.free, at);
         }
-        let core = core.unwrap_or_else(|| first_free(&self.free));
-        let start = self.free[core].max(at);
-        let done = start + service;
+        let first = first_free(&self.free);
+        let any_start = self.free[first].max(at);
+        let core = core.unwrap_or(first);
+        let done = self.free[core].max(at) + service;
         self.free[core] = done;
-        (start, done)
+        (any_start, done)
     }
 }
 
@@ -595,7 +598,7 @@ impl Host {
         if core.is_some() {
             self.driver_busy += service;
         }
-        let (start, done) = match &mut self.cores {
+        let (any_start, done) = match &mut self.cores {
             Cores::Own(cores) => cores.take(core, at, service),
             Cores::Shared(machine) => machine
                 .lock()
@@ -610,7 +613,9 @@ impl Host {
         // in another order, and a core is never held idle for the driver.
         let done = match core {
             Some(_) if at >= self.driver_until => {
-                let extra = (start - at).as_us() as f64 * (self.model.driver_wait - 1.0).max(0.0);
+                // Waiting for every core, not for the one its work is kept on.
+                let extra =
+                    (any_start - at).as_us() as f64 * (self.model.driver_wait - 1.0).max(0.0);
                 done + SimDuration::from_us(extra.round() as u64)
             }
             Some(_) => done.max(self.driver_until + service),
@@ -873,6 +878,22 @@ mod tests {
         assert_eq!(
             h.run_driver(later, Work::Apply, US10, 1, 0),
             SimTime::from_us(5_010)
+        );
+        // Two cores, the driver's taken and the other free: only its own core's
+        // queue, not stretched (it is not waiting for every core).
+        let mut h = Host::new(
+            HostModel {
+                cores: 2,
+                cpu_sigma: 0.0,
+                driver_wait: 3.0,
+                ..HostModel::default()
+            },
+            SimRng::new(1),
+        );
+        assert_eq!(h.run(t, Work::Read, US10, 1, 0), SimTime::from_us(1_010));
+        assert_eq!(
+            h.run_driver(t, Work::Apply, US10, 1, 0),
+            SimTime::from_us(1_020)
         );
     }
 

@@ -97,8 +97,12 @@ fn speed_probe() -> Result<()> {
 /// Affinity writes in the simulator, as `crates/pangea-cli/tests/affinity.rs` on a
 /// live cluster: frontends of us-east-1 (three serving replicas, 1 ms apart) write
 /// and at once read each write back with a row-affinity read and no token. With
-/// `frontend-affinity` (`writes = "row-affinity"`) no read-back misses its write;
-/// with `frontend` (nearest writes) some do, or the check would prove nothing. The
+/// `frontend-affinity` (`writes = "row-affinity"`) no read-back answered where its
+/// write was made misses it — the few that miss were answered elsewhere, where a
+/// lost request or answer sent the read or the write (row affinity fails over
+/// when its replica does not answer: `Consistency::may_hedge`), and they are a
+/// small fraction of nearest writes' misses; with `frontend` (nearest writes)
+/// some miss, or the check would prove nothing. The
 /// region's network loses 2 % of messages: on a clean one the simulator delivers a
 /// write to the region's other replicas before the frontend's next request gets
 /// there (a peer's apply costs it nothing: issue 35's host model), so nearest
@@ -110,7 +114,7 @@ fn affinity_writes_are_read_back_by_affinity_reads() -> Result<()> {
     use pangea_sim::net::LinkOverride;
     use pangea_sim::scenario::{Fault, FaultKind, RegionLoad};
     use pangea_topology::RegionId;
-    let run = |profile: &str| -> Result<(u64, u64)> {
+    let run = |profile: &str| -> Result<(u64, u64, u64)> {
         let mut sc = Scenario::new("read-back", reference()?, 11, SimDuration::from_secs(12));
         let use1 = RegionId::new("us-east-1");
         sc.faults.push(Fault {
@@ -140,16 +144,31 @@ fn affinity_writes_are_read_back_by_affinity_reads() -> Result<()> {
         let report = Simulation::new(sc)?.run()?;
         assert!(report.violations.is_empty(), "{:?}", report.violations);
         let c = &report.counters;
-        Ok((c.read_backs, c.read_backs_stale))
+        Ok((
+            c.read_backs,
+            c.read_backs_stale,
+            c.read_backs_stale_elsewhere,
+        ))
     };
-    let (pairs, stale) = run("frontend-affinity")?;
+    let (pairs, stale, elsewhere) = run("frontend-affinity")?;
+    println!("affinity writes: {stale} of {pairs} read-backs stale ({elsewhere} elsewhere)");
     assert!(pairs >= 10_000, "only {pairs} write-then-read pairs");
-    assert_eq!(stale, 0, "{stale} of {pairs} read-backs missed their write");
-    let (pairs, stale) = run("frontend")?;
-    println!("nearest writes: {stale} of {pairs} read-backs stale");
+    assert_eq!(
+        stale,
+        elsewhere,
+        "{} of {pairs} read-backs missed their write where it was made",
+        stale - elsewhere
+    );
+    let (near_pairs, near_stale, _) = run("frontend")?;
+    println!("nearest writes: {near_stale} of {near_pairs} read-backs stale");
     assert!(
-        stale > 0,
-        "nearest writes: 0 of {pairs} read-backs stale; the check sees nothing"
+        near_stale > 0,
+        "nearest writes: 0 of {near_pairs} read-backs stale; the check sees nothing"
+    );
+    assert!(
+        stale * 20 <= near_stale,
+        "affinity writes: {stale} of {pairs} read-backs stale, nearest {near_stale}: \
+         not a twentieth"
     );
     Ok(())
 }

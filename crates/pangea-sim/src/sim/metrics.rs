@@ -244,6 +244,9 @@ pub struct Counters {
     /// those a replica answered before applying the write.
     pub read_backs: u64,
     pub read_backs_stale: u64,
+    /// Of the stale ones, those answered by a replica other than the one that
+    /// took the write (the read failed over, or the write had).
+    pub read_backs_stale_elsewhere: u64,
     pub messages_delivered: u64,
     pub messages_dropped: u64,
     pub network_in_flight_max: usize,
@@ -293,6 +296,7 @@ impl Counters {
         self.failovers += o.failovers;
         self.read_backs += o.read_backs;
         self.read_backs_stale += o.read_backs_stale;
+        self.read_backs_stale_elsewhere += o.read_backs_stale_elsewhere;
         self.messages_delivered += o.messages_delivered;
         self.messages_dropped += o.messages_dropped;
         for (k, v) in o.read_errors {
@@ -383,8 +387,9 @@ pub const BACKGROUND: &str = "(background)";
 #[derive(Debug, Clone, Serialize)]
 pub struct HostLoad {
     pub cpu: f64,
-    /// The share of one core the replication driver kept busy (applying frames,
-    /// reading snapshots): the driver runs on one thread, so near 1 it bounds
+    /// The share of one core the replication driver kept busy (proposing client
+    /// writes, applying frames, reading snapshots): the driver runs on one
+    /// thread, so near 1 it bounds
     /// the host however many cores are idle.
     pub driver: f64,
     pub disk: f64,

@@ -1143,6 +1143,9 @@ impl Simulation {
                     && !w.covers(t)
                 {
                     self.metrics.counters.read_backs_stale += 1;
+                    if self.nodes[r].id != t.origin {
+                        self.metrics.counters.read_backs_stale_elsewhere += 1;
+                    }
                 }
                 if let Some(w) = wm {
                     client.learn(r, scope, w, now_ms);
