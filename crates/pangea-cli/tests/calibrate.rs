@@ -263,3 +263,46 @@ fn interrupt_calibration(signal: nix::sys::signal::Signal, code: i32) -> Result<
     );
     Ok(())
 }
+
+/// A calibration pointed at a directory where a cluster already runs is refused
+/// (`cluster up` will not start a second one there), and its guard leaves that
+/// cluster alone: it stops only a cluster its own run started.
+#[test]
+fn a_calibration_refused_in_a_busy_directory_leaves_its_cluster_running() -> Result<()> {
+    let cluster = common::Cluster::up(false)?;
+    let topology = common::repo_file("topology/local-3-regions.toml");
+    let placement = common::repo_file("topology/local-3-regions.placement.toml");
+    let out = common::pangea(
+        &[
+            "sim",
+            "calibrate",
+            "--topology",
+            topology.to_str().context("path")?,
+            "--placement",
+            placement.to_str().context("path")?,
+            "--duration",
+            "2s",
+            "--rate",
+            "150",
+            "--data-dir",
+            cluster.dir.path().to_str().context("path")?,
+        ],
+        Duration::from_secs(180),
+    )?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "calibrate ran in a busy directory");
+    ensure!(
+        stderr.contains("a cluster is already running"),
+        "calibrate did not say why it stopped:\n{stderr}"
+    );
+    let stopped: Vec<String> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| cluster.pid(id).is_ok_and(|p| !common::alive(p)))
+        .collect();
+    ensure!(
+        stopped.is_empty(),
+        "the refused calibration stopped replicas {stopped:?} of the running cluster"
+    );
+    Ok(())
+}
