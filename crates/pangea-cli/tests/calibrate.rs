@@ -9,21 +9,42 @@ mod common;
 use anyhow::{Context, Result, ensure};
 use std::time::Duration;
 
+/// The local three-region topology and placement, as `pangea sim calibrate`'s
+/// `--topology` and `--placement` arguments.
+fn local_3_regions() -> Result<[String; 4]> {
+    let path = |file| {
+        common::repo_file(file)
+            .to_str()
+            .map(str::to_owned)
+            .context("path")
+    };
+    Ok([
+        "--topology".into(),
+        path("topology/local-3-regions.toml")?,
+        "--placement".into(),
+        path("topology/local-3-regions.placement.toml")?,
+    ])
+}
+
+/// `pangea sim calibrate` on the local three-region cluster with `args`, killed
+/// after `limit`.
+fn calibrate(args: &[&str], limit: Duration) -> Result<std::process::Output> {
+    let files = local_3_regions()?;
+    let all: Vec<&str> = ["sim", "calibrate"]
+        .into_iter()
+        .chain(files.iter().map(String::as_str))
+        .chain(args.iter().copied())
+        .collect();
+    common::pangea(&all, limit)
+}
+
 #[test]
 fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let json = dir.path().join("calibrate.json");
     let data = dir.path().join("cluster");
-    let topology = common::repo_file("topology/local-3-regions.toml");
-    let placement = common::repo_file("topology/local-3-regions.placement.toml");
-    let out = common::pangea(
+    let out = calibrate(
         &[
-            "sim",
-            "calibrate",
-            "--topology",
-            topology.to_str().context("path")?,
-            "--placement",
-            placement.to_str().context("path")?,
             "--duration",
             "4s",
             "--rate",
@@ -193,13 +214,9 @@ fn interrupt_calibration(signal: nix::sys::signal::Signal, code: i32) -> Result<
 
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("cluster");
-    let topology = common::repo_file("topology/local-3-regions.toml");
-    let placement = common::repo_file("topology/local-3-regions.placement.toml");
     let mut child = Command::new(common::PANGEA)
-        .args(["sim", "calibrate", "--topology"])
-        .arg(&topology)
-        .arg("--placement")
-        .arg(&placement)
+        .args(["sim", "calibrate"])
+        .args(local_3_regions()?)
         .args(["--duration", "10s", "--rate", "150", "--data-dir"])
         .arg(&data)
         .stdin(Stdio::null())
@@ -270,16 +287,8 @@ fn interrupt_calibration(signal: nix::sys::signal::Signal, code: i32) -> Result<
 #[test]
 fn a_calibration_refused_in_a_busy_directory_leaves_its_cluster_running() -> Result<()> {
     let cluster = common::Cluster::up(false)?;
-    let topology = common::repo_file("topology/local-3-regions.toml");
-    let placement = common::repo_file("topology/local-3-regions.placement.toml");
-    let out = common::pangea(
+    let out = calibrate(
         &[
-            "sim",
-            "calibrate",
-            "--topology",
-            topology.to_str().context("path")?,
-            "--placement",
-            placement.to_str().context("path")?,
             "--duration",
             "2s",
             "--rate",

@@ -271,47 +271,40 @@ pub fn up(o: &UpOptions) -> Result<ClusterFile> {
     // A start that fails leaves nothing of its own running: the replicas it
     // started are stopped before the error is returned.
     let mut started: Vec<(String, u32)> = Vec::new();
-    let result = start_all(
-        o,
-        &dir,
-        deployment.topology.name,
+    let cluster = ClusterFile {
+        name: deployment.topology.name,
         topology,
         placement,
         certs,
-        &mut replicas,
-        sockets,
-        earlier.is_none(),
-        &mut started,
-    );
+        emulate_wan: o.emulate_wan,
+        fault_injection: o.fault_injection,
+        replicas,
+    };
+    let result = start_all(o, &dir, cluster, sockets, earlier.is_none(), &mut started);
     if result.is_err() && !started.is_empty() {
         terminate(&started, Duration::from_secs(2));
     }
     result
 }
 
-/// `up`'s second half: starts `replicas` on `sockets`, records them in the
-/// cluster file and waits for them to turn healthy; `started` gets each as it
+/// `up`'s second half: starts `cluster`'s replicas on `sockets`, records them in
+/// its cluster file and waits for them to turn healthy; `started` gets each as it
 /// starts.
-#[allow(clippy::too_many_arguments)]
 fn start_all(
     o: &UpOptions,
     dir: &Path,
-    name: String,
-    topology: PathBuf,
-    placement: Option<PathBuf>,
-    certs: PathBuf,
-    replicas: &mut [ClusterReplica],
+    mut cluster: ClusterFile,
     sockets: Vec<ReplicaSockets>,
     new_cluster: bool,
     started: &mut Vec<(String, u32)>,
 ) -> Result<ClusterFile> {
-    for (r, sockets) in replicas.iter_mut().zip(sockets) {
+    for (r, sockets) in cluster.replicas.iter_mut().zip(sockets) {
         r.pid = Some(
             spawn_replica(
                 &o.binary,
-                &topology,
-                placement.as_deref(),
-                &certs,
+                &cluster.topology,
+                cluster.placement.as_deref(),
+                &cluster.certs,
                 r,
                 sockets,
                 StartFlags {
@@ -327,15 +320,6 @@ fn start_all(
         );
         started.extend(r.pid.map(|p| (r.id.clone(), p)));
     }
-    let cluster = ClusterFile {
-        name,
-        topology,
-        placement,
-        certs,
-        emulate_wan: o.emulate_wan,
-        fault_injection: o.fault_injection,
-        replicas: replicas.to_vec(),
-    };
     cluster
         .save(&cluster_path(dir))
         .map_err(anyhow::Error::msg)?;
