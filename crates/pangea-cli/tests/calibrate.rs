@@ -116,6 +116,25 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
             "no pair from an origin {prefix}* measured on both sides: {both:?}"
         );
     }
+    // Each pair's median beside its p99, no higher on either side.
+    let medians = report["replication_lag_p50"]
+        .as_array()
+        .context("replication_lag_p50")?;
+    ensure!(
+        medians.len() == lag.len(),
+        "{} medians, {} p99s",
+        medians.len(),
+        lag.len()
+    );
+    for (m, p) in medians.iter().zip(lag) {
+        ensure!(m["what"] == p["what"], "{m} beside {p}");
+        for side in ["sim_ms", "live_ms"] {
+            if let (Some(m50), Some(p99)) = (m[side].as_f64(), p[side].as_f64()) {
+                ensure!(m50 > 0.0 && m50 <= p99, "{side}: median {m} above p99 {p}");
+            }
+        }
+    }
+    ensure!(stdout.contains("REPLICATION LAG P50"));
     // Acknowledged writes' latency is kept, p50 ≤ p95 ≤ p99 (a frontend hedges
     // after the p95 of every request it timed, writes included).
     let w = &report["live"]["writes_ms"];

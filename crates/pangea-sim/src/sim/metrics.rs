@@ -487,6 +487,8 @@ pub struct RunReport {
     /// `lag_matrix_ids` order; `None` where nothing was measured.
     pub lag_matrix_ids: Vec<String>,
     pub lag_matrix_p99_ms: Vec<Vec<Option<f64>>>,
+    /// The same matrix at the median.
+    pub lag_matrix_p50_ms: Vec<Vec<Option<f64>>>,
     /// Peak resident memory of the process (from /proc, Linux only), MiB.
     pub peak_rss_mib: Option<f64>,
     /// Shards the run was split into (1: whole; docs/drills.md, "Two cores").

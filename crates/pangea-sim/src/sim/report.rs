@@ -290,16 +290,19 @@ impl Simulation {
             .collect();
         let n = self.names.len();
         let lag_matrix_ids: Vec<String> = (0..n).map(|i| self.names.name(i).to_owned()).collect();
-        let lag_matrix_p99_ms = (0..n)
-            .map(|o| {
-                (0..n)
-                    .map(|r| {
-                        let b = &self.metrics.lag_matrix[o * n + r];
-                        (b.count() > 0).then(|| b.quantile_us(0.99) as f64 / 1_000.0)
-                    })
-                    .collect()
-            })
-            .collect();
+        let lag_matrix = |q: f64| -> Vec<Vec<Option<f64>>> {
+            (0..n)
+                .map(|o| {
+                    (0..n)
+                        .map(|r| {
+                            let b = &self.metrics.lag_matrix[o * n + r];
+                            (b.count() > 0).then(|| b.quantile_us(q) as f64 / 1_000.0)
+                        })
+                        .collect()
+                })
+                .collect()
+        };
+        let (lag_matrix_p99_ms, lag_matrix_p50_ms) = (lag_matrix(0.99), lag_matrix(0.5));
         let over = SimDuration::from_us(self.now.as_us());
         let hosts = self
             .nodes
@@ -391,6 +394,7 @@ impl Simulation {
             lag_series,
             lag_matrix_ids,
             lag_matrix_p99_ms,
+            lag_matrix_p50_ms,
             peak_rss_mib: None,
             shards: 1,
             lookahead_ms: None,
