@@ -1652,8 +1652,8 @@ fn fit(sc: &Scenario, sim: &RunReport, live: &LiveFigures) -> Fit {
     // Against the simulator's p99 of the pair: at the first level the shipped
     // model's same-region lag barely spreads (p50 1.2 ms, p99 1.5–1.6 ms on
     // local-3-regions; against its p50, `commit_us` would come out about 0.2 ms
-    // higher), and so fitted the medians of every level agree with the live ones
-    // (docs/drills.md, "Fidelity").
+    // higher), and so fitted every pair's median agrees with the live one at
+    // the first two levels, and most at the third (docs/drills.md, "Fidelity").
     for (origin, replica, s) in sim_lag_pairs(sim, &sim.lag_matrix_p99_ms) {
         if region_of(origin) != region_of(replica) {
             continue;
