@@ -848,15 +848,18 @@ mod tests {
     /// a free core waits for nothing.
     #[test]
     fn a_woken_driver_waits_longer_for_a_taken_core_than_serving_work() {
-        let mut h = Host::new(
-            HostModel {
-                cores: 1,
-                cpu_sigma: 0.0,
-                driver_wait: 3.0,
-                ..HostModel::default()
-            },
-            SimRng::new(1),
-        );
+        let host = |cores| {
+            Host::new(
+                HostModel {
+                    cores,
+                    cpu_sigma: 0.0,
+                    driver_wait: 3.0,
+                    ..HostModel::default()
+                },
+                SimRng::new(1),
+            )
+        };
+        let mut h = host(1);
         let t = SimTime::from_us(1_000);
         assert_eq!(h.run(t, Work::Read, US10, 1, 0), SimTime::from_us(1_010));
         // Asleep, the core taken for 10 µs: it waits 30.
@@ -881,15 +884,7 @@ mod tests {
         );
         // Two cores, the driver's taken and the other free: only its own core's
         // queue, not stretched (it is not waiting for every core).
-        let mut h = Host::new(
-            HostModel {
-                cores: 2,
-                cpu_sigma: 0.0,
-                driver_wait: 3.0,
-                ..HostModel::default()
-            },
-            SimRng::new(1),
-        );
+        let mut h = host(2);
         assert_eq!(h.run(t, Work::Read, US10, 1, 0), SimTime::from_us(1_010));
         assert_eq!(
             h.run_driver(t, Work::Apply, US10, 1, 0),
