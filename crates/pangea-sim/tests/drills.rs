@@ -651,6 +651,43 @@ fn frontends_on_the_replicas_machine_take_their_cores() -> Result<()> {
     Ok(())
 }
 
+/// A frontend busy with an answer that came in does not fire the read's hedge
+/// timer first (the library's loop takes answers before timers): with 3 ms of a
+/// frontend's CPU on each side of a read and a 5 ms hedge timer (half the 10 ms
+/// deadline), every answer reaches its frontend before the timer and is done
+/// after it, and no read hedges. At 6 ms a side the answers come after the timer,
+/// which does hedge.
+#[test]
+fn a_hedge_timer_does_not_overtake_an_answer_its_frontend_holds() -> Result<()> {
+    let run = |frontend_us: u32| -> Result<pangea_sim::sim::metrics::RunReport> {
+        let text = HEAD
+            .replace(
+                "[workload]",
+                &format!(
+                    "[host]\nmachine_cores = 16\ncpu_sigma = 0\nfrontend_us = {frontend_us}\n[workload]\ndeadline_ms = 10"
+                ),
+            )
+            .replace("local_fraction = 0.6", "local_fraction = 1.0")
+            .replace(
+                "modes = { eventual = 0.4, affinity = 0.2, watermark = 0.3, bounded = 0.1 }",
+                "modes = { eventual = 1.0, affinity = 0.0, watermark = 0.0, bounded = 0.0 }",
+            )
+            .replace(
+                "mix = { read = 0.8, write = 0.17, delete = 0.03 }",
+                "mix = { read = 1.0, write = 0.0, delete = 0.0 }",
+            );
+        Simulation::new(drill("hedge-timer.toml", &text)?.scenario)?.run()
+    };
+    let held = run(3_000)?;
+    let reads = &held.reads_by_mode["eventual"];
+    assert!(reads.count > 500 && reads.errors == 0, "{reads:?}");
+    assert!(reads.p50_ms >= 6.0, "answers done after the timer: {reads:?}");
+    assert_eq!(held.counters.hedges, 0);
+    let late = run(6_000)?;
+    assert!(late.counters.hedges > 0, "answers after the timer hedge");
+    Ok(())
+}
+
 #[test]
 fn a_host_saturates_and_a_bigger_one_does_not() -> Result<()> {
     // 1 ms a read on 2 cores: 2,000 reads/s a replica. Two regions, each with two

@@ -449,6 +449,10 @@ struct Op {
     attempts: Vec<Attempt>,
     /// The earliest `Ev::Wake` of this operation in the queue.
     wake_at: Option<SimTime>,
+    /// When the last answer that reached the frontend is done waiting for the
+    /// frontend's CPU (`Simulation::frontends`): a timer due before then waits
+    /// for it.
+    answer_queued_until: SimTime,
     /// A read-back (`Workload::read_back`): the token of the write it reads back,
     /// never sent (the read is a plain affinity read), only checked.
     read_back: Option<Token>,

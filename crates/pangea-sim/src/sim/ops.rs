@@ -187,6 +187,7 @@ impl Simulation {
             call: Call::Unplanned,
             attempts: Vec::new(),
             wake_at: None,
+            answer_queued_until: SimTime::ZERO,
             read_back,
             round: 0,
             replan_at: None,
@@ -280,6 +281,7 @@ impl Simulation {
             call: Call::Unplanned,
             attempts: Vec::new(),
             wake_at: None,
+            answer_queued_until: SimTime::ZERO,
             read_back: None,
             round: 0,
             replan_at: None,
@@ -1061,6 +1063,9 @@ impl Simulation {
     ) {
         if !received && self.frontends.is_some() {
             let at = self.frontend_cpu(self.now);
+            if let Some(op) = self.ops.get_mut(op_ref) {
+                op.answer_queued_until = op.answer_queued_until.max(at);
+            }
             self.queue.push(
                 at,
                 Ev::Response {
@@ -1253,6 +1258,17 @@ impl Simulation {
             let client = op.client;
             self.refresh_location(client);
             self.begin(op_ref);
+            return;
+        }
+        // An answer that reached the frontend before its timer is taken first:
+        // the thread that would fire the timer is busy until the answer is
+        // handled, and the library's loop takes answers before timers.
+        if op.answer_queued_until > now {
+            let at = op.answer_queued_until;
+            if op.wake_at.is_none_or(|w| at < w) {
+                op.wake_at = Some(at);
+                self.queue.push(at, Ev::Wake { op: op_ref });
+            }
             return;
         }
         match &mut op.call {
