@@ -681,7 +681,10 @@ fn a_hedge_timer_does_not_overtake_an_answer_its_frontend_holds() -> Result<()> 
     let held = run(3_000)?;
     let reads = &held.reads_by_mode["eventual"];
     assert!(reads.count > 500 && reads.errors == 0, "{reads:?}");
-    assert!(reads.p50_ms >= 6.0, "answers done after the timer: {reads:?}");
+    assert!(
+        reads.p50_ms >= 6.0,
+        "answers done after the timer: {reads:?}"
+    );
     assert_eq!(held.counters.hedges, 0);
     let late = run(6_000)?;
     assert!(late.counters.hedges > 0, "answers after the timer hedge");
