@@ -50,9 +50,11 @@ pub fn line(f: &Figures) -> String {
 }
 
 /// A worker's draws: which key it reads next and, in a mix, whether it writes.
-/// [`load`] and [`redis`] ask for the same sequence.
+/// [`load`] and [`redis`] ask for the same sequence. The preload draws its
+/// value sizes as workers counted down from `usize::MAX`, the first of which
+/// wraps to seed 0.
 pub(crate) fn draws(worker: usize) -> pangea_core::rng::Rng {
-    pangea_core::rng::Rng::new(worker as u64 + 1)
+    pangea_core::rng::Rng::new((worker as u64).wrapping_add(1))
 }
 
 /// The machine figures come from: cores and CPU model.
