@@ -95,6 +95,11 @@ pub(crate) struct LoadArgs {
     /// 0 (default): a closed loop, each worker as fast as its answers come.
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
+    /// Write one CSV line per request of the measured load to FILE:
+    /// due_ns,latency_us,op,bytes,ok (due_ns on CLOCK_MONOTONIC, as `perf record
+    /// -k CLOCK_MONOTONIC`): tells one stall from many slow requests.
+    #[arg(long, value_name = "FILE")]
+    requests: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -139,6 +144,7 @@ pub(crate) fn run(a: LoadArgs) -> Result<()> {
         threads: a.threads,
         deadline: std::time::Duration::from_millis(a.connect.deadline_ms.unwrap_or(2_000)),
         rate: a.rate,
+        requests_out: a.requests.clone(),
     };
     let report = load::run(config, &o)?;
     crate::output::print(a.connect.json, &report)

@@ -10,6 +10,8 @@ use pangea_client::{
 };
 use pangea_core::frontend;
 use serde::Serialize;
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -195,6 +197,8 @@ pub struct Options {
     /// from when it was due, so a stalled replica shows in the tail instead of
     /// slowing the load. 0: a closed loop.
     pub rate: f64,
+    /// Where to write one line per request (`RequestLog`); none by default.
+    pub requests_out: Option<PathBuf>,
 }
 
 /// What a load measured (`pangea bench --json` prints it as is).
@@ -248,6 +252,11 @@ impl std::fmt::Display for Report {
 /// Runs the load with a client made from `config`, on a runtime of `o.threads`.
 pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
     let region = config.region.to_string();
+    // Before anything is sent: a path that cannot be written stops the load first.
+    let requests = match &o.requests_out {
+        Some(path) => Some(Mutex::new(RequestLog::create(path)?)),
+        None => None,
+    };
     let runtime = pangea_node::config::runtime(o.threads).build()?;
     runtime.block_on(async move {
         let client = Client::connect(config).await?;
@@ -266,6 +275,7 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
             reads: Mutex::new(histogram()),
             writes: Mutex::new(histogram()),
             errors: (AtomicU64::new(0), AtomicU64::new(0)),
+            requests,
         });
         let stop = Arc::new(AtomicBool::new(false));
         let started = Instant::now();
@@ -330,6 +340,9 @@ pub fn run(config: ClientConfig, o: &Options) -> Result<Report> {
         stop.store(true, Ordering::Relaxed);
         while tasks.join_next().await.is_some() {}
         let elapsed = started.elapsed();
+        if let Some(log) = &ctx.requests {
+            log.lock().unwrap_or_else(|p| p.into_inner()).finish()?;
+        }
         let fig = |h: &Mutex<_>, e: &AtomicU64| {
             figures(
                 &h.lock().unwrap_or_else(|p| p.into_inner()),
@@ -366,6 +379,8 @@ struct Ctx {
     writes: Mutex<hdrhistogram::Histogram<u64>>,
     /// Failed reads, failed writes.
     errors: (AtomicU64, AtomicU64),
+    /// One line per request, when asked for.
+    requests: Option<Mutex<RequestLog>>,
 }
 
 impl Ctx {
@@ -385,13 +400,15 @@ impl Ctx {
                     deadline: Some(o.deadline),
                     ..Default::default()
                 };
+                let bytes = value.len();
                 match put(&self.client, &o.table, key, value, &wopts).await {
                     Ok(tok) => {
                         *token.lock().unwrap_or_else(|p| p.into_inner()) = Some(tok);
-                        record(&self.writes, t0);
+                        self.done(&self.writes, t0, Op::Put, bytes);
                     }
                     Err(_) => {
                         self.errors.1.fetch_add(1, Ordering::Relaxed);
+                        self.log(t0, t0.elapsed(), Op::Put, bytes, false);
                     }
                 }
             }
@@ -406,21 +423,107 @@ impl Ctx {
                     .with_consistency(consistency)
                     .with_deadline(o.deadline);
                 match self.client.get(&o.table, key, &opts).await {
-                    Ok(_) => record(&self.reads, t0),
+                    Ok(r) => {
+                        let bytes = r.value.as_ref().map_or(0, |row| {
+                            row.families
+                                .iter()
+                                .flat_map(|f| &f.cells)
+                                .map(|c| c.value.len())
+                                .sum()
+                        });
+                        self.done(&self.reads, t0, Op::Get, bytes);
+                    }
                     Err(_) => {
                         self.errors.0.fetch_add(1, Ordering::Relaxed);
+                        self.log(t0, t0.elapsed(), Op::Get, 0, false);
                     }
                 }
             }
         }
     }
+
+    /// A request answered: its latency from `t0` into `h`, and into the log.
+    fn done(&self, h: &Mutex<hdrhistogram::Histogram<u64>>, t0: Instant, op: Op, bytes: usize) {
+        let latency = t0.elapsed();
+        let _ = h
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(latency.as_micros() as u64);
+        self.log(t0, latency, op, bytes, true);
+    }
+
+    /// One line of the request log, when there is one.
+    fn log(&self, t0: Instant, latency: Duration, op: Op, bytes: usize, ok: bool) {
+        if let Some(log) = &self.requests {
+            log.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .line(t0, latency, op, bytes, ok);
+        }
+    }
 }
 
-fn record(h: &Mutex<hdrhistogram::Histogram<u64>>, t0: Instant) {
-    let _ = h
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .record(t0.elapsed().as_micros() as u64);
+/// One CSV line per request of the measured load (`pangea bench --requests
+/// FILE`): `due_ns,latency_us,op,bytes,ok`. `due_ns` is when the request was due
+/// (sent, in a closed loop) on the machine's `CLOCK_MONOTONIC`, the clock `perf
+/// record -k CLOCK_MONOTONIC` stamps its samples with, so a stall the load saw
+/// can be laid beside what the replica's threads did then; `latency_us` counts
+/// from then, as the histograms do; `bytes` is the value written, or the values
+/// read; `ok` is 0 for a request that failed. A histogram says how long the tail
+/// is; these lines say whether it is many slow requests or one stall that every
+/// request in a window waited for, and which values it came with.
+struct RequestLog {
+    out: std::io::BufWriter<std::fs::File>,
+    path: PathBuf,
+    /// The same moment on both clocks.
+    start: (Instant, Duration),
+    /// The first write error; later lines are dropped.
+    failed: Option<std::io::Error>,
+}
+
+impl RequestLog {
+    fn create(path: &std::path::Path) -> Result<RequestLog> {
+        use anyhow::Context as _;
+        let file = std::fs::File::create(path)
+            .with_context(|| format!("creating the request log {}", path.display()))?;
+        let mono = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+            .context("reading CLOCK_MONOTONIC for the request log")?;
+        let mut log = RequestLog {
+            out: std::io::BufWriter::new(file),
+            path: path.to_owned(),
+            start: (Instant::now(), Duration::from(mono)),
+            failed: None,
+        };
+        if let Err(e) = writeln!(log.out, "due_ns,latency_us,op,bytes,ok") {
+            log.failed = Some(e);
+        }
+        Ok(log)
+    }
+
+    fn line(&mut self, due: Instant, latency: Duration, op: Op, bytes: usize, ok: bool) {
+        if self.failed.is_some() {
+            return;
+        }
+        let (at, mono) = self.start;
+        // Every request is due after the log was made.
+        let due_ns = (mono + due.saturating_duration_since(at)).as_nanos();
+        let latency_us = latency.as_micros();
+        if let Err(e) = writeln!(
+            self.out,
+            "{due_ns},{latency_us},{},{bytes},{}",
+            op.as_str(),
+            u8::from(ok)
+        ) {
+            self.failed = Some(e);
+        }
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        let flushed = match self.failed.take() {
+            Some(e) => Err(e),
+            None => self.out.flush(),
+        };
+        flushed.map_err(|e| anyhow::anyhow!("writing the request log {}: {e}", self.path.display()))
+    }
 }
 
 /// Writes every key once (a value of a drawn size), then reads each once,
