@@ -49,7 +49,7 @@ use dashmap::DashMap;
 use pangea_core::frontend::call::{self, Action, Outcome, Resend, WriteCall};
 use pangea_core::frontend::{self, DOWN_FOR, PROBE_DOWN_FOR, PROBE_TIMEOUT, WATERMARK_REFRESH};
 use pangea_core::location::Location;
-use pangea_core::read::{Candidate, PeerView, ReadRequest, plan_read_at};
+use pangea_core::read::{Candidate, PeerView, ReadRequest, RouteTable, plan_read_routed};
 use pangea_proto::Message;
 use pangea_proto::v1 as pb;
 use pangea_topology::cluster::ClusterFile;
@@ -310,6 +310,9 @@ pub(crate) struct Current {
     pub(crate) layout: ProcessLayout,
     pub(crate) profile: AppProfile,
     pub(crate) digest: u64,
+    /// Each scope's routes from this client's region for its app profile, worked
+    /// out once per deployment instead of on every read.
+    pub(crate) routes: RouteTable,
 }
 
 /// What the client knows of one replica's watermarks.
@@ -496,6 +499,7 @@ impl Client {
         let transport = transport::Transport::new(&config)?;
         let current = Current {
             layout: config.deployment.process_layout(),
+            routes: RouteTable::new(&config.deployment, &profile, &config.region),
             deployment: config.deployment.clone(),
             profile,
             digest: config.deployment_digest,
@@ -661,6 +665,7 @@ impl Client {
             })?;
         Ok(Current {
             layout: deployment.process_layout(),
+            routes: RouteTable::new(&deployment, &profile, &inner.config.region),
             deployment: Arc::new(deployment),
             profile,
             digest,
@@ -1340,7 +1345,7 @@ impl Client {
         let (plan, migrating_to) = {
             let location = self.location_read();
             (
-                plan_read_at(d, &location, &req, &view, now_ms),
+                plan_read_routed(d, &cur.routes, &location, &req, &view, now_ms),
                 location
                     .migrating_scope(d, mutation.table(), mutation.row_key())
                     .cloned(),
@@ -1907,7 +1912,7 @@ impl Client {
             consistency: &opts.consistency,
             deadline: Some(opts.deadline),
         };
-        let mut plan = plan_read_at(d, &self.location_read(), &req, &view, now_ms)
+        let mut plan = plan_read_routed(d, &cur.routes, &self.location_read(), &req, &view, now_ms)
             .map_err(|e| Error::PolicyForbids(e.to_string()))?;
         let (prefer, record) = match caller {
             Caller::App => (None, self.inner.recorder.wants_one()),
