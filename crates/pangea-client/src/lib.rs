@@ -400,6 +400,14 @@ impl Inner {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
+
+    /// [`Inner::current`]'s digest, read in place (every answer checks it).
+    fn current_digest(&self) -> u64 {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .digest
+    }
 }
 
 /// What the shared routing code sees: the client's live state, looked up in place
@@ -2096,7 +2104,7 @@ impl Inner {
             self.note_rtt(&c.replica, at.saturating_duration_since(out));
         }
         let served = resp.served_by.take().unwrap_or_default();
-        if served.deployment != 0 && served.deployment != self.current().digest {
+        if served.deployment != 0 && served.deployment != self.current_digest() {
             *self.announced.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some((c.replica.clone(), served.deployment));
         }

@@ -367,7 +367,11 @@ fn launch(
     deadline_at: Instant,
 ) {
     let c = a.candidate.clone();
-    let span = traced.attempt(&inner.current().deployment, &c, a.kind);
+    let span = if traced.span.is_disabled() {
+        tracing::Span::none()
+    } else {
+        traced.attempt(&inner.current().deployment, &c, a.kind)
+    };
     let traceparent = trace::traceparent(&span);
     debug_assert_eq!(n, asked.len(), "attempts are sent in order");
     asked.push(Asked {

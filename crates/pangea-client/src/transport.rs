@@ -290,7 +290,7 @@ impl Transport {
                 pb::client_request::Request::Mutate(_) | pb::client_request::Request::MutateRows(_)
             )
         );
-        match (self.call_once(replica, slot, req, sent).await, cached) {
+        match (self.call_once(&at, cached.clone(), req, sent).await, cached) {
             // A cached connection can be dead without knowing it yet (its process was
             // killed and restarted): once it is known dead, forget it and try a fresh
             // one. Only that connection: the replica's others may be fine (calls in
@@ -302,22 +302,28 @@ impl Transport {
             {
                 self.drop_link(&at, &link);
                 link.connection.close(0u32.into(), b"replica unresponsive");
-                self.call_once(replica, slot, req, sent).await
+                self.call_once(&at, None, req, sent).await
             }
             (other, _) => other,
         }
     }
 
+    /// One call on connection slot `at`: on `cached` (the slot's live
+    /// connection, looked up by the caller) or, without one, on the slot's
+    /// connection, dialled if need be.
     async fn call_once(
         &self,
-        replica: &ReplicaId,
-        slot: usize,
+        at: &(ReplicaId, usize),
+        cached: Option<Arc<Link>>,
         req: &pb::ClientRequest,
         sent: &Sent,
     ) -> Result<pb::ClientResponse, Error> {
-        let at = (replica.clone(), slot);
+        let replica = &at.0;
         let connecting = std::time::Instant::now();
-        let link = self.link(replica, slot).await?;
+        let link = match cached {
+            Some(link) => link,
+            None => self.link(replica, at.1).await?,
+        };
         let rebudgeted = sent.rebudgeted(req, connecting);
         let req = rebudgeted.as_ref().unwrap_or(req);
         if let Some(stream) = link.take_idle() {
@@ -335,7 +341,7 @@ impl Transport {
                 // fresh stream below.
                 Err(Failed::Unsent(_)) if link.connection.close_reason().is_none() => {}
                 Err(e) => {
-                    self.drop_link(&at, &link);
+                    self.drop_link(at, &link);
                     return Err(refused(&link, replica).unwrap_or_else(|| e.into_error(replica)));
                 }
             }
@@ -343,7 +349,7 @@ impl Transport {
         let stream = match link.connection.open_bi().await {
             Ok(s) => s,
             Err(e) => {
-                self.drop_link(&at, &link);
+                self.drop_link(at, &link);
                 return Err(refused(&link, replica)
                     .unwrap_or_else(|| Failed::Unsent(e.to_string()).into_error(replica)));
             }
@@ -358,7 +364,7 @@ impl Transport {
             }
             Err(e) => {
                 if link.connection.close_reason().is_some() {
-                    self.drop_link(&at, &link);
+                    self.drop_link(at, &link);
                 }
                 Err(refused(&link, replica).unwrap_or_else(|| e.into_error(replica)))
             }
