@@ -315,6 +315,24 @@ pub(crate) struct Current {
     pub(crate) routes: RouteTable,
 }
 
+impl Current {
+    /// `deployment` as a client in `region` acting for `profile` routes by it.
+    fn new(
+        deployment: Arc<Deployment>,
+        profile: AppProfile,
+        region: &RegionId,
+        digest: u64,
+    ) -> Current {
+        Current {
+            layout: deployment.process_layout(),
+            routes: RouteTable::new(&deployment, &profile, region),
+            deployment,
+            profile,
+            digest,
+        }
+    }
+}
+
 /// What the client knows of one replica's watermarks.
 #[derive(Debug, Default)]
 struct KnownOf {
@@ -505,13 +523,12 @@ impl Client {
                 Error::InvalidInput(format!("unknown app profile {:?}", config.app_profile))
             })?;
         let transport = transport::Transport::new(&config)?;
-        let current = Current {
-            layout: config.deployment.process_layout(),
-            routes: RouteTable::new(&config.deployment, &profile, &config.region),
-            deployment: config.deployment.clone(),
+        let current = Current::new(
+            config.deployment.clone(),
             profile,
-            digest: config.deployment_digest,
-        };
+            &config.region,
+            config.deployment_digest,
+        );
         let inner = Arc::new(Inner {
             current: std::sync::RwLock::new(Arc::new(current)),
             announced: std::sync::Mutex::new(None),
@@ -671,13 +688,12 @@ impl Client {
                     inner.config.app_profile
                 ))
             })?;
-        Ok(Current {
-            layout: deployment.process_layout(),
-            routes: RouteTable::new(&deployment, &profile, &inner.config.region),
-            deployment: Arc::new(deployment),
+        Ok(Current::new(
+            Arc::new(deployment),
             profile,
+            &inner.config.region,
             digest,
-        })
+        ))
     }
 
     /// The deployment this client routes by now: the one it connected with, or
@@ -1930,7 +1946,7 @@ impl Client {
             let c = plan.primary.remove(i);
             plan.primary.insert(0, c);
         }
-        read::run(&self.inner, plan, body, started, opts, traced, record).await
+        read::run(&self.inner, d, plan, body, started, opts, traced, record).await
     }
 }
 

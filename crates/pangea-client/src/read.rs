@@ -158,14 +158,18 @@ pub(crate) fn reply_of<T>(result: &Result<T, Error>) -> Reply {
 /// Runs one read's plan, from `started` (when it was planned) to the answer or
 /// the deadline of `opts`: a tokio driver of `pangea_core::frontend::call::ReadCall`,
 /// which takes every decision (the simulator's frontends drive the same type).
+/// `d` is the deployment the plan was made on (the attempts' spans name their
+/// replicas' regions from it).
 ///
 /// One timer serves the call: it wakes the loop when the call asks to be woken
 /// (the hedge, a watermark retry or the deadline). Requests carry no timeout of
 /// their own while the call waits for them (a timer each, set and cancelled per
 /// read, was a measurable share of a 1 KiB get); those it stops waiting for get
 /// one when it ends ([`learn`]).
+#[allow(clippy::too_many_arguments)] // the call's parts, each needed once
 pub(crate) async fn run(
     inner: &Arc<Inner>,
+    d: &Deployment,
     plan: pangea_core::read::ReadPlan,
     body: &pb::client_request::Request,
     started: Instant,
@@ -205,7 +209,7 @@ pub(crate) async fn run(
             hedge_after,
         )
     };
-    let result = drive(inner, &mut call, body, started, opts, traced).await;
+    let result = drive(inner, d, &mut call, body, started, opts, traced).await;
     if let Some(log) = call.log() {
         inner.recorder.keep(log.clone());
     }
@@ -213,8 +217,10 @@ pub(crate) async fn run(
 }
 
 /// [`run`]'s loop: does what `call` asks until it ends.
+#[allow(clippy::too_many_arguments)] // the call's parts, each needed once
 async fn drive(
     inner: &Arc<Inner>,
+    d: &Deployment,
     call: &mut ReadCall<std::vec::IntoIter<Candidate>>,
     body: &pb::client_request::Request,
     started: Instant,
@@ -256,6 +262,7 @@ async fn drive(
                     };
                     launch(
                         inner,
+                        d,
                         body,
                         traced,
                         &mut set,
@@ -357,6 +364,7 @@ async fn drive(
 #[allow(clippy::too_many_arguments)] // the call's parts, each needed once
 fn launch(
     inner: &Arc<Inner>,
+    d: &Deployment,
     body: &pb::client_request::Request,
     traced: &Traced,
     set: &mut Attempts,
@@ -367,11 +375,7 @@ fn launch(
     deadline_at: Instant,
 ) {
     let c = a.candidate.clone();
-    let span = if traced.span.is_disabled() {
-        tracing::Span::none()
-    } else {
-        traced.attempt(&inner.current().deployment, &c, a.kind)
-    };
+    let span = traced.attempt(d, &c, a.kind);
     let traceparent = trace::traceparent(&span);
     debug_assert_eq!(n, asked.len(), "attempts are sent in order");
     asked.push(Asked {
