@@ -264,7 +264,12 @@ impl Client {
         let span = traced.attempt(&d, c, AttemptKind::Primary);
         let answer = self
             .inner
-            .attempt(c, body, (budget, wait), crate::trace::traceparent(&span))
+            .attempt(
+                c,
+                &self.inner.request_body(body),
+                (budget, wait),
+                crate::trace::traceparent(&span),
+            )
             .await;
         let answer = answer.unwrap_or_else(|| {
             Err(Error::Ambiguous {

@@ -26,6 +26,7 @@
 mod batch;
 pub mod bulk;
 pub mod changes;
+mod clock;
 pub mod error;
 pub mod options;
 mod read;
@@ -187,8 +188,10 @@ pub struct Response<T> {
     pub region: String,
     /// Why that replica: nearest, home, affinity, covered, origin fallback, hedge…
     pub reason: Reason,
-    /// That replica's watermarks for the row's scope, when it sent them.
-    pub watermarks: Option<ScopeWatermarks>,
+    /// That replica's watermarks for the row's scope, when it sent them (or
+    /// named the ones the client holds): shared with the client's copy, which
+    /// most answers only confirm.
+    pub watermarks: Option<Arc<ScopeWatermarks>>,
     pub latency: Duration,
     /// Requests sent for this call (more than one after hedging or fallback).
     pub attempts: u32,
@@ -243,9 +246,9 @@ pub(crate) struct Inner {
     location: std::sync::RwLock<Location>,
     /// Where the refresh of `location` stands (one refresh at a time).
     location_refresh: tokio::sync::Mutex<LocationRefresh>,
-    /// The zero of this client's microsecond clock (`Inner::us`), which the
-    /// hedger and the calls' state machines run on.
-    epoch: Instant,
+    /// This client's microsecond clock (`Inner::us`), which the hedger and the
+    /// calls' state machines run on, and the wall clock read through it.
+    clock: clock::Clock,
     hedger: std::sync::Mutex<frontend::Hedger>,
     /// Reads whose decisions are being recorded (`Client::record_reads`).
     recorder: Recorder,
@@ -346,7 +349,7 @@ struct KnownOf {
 /// A replica's watermarks for one scope, as its last answer gave them.
 #[derive(Debug, Clone)]
 struct Known {
-    watermarks: ScopeWatermarks,
+    watermarks: Arc<ScopeWatermarks>,
     /// The replica's name for them (`ServedBy.watermarks_digest`); 0: unknown (a
     /// probe's answer).
     digest: u64,
@@ -360,7 +363,7 @@ impl Inner {
     fn learn_watermarks(
         &self,
         replica: &ReplicaId,
-        wm: &ScopeWatermarks,
+        wm: &Arc<ScopeWatermarks>,
         digest: u64,
         now_ms: u64,
     ) {
@@ -370,7 +373,7 @@ impl Inner {
         }
         match of.scopes.get_mut(&wm.scope) {
             // Most answers repeat what the last one said: no copy then.
-            Some(k) if k.watermarks == *wm => {
+            Some(k) if *k.watermarks == **wm => {
                 k.learned_ms = now_ms;
                 if digest != 0 {
                     k.digest = digest;
@@ -378,7 +381,7 @@ impl Inner {
             }
             _ => {
                 let known = Known {
-                    watermarks: wm.clone(),
+                    watermarks: Arc::clone(wm),
                     digest,
                     learned_ms: now_ms,
                 };
@@ -400,7 +403,7 @@ impl Inner {
         replica: &ReplicaId,
         digest: u64,
         now_ms: u64,
-    ) -> Option<ScopeWatermarks> {
+    ) -> Option<Arc<ScopeWatermarks>> {
         let mut of = self.known.get_mut(replica)?;
         let k = of.scopes.values_mut().find(|k| k.digest == digest)?;
         k.learned_ms = now_ms;
@@ -502,12 +505,6 @@ pub(crate) fn may_resend(opts: &WriteOptions, m: &RowMutation) -> bool {
             .any(|x| matches!(x, Mutation::Increment { .. }))
 }
 
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 impl Client {
     /// Connects: loads certificates, probes every replica the app profile may use
     /// (so the first reads already know the nearest), and starts refreshing
@@ -539,7 +536,7 @@ impl Client {
             known: DashMap::new(),
             location: std::sync::RwLock::new(Location::new()),
             location_refresh: tokio::sync::Mutex::new(LocationRefresh::default()),
-            epoch: Instant::now(),
+            clock: clock::Clock::new(),
             hedger: std::sync::Mutex::new(frontend::Hedger::new(0)),
             recorder: Recorder::default(),
             stats: ClientStats::default(),
@@ -746,14 +743,15 @@ impl Client {
                 // Timed from when the request went out: a first probe also makes
                 // the connection, and a handshake is not the replica's round trip.
                 let sent = transport::Sent::default();
-                let call = inner.transport.call_noting(&r, &req, &sent);
+                let nothing = pb::ClientRequest::default();
+                let call = inner.transport.call_noting(&r, &req, &nothing, &sent);
                 if let Ok(Ok(resp)) = tokio::time::timeout(timeout, call).await {
                     let started = sent.at().unwrap_or_else(Instant::now);
                     inner.note_rtt(&r, started.elapsed());
                     if let Some(pb::client_response::Response::Watermarks(w)) = resp.response {
-                        let now_ms = wall_ms();
+                        let now_ms = inner.wall_ms(Instant::now());
                         for s in &w.scopes {
-                            let wm = ScopeWatermarks::from_proto(s);
+                            let wm = Arc::new(ScopeWatermarks::from_proto(s));
                             inner.learn_watermarks(&r, &wm, 0, now_ms);
                         }
                     }
@@ -799,10 +797,12 @@ impl Client {
         }
         let mut left_out = 0;
         loop {
-            let body = pb::client_request::Request::LocationChanges(pb::LocationChangesRequest {
-                cursor: state.cursor.clone(),
-                limit: LOCATION_PAGE_ROWS,
-            });
+            let body = Arc::new(self.inner.request_body(
+                pb::client_request::Request::LocationChanges(pb::LocationChangesRequest {
+                    cursor: state.cursor.clone(),
+                    limit: LOCATION_PAGE_ROWS,
+                }),
+            ));
             // Not through `read`, which refreshes location metadata on policy errors.
             let traced = Traced::refresh_location(table);
             let resp = self
@@ -815,6 +815,7 @@ impl Client {
                     Caller::Refresh {
                         prefer: state.replica.as_ref(),
                     },
+                    Instant::now(),
                 )
                 .instrument(traced.span.clone())
                 .await;
@@ -1347,7 +1348,7 @@ impl Client {
         deadline: Duration,
     ) -> Result<pangea_core::read::ReadPlan, Error> {
         let d = &cur.deployment;
-        let now_ms = wall_ms();
+        let now_ms = self.inner.wall_ms(Instant::now());
         let view = self.view(started, now_ms);
         let req = ReadRequest {
             client_region: &self.inner.config.region,
@@ -1396,14 +1397,16 @@ impl Client {
         let cur = self.inner.current();
         let d = &cur.deployment;
         let plan = self.write_plan(&cur, mutation, opts, started, deadline)?;
-        let body = pb::client_request::Request::Mutate(pb::MutateRequest {
-            mutation: Some(mutation.to_proto()),
-            wait_regions: match opts.ack {
-                Ack::Regions(n) => n,
-                _ => 0,
-            },
-            wait_all_regions: opts.ack == Ack::AllRegions,
-        });
+        let body =
+            self.inner
+                .request_body(pb::client_request::Request::Mutate(pb::MutateRequest {
+                    mutation: Some(mutation.to_proto()),
+                    wait_regions: match opts.ack {
+                        Ack::Regions(n) => n,
+                        _ => 0,
+                    },
+                    wait_all_regions: opts.ack == Ack::AllRegions,
+                }));
         // `WriteCall` decides: no hedge (a write is not idempotent across origins);
         // another replica only when this one certainly did not apply it, unless
         // the caller says applying it twice is harmless.
@@ -1431,7 +1434,7 @@ impl Client {
             let span = traced.attempt(d, &c, a.kind);
             let answer = self
                 .inner
-                .attempt(&c, body.clone(), (budget, wait), trace::traceparent(&span))
+                .attempt(&c, &body, (budget, wait), trace::traceparent(&span))
                 .await;
             let now = self.inner.us(Instant::now());
             let result = match answer {
@@ -1860,16 +1863,22 @@ impl Client {
         self.inner.stats.requests.fetch_add(1, Ordering::Relaxed);
         let traced = Traced::call(op, table, key, keys, trace::mode_name(&opts.consistency));
         let started = Instant::now();
+        let body = Arc::new(self.inner.request_body(body));
         let result = async {
             let mut round = 0;
             // Every round of planning shares the call's one deadline.
             let mut left = std::borrow::Cow::Borrowed(opts);
+            // When this round starts: the first plans at the call's start.
+            let mut at = started;
             loop {
                 if round > 0 {
-                    let deadline = opts.deadline.saturating_sub(started.elapsed());
+                    at = Instant::now();
+                    let deadline = opts
+                        .deadline
+                        .saturating_sub(at.saturating_duration_since(started));
                     left.to_mut().deadline = deadline;
                 }
-                match self.read_once(table, key, &body, &left, &traced).await {
+                match self.read_once(table, key, &body, &left, &traced, at).await {
                     // A replica refused the row: our location metadata may be stale
                     // (rows moved). Refresh it and plan again.
                     Err(Error::PolicyForbids(m))
@@ -1897,36 +1906,39 @@ impl Client {
         result
     }
 
+    /// One plan of a read, made at `started` (a clock reading just taken).
     async fn read_once(
         &self,
         table: &str,
         key: &[u8],
-        body: &pb::client_request::Request,
+        body: &Arc<pb::ClientRequest>,
         opts: &ReadOptions,
         traced: &Traced,
+        started: Instant,
     ) -> Result<Response<pb::client_response::Response>, Error> {
-        self.read_once_preferring(table, key, body, opts, traced, Caller::App)
+        self.read_once_preferring(table, key, body, opts, traced, Caller::App, started)
             .await
     }
 
     /// [`Client::read_once`] for `caller`: a location refresh asks the replica
     /// whose cursor it holds first when it is one of the candidates, and is never
     /// recorded (`Client::record_reads` counts the application's reads).
+    /// `started`: a clock reading just taken, the call's one before its answer:
+    /// health, deadline and hedge timer all count from it.
+    #[allow(clippy::too_many_arguments)] // the read's parts, each needed once
     async fn read_once_preferring(
         &self,
         table: &str,
         key: &[u8],
-        body: &pb::client_request::Request,
+        body: &Arc<pb::ClientRequest>,
         opts: &ReadOptions,
         traced: &Traced,
         caller: Caller<'_>,
+        started: Instant,
     ) -> Result<Response<pb::client_response::Response>, Error> {
-        // The call's one reading of the clock before its answer: health, deadline
-        // and hedge timer all count from here.
-        let started = Instant::now();
         let cur = self.inner.current();
         let d = &cur.deployment;
-        let now_ms = wall_ms();
+        let now_ms = self.inner.wall_ms(started);
         let view = self.view(started, now_ms);
         let req = ReadRequest {
             client_region: &self.inner.config.region,
@@ -1968,7 +1980,7 @@ impl<T> Response<T> {
 #[derive(Debug, Clone)]
 pub(crate) struct Served {
     pub region: String,
-    pub watermarks: Option<ScopeWatermarks>,
+    pub watermarks: Option<Arc<ScopeWatermarks>>,
     /// When the answer was in.
     pub at: Instant,
 }
@@ -1976,12 +1988,17 @@ pub(crate) struct Served {
 impl Inner {
     /// `at` on this client's microsecond clock.
     pub(crate) fn us(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
+        self.clock.us(at)
     }
 
     /// The instant `us` on this client's microsecond clock names.
     pub(crate) fn instant(&self, us: u64) -> Instant {
-        deadline_after(self.epoch, Duration::from_micros(us))
+        self.clock.instant(us)
+    }
+
+    /// The wall clock at `at` (an instant read lately), ms since the Unix epoch.
+    pub(crate) fn wall_ms(&self, at: Instant) -> u64 {
+        self.clock.wall_ms(at)
     }
 
     pub(crate) fn hedger(&self) -> std::sync::MutexGuard<'_, frontend::Hedger> {
@@ -2045,7 +2062,7 @@ impl Inner {
     pub(crate) async fn attempt(
         &self,
         c: &Candidate,
-        body: pb::client_request::Request,
+        body: &pb::ClientRequest,
         (budget, wait): (Duration, Duration),
         traceparent: String,
     ) -> Option<Result<(pb::client_response::Response, Served), Error>> {
@@ -2069,15 +2086,27 @@ impl Inner {
         }
     }
 
+    /// The part of a call's request every attempt shares: the app profile and
+    /// the request itself ([`Inner::ask`] adds each attempt's own).
+    pub(crate) fn request_body(&self, request: pb::client_request::Request) -> pb::ClientRequest {
+        pb::ClientRequest {
+            app_profile: self.config.app_profile.clone(),
+            request: Some(request),
+            ..Default::default()
+        }
+    }
+
     /// One request to one candidate, sent at `since`, for an answer by `deadline_at`
     /// (which the replica is told; the caller stops waiting then, through
-    /// [`Inner::no_answer`]); learns from the answer.
+    /// [`Inner::no_answer`]); learns from the answer. `body` is the call's
+    /// ([`Inner::request_body`]): the attempt's deadline, trace context and the
+    /// watermarks it names go out in a head of their own before it, not in a copy.
     /// `traceparent`: the W3C context of the attempt's span (empty: none); `sent`
     /// is set once the request starts out ([`Transport::call_noting`]).
     pub(crate) async fn ask(
         &self,
         c: &Candidate,
-        body: pb::client_request::Request,
+        body: &pb::ClientRequest,
         since: Instant,
         deadline_at: Instant,
         traceparent: String,
@@ -2086,24 +2115,31 @@ impl Inner {
         // An answer's time is the path's and the replica's, what routing and
         // hedging learn from, except a write's that waited for other regions: the
         // WAN's, which would make its replica look far away.
-        let waited = match &body {
-            pb::client_request::Request::Mutate(m) => m.wait_regions > 0 || m.wait_all_regions,
+        let waited = match &body.request {
+            Some(pb::client_request::Request::Mutate(m)) => {
+                m.wait_regions > 0 || m.wait_all_regions
+            }
             // A batch's answer waits for its slowest row: not a round trip.
-            pb::client_request::Request::MutateRows(_) => true,
+            Some(pb::client_request::Request::MutateRows(_)) => true,
             _ => false,
         };
         let write = matches!(
-            &body,
-            pb::client_request::Request::Mutate(_) | pb::client_request::Request::MutateRows(_)
+            &body.request,
+            Some(
+                pb::client_request::Request::Mutate(_) | pb::client_request::Request::MutateRows(_)
+            )
         );
-        let req = pb::ClientRequest {
+        let head = pb::ClientRequest {
             deadline_us: deadline_at.saturating_duration_since(since).as_micros() as u64,
-            app_profile: self.config.app_profile.clone(),
             traceparent,
             known_watermarks: self.known_digest(&c.replica),
-            request: Some(body),
+            ..Default::default()
         };
-        let mut resp = match self.transport.call_noting(&c.replica, &req, sent).await {
+        let mut resp = match self
+            .transport
+            .call_noting(&c.replica, &head, body, sent)
+            .await
+        {
             Ok(r) => r,
             Err(e) => {
                 self.down
@@ -2126,13 +2162,13 @@ impl Inner {
         }
         let wm = match &served.watermarks {
             Some(w) => {
-                let wm = ScopeWatermarks::from_proto(w);
-                self.learn_watermarks(&c.replica, &wm, served.watermarks_digest, wall_ms());
+                let wm = Arc::new(ScopeWatermarks::from_proto(w));
+                self.learn_watermarks(&c.replica, &wm, served.watermarks_digest, self.wall_ms(at));
                 Some(wm)
             }
             // Left out as the ones this request named: unchanged.
             None if served.watermarks_digest != 0 => {
-                self.named_watermarks(&c.replica, served.watermarks_digest, wall_ms())
+                self.named_watermarks(&c.replica, served.watermarks_digest, self.wall_ms(at))
             }
             None => None,
         };

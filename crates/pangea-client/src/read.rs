@@ -171,7 +171,7 @@ pub(crate) async fn run(
     inner: &Arc<Inner>,
     d: &Deployment,
     plan: pangea_core::read::ReadPlan,
-    body: &pb::client_request::Request,
+    body: &Arc<pb::ClientRequest>,
     started: Instant,
     opts: &ReadOptions,
     traced: &Traced,
@@ -222,7 +222,7 @@ async fn drive(
     inner: &Arc<Inner>,
     d: &Deployment,
     call: &mut ReadCall<std::vec::IntoIter<Candidate>>,
-    body: &pb::client_request::Request,
+    body: &Arc<pb::ClientRequest>,
     started: Instant,
     opts: &ReadOptions,
     traced: &Traced,
@@ -365,7 +365,7 @@ async fn drive(
 fn launch(
     inner: &Arc<Inner>,
     d: &Deployment,
-    body: &pb::client_request::Request,
+    body: &Arc<pb::ClientRequest>,
     traced: &Traced,
     set: &mut Attempts,
     asked: &mut Vec<Asked>,
@@ -385,11 +385,11 @@ fn launch(
     });
     let replica = c.replica.clone();
     let inner = inner.clone();
-    let body = body.clone();
+    let body = Arc::clone(body);
     let answer = Box::pin(async move {
         let sent = crate::transport::Sent::until(deadline_at);
         let result = inner
-            .ask(&c, body, since, deadline_at, traceparent, &sent)
+            .ask(&c, &body, since, deadline_at, traceparent, &sent)
             .await;
         Answer {
             index: n,

@@ -24,7 +24,7 @@
 use crate::{ClientConfig, Error};
 use dashmap::DashMap;
 use pangea_net::reload::{LiveTls, RELOAD_INTERVAL_DEFAULT, TlsFiles, spawn_poller};
-use pangea_net::{FRAME_BYTES_MAX, PeerIdentity, handshake, read_frame, tls, write_frame};
+use pangea_net::{FRAME_BYTES_MAX, PeerIdentity, handshake, read_frame, tls, write_frame_pair};
 use pangea_proto::v1 as pb;
 use pangea_topology::ReplicaId;
 use std::net::SocketAddr;
@@ -37,6 +37,9 @@ use std::time::Duration;
 const IDLE_STREAMS_MAX: usize = pangea_net::tls::BIDI_STREAMS_MAX as usize / 2;
 
 type Stream = (quinn::SendStream, quinn::RecvStream);
+
+/// A request's head and body ([`Transport::call_noting`]).
+type Parts<'a> = (&'a pb::ClientRequest, &'a pb::ClientRequest);
 
 /// One connection attempt, awaited by every call that needs it.
 type Dial = Arc<tokio::sync::OnceCell<Result<Arc<Link>, Error>>>;
@@ -265,17 +268,25 @@ impl Transport {
         replica: &ReplicaId,
         req: &pb::ClientRequest,
     ) -> Result<pb::ClientResponse, Error> {
-        self.call_noting(replica, req, &Sent::default()).await
+        let nothing = pb::ClientRequest::default();
+        self.call_noting(replica, req, &nothing, &Sent::default())
+            .await
     }
 
     /// [`Transport::call`], setting `sent` as the request starts out: a caller
-    /// that stops waiting before then knows the replica never saw it.
+    /// that stops waiting before then knows the replica never saw it. The
+    /// request is `head` and `body` sent one after the other as one message
+    /// (protobuf merges concatenated messages; neither sets a field of the
+    /// other's): an attempt's own fields and the part every attempt of its call
+    /// shares, which is not copied per attempt.
     pub(crate) async fn call_noting(
         &self,
         replica: &ReplicaId,
-        req: &pb::ClientRequest,
+        head: &pb::ClientRequest,
+        body: &pb::ClientRequest,
         sent: &Sent,
     ) -> Result<pb::ClientResponse, Error> {
+        let req = (head, body);
         let slot = self
             .next_slot
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -285,7 +296,7 @@ impl Transport {
         // A write is sent again only if it certainly did not arrive: sent twice it
         // would be applied twice.
         let resend_lost = !matches!(
-            req.request,
+            head.request.as_ref().or(body.request.as_ref()),
             Some(
                 pb::client_request::Request::Mutate(_) | pb::client_request::Request::MutateRows(_)
             )
@@ -315,17 +326,21 @@ impl Transport {
         &self,
         at: &(ReplicaId, usize),
         cached: Option<Arc<Link>>,
-        req: &pb::ClientRequest,
+        (head, body): Parts<'_>,
         sent: &Sent,
     ) -> Result<pb::ClientResponse, Error> {
         let replica = &at.0;
-        let connecting = std::time::Instant::now();
-        let link = match cached {
-            Some(link) => link,
-            None => self.link(replica, at.1).await?,
+        // Only a call that had to wait for a connection can have spent enough
+        // of its budget to tell the replica less (no clock read otherwise).
+        let (link, rebudgeted) = match cached {
+            Some(link) => (link, None),
+            None => {
+                let connecting = std::time::Instant::now();
+                let link = self.link(replica, at.1).await?;
+                (link, sent.rebudgeted(head, connecting))
+            }
         };
-        let rebudgeted = sent.rebudgeted(req, connecting);
-        let req = rebudgeted.as_ref().unwrap_or(req);
+        let req = (rebudgeted.as_ref().unwrap_or(head), body);
         if let Some(stream) = link.take_idle() {
             match exchange(stream, req, sent).await {
                 Ok((resp, stream)) => {
@@ -473,11 +488,11 @@ impl Failed {
 /// reused).
 async fn exchange(
     (mut send, mut recv): Stream,
-    req: &pb::ClientRequest,
+    (head, body): Parts<'_>,
     sent: &Sent,
 ) -> Result<(pb::ClientResponse, Option<Stream>), Failed> {
     sent.mark();
-    if let Err(e) = write_frame(&mut send, req).await {
+    if let Err(e) = write_frame_pair(&mut send, head, body).await {
         // A replica that refuses a frame (a full frame budget, a frame too large)
         // answers why, then stops the stream: the answer says what to do. On a
         // dead connection the read fails at once.
@@ -524,6 +539,46 @@ mod tests {
         )?;
         let cluster = ClusterFile::load(&file).map_err(anyhow::Error::msg)?;
         Ok(ClientConfig::from_cluster(&cluster, "local-1", "frontend")?)
+    }
+
+    /// A request sent as an attempt's head and its call's shared body is, to the
+    /// replica, the whole request: the same message once decoded.
+    #[test]
+    fn a_request_in_head_and_body_decodes_whole() -> anyhow::Result<()> {
+        let request = pb::client_request::Request::Get(pb::GetRequest {
+            table: "profiles".into(),
+            row_key: bytes::Bytes::from_static(b"user:42"),
+            ..Default::default()
+        });
+        let body = pb::ClientRequest {
+            app_profile: "serving".into(),
+            request: Some(request.clone()),
+            ..Default::default()
+        };
+        let head = pb::ClientRequest {
+            deadline_us: 20_000,
+            traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+            known_watermarks: 0x5eed,
+            ..Default::default()
+        };
+        let frame = pangea_net::frame::encode_frame_pair(&head, &body)?;
+        let Some((got, read)) =
+            pangea_net::decode_frame::<pb::ClientRequest>(&frame, FRAME_BYTES_MAX)?
+        else {
+            anyhow::bail!("the frame did not decode whole");
+        };
+        assert_eq!(read, frame.len());
+        let whole = pb::ClientRequest {
+            deadline_us: head.deadline_us,
+            app_profile: body.app_profile,
+            traceparent: head.traceparent.clone(),
+            known_watermarks: head.known_watermarks,
+            request: Some(request),
+        };
+        assert_eq!(got, whole);
+        // Its fields in another order, no byte more on the wire.
+        assert_eq!(frame.len(), pangea_net::encode_frame(&whole)?.len());
+        Ok(())
     }
 
     #[tokio::test]

@@ -146,6 +146,16 @@ pub async fn write_frame<M: Message>(send: &mut quinn::SendStream, msg: &M) -> R
     Ok(())
 }
 
+/// Writes `head` and `rest` as one frame ([`encode_frame_pair`]).
+pub async fn write_frame_pair<A: Message, B: Message>(
+    send: &mut quinn::SendStream,
+    head: &A,
+    rest: &B,
+) -> Result<()> {
+    send.write_chunk(encode_frame_pair(head, rest)?).await?;
+    Ok(())
+}
+
 /// Reads one frame of at most `limit_bytes` body bytes.
 ///
 /// `Ok(None)` when the stream finished cleanly at a frame boundary; a stream that
