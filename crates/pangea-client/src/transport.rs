@@ -24,7 +24,7 @@
 use crate::{ClientConfig, Error};
 use dashmap::DashMap;
 use pangea_net::reload::{LiveTls, RELOAD_INTERVAL_DEFAULT, TlsFiles, spawn_poller};
-use pangea_net::{FRAME_BYTES_MAX, PeerIdentity, handshake, read_frame, tls, write_frame_pair};
+use pangea_net::{FRAME_BYTES_MAX, PeerIdentity, handshake, read_answer, tls, write_frame_pair};
 use pangea_proto::v1 as pb;
 use pangea_topology::ReplicaId;
 use std::net::SocketAddr;
@@ -496,7 +496,7 @@ async fn exchange(
         // A replica that refuses a frame (a full frame budget, a frame too large)
         // answers why, then stops the stream: the answer says what to do. On a
         // dead connection the read fails at once.
-        return match read_frame::<pb::ClientResponse>(&mut recv, FRAME_BYTES_MAX).await {
+        return match read_answer::<pb::ClientResponse>(&mut recv, FRAME_BYTES_MAX).await {
             Ok(Some(r)) => Ok((r, None)),
             _ => {
                 sent.clear();
@@ -504,7 +504,7 @@ async fn exchange(
             }
         };
     }
-    match read_frame::<pb::ClientResponse>(&mut recv, FRAME_BYTES_MAX).await {
+    match read_answer::<pb::ClientResponse>(&mut recv, FRAME_BYTES_MAX).await {
         Ok(Some(r)) => Ok((r, Some((send, recv)))),
         Ok(None) => {
             sent.clear();

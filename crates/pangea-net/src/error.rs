@@ -150,6 +150,18 @@ pub enum Error {
         received_bytes: usize,
     },
 
+    /// More bytes came on a stream than the one frame it was to carry (an
+    /// answer, then nothing until the next request).
+    #[error(
+        "{extra_bytes} bytes past the end of a {frame_bytes}-byte frame that was to be the stream's last"
+    )]
+    FrameTrailing {
+        /// The frame, prefix included.
+        frame_bytes: usize,
+        /// Bytes received after it.
+        extra_bytes: usize,
+    },
+
     /// A frame's body is not a valid protobuf message of the expected type.
     #[error("frame body does not decode: {0}")]
     FrameDecode(#[from] pangea_proto::prost::DecodeError),

@@ -16,7 +16,7 @@
 //! tests can drive them; like mini-redis's `Frame::check`, decoding returns
 //! `Ok(None)` for an incomplete buffer without allocating anything.
 
-use bytes::{BufMut as _, Bytes, BytesMut};
+use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
 use pangea_proto::prost::Message;
 use std::sync::Arc;
 use std::time::Duration;
@@ -217,6 +217,123 @@ async fn read_body<M: Message + Default>(
     Ok(M::decode(body.freeze())?)
 }
 
+/// Reads the one frame a stream carries before its reader writes to it again:
+/// an answer (a replica sends nothing on a stream after answering a request
+/// until the next one). As [`read_frame`], but in one read of the stream, not
+/// one for the prefix and one for the body, when the frame came in one piece
+/// (most answers of a few KiB): each read takes the connection's lock and walks
+/// its reassembly buffer, a share of a small read's client CPU. A piece that
+/// holds bytes past the frame is [`Error::FrameTrailing`].
+pub async fn read_answer<M: Message + Default>(
+    recv: &mut quinn::RecvStream,
+    limit_bytes: usize,
+) -> Result<Option<M>> {
+    let mut gather = Gather::new(limit_bytes);
+    let mut want = usize::MAX;
+    loop {
+        let Some(chunk) = recv.read_chunk(want, true).await? else {
+            return match gather.received_bytes() {
+                0 => Ok(None),
+                _ => Err(gather.truncated()),
+            };
+        };
+        match gather.push(chunk.bytes)? {
+            Gathered::Whole(body) => return Ok(Some(M::decode(body)?)),
+            Gathered::More(n) => want = n,
+        }
+    }
+}
+
+/// Where [`Gather::push`] leaves a frame.
+#[derive(Debug, PartialEq)]
+enum Gathered {
+    /// The frame's body, whole.
+    Whole(Bytes),
+    /// Up to this many more bytes are the frame's (then [`Gather::push`] again).
+    More(usize),
+}
+
+/// A frame put together from the pieces a stream hands out ([`read_answer`]).
+#[derive(Debug)]
+struct Gather {
+    limit_bytes: usize,
+    /// The prefix, or as much of it as is in.
+    header: [u8; FRAME_HEADER_BYTES],
+    header_bytes: usize,
+    /// The body's announced length, once the prefix is in and checked.
+    body_bytes: Option<usize>,
+    body: BytesMut,
+}
+
+impl Gather {
+    fn new(limit_bytes: usize) -> Gather {
+        Gather {
+            limit_bytes,
+            header: [0; FRAME_HEADER_BYTES],
+            header_bytes: 0,
+            body_bytes: None,
+            body: BytesMut::new(),
+        }
+    }
+
+    fn received_bytes(&self) -> usize {
+        self.header_bytes + self.body.len()
+    }
+
+    /// The stream ended before the frame did.
+    fn truncated(&self) -> Error {
+        match self.body_bytes {
+            Some(body_bytes) => Error::FrameTruncated {
+                expected_bytes: body_bytes,
+                received_bytes: self.body.len(),
+            },
+            None => Error::FrameTruncated {
+                expected_bytes: FRAME_HEADER_BYTES,
+                received_bytes: self.header_bytes,
+            },
+        }
+    }
+
+    fn push(&mut self, mut piece: Bytes) -> Result<Gathered> {
+        if self.body_bytes.is_none() {
+            let n = (FRAME_HEADER_BYTES - self.header_bytes).min(piece.len());
+            self.header[self.header_bytes..self.header_bytes + n].copy_from_slice(&piece[..n]);
+            self.header_bytes += n;
+            piece.advance(n);
+            if self.header_bytes < FRAME_HEADER_BYTES {
+                return Ok(Gathered::More(FRAME_HEADER_BYTES - self.header_bytes));
+            }
+            // The limit check happens here, before any allocation for the body.
+            let body_bytes = body_length(self.header, self.limit_bytes)?;
+            self.body_bytes = Some(body_bytes);
+        }
+        let body_bytes = self.body_bytes.unwrap_or_default();
+        let left = body_bytes - self.body.len();
+        if piece.len() > left {
+            return Err(Error::FrameTrailing {
+                frame_bytes: FRAME_HEADER_BYTES + body_bytes,
+                extra_bytes: piece.len() - left,
+            });
+        }
+        if self.body.is_empty() {
+            // The whole body in one piece: decoded from it, uncopied.
+            if piece.len() == body_bytes {
+                return Ok(Gathered::Whole(piece));
+            }
+            // Gathered once, as `read_frame` does.
+            if !piece.is_empty() {
+                self.body.reserve(body_bytes);
+            }
+        }
+        self.body.extend_from_slice(&piece);
+        if self.body.len() == body_bytes {
+            Ok(Gathered::Whole(std::mem::take(&mut self.body).freeze()))
+        } else {
+            Ok(Gathered::More(body_bytes - self.body.len()))
+        }
+    }
+}
+
 /// Memory for frames being read, before they are complete: one budget per
 /// connection and one shared by the whole process. A reader takes a frame's
 /// announced size from both before it allocates the body and gives it back once the
@@ -316,6 +433,90 @@ mod tests {
         ClientRequest, GetRequest, Hello, ReplicationFrame, client_request, replication_frame,
     };
     use proptest::prelude::*;
+
+    /// A frame handed out in any pieces is gathered whole, its body uncopied when
+    /// it came in one piece; a piece past its end is an error, and so is a
+    /// prefix over the limit, before anything is allocated.
+    #[test]
+    fn answers_are_gathered_from_any_pieces() {
+        let frame = encode_frame(&ClientRequest {
+            app_profile: "serving".into(),
+            request: Some(client_request::Request::Get(GetRequest {
+                table: "profiles".into(),
+                row_key: vec![7u8; 300].into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        })
+        .unwrap();
+        let body = frame.slice(FRAME_HEADER_BYTES..);
+        // Every split into two pieces, and one byte at a time.
+        for cut in 0..=frame.len() {
+            let mut g = Gather::new(FRAME_BYTES_MAX);
+            let mut got = g.push(frame.slice(..cut)).unwrap();
+            if cut < frame.len() {
+                assert_eq!(
+                    got,
+                    Gathered::More(if cut < FRAME_HEADER_BYTES {
+                        FRAME_HEADER_BYTES - cut
+                    } else {
+                        frame.len() - cut
+                    })
+                );
+                got = g.push(frame.slice(cut..)).unwrap();
+            }
+            assert_eq!(got, Gathered::Whole(body.clone()), "cut at {cut}");
+        }
+        let mut g = Gather::new(FRAME_BYTES_MAX);
+        let mut last = None;
+        for i in 0..frame.len() {
+            last = Some(g.push(frame.slice(i..i + 1)).unwrap());
+        }
+        assert_eq!(last, Some(Gathered::Whole(body.clone())));
+
+        // One piece holding the frame and more.
+        let mut more = BytesMut::from(&frame[..]);
+        more.extend_from_slice(b"xy");
+        match Gather::new(FRAME_BYTES_MAX).push(more.freeze()) {
+            Err(Error::FrameTrailing {
+                frame_bytes,
+                extra_bytes,
+            }) => assert_eq!((frame_bytes, extra_bytes), (frame.len(), 2)),
+            other => panic!("expected FrameTrailing, got {other:?}"),
+        }
+        // A prefix announcing more than the limit.
+        match Gather::new(100).push(frame.clone()) {
+            Err(Error::FrameTooLarge { limit_bytes, .. }) => assert_eq!(limit_bytes, 100),
+            other => panic!("expected FrameTooLarge, got {other:?}"),
+        }
+        // The stream ends inside the prefix, then inside the body.
+        let mut g = Gather::new(FRAME_BYTES_MAX);
+        g.push(frame.slice(..2)).unwrap();
+        assert!(matches!(
+            g.truncated(),
+            Error::FrameTruncated {
+                expected_bytes: 4,
+                received_bytes: 2
+            }
+        ));
+        g.push(frame.slice(2..10)).unwrap();
+        match g.truncated() {
+            Error::FrameTruncated {
+                expected_bytes,
+                received_bytes,
+            } => {
+                assert_eq!((expected_bytes, received_bytes), (body.len(), 6))
+            }
+            other => panic!("expected FrameTruncated, got {other:?}"),
+        }
+        // An empty body.
+        assert_eq!(
+            Gather::new(FRAME_BYTES_MAX)
+                .push(Bytes::from_static(&[0, 0, 0, 0]))
+                .unwrap(),
+            Gathered::Whole(Bytes::new())
+        );
+    }
 
     /// A get's answer written as `served_by` and the encoded row uncopied is the
     /// frame of the whole `ClientResponse`, byte for byte: rows of every length
@@ -609,6 +810,34 @@ mod tests {
             buf.extend_from_slice(&tail);
             let decoded = decode_frame::<ReplicationFrame>(&buf, FRAME_BYTES_MAX)?;
             prop_assert_eq!(decoded, Some((msg, frame_len)));
+        }
+
+        /// Any bytes in any pieces: `Gather` never panics, never asks for more
+        /// than the frame's rest, and ends with exactly the bytes a frame
+        /// prefix announces or an error.
+        #[test]
+        fn gathering_any_pieces_never_panics(
+            bytes in proptest::collection::vec(any::<u8>(), 0..600),
+            cuts in proptest::collection::vec(0usize..600, 0..6),
+            limit in 0usize..1024,
+        ) {
+            let bytes = Bytes::from(bytes);
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(bytes.len())).collect();
+            cuts.push(0);
+            cuts.push(bytes.len());
+            cuts.sort_unstable();
+            let mut g = Gather::new(limit);
+            for w in cuts.windows(2) {
+                match g.push(bytes.slice(w[0]..w[1])) {
+                    Ok(Gathered::Whole(body)) => {
+                        prop_assert_eq!(body.len(), u32::from_be_bytes(bytes[..4].try_into().unwrap()) as usize);
+                        prop_assert_eq!(&body[..], &bytes[4..4 + body.len()]);
+                        break;
+                    }
+                    Ok(Gathered::More(n)) => prop_assert!(n > 0),
+                    Err(_) => break,
+                }
+            }
         }
 
         #[test]

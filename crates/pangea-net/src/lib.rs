@@ -79,8 +79,8 @@ pub use certs::CertBundle;
 pub use endpoint::{bind_endpoint, bind_udp_socket, endpoint_on_socket};
 pub use error::{Error, Result};
 pub use frame::{
-    BudgetPermit, FRAME_BYTES_MAX, FrameBudget, decode_frame, encode_frame, read_frame,
-    read_frame_within, write_frame, write_frame_pair,
+    BudgetPermit, FRAME_BYTES_MAX, FrameBudget, decode_frame, encode_frame, read_answer,
+    read_frame, read_frame_within, write_frame, write_frame_pair,
 };
 pub use identity::{Credential, PeerIdentity, peer_identity};
 pub use reload::{ExpectedIdentity, LiveTls, TlsFiles};

@@ -4,7 +4,7 @@ mod common;
 
 use anyhow::{Result, bail};
 use common::*;
-use pangea_net::{Error, read_frame, write_frame};
+use pangea_net::{Error, read_answer, read_frame, write_frame};
 use pangea_proto::v1::{ClientRequest, GetRequest, client_request};
 
 /// Small limit so the tests move little data; the logic is the same at 17 MiB.
@@ -184,6 +184,37 @@ async fn megabyte_frames_travel_in_jumbo_packets_over_loopback_without_loss() ->
         (bound, 0, 0),
         "{path:?}"
     );
+    close_client(client).await;
+    server.shutdown().await;
+    Ok(())
+}
+
+/// `read_answer` reads what `read_frame` reads: a small answer (one piece) and
+/// a 200 KiB one (many packets, gathered), each the stream's only frame; then a
+/// clean end of the stream is `None`.
+#[tokio::test]
+async fn answers_read_whole_in_one_piece_or_many() -> Result<()> {
+    let pki = Pki::new()?;
+    let mut server = EchoServer::start(&pki, pangea_net::FRAME_BYTES_MAX, None)?;
+    let client = client_endpoint(pki.client_config()?, None)?;
+    let conn = connect(&client, server.addr()?).await?;
+    expect_accepted(&mut server).await?;
+    let mut big = request(2);
+    big.traceparent = "y".repeat(200 << 10);
+    for msg in [request(1), big] {
+        let (mut send, mut recv) = conn.open_bi().await?;
+        write_frame(&mut send, &msg).await?;
+        send.finish()?;
+        let read = async {
+            let answer =
+                read_answer::<ClientRequest>(&mut recv, pangea_net::FRAME_BYTES_MAX).await?;
+            let end = read_answer::<ClientRequest>(&mut recv, pangea_net::FRAME_BYTES_MAX).await?;
+            anyhow::Ok((answer, end))
+        };
+        let (answer, end) = tokio::time::timeout(TEST_TIMEOUT, read).await??;
+        assert_eq!(answer.as_ref(), Some(&msg));
+        assert_eq!(end, None, "the echo finished its side after the answer");
+    }
     close_client(client).await;
     server.shutdown().await;
     Ok(())
