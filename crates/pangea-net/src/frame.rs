@@ -166,12 +166,9 @@ pub async fn read_frame<M: Message + Default>(
     recv: &mut quinn::RecvStream,
     limit_bytes: usize,
 ) -> Result<Option<M>> {
-    let Some(header) = read_header(recv).await? else {
-        return Ok(None);
-    };
-    // The limit check happens here, before the allocation below.
-    let body_bytes = body_length(header, limit_bytes)?;
-    read_body(recv, body_bytes).await.map(Some)
+    // The prefix first, then no more than the body it announces (and checks
+    // against the limit before anything is allocated for it).
+    read_pieces(recv, limit_bytes, FRAME_HEADER_BYTES).await
 }
 
 /// A frame's length prefix; `None` when the stream finished cleanly before it.
@@ -228,8 +225,18 @@ pub async fn read_answer<M: Message + Default>(
     recv: &mut quinn::RecvStream,
     limit_bytes: usize,
 ) -> Result<Option<M>> {
+    read_pieces(recv, limit_bytes, usize::MAX).await
+}
+
+/// A frame from the pieces `recv` hands out, the first of at most `first_bytes`
+/// and each after it of no more than the frame's rest ([`Gather`]).
+async fn read_pieces<M: Message + Default>(
+    recv: &mut quinn::RecvStream,
+    limit_bytes: usize,
+    first_bytes: usize,
+) -> Result<Option<M>> {
     let mut gather = Gather::new(limit_bytes);
-    let mut want = usize::MAX;
+    let mut want = first_bytes;
     loop {
         let Some(chunk) = recv.read_chunk(want, true).await? else {
             return match gather.received_bytes() {
@@ -238,6 +245,8 @@ pub async fn read_answer<M: Message + Default>(
             };
         };
         match gather.push(chunk.bytes)? {
+            // From `Bytes`, prost hands out the `bytes` fields (values, keys) as
+            // slices of the piece or of the gathered buffer, uncopied.
             Gathered::Whole(body) => return Ok(Some(M::decode(body)?)),
             Gathered::More(n) => want = n,
         }
