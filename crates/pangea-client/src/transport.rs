@@ -330,14 +330,14 @@ impl Transport {
         sent: &Sent,
     ) -> Result<pb::ClientResponse, Error> {
         let replica = &at.0;
-        // Only a call that had to wait for a connection can have spent enough
-        // of its budget to tell the replica less (no clock read otherwise).
+        // Only a call that had to wait for a connection, or that is a second try,
+        // can have spent enough of its budget to tell the replica less (no clock
+        // read otherwise).
         let (link, rebudgeted) = match cached {
             Some(link) => (link, None),
             None => {
-                let connecting = std::time::Instant::now();
                 let link = self.link(replica, at.1).await?;
-                (link, sent.rebudgeted(head, connecting))
+                (link, sent.rebudgeted(head, replica)?)
             }
         };
         let req = (rebudgeted.as_ref().unwrap_or(head), body);
@@ -442,25 +442,44 @@ impl Sent {
         *self.at.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// `req` with the budget left now, if connecting took long enough to matter
-    /// (the replica counts the budget from when the request arrives).
+    /// `req` with the budget left now, if it is at least a millisecond less than
+    /// `req` says (the replica counts the budget from when the request arrives).
+    /// A request with less than [`MIN_BUDGET`] left is not sent: the replica
+    /// could only time it out, which for a write would leave it unknown whether
+    /// it was applied, where unsent it certainly was not and the caller may try
+    /// another replica.
     fn rebudgeted(
         &self,
         req: &pb::ClientRequest,
-        since: std::time::Instant,
-    ) -> Option<pb::ClientRequest> {
-        let deadline_at = self.deadline_at?;
-        if req.deadline_us == 0 || since.elapsed() < Duration::from_millis(1) {
-            return None;
+        replica: &ReplicaId,
+    ) -> Result<Option<pb::ClientRequest>, Error> {
+        let Some(deadline_at) = self.deadline_at else {
+            return Ok(None);
+        };
+        if req.deadline_us == 0 {
+            return Ok(None);
         }
         let left = deadline_at.saturating_duration_since(std::time::Instant::now());
-        Some(pb::ClientRequest {
-            // 0 would mean the replica's default of 10 s.
-            deadline_us: (left.as_micros() as u64).max(1),
+        if left < MIN_BUDGET {
+            return Err(Error::Unavailable(format!(
+                "replica {replica}: not sent, {left:?} of its budget left after connecting \
+                 (less than {MIN_BUDGET:?})"
+            )));
+        }
+        let left_us = left.as_micros() as u64;
+        if req.deadline_us.saturating_sub(left_us) < 1_000 {
+            return Ok(None);
+        }
+        Ok(Some(pb::ClientRequest {
+            deadline_us: left_us,
             ..req.clone()
-        })
+        }))
     }
 }
+
+/// The least budget a request that had to wait for a connection is still sent
+/// with.
+const MIN_BUDGET: Duration = Duration::from_millis(1);
 
 /// How an exchange failed: whether the replica can have acted on the request.
 enum Failed {
@@ -539,6 +558,44 @@ mod tests {
         )?;
         let cluster = ClusterFile::load(&file).map_err(anyhow::Error::msg)?;
         Ok(ClientConfig::from_cluster(&cluster, "local-1", "frontend")?)
+    }
+
+    /// A request that waited for a connection goes out with the budget left, and
+    /// not at all once less than [`MIN_BUDGET`] is left: the replica could only
+    /// time it out, and a write timed out there may or may not have been applied.
+    #[test]
+    fn a_request_that_waited_is_sent_with_its_budget_left_or_not_at_all() {
+        let replica = ReplicaId::from("use1-a");
+        let now = std::time::Instant::now();
+        let head = pb::ClientRequest {
+            deadline_us: 500_000,
+            ..Default::default()
+        };
+        // Built just now: sent as it is.
+        let fresh = Sent::until(now + Duration::from_millis(500));
+        assert!(matches!(fresh.rebudgeted(&head, &replica), Ok(None)));
+        // 200 ms of it spent connecting: the replica is told what is left.
+        let waited = Sent::until(now + Duration::from_millis(300));
+        let told = waited
+            .rebudgeted(&head, &replica)
+            .map(|r| r.map(|r| r.deadline_us));
+        assert!(
+            matches!(told, Ok(Some(us)) if us <= 300_000 && us > 200_000),
+            "{told:?}"
+        );
+        // All of it spent: not sent, and the error says so.
+        let spent = Sent::until(now);
+        match spent.rebudgeted(&head, &replica) {
+            Err(Error::Unavailable(e)) => assert!(e.contains("not sent"), "{e}"),
+            other => panic!("a spent budget was sent: {other:?}"),
+        }
+        // A request without a deadline, or without one to count to, is unchanged.
+        let none = pb::ClientRequest::default();
+        assert!(matches!(spent.rebudgeted(&none, &replica), Ok(None)));
+        assert!(matches!(
+            Sent::default().rebudgeted(&head, &replica),
+            Ok(None)
+        ));
     }
 
     /// A request sent as an attempt's head and its call's shared body is, to the
