@@ -227,6 +227,10 @@ pub(crate) struct Inner {
     /// (`Client::follow_deployment`). A call takes a snapshot (an `Arc`) and
     /// keeps it to its end.
     current: std::sync::RwLock<Arc<Current>>,
+    /// `current`'s digest, kept beside it: every answer compares the digest its
+    /// replica serves with it, and an atomic read of a line that changes once a
+    /// deployment takes no lock that the client's threads would pass between them.
+    current_digest: AtomicU64,
     /// The last other deployment digest a replica announced, and that replica:
     /// the background task fetches its files (`Client::follow_deployment`).
     announced: std::sync::Mutex<Option<(ReplicaId, u64)>>,
@@ -236,7 +240,7 @@ pub(crate) struct Inner {
     /// Round-trip EWMA per replica, in ms.
     rtt_ms: DashMap<ReplicaId, f64>,
     /// Replicas that failed recently, until when.
-    down: DashMap<ReplicaId, Instant>,
+    down: DownSet,
     /// Last-known watermarks per replica and scope, from every response, with
     /// when they arrived.
     known: DashMap<ReplicaId, KnownOf>,
@@ -424,10 +428,34 @@ impl Inner {
 
     /// [`Inner::current`]'s digest, read in place (every answer checks it).
     fn current_digest(&self) -> u64 {
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .digest
+        self.current_digest.load(Ordering::Acquire)
+    }
+}
+
+/// Replicas that failed recently, until when, and the latest of those times: a
+/// read asks after every candidate it plans with, and while no replica is down
+/// (nearly always) that is one atomic read of a line that seldom changes, not a
+/// map look-up whose lock the client's threads would pass between them.
+#[derive(Default)]
+struct DownSet {
+    until: DashMap<ReplicaId, Instant>,
+    /// The latest `until` given, on the client's microsecond clock.
+    latest_us: AtomicU64,
+}
+
+impl DownSet {
+    fn mark(&self, clock: &clock::Clock, r: &ReplicaId, until: Instant) {
+        self.until.insert(r.clone(), until);
+        self.latest_us.fetch_max(clock.us(until), Ordering::Release);
+    }
+
+    fn clear(&self, r: &ReplicaId) {
+        self.until.remove(r);
+    }
+
+    fn is_down(&self, clock: &clock::Clock, r: &ReplicaId, now: Instant) -> bool {
+        clock.us(now) < self.latest_us.load(Ordering::Acquire)
+            && self.until.get(r).is_some_and(|until| *until > now)
     }
 }
 
@@ -449,8 +477,7 @@ impl PeerView for LiveView<'_> {
     fn is_down(&self, replica: &ReplicaId) -> bool {
         self.inner
             .down
-            .get(replica)
-            .is_some_and(|until| *until > self.now)
+            .is_down(&self.inner.clock, replica, self.now)
     }
     fn covers(&self, replica: &ReplicaId, token: &Token) -> bool {
         self.inner.known.get(replica).is_some_and(|of| {
@@ -527,12 +554,13 @@ impl Client {
             config.deployment_digest,
         );
         let inner = Arc::new(Inner {
+            current_digest: AtomicU64::new(current.digest),
             current: std::sync::RwLock::new(Arc::new(current)),
             announced: std::sync::Mutex::new(None),
             refused_digests: std::sync::Mutex::new(Vec::new()),
             transport,
             rtt_ms: DashMap::new(),
-            down: DashMap::new(),
+            down: DownSet::default(),
             known: DashMap::new(),
             location: std::sync::RwLock::new(Location::new()),
             location_refresh: tokio::sync::Mutex::new(LocationRefresh::default()),
@@ -609,7 +637,9 @@ impl Client {
                     inner.rtt_ms.remove(*r);
                     inner.known.remove(*r);
                 }
+                let digest = next.digest;
                 *inner.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+                inner.current_digest.store(digest, Ordering::Release);
             }
             Err(e) => {
                 tracing::warn!(from = %replica, error = %e, "not following announced files");
@@ -755,12 +785,10 @@ impl Client {
                             inner.learn_watermarks(&r, &wm, 0, now_ms);
                         }
                     }
-                    inner.down.remove(&r);
+                    inner.down.clear(&r);
                 } else {
                     // Until the next probe says otherwise.
-                    inner
-                        .down
-                        .insert(r.clone(), Instant::now() + PROBE_DOWN_FOR);
+                    inner.mark_down(&r, PROBE_DOWN_FOR);
                 }
             });
         }
@@ -2005,8 +2033,18 @@ impl Inner {
         self.hedger.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// `r` is taken for down for `d` from now.
+    pub(crate) fn mark_down(&self, r: &ReplicaId, d: Duration) {
+        self.down.mark(&self.clock, r, Instant::now() + d);
+    }
+
     fn note_rtt(&self, r: &ReplicaId, d: Duration) {
         let ms = d.as_secs_f64() * 1e3;
+        // A replica already known is updated in place, with no copy of its id.
+        if let Some(mut e) = self.rtt_ms.get_mut(r) {
+            *e = frontend::rtt_ewma(Some(*e), ms);
+            return;
+        }
         let mut e = self.rtt_ms.entry(r.clone()).or_insert(ms);
         *e = frontend::rtt_ewma(Some(*e), ms);
     }
@@ -2030,7 +2068,7 @@ impl Inner {
         let rtt_ms = self.rtt_ms.get(r).map(|e| *e);
         match frontend::after_silence(rtt_ms, waited.as_secs_f64() * 1e3) {
             frontend::Silence::Gone => {
-                self.down.insert(r.clone(), Instant::now() + DOWN_FOR);
+                self.mark_down(r, DOWN_FOR);
                 self.transport.forget(r);
             }
             frontend::Silence::Slower(raised) => {
@@ -2069,14 +2107,13 @@ impl Inner {
         let since = Instant::now();
         let deadline_at = deadline_after(since, budget);
         let wait_until = deadline_after(since, wait.max(budget));
-        let sent = transport::Sent::until(deadline_at);
+        let sent = transport::Sent::until(deadline_at, since);
         let ask = self.ask(c, body, since, deadline_at, traceparent, &sent);
         match tokio::time::timeout_at(wait_until.into(), ask).await {
             Ok(result) => Some(result),
             // Still connecting: nothing reached the replica.
             Err(_) if sent.at().is_none() => {
-                self.down
-                    .insert(c.replica.clone(), Instant::now() + DOWN_FOR);
+                self.mark_down(&c.replica, DOWN_FOR);
                 Some(Err(Error::Unavailable(format!(
                     "replica {}: not connected within {budget:?}",
                     c.replica
@@ -2142,8 +2179,7 @@ impl Inner {
         {
             Ok(r) => r,
             Err(e) => {
-                self.down
-                    .insert(c.replica.clone(), Instant::now() + DOWN_FOR);
+                self.mark_down(&c.replica, DOWN_FOR);
                 return Err(e);
             }
         };
@@ -2200,5 +2236,31 @@ impl Inner {
                 c.replica
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replica marked down is down until its time is up, then not; another is
+    /// never taken for down with it; one cleared is up at once.
+    #[test]
+    fn a_replica_is_down_until_its_time_and_alone() {
+        let clock = clock::Clock::new();
+        let down = DownSet::default();
+        let (a, b) = (ReplicaId::from("use1-a"), ReplicaId::from("use1-b"));
+        let now = Instant::now();
+        assert!(!down.is_down(&clock, &a, now), "nothing marked yet");
+        down.mark(&clock, &a, now + Duration::from_secs(1));
+        assert!(down.is_down(&clock, &a, now));
+        assert!(!down.is_down(&clock, &b, now), "only the replica marked");
+        assert!(!down.is_down(&clock, &a, now + Duration::from_secs(2)));
+        // A shorter mark of another does not shorten the first's.
+        down.mark(&clock, &b, now + Duration::from_millis(10));
+        assert!(down.is_down(&clock, &a, now + Duration::from_millis(500)));
+        assert!(!down.is_down(&clock, &b, now + Duration::from_millis(500)));
+        down.clear(&a);
+        assert!(!down.is_down(&clock, &a, now));
     }
 }

@@ -26,11 +26,9 @@ struct Asked {
     error: Option<Error>,
 }
 
-/// A request in flight: the call's attempt `index`, to `replica` (for what its
-/// silence teaches when the call stops waiting).
+/// A request in flight: the call's attempt `index` (`Asked` names its replica).
 struct Flight {
     index: usize,
-    replica: ReplicaId,
     answer: Pin<Box<dyn Future<Output = Answer> + Send>>,
 }
 
@@ -121,9 +119,11 @@ fn learn(
         let Some(&(_, until, waited)) = follow.iter().find(|f| f.0 == flight.index) else {
             continue;
         };
+        let Some(replica) = asked.get(flight.index).map(|a| a.replica.clone()) else {
+            continue;
+        };
         let inner = inner.clone();
         tokio::spawn(async move {
-            let replica = flight.replica.clone();
             if tokio::time::timeout_at(until.into(), flight).await.is_err() {
                 inner.no_answer(&replica, waited);
             }
@@ -383,11 +383,10 @@ fn launch(
         span,
         error: None,
     });
-    let replica = c.replica.clone();
     let inner = inner.clone();
     let body = Arc::clone(body);
     let answer = Box::pin(async move {
-        let sent = crate::transport::Sent::until(deadline_at);
+        let sent = crate::transport::Sent::until(deadline_at, since);
         let result = inner
             .ask(&c, &body, since, deadline_at, traceparent, &sent)
             .await;
@@ -397,9 +396,5 @@ fn launch(
             result,
         }
     });
-    set.push(Flight {
-        index: n,
-        replica,
-        answer,
-    });
+    set.push(Flight { index: n, answer });
 }

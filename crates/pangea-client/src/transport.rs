@@ -333,6 +333,7 @@ impl Transport {
         // Only a call that had to wait for a connection, or that is a second try,
         // can have spent enough of its budget to tell the replica less (no clock
         // read otherwise).
+        let cached_at_once = cached.is_some();
         let (link, rebudgeted) = match cached {
             Some(link) => (link, None),
             None => {
@@ -341,8 +342,11 @@ impl Transport {
             }
         };
         let req = (rebudgeted.as_ref().unwrap_or(head), body);
+        // Straight out on a cached connection's idle stream, the request leaves
+        // as its attempt was made: no clock read for it.
+        let at_once = rebudgeted.is_none() && cached_at_once;
         if let Some(stream) = link.take_idle() {
-            match exchange(stream, req, sent).await {
+            match exchange(stream, req, sent, at_once).await {
                 Ok((resp, stream)) => {
                     link.answered();
                     if let Some(stream) = stream {
@@ -369,7 +373,7 @@ impl Transport {
                     .unwrap_or_else(|| Failed::Unsent(e.to_string()).into_error(replica)));
             }
         };
-        match exchange(stream, req, sent).await {
+        match exchange(stream, req, sent, false).await {
             Ok((resp, stream)) => {
                 link.answered();
                 if let Some(stream) = stream {
@@ -417,19 +421,28 @@ fn refused(link: &Link, replica: &ReplicaId) -> Option<Error> {
 pub(crate) struct Sent {
     at: Mutex<Option<std::time::Instant>>,
     deadline_at: Option<std::time::Instant>,
+    /// When the attempt was made, if the caller read the clock then.
+    asked_at: Option<std::time::Instant>,
 }
 
 impl Sent {
-    /// For a request whose budget ends at `deadline_at`.
-    pub(crate) fn until(deadline_at: std::time::Instant) -> Sent {
+    /// For a request whose budget ends at `deadline_at`, made at `asked_at`.
+    pub(crate) fn until(deadline_at: std::time::Instant, asked_at: std::time::Instant) -> Sent {
         Sent {
             at: Mutex::default(),
             deadline_at: Some(deadline_at),
+            asked_at: Some(asked_at),
         }
     }
 
-    fn mark(&self) {
-        *self.at.lock().unwrap_or_else(PoisonError::into_inner) = Some(std::time::Instant::now());
+    /// The request starts out now; `at_once`: as its attempt was made (it
+    /// waited for no connection or stream), so that instant is when.
+    fn mark(&self, at_once: bool) {
+        let at = match self.asked_at {
+            Some(asked_at) if at_once => asked_at,
+            _ => std::time::Instant::now(),
+        };
+        *self.at.lock().unwrap_or_else(PoisonError::into_inner) = Some(at);
     }
 
     /// The request certainly did not reach the replica after all.
@@ -509,8 +522,9 @@ async fn exchange(
     (mut send, mut recv): Stream,
     (head, body): Parts<'_>,
     sent: &Sent,
+    at_once: bool,
 ) -> Result<(pb::ClientResponse, Option<Stream>), Failed> {
-    sent.mark();
+    sent.mark(at_once);
     if let Err(e) = write_frame_pair(&mut send, head, body).await {
         // A replica that refuses a frame (a full frame budget, a frame too large)
         // answers why, then stops the stream: the answer says what to do. On a
@@ -572,10 +586,10 @@ mod tests {
             ..Default::default()
         };
         // Built just now: sent as it is.
-        let fresh = Sent::until(now + Duration::from_millis(500));
+        let fresh = Sent::until(now + Duration::from_millis(500), now);
         assert!(matches!(fresh.rebudgeted(&head, &replica), Ok(None)));
         // 200 ms of it spent connecting: the replica is told what is left.
-        let waited = Sent::until(now + Duration::from_millis(300));
+        let waited = Sent::until(now + Duration::from_millis(300), now);
         let told = waited
             .rebudgeted(&head, &replica)
             .map(|r| r.map(|r| r.deadline_us));
@@ -584,7 +598,7 @@ mod tests {
             "{told:?}"
         );
         // All of it spent: not sent, and the error says so.
-        let spent = Sent::until(now);
+        let spent = Sent::until(now, now);
         match spent.rebudgeted(&head, &replica) {
             Err(Error::Unavailable(e)) => assert!(e.contains("not sent"), "{e}"),
             other => panic!("a spent budget was sent: {other:?}"),
