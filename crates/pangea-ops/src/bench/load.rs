@@ -413,11 +413,15 @@ impl Ctx {
                 }
             }
             None => {
-                let last = token.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                let consistency = match (&o.mode, last) {
-                    (ReadMode::Watermark, Some(t)) => Consistency::Watermark(t),
-                    (ReadMode::Watermark, None) => Consistency::Eventual,
-                    (ReadMode::Fixed(c), _) => c.clone(),
+                // Only watermark reads look at the worker's last token.
+                let consistency = match &o.mode {
+                    ReadMode::Fixed(c) => c.clone(),
+                    ReadMode::Watermark => {
+                        match token.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                            Some(t) => Consistency::Watermark(t),
+                            None => Consistency::Eventual,
+                        }
+                    }
                 };
                 let opts = ReadOptions::default()
                     .with_consistency(consistency)
