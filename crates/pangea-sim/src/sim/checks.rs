@@ -103,6 +103,8 @@ impl Checks {
     pub(super) fn note_durable(&mut self, k: usize, sequence: u64, now_us: u64) {
         let h = &mut self.durable_history[k];
         match h.back_mut() {
+            // Most advances move the watermark's time alone: nothing to record.
+            Some(last) if last.1 == sequence => return,
             Some(last) if last.0 == now_us => last.1 = sequence,
             _ => h.push_back((now_us, sequence)),
         }

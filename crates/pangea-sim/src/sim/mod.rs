@@ -2137,6 +2137,18 @@ rtt_ms = 30.0
             c.lacked(reader, s, origin, 9, &[(heard, 20_000_000)]),
             Some((heard, 12))
         );
+        // Advances of the watermark's time alone record nothing: #12 still
+        // dates from 20 s, and the history holds no more than before.
+        let held = c.durable_history[k].len();
+        c.note_durable(k, 12, 21_000_000);
+        c.note_durable(k, 12, 22_000_000);
+        assert_eq!(c.durable_history[k].len(), held);
+        assert_eq!(
+            c.lacked(reader, s, origin, 9, &[(heard, 19_000_000)]),
+            None,
+            "#12 not before 20 s"
+        );
+        assert_eq!(c.durable_at(k, 22_000_000), 12);
     }
 
     #[test]
