@@ -333,7 +333,9 @@ impl Transport {
         // Only a call that had to wait for a connection, or that is a second try,
         // can have spent enough of its budget to tell the replica less (no clock
         // read otherwise).
-        let cached_at_once = cached.is_some();
+        // Straight out on a cached connection's idle stream, the request leaves
+        // as its attempt was made: no clock read for it.
+        let at_once = cached.is_some();
         let (link, rebudgeted) = match cached {
             Some(link) => (link, None),
             None => {
@@ -342,9 +344,6 @@ impl Transport {
             }
         };
         let req = (rebudgeted.as_ref().unwrap_or(head), body);
-        // Straight out on a cached connection's idle stream, the request leaves
-        // as its attempt was made: no clock read for it.
-        let at_once = rebudgeted.is_none() && cached_at_once;
         if let Some(stream) = link.take_idle() {
             match exchange(stream, req, sent, at_once).await {
                 Ok((resp, stream)) => {
