@@ -62,6 +62,7 @@
 pub mod admission;
 pub mod backoff;
 pub mod certs;
+pub mod congestion;
 pub mod endpoint;
 pub mod error;
 pub mod frame;
