@@ -13,12 +13,13 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use quinn::{AsyncUdpSocket, Runtime as _};
+use quinn::AsyncUdpSocket;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::error::{Error, Result};
 use crate::gso::GsoBatches;
 use crate::reset::ResetKey;
+use crate::socket::DrainingSocket;
 use crate::wan::WanEmulator;
 
 /// Send and receive buffer size we request for every QUIC socket: 8 MiB, room for
@@ -124,7 +125,7 @@ fn on_socket(
     std_socket.set_nonblocking(true).map_err(socket_error)?;
     let runtime = Arc::new(quinn::TokioRuntime);
     let real: Arc<dyn AsyncUdpSocket> =
-        GsoBatches::wrap(runtime.wrap_udp_socket(std_socket).map_err(socket_error)?);
+        GsoBatches::wrap(DrainingSocket::new(std_socket).map_err(socket_error)?);
     let socket: Arc<dyn AsyncUdpSocket> = match wan {
         Some(wan) => wan.wrap(real)?,
         None => real,

@@ -72,6 +72,7 @@ pub mod identity;
 pub mod reload;
 pub mod reset;
 pub mod rotation;
+pub mod socket;
 pub mod tls;
 pub mod wan;
 
