@@ -107,9 +107,9 @@ pub struct ClientConfig {
     /// (tests and drills slow or cut a replica at runtime); `emulate_wan` fills in
     /// the topology's delays.
     pub wan: Option<pangea_net::wan::WanControl>,
-    /// QUIC connections kept to each replica; calls alternate between them
-    /// (see `transport`: 2, the default, keeps both sides busy where one would make
-    /// requests move in waves). At least 1.
+    /// QUIC connections kept to each replica; each tokio task's calls keep to one
+    /// of them, and tasks spread over them (see `transport`: 2, the default, keeps
+    /// both sides busy where one would make requests move in waves). At least 1.
     pub connections_per_replica: usize,
     /// The deadline of operator calls (placement moves, audits, reloads, watermarks
     /// of one replica); `None`: each call's own (10 s, 60 s, 30 s, 2 s).

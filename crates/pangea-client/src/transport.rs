@@ -1,8 +1,8 @@
 //! Connections to replicas (a few per replica, reused, re-established when lost),
 //! and requests on streams that are reused too.
 //!
-//! Calls to one replica alternate between [`ClientConfig::connections_per_replica`]
-//! connections (2 by default). A QUIC connection is driven by one task on each side,
+//! Calls to one replica spread over [`ClientConfig::connections_per_replica`]
+//! connections (2 by default), each task keeping to one of them (`slot_of`). A QUIC connection is driven by one task on each side,
 //! which handles every datagram that is in before the requests it carries are served,
 //! so the requests in flight on one connection move in waves: the client sends a
 //! batch, the replica answers the batch, the client sends the next. With two, one
@@ -287,10 +287,7 @@ impl Transport {
         sent: &Sent,
     ) -> Result<pb::ClientResponse, Error> {
         let req = (head, body);
-        let slot = self
-            .next_slot
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            % self.per_replica;
+        let slot = slot_of(tokio::task::try_id(), self.per_replica, &self.next_slot);
         let at = (replica.clone(), slot);
         let cached = self.live(&at);
         // A write is sent again only if it certainly did not arrive: sent twice it
@@ -548,9 +545,78 @@ async fn exchange(
     }
 }
 
+/// Which of a replica's `per_replica` connections a call takes: the calling task's
+/// own (its task number modulo the count), else, outside a task, the next in turn.
+///
+/// A worker that keeps one task keeps to one connection, so the requests its
+/// answers prompt go back out on the connection those answers came in on, and a
+/// wave of answers becomes one wave of requests in one datagram. Taking the next
+/// connection in turn instead split every wave over both connections: at 32 gets
+/// in flight, 0.145 `sendmsg` per get against 0.063, and 10–12 % more client CPU
+/// per get (docs/benchmarks.md, step 8). Tasks spawned one after another get
+/// consecutive numbers, so they spread evenly. The cost: the concurrent calls of
+/// one task (a `join_all` of many gets) share one connection to a replica, as
+/// every call does with a single connection per server.
+fn slot_of(
+    task: Option<tokio::task::Id>,
+    per_replica: usize,
+    next: &std::sync::atomic::AtomicUsize,
+) -> usize {
+    match task {
+        Some(id) => (task_number(id) % per_replica as u64) as usize,
+        None => next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % per_replica,
+    }
+}
+
+/// A task's number: tokio shows it only through `Display` and `Hash`, and its
+/// derived `Hash` writes the number as one `u64`.
+fn task_number(id: tokio::task::Id) -> u64 {
+    struct Number(u64);
+    impl std::hash::Hasher for Number {
+        fn write(&mut self, bytes: &[u8]) {
+            for b in bytes {
+                self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+            }
+        }
+        fn write_u64(&mut self, n: u64) {
+            self.0 = n;
+        }
+        fn finish(&self) -> u64 {
+            self.0
+        }
+    }
+    let mut number = Number(0);
+    std::hash::Hash::hash(&id, &mut number);
+    number.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_task_keeps_to_one_connection_and_tasks_spread_over_them() {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let mut slots = Vec::new();
+        for _ in 0..8 {
+            let handle = tokio::spawn(async {
+                let next = std::sync::atomic::AtomicUsize::new(0);
+                let first = slot_of(tokio::task::try_id(), 2, &next);
+                // Every call of the task takes the same connection.
+                assert!((0..5).all(|_| slot_of(tokio::task::try_id(), 2, &next) == first));
+                first
+            });
+            slots.push(handle.await.expect("task"));
+        }
+        // Tasks spawned one after another alternate between the two.
+        assert!(slots.windows(2).all(|w| w[0] != w[1]), "{slots:?}");
+        // Outside a task (`block_on`), calls take the connections in turn.
+        assert_eq!(
+            (0..4).map(|_| slot_of(None, 2, &next)).collect::<Vec<_>>(),
+            vec![0, 1, 0, 1]
+        );
+        assert_eq!(slot_of(tokio::task::try_id(), 1, &next), 0);
+    }
     use pangea_net::{Credential, certs};
     use pangea_topology::cluster::ClusterFile;
     use std::path::Path;
