@@ -535,6 +535,18 @@ struct CompactHint {
     /// What [`RowState::latest_value_bytes`] returns while no version has expired:
     /// each column's name and newest value.
     newest_bytes: usize,
+    /// The row's family names as a set of [`family_bit`]s: a family whose bit
+    /// is clear is not in the row, so a sweep asks a row for its counter
+    /// families without following its family map.
+    family_bits: u64,
+}
+
+/// `family`'s bit in [`CompactHint::family_bits`] (of 64, by a hash of the name).
+fn family_bit(family: &str) -> u64 {
+    let h = family.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    1 << (h >> 58)
 }
 
 impl CompactHint {
@@ -552,7 +564,8 @@ impl CompactHint {
         let mut has_empty = false;
         let mut oldest_ms: Option<u64> = None;
         let mut newest_bytes = 0;
-        for fam in families.values() {
+        for (name, fam) in families {
+            h.family_bits |= family_bit(name);
             has_empty |= fam.is_empty();
             if let Some(t) = &fam.tombstone {
                 tomb(t);
@@ -1015,13 +1028,15 @@ impl RowState {
     /// Whether some counter of the row holds increments at or below `horizon`,
     /// which [`RowState::compact`] folds.
     fn counts_to_fold(&self, table: Option<&TableSchema>, horizon: Timestamp) -> bool {
-        let Some(table) = table.filter(|t| t.has_counters()) else {
+        let Some(table) = table else {
             return false;
         };
-        self.families
+        table
+            .families
             .iter()
-            .filter(|(name, _)| table.family(name).is_some_and(GcPolicy::is_counter))
-            .flat_map(|(_, fam)| fam.columns.values())
+            .filter(|(name, gc)| gc.is_counter() && self.hint.family_bits & family_bit(name) != 0)
+            .filter_map(|(name, _)| self.families.get(name))
+            .flat_map(|fam| fam.columns.values())
             // Newest first: the last increment is the oldest.
             .any(|col| {
                 col.versions

@@ -711,7 +711,7 @@ impl Storage for MemStorage {
         };
         let mut last = None;
         rows.range::<[u8], _>((start, Bound::Unbounded))
-            .take_while(|(k, _)| k.0.starts_with(prefix))
+            .take_while(|(k, _)| prefix.is_empty() || k.0.starts_with(prefix))
             .take(limit)
             .for_each(|(k, r)| {
                 f(&k.0, r);

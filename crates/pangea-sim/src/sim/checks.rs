@@ -50,6 +50,10 @@ pub(super) struct Checks {
     /// durable watermark within the last `DURABLE_HISTORY`, after the last change
     /// before it (C7 asks what a replica held durably some seconds ago).
     pub(super) durable_history: Vec<VecDeque<(u64, u64)>>,
+    /// Same index: the last sequence `durable_history` recorded (`u64::MAX`: none
+    /// yet). Most watermark advances move the time alone; this dense copy answers
+    /// them without reaching the history's buffer.
+    pub(super) durable_last: Vec<u64>,
     pub(super) violations: Vec<String>,
     /// Tables and GC policies, which the oracle applies exactly as replicas do.
     pub(super) schema: pangea_topology::schema::Schema,
@@ -101,10 +105,13 @@ impl Checks {
 
     /// Records that `k`'s durable watermark reached `sequence` at `now_us` (C7).
     pub(super) fn note_durable(&mut self, k: usize, sequence: u64, now_us: u64) {
+        // Most advances move the watermark's time alone: nothing to record.
+        if self.durable_last[k] == sequence {
+            return;
+        }
+        self.durable_last[k] = sequence;
         let h = &mut self.durable_history[k];
         match h.back_mut() {
-            // Most advances move the watermark's time alone: nothing to record.
-            Some(last) if last.1 == sequence => return,
             Some(last) if last.0 == now_us => last.1 = sequence,
             _ => h.push_back((now_us, sequence)),
         }

@@ -1026,6 +1026,7 @@ impl Simulation {
             staleness_violations: 0,
             other_violations: 0,
             durable_history: vec![VecDeque::new(); n * s * n],
+            durable_last: vec![u64::MAX; n * s * n],
             violations: Vec::new(),
             schema: d.placement.schema.clone(),
             counted: BTreeMap::new(),
