@@ -143,6 +143,15 @@ fn calibrate_reports_both_sides_for_every_region_mode_and_pair() -> Result<()> {
         report["live"]["writes"].as_u64() > Some(0) && p50 > Some(0.0) && p50 <= p95 && p95 <= p99,
         "live writes' latency: {w}"
     );
+    // Every read's far tail is kept: p99 ≤ p99.9 ≤ the slowest (what hedges
+    // fire on, beyond the p99 the figures compare).
+    let pooled = &report["live"]["all_reads"];
+    let tail = &report["live"]["all_reads_tail_ms"];
+    let (p99, p999, max) = (pooled[2].as_f64(), tail[0].as_f64(), tail[1].as_f64());
+    ensure!(
+        p99 > Some(0.0) && p99 <= p999 && p999 <= max,
+        "live reads' tail: p99 {pooled}, p99.9 and slowest {tail}"
+    );
     // The fitted host costs are at least the shipped defaults.
     let shipped = pangea_sim::host::HostModel::default();
     ensure!(report["fitted_host"]["overhead_us"].as_u64() >= Some(shipped.overhead_us));

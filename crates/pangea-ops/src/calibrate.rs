@@ -237,6 +237,11 @@ pub struct LiveFigures {
     /// Every read pooled: (answered, errors, p99 ms), and the median.
     pub all_reads: (u64, u64, f64),
     pub all_reads_p50_ms: f64,
+    /// Every read pooled: its p99.9 and its slowest, ms (zeros in a recording
+    /// made before they were kept). The far tail, past the p99, is what a
+    /// frontend's hedges fire on.
+    #[serde(default)]
+    pub all_reads_tail_ms: (f64, f64),
     /// region → mode → the 95 % interval of the p99 (`p99_interval`); "all" →
     /// "reads" for the pooled one.
     pub reads_p99_interval: BTreeMap<String, BTreeMap<String, (f64, f64)>>,
@@ -1037,6 +1042,10 @@ async fn live_run(
             all.value_at_quantile(0.99) as f64 / 1e3,
         );
         figures.all_reads_p50_ms = all.value_at_quantile(0.5) as f64 / 1e3;
+        figures.all_reads_tail_ms = (
+            all.value_at_quantile(0.999) as f64 / 1e3,
+            all.max() as f64 / 1e3,
+        );
         figures
             .reads_p99_interval
             .entry("all".to_owned())
@@ -1794,22 +1803,33 @@ impl Calibration {
         format!(
             "{} ops/s: within {:.0} % of live: {ra} of {rn} read figures ({noise} of the live \
              p99's 95 % interval), {la} of {ln} lag figures (medians: {ma} of {mn}); all reads' p99 \
-             live/fitted {all}; \
+             live/fitted {all}; all reads' p99.9 live {}, fitted {:.1} ms, slowest live {}, \
+             fitted {:.1} ms; \
              hedges live {}, fitted {}; writes' p99 live {}, fitted {:.1} ms; \
              live write errors {} of {}{}",
             self.rate,
             TOLERANCE * 100.0,
+            ms_or_dash(self.live.all_reads_tail_ms.0),
+            self.sim_fitted.reads.p999_ms,
+            ms_or_dash(self.live.all_reads_tail_ms.1),
+            self.sim_fitted.reads.max_ms,
             self.live.hedges,
             self.sim_fitted.counters.hedges,
-            match self.live.writes_ms.2 {
-                ms if ms > 0.0 => format!("{ms:.1}"),
-                _ => "-".to_owned(),
-            },
+            ms_or_dash(self.live.writes_ms.2),
             self.sim_fitted.writes.p99_ms,
             self.live.write_errors,
             self.live.writes + self.live.write_errors,
             error_kinds(&self.live.write_error_kinds)
         )
+    }
+}
+
+/// A live figure in ms to one decimal, or "-" where the recording has none (0).
+fn ms_or_dash(ms: f64) -> String {
+    if ms > 0.0 {
+        format!("{ms:.1}")
+    } else {
+        "-".to_owned()
     }
 }
 
@@ -1970,6 +1990,7 @@ mod tests {
                 twin.reads.p99_ms,
             ),
             all_reads_p50_ms: twin.reads.p50_ms,
+            all_reads_tail_ms: (twin.reads.p999_ms, twin.reads.max_ms),
             reads_p99_interval: BTreeMap::new(),
             writes: twin.writes.count - twin.writes.errors,
             write_errors: twin.writes.errors,
