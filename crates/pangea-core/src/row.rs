@@ -542,11 +542,12 @@ struct CompactHint {
 }
 
 /// `family`'s bit in [`CompactHint::family_bits`] (of 64, by a hash of the name).
+/// Names that share a bit cost only the exact look-up the bit would have spared.
 fn family_bit(family: &str) -> u64 {
-    let h = family.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    });
-    1 << (h >> 58)
+    use std::hash::Hasher as _;
+    let mut h = crate::hash::WordHasher::default();
+    h.write(family.as_bytes());
+    1 << (h.finish() >> 58)
 }
 
 impl CompactHint {
