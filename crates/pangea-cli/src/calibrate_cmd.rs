@@ -106,7 +106,11 @@ pub(crate) fn run(a: CalibrateArgs) -> Result<()> {
         measured.push((o, m));
     }
     let fitted_at: Vec<String> = a.rate.iter().take(2).map(|r| r.to_string()).collect();
-    let mut heading = format!("host costs fitted at {} ops/s", fitted_at.join(" and "));
+    let mut heading = format!(
+        "host costs fitted at {} ops/s, the stalls' rate to {} ops/s's read p99.9",
+        fitted_at.join(" and "),
+        a.rate[0]
+    );
     if let Some(third) = a.rate.get(2) {
         heading += &format!(", the wake-up's cost to {third} ops/s's read p99");
     }

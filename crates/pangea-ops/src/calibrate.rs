@@ -157,6 +157,11 @@ pub struct Fit {
     /// (`wake_bound`) and chosen below that bound by the third level's read p99
     /// (`fit_levels`).
     pub wake_us: f64,
+    /// How often a replica's thread is descheduled on an idle machine, per
+    /// second (`[host] stall_per_s`, each stall `HostModel::stall_us` long):
+    /// fitted so that the first level's simulated p99.9 (every read pooled) is
+    /// the live one (`fit_stalls`).
+    pub stall_per_s: f64,
 }
 
 /// Both runs and their comparison (`--json` writes it whole).
@@ -427,14 +432,16 @@ pub fn finish(
     say(&format!(
         "Simulating again with the fitted host costs (overhead {} µs, commit {} µs, CPU \
          costs ×{:.1}, {:.0} % of the cores busy with unitemized work in pieces of {:.0} µs, \
-         frontends {:.0} µs a message, {:.0} µs a wake-up) ...",
+         frontends {:.0} µs a message, {:.0} µs a wake-up, a thread descheduled {:.2} times a \
+         second) ...",
         fit.overhead_us,
         fit.commit_us,
         fit.cpu_scale,
         fit.background * 100.0,
         fit.background_us,
         fit.frontend_us,
-        fit.wake_us
+        fit.wake_us,
+        fit.stall_per_s
     ));
     let kill = match (&a.kill, live.kill) {
         (Some(k), Some(live_window)) => {
@@ -1323,6 +1330,7 @@ fn apply_fit(hosts: &mut pangea_sim::host::Hosts, fit: &Fit) {
     host.background = fit.background;
     host.background_us = fit.background_us;
     host.wake_us = fit.wake_us;
+    host.stall_per_s = fit.stall_per_s;
     for c in [
         &mut host.read,
         &mut host.write,
@@ -1347,10 +1355,55 @@ fn apply_fit(hosts: &mut pangea_sim::host::Hosts, fit: &Fit) {
 /// the first level's read p99. With three levels or more, a wake-up's cost too,
 /// bounded by the three busy shares ([`wake_bound`]) and bisected to the third
 /// level's read p99 (every read pooled), the CPU and latency costs fitted again
-/// for each candidate; the other tails are the model's to predict.
+/// for each candidate; with the latency costs, how often a replica's thread is
+/// descheduled, to the first level's p99.9 ([`fit_stalls`]); the other tails are
+/// the model's to predict.
 pub fn fit_levels(levels: &[&Measured]) -> Result<Fit> {
     let first = levels[0];
+    fit_costs(levels, first.sc.host.default.stall_per_s)
+}
+
+/// How often a replica's thread is descheduled on an idle machine: the rate
+/// whose fitted model gives the first level's p99.9 (every read pooled) the live
+/// one, by bisection on a log scale from 0.01 to 100 a second (`None`: the level
+/// had no reads). A recording made before the live p99.9 was kept replays with
+/// [`STALLS_UNRECORDED`].
+fn fit_stalls(first: &Measured, f: &Fit) -> Result<Option<f64>> {
+    let (reads, _, _) = first.live.all_reads;
+    if reads == 0 {
+        return Ok(None);
+    }
+    let live_p999 = first.live.all_reads_tail_ms.0;
+    if live_p999 <= 0.0 {
+        return Ok(Some(STALLS_UNRECORDED));
+    }
+    log_bisect((0.01, 100.0), STALL_BISECTIONS, live_p999, true, |per_s| {
+        let mut sc = first.sc.clone();
+        apply_fit(
+            &mut sc.host,
+            &Fit {
+                stall_per_s: per_s,
+                ..*f
+            },
+        );
+        Ok(Some((Simulation::new(sc)?.run()?.reads.p999_ms, per_s)))
+    })
+}
+
+/// Bisections of the stalls' rate in [`fit_stalls`].
+const STALL_BISECTIONS: usize = 9;
+
+/// The stalls' rate for a recording without the live p99.9: the one fitted to
+/// `docs/drills/calibrate/local-3-regions-levels-intel-3.json`, the first
+/// recording with it.
+const STALLS_UNRECORDED: f64 = 2.0;
+
+/// The CPU, latency and wake-up costs with threads descheduled `stall_per_s`
+/// times a second ([`fit_levels`]).
+fn fit_costs(levels: &[&Measured], stall_per_s: f64) -> Result<Fit> {
+    let first = levels[0];
     let mut f = fit(&first.sc, &first.sim, &first.live);
+    f.stall_per_s = stall_per_s;
     // The frontends' CPU per message (a request sent, its answer received): with
     // two levels, the slope of their CPU time over messages (what does not grow
     // with load — timers, probes — is left out); with one, the ratio.
@@ -1462,8 +1515,20 @@ fn fit_latency(first: &Measured, f: Fit) -> Result<Fit> {
     let cpu_only = Simulation::new(sc)?.run()?;
     f.overhead_us = fit(&first.sc, &cpu_only, &first.live).overhead_us;
     let (reads, _, live_p99) = first.live.all_reads;
-    if f.background > 0.0 && reads > 0 && live_p99 > 0.0 {
-        f.background_us = fit_background_piece(first, &f, live_p99)?;
+    let piece = |f: &Fit| -> Result<f64> {
+        if f.background > 0.0 && reads > 0 && live_p99 > 0.0 {
+            fit_background_piece(first, f, live_p99)
+        } else {
+            Ok(f.background_us)
+        }
+    };
+    f.background_us = piece(&f)?;
+    // The stalls share the first level's tail with the background's pieces:
+    // the pieces set its p99, the stalls its p99.9, each fitted with the other
+    // in place.
+    if let Some(stall_per_s) = fit_stalls(first, &f)? {
+        f.stall_per_s = stall_per_s;
+        f.background_us = piece(&f)?;
     }
     Ok(f)
 }
@@ -1681,6 +1746,7 @@ fn fit(sc: &Scenario, sim: &RunReport, live: &LiveFigures) -> Fit {
         background_us: host.background_us,
         frontend_us: 0.0,
         wake_us: host.wake_us,
+        stall_per_s: host.stall_per_s,
     }
 }
 
@@ -1866,14 +1932,16 @@ impl std::fmt::Display for Calibration {
         writeln!(
             f,
             "SIM: the simulator as shipped; FITTED: with [host] overhead_us = {}, commit_us = {}, \
-         background = {:.2}, background_us = {:.0}, frontend_us = {:.0}, wake_us = {:.0} and CPU \
-         costs ×{:.1}; machine busy live {} (frontends {}), fitted {:.0} % (frontends {:.0} %)",
+         background = {:.2}, background_us = {:.0}, frontend_us = {:.0}, wake_us = {:.0}, \
+         stall_per_s = {:.2} and CPU costs ×{:.1}; machine busy live {} (frontends {}), fitted \
+         {:.0} % (frontends {:.0} %)",
             c.fitted_host.overhead_us,
             c.fitted_host.commit_us,
             c.fitted_host.background,
             c.fitted_host.background_us,
             c.fitted_host.frontend_us,
             c.fitted_host.wake_us,
+            c.fitted_host.stall_per_s,
             c.fitted_host.cpu_scale,
             pct(c.live.machine_busy),
             pct(c.live.frontend_busy),
@@ -2041,6 +2109,7 @@ mod tests {
             background_us: 30.0,
             frontend_us: 50.0,
             wake_us: 80.0,
+            stall_per_s: 1.0,
         };
         let mut levels = Vec::new();
         let mut twins = Vec::new();
@@ -2083,6 +2152,13 @@ mod tests {
                 && fit.wake_us >= 5.0,
             "fitted {fit:?} to a twin of {truth:?}"
         );
+        // Stalls are found. Their rate is pinned loosely: the first level's p99.9
+        // is its few slowest reads of a 5 s level, and the background's pieces
+        // share that tail; the fitted model's tails are checked below.
+        assert!(
+            fit.stall_per_s > 0.1,
+            "fitted {fit:?} to a twin of {truth:?}"
+        );
         for (m, twin) in levels.iter().zip(&twins) {
             let mut sc = m.sc.clone();
             apply_fit(&mut sc.host, &fit);
@@ -2091,6 +2167,13 @@ mod tests {
             assert!(
                 (p99 / want - 1.0).abs() <= 0.2,
                 "read p99 {p99} ms against the twin's {want} ms at {} ops/s: {fit:?}",
+                m.sc.workload.regions.iter().map(|r| r.rate).sum::<f64>()
+            );
+            // The far tail, where a level has reads enough to show it.
+            let (p999, want) = (fitted.reads.p999_ms, twin.reads.p999_ms);
+            assert!(
+                twin.reads.count < 5_000 || (p999 / want - 1.0).abs() <= 0.3,
+                "read p99.9 {p999} ms against the twin's {want} ms at {} ops/s: {fit:?}",
                 m.sc.workload.regions.iter().map(|r| r.rate).sum::<f64>()
             );
             let (busy, want) = (sim_machine_busy(&fitted), sim_machine_busy(twin));

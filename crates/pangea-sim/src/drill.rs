@@ -143,6 +143,10 @@ struct RawHost {
     /// How much longer the replication driver waits for a core than the serving
     /// threads (1 to 40: the ratio of their scheduler weights).
     driver_wait: Option<f64>,
+    /// How often a replica's thread is descheduled, per second at an idle
+    /// machine (0 to 1000), and for how long, µs (mean, 1 to 1000000).
+    stall_per_s: Option<f64>,
+    stall_us: Option<f64>,
     /// Every host on one machine of this many cores (top level only).
     machine_cores: Option<u32>,
     /// The frontends' CPU per request and per answer on that machine (top level,
@@ -784,6 +788,19 @@ fn host_patch(cx: &mut Ctx<'_>, at: &[Seg], r: &RawHost) -> HostPatch {
     {
         cx.err(&field("driver_wait"), format!("must be 1 to 40, not {w}"));
     }
+    if let Some(n) = r.stall_per_s
+        && !(n.is_finite() && (0.0..=1000.0).contains(&n))
+    {
+        cx.err(&field("stall_per_s"), format!("must be 0 to 1000, not {n}"));
+    }
+    if let Some(us) = r.stall_us
+        && !(us.is_finite() && (1.0..=1_000_000.0).contains(&us))
+    {
+        cx.err(
+            &field("stall_us"),
+            format!("must be 1 to 1000000 µs, not {us}"),
+        );
+    }
     HostPatch {
         cores: r.cores,
         read_us: r.read_us,
@@ -798,6 +815,8 @@ fn host_patch(cx: &mut Ctx<'_>, at: &[Seg], r: &RawHost) -> HostPatch {
         background_us: r.background_us,
         wake_us: r.wake_us,
         driver_wait: r.driver_wait,
+        stall_per_s: r.stall_per_s,
+        stall_us: r.stall_us,
     }
 }
 

@@ -136,7 +136,23 @@ pub struct HostModel {
     /// what queued meanwhile, so work that finds it awake waits only for it.
     /// 1: first come, first served.
     pub driver_wait: f64,
+    /// How often a replica's thread — the serving runtime's, or the replication
+    /// driver's — is descheduled on an idle machine, per second (0: never; more
+    /// often as the cores fill, [`STALLS_GROW`]), and for how long, µs (mean;
+    /// exponential, [`STALL_US`]). A descheduled thread holds the work it was
+    /// given until it runs again, while the cores serve other threads: the
+    /// preempted slices that give a live host's reads their far tail and its
+    /// applies their lag tail near capacity, which a queue of whole pieces that
+    /// any free core takes does not have (`pangea sim calibrate` fits the rate
+    /// to the live reads' p99.9).
+    pub stall_per_s: f64,
+    pub stall_us: f64,
 }
+
+/// [`HostModel::stall_us`]: two of the Linux scheduler's base slices on a
+/// 2-CPU machine (0.75 ms × (1 + log2 2) each), what a thread preempted there
+/// waits for one other runnable thread's turn and its own.
+pub const STALL_US: f64 = 3_000.0;
 
 /// [`HostModel::driver_wait`] of a replica at the default `driver_nice` (5): the
 /// Linux scheduler's weight of nice 0 over nice 5's (`sched_prio_to_weight`).
@@ -172,6 +188,8 @@ impl Default for HostModel {
             background_us: BACKGROUND_JOB_US,
             wake_us: 0.0,
             driver_wait: DRIVER_WAIT,
+            stall_per_s: 0.0,
+            stall_us: STALL_US,
         }
     }
 }
@@ -193,6 +211,8 @@ pub struct HostPatch {
     pub background_us: Option<f64>,
     pub wake_us: Option<f64>,
     pub driver_wait: Option<f64>,
+    pub stall_per_s: Option<f64>,
+    pub stall_us: Option<f64>,
 }
 
 impl HostPatch {
@@ -239,6 +259,12 @@ impl HostPatch {
         }
         if let Some(w) = self.driver_wait {
             m.driver_wait = w;
+        }
+        if let Some(n) = self.stall_per_s {
+            m.stall_per_s = n;
+        }
+        if let Some(us) = self.stall_us {
+            m.stall_us = us;
         }
         m
     }
@@ -356,6 +382,86 @@ impl Background {
     }
 }
 
+/// When one thread is descheduled: a Poisson stream of stalls of exponential
+/// length, drawn as far as the work given to the thread needs.
+#[derive(Debug, Clone)]
+struct Stalls {
+    /// The current or next stall: `[start, end)`.
+    start: SimTime,
+    end: SimTime,
+    gap_us: f64,
+    len_us: f64,
+    /// How their rate grows with the cores' load ([`STALLS_GROW`]).
+    grows: f64,
+    rng: SimRng,
+}
+
+/// How a descheduled thread's stalls grow more frequent with the load of the
+/// cores it runs on, `load`: their rate is `stall_per_s × (1 - load)^-k`, with
+/// `k` the first for a serving thread and the second for the replication driver.
+/// A thread is preempted when its slice is up and another is runnable, and a
+/// descheduled one waits for the others' slices; the driver, at nice 5, has a
+/// third of a serving thread's weight, so it is preempted sooner and waits
+/// longer as the machine fills. Chosen by replay of the calibration recordings
+/// (docs/drills.md#fidelity): 0 for both left the hedges and the lag tails near
+/// capacity at a third of live's, 1 for both put the reads' p99 there 25 %
+/// above.
+pub const STALLS_GROW: (f64, f64) = (0.5, 1.0);
+
+impl Stalls {
+    fn new(per_s: f64, len_us: f64, grows: f64, rng: SimRng) -> Option<Stalls> {
+        if per_s <= 0.0 || len_us <= 0.0 {
+            return None;
+        }
+        let mut s = Stalls {
+            start: SimTime::ZERO,
+            end: SimTime::ZERO,
+            gap_us: 1e6 / per_s,
+            len_us,
+            grows,
+            rng,
+        };
+        s.draw_after(SimTime::ZERO, 0.0);
+        Some(s)
+    }
+
+    fn exp_us(&mut self, mean_us: f64) -> SimDuration {
+        let u = self.rng.next_f64().max(f64::MIN_POSITIVE);
+        SimDuration::from_us((-u.ln() * mean_us).round() as u64)
+    }
+
+    /// The next stall after `t`, the cores `load` busy: a thread is
+    /// descheduled more often the more other work is runnable
+    /// ([`STALLS_GROW`]).
+    fn draw_after(&mut self, t: SimTime, load: f64) {
+        let idle = (1.0 - load).clamp(0.05, 1.0);
+        let gap = self.gap_us * idle.powf(self.grows);
+        self.start = t + self.exp_us(gap);
+        self.end = self.start + self.exp_us(self.len_us).max(SimDuration::from_us(1));
+    }
+
+    /// Work the thread takes at `at` that would be done at `done` if it ran
+    /// throughout: when it is done, paused while the thread is descheduled.
+    fn delay(&mut self, at: SimTime, done: SimTime, load: f64) -> SimTime {
+        let mut t = at;
+        let mut left = done.saturating_since(at);
+        loop {
+            while self.end <= t {
+                let end = self.end;
+                self.draw_after(end, load);
+            }
+            if self.start <= t {
+                t = self.end;
+            } else if self.start < t + left {
+                left = left - self.start.saturating_since(t);
+                t = self.end;
+            } else {
+                return t + left;
+            }
+        }
+    }
+}
+
 /// Cores and when each finishes the work it was given, with the background work
 /// that takes turns on them.
 #[derive(Debug, Clone)]
@@ -364,7 +470,16 @@ pub struct CoreSet {
     background: Option<Background>,
     /// Time the background work took on these cores.
     background_busy: SimDuration,
+    /// All the time given to these cores, and how busy they were over the last
+    /// full window of [`LOAD_WINDOW`] (`load`), from `window.0` with `window.1`
+    /// given by then.
+    given: SimDuration,
+    window: (SimTime, SimDuration),
+    load: f64,
 }
+
+/// How long the cores' recent load is measured over.
+const LOAD_WINDOW: SimDuration = SimDuration::from_ms(50);
 
 impl CoreSet {
     fn new(n: u32, background: Option<Background>) -> CoreSet {
@@ -372,6 +487,9 @@ impl CoreSet {
             free: vec![SimTime::ZERO; n.max(1) as usize],
             background,
             background_busy: SimDuration::ZERO,
+            given: SimDuration::ZERO,
+            window: (SimTime::ZERO, SimDuration::ZERO),
+            load: 0.0,
         }
     }
 
@@ -385,16 +503,25 @@ impl CoreSet {
         core: Option<usize>,
         at: SimTime,
         service: SimDuration,
-    ) -> (SimTime, SimTime) {
+    ) -> (SimTime, SimTime, f64) {
         if let Some(b) = &mut self.background {
-            self.background_busy += b.advance(&mut self.free, at);
+            let spent = b.advance(&mut self.free, at);
+            self.background_busy += spent;
+            self.given += spent;
+        }
+        self.given += service;
+        let elapsed = at.saturating_since(self.window.0);
+        if elapsed >= LOAD_WINDOW {
+            let given = self.given - self.window.1;
+            self.load = given.as_us() as f64 / (elapsed.as_us() as f64 * self.free.len() as f64);
+            self.window = (at, self.given);
         }
         let first = first_free(&self.free);
         let any_start = self.free[first].max(at);
         let core = core.unwrap_or(first);
         let done = self.free[core].max(at) + service;
         self.free[core] = done;
-        (any_start, done)
+        (any_start, done, self.load)
     }
 }
 
@@ -465,6 +592,10 @@ pub struct Host {
     /// given: work that comes later finds them asleep (`HostModel::wake_us`).
     serving_until: SimTime,
     driver_until: SimTime,
+    /// When the serving thread, and the driver's, are descheduled
+    /// (`HostModel::stall_per_s`).
+    serving_stalls: Option<Stalls>,
+    driver_stalls: Option<Stalls>,
     rng: SimRng,
     /// Service time given to the cores, and to the disk, since the start.
     pub busy: SimDuration,
@@ -499,7 +630,17 @@ impl Host {
 
     /// A host on `cores` (a machine's, [`Cores::machine`]).
     pub fn on(model: HostModel, rng: SimRng, cores: Cores) -> Host {
+        let mut rng = rng;
+        let mut stalls = |salt: u64, grows: f64| {
+            (model.stall_per_s > 0.0)
+                .then(|| Stalls::new(model.stall_per_s, model.stall_us, grows, rng.fork(salt)))
+                .flatten()
+        };
+        let serving_stalls = stalls(0x7374_6c73, STALLS_GROW.0);
+        let driver_stalls = stalls(0x7374_6c64, STALLS_GROW.1);
         Host {
+            serving_stalls,
+            driver_stalls,
             cpu: UnitLogNormal::new(model.cpu_sigma),
             disk: UnitLogNormal::new(model.commit_sigma),
             slow: 1.0,
@@ -598,7 +739,7 @@ impl Host {
         if core.is_some() {
             self.driver_busy += service;
         }
-        let (any_start, done) = match &mut self.cores {
+        let (any_start, done, load) = match &mut self.cores {
             Cores::Own(cores) => cores.take(core, at, service),
             Cores::Shared(machine) => machine
                 .lock()
@@ -621,6 +762,13 @@ impl Host {
             Some(_) => done.max(self.driver_until + service),
             None => done,
         };
+        // A thread descheduled meanwhile holds the work until it runs again.
+        let stalls = match (core, work) {
+            (_, Work::Frontend) => None,
+            (Some(_), _) => self.driver_stalls.as_mut(),
+            (None, _) => self.serving_stalls.as_mut(),
+        };
+        let done = stalls.map_or(done, |s| s.delay(at, done, load));
         match (core, work) {
             (_, Work::Frontend) => {}
             (Some(_), _) => self.driver_until = self.driver_until.max(done),
@@ -724,6 +872,103 @@ mod tests {
         mean_us: 10.0,
         per_kib_us: 0.0,
     };
+
+    /// A descheduled thread holds the work it was given until it runs again: the
+    /// work pauses for the stall, the cores are not held for it, and the driver's
+    /// queued work waits behind it.
+    #[test]
+    fn a_descheduled_thread_holds_its_work_and_not_the_cores() {
+        let stall = |per_s: f64| {
+            let mut s = Stalls::new(per_s, 1_000.0, 0.0, SimRng::new(7)).expect("on");
+            // A stall from 1,000 µs to 1,500 µs.
+            s.start = SimTime::from_us(1_000);
+            s.end = SimTime::from_us(1_500);
+            s
+        };
+        let mut s = stall(1.0);
+        // Done before the stall: untouched.
+        let at = SimTime::from_us(500);
+        assert_eq!(
+            s.delay(at, SimTime::from_us(900), 0.0),
+            SimTime::from_us(900)
+        );
+        // Running into it: paused for its 500 µs.
+        let mut s = stall(1.0);
+        assert_eq!(
+            s.delay(at, SimTime::from_us(1_100), 0.0),
+            SimTime::from_us(1_600)
+        );
+        // Given during it: starts when it ends.
+        let mut s = stall(1.0);
+        assert_eq!(
+            s.delay(SimTime::from_us(1_200), SimTime::from_us(1_210), 0.0),
+            SimTime::from_us(1_510)
+        );
+        // Off unless a rate is set.
+        assert!(Stalls::new(0.0, 1_000.0, 0.0, SimRng::new(7)).is_none());
+
+        // On a host: the stalls add latency, not busy time, and a stalled
+        // driver's later work waits for it.
+        let model = HostModel {
+            cores: 2,
+            cpu_sigma: 0.0,
+            driver_wait: 1.0,
+            stall_per_s: 50.0,
+            stall_us: 2_000.0,
+            ..HostModel::default()
+        };
+        let plain = HostModel {
+            stall_per_s: 0.0,
+            ..model
+        };
+        let run = |m: HostModel| {
+            let mut h = Host::new(m, SimRng::new(3));
+            let (mut late, mut worst) = (0u64, 0u64);
+            let mut driver_done = SimTime::ZERO;
+            for i in 0..20_000u64 {
+                let at = SimTime::from_us(i * 500);
+                let w = h
+                    .run(at, Work::Read, US10, 1, 0)
+                    .saturating_since(at)
+                    .as_us();
+                late += w;
+                worst = worst.max(w);
+                let d = h.run_driver(at, Work::Apply, US10, 1, 0);
+                assert!(d >= driver_done, "the driver's work ends in order");
+                driver_done = d;
+            }
+            (late, worst, h.busy)
+        };
+        let (plain_late, plain_worst, plain_busy) = run(plain);
+        let (late, worst, busy) = run(model);
+        assert_eq!(busy, plain_busy, "a stall takes no core");
+        assert_eq!(plain_worst, 10);
+        assert!(worst > 1_000, "some work waits out a stall: {worst} µs");
+        // 50 stalls a second of 2 ms: about a tenth of the time, half a stall's
+        // wait each: ~0.1 ms on average against 10 µs.
+        assert!(late > 5 * plain_late, "{late} against {plain_late}");
+    }
+
+    /// Stalls come more often the busier the cores ([`STALLS_GROW`]).
+    #[test]
+    fn stalls_come_more_often_on_busy_cores() {
+        let count = |load: f64| {
+            let mut s = Stalls::new(100.0, 100.0, 1.0, SimRng::new(5)).expect("on");
+            let mut n = 0;
+            let mut t = SimTime::ZERO;
+            while t < SimTime::from_us(10_000_000) {
+                let end = s.end;
+                s.draw_after(end, load);
+                t = s.end;
+                n += 1;
+            }
+            n
+        };
+        let (idle, busy) = (count(0.0), count(0.75));
+        // 100 a second idle, 400 at three quarters busy (k = 1), over 10 s.
+        assert!((900..1_100).contains(&idle), "{idle}");
+        assert!((3_500..4_500).contains(&busy), "{busy}");
+    }
 
     /// Work that finds its thread asleep pays the wake-up; work that comes while
     /// the thread is still busy does not, so CPU per request falls with load.

@@ -580,6 +580,8 @@ fn host_costs_add_to_reads_writes_and_lag() -> Result<()> {
             "host.background_us: must be 1 to 1000000 µs",
         ),
         ("driver_wait = 0.5", "host.driver_wait: must be 1 to 40"),
+        ("stall_per_s = -2", "host.stall_per_s: must be 0 to 1000"),
+        ("stall_us = 0", "host.stall_us: must be 1 to 1000000 µs"),
         (
             "[host.regions.eu-west-1]\nmachine_cores = 2",
             "takes no regions, replicas, machine_cores or frontend_us",
@@ -601,6 +603,45 @@ fn host_costs_add_to_reads_writes_and_lag() -> Result<()> {
         .to_string();
         assert!(err.contains(key), "{bad}: {err}");
     }
+    Ok(())
+}
+
+/// `[host] stall_per_s`: replicas' threads descheduled now and then give the
+/// reads a far tail — their p99.9 grows well past the p50 — without the hosts
+/// spending more CPU.
+#[test]
+fn descheduled_threads_give_reads_a_far_tail() -> Result<()> {
+    let with = |host: &str| {
+        HEAD.replace(
+            "[workload]",
+            &format!("[host]\ncpu_sigma = 0\n{host}[workload]"),
+        )
+    };
+    let stalling = drill("stalls.toml", &with("stall_per_s = 20\nstall_us = 4000\n"))?;
+    assert_eq!(stalling.scenario.host.default.stall_per_s, 20.0);
+    assert_eq!(stalling.scenario.host.default.stall_us, 4_000.0);
+    let a = Simulation::new(drill("steady.toml", &with(""))?.scenario)?.run()?;
+    let b = Simulation::new(stalling.scenario)?.run()?;
+    assert!(
+        b.reads.p999_ms > a.reads.p999_ms + 2.0,
+        "p99.9 {} -> {}",
+        a.reads.p999_ms,
+        b.reads.p999_ms
+    );
+    assert!(
+        (b.reads.p50_ms - a.reads.p50_ms).abs() < 0.2,
+        "p50 {} -> {}",
+        a.reads.p50_ms,
+        b.reads.p50_ms
+    );
+    let busy =
+        |r: &pangea_sim::sim::metrics::RunReport| r.hosts.values().map(|h| h.cpu).sum::<f64>();
+    assert!(
+        (busy(&b) - busy(&a)).abs() < 0.02 * busy(&a),
+        "cores busy {} -> {}",
+        busy(&a),
+        busy(&b)
+    );
     Ok(())
 }
 
