@@ -1393,10 +1393,10 @@ fn fit_stalls(first: &Measured, f: &Fit) -> Result<Option<f64>> {
 /// Bisections of the stalls' rate in [`fit_stalls`].
 const STALL_BISECTIONS: usize = 9;
 
-/// The stalls' rate for a recording without the live p99.9: the one fitted to
-/// `docs/drills/calibrate/local-3-regions-levels-intel-3.json`, the first
-/// recording with it.
-const STALLS_UNRECORDED: f64 = 2.0;
+/// The stalls' rate for a recording without the live p99.9: about the ones
+/// fitted to the two that have it (`docs/drills/calibrate/`
+/// `local-3-regions-levels-intel-3.json` and `-intel-4.json`: 1.15 and 1.00).
+const STALLS_UNRECORDED: f64 = 1.0;
 
 /// The CPU, latency and wake-up costs with threads descheduled `stall_per_s`
 /// times a second ([`fit_levels`]).
@@ -1499,8 +1499,9 @@ fn log_bisect<T>(
 /// Bisections of the wake-up's cost in [`fit_levels`].
 const WAKE_BISECTIONS: usize = 6;
 
-/// The request overhead, then the background's piece length, fitted at the first
-/// level `first` to `f`'s CPU costs ([`fit_levels`]).
+/// The request overhead, then the background's piece length and the stalls'
+/// rate ([`fit_stalls`]), fitted at the first level `first` to `f`'s CPU costs
+/// ([`fit_levels`]).
 fn fit_latency(first: &Measured, f: Fit) -> Result<Fit> {
     let mut f = f;
     let shipped_overhead = first.sc.host.default.overhead_us;
@@ -2152,11 +2153,12 @@ mod tests {
                 && fit.wake_us >= 5.0,
             "fitted {fit:?} to a twin of {truth:?}"
         );
-        // Stalls are found. Their rate is pinned loosely: the first level's p99.9
+        // Stalls are found, within a factor of ten (the search spans 0.01 to 100
+        // a second). Their rate is pinned loosely: the first level's p99.9
         // is its few slowest reads of a 5 s level, and the background's pieces
         // share that tail; the fitted model's tails are checked below.
         assert!(
-            fit.stall_per_s > 0.1,
+            (0.1..10.0).contains(&fit.stall_per_s),
             "fitted {fit:?} to a twin of {truth:?}"
         );
         for (m, twin) in levels.iter().zip(&twins) {

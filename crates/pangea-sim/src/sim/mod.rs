@@ -1040,6 +1040,8 @@ impl Simulation {
                         per_kib_us: 0.0,
                     },
                     background: 0.0,
+                    // The frontends' threads are not the replicas'.
+                    stall_per_s: 0.0,
                     ..sc.host.default
                 };
                 let rng = SimRng::new(xxh3_64(&[sc.seed.to_le_bytes(), *b"frontend"].concat()));
