@@ -1342,27 +1342,6 @@ fn apply_fit(hosts: &mut pangea_sim::host::Hosts, fit: &Fit) {
     }
 }
 
-/// The host costs from measured load levels: the request overhead and the fsync
-/// from the first (`fit`); the frontends' CPU per message from this process's CPU
-/// time (the live frontends run here); the replicas' CPU from how busy the live
-/// machine was, less the frontends, against the simulated replicas. With two
-/// levels or more, a line through the first two: its slope scales the itemized
-/// costs, and what it leaves at zero load is background (the live cluster's
-/// heartbeats, probes, timers and WAN emulation); with one, the itemized costs
-/// alone are scaled. The request overhead is fitted next, against
-/// the first level simulated with the CPU fitted (the queueing the fitted CPU adds
-/// is not overhead); last, how long a piece of the background holds a core, to
-/// the first level's read p99. With three levels or more, a wake-up's cost too,
-/// bounded by the three busy shares ([`wake_bound`]) and bisected to the third
-/// level's read p99 (every read pooled), the CPU and latency costs fitted again
-/// for each candidate; with the latency costs, how often a replica's thread is
-/// descheduled, to the first level's p99.9 ([`fit_stalls`]); the other tails are
-/// the model's to predict.
-pub fn fit_levels(levels: &[&Measured]) -> Result<Fit> {
-    let first = levels[0];
-    fit_costs(levels, first.sc.host.default.stall_per_s)
-}
-
 /// How often a replica's thread is descheduled on an idle machine: the rate
 /// whose fitted model gives the first level's p99.9 (every read pooled) the live
 /// one, by bisection on a log scale from 0.01 to 100 a second (`None`: the level
@@ -1398,12 +1377,25 @@ const STALL_BISECTIONS: usize = 9;
 /// `local-3-regions-levels-intel-3.json` and `-intel-4.json`: 1.15 and 1.00).
 const STALLS_UNRECORDED: f64 = 1.0;
 
-/// The CPU, latency and wake-up costs with threads descheduled `stall_per_s`
-/// times a second ([`fit_levels`]).
-fn fit_costs(levels: &[&Measured], stall_per_s: f64) -> Result<Fit> {
+/// The host costs from measured load levels: the request overhead and the fsync
+/// from the first (`fit`); the frontends' CPU per message from this process's CPU
+/// time (the live frontends run here); the replicas' CPU from how busy the live
+/// machine was, less the frontends, against the simulated replicas. With two
+/// levels or more, a line through the first two: its slope scales the itemized
+/// costs, and what it leaves at zero load is background (the live cluster's
+/// heartbeats, probes, timers and WAN emulation); with one, the itemized costs
+/// alone are scaled. The request overhead is fitted next, against
+/// the first level simulated with the CPU fitted (the queueing the fitted CPU adds
+/// is not overhead); last, how long a piece of the background holds a core, to
+/// the first level's read p99. With three levels or more, a wake-up's cost too,
+/// bounded by the three busy shares ([`wake_bound`]) and bisected to the third
+/// level's read p99 (every read pooled), the CPU and latency costs fitted again
+/// for each candidate; with the latency costs, how often a replica's thread is
+/// descheduled, to the first level's p99.9 ([`fit_stalls`]); the other tails are
+/// the model's to predict.
+pub fn fit_levels(levels: &[&Measured]) -> Result<Fit> {
     let first = levels[0];
     let mut f = fit(&first.sc, &first.sim, &first.live);
-    f.stall_per_s = stall_per_s;
     // The frontends' CPU per message (a request sent, its answer received): with
     // two levels, the slope of their CPU time over messages (what does not grow
     // with load — timers, probes — is left out); with one, the ratio.
