@@ -1392,7 +1392,8 @@ const STALLS_UNRECORDED: f64 = 1.0;
 /// level's read p99 (every read pooled), the CPU and latency costs fitted again
 /// for each candidate; with the latency costs, how often a replica's thread is
 /// descheduled, to the first level's p99.9 ([`fit_stalls`]); the other tails are
-/// the model's to predict.
+/// the model's to predict. Without the live machine's busy share the CPU costs
+/// stay as shipped, and the latency costs and stalls are fitted all the same.
 pub fn fit_levels(levels: &[&Measured]) -> Result<Fit> {
     let first = levels[0];
     let mut f = fit(&first.sc, &first.sim, &first.live);
@@ -1421,7 +1422,7 @@ pub fn fit_levels(levels: &[&Measured]) -> Result<Fit> {
             f.background = (l1 - f.cpu_scale * s1).clamp(0.0, 0.9);
         }
         (Some((s1, l1)), _) if s1 > 0.0 => f.cpu_scale = (l1 / s1).max(1.0),
-        _ => return Ok(f),
+        _ => return fit_latency(first, f),
     }
     let Some(bound) = wake_bound(levels, &f)? else {
         return fit_latency(first, f);
@@ -2176,6 +2177,14 @@ mod tests {
                 "machine busy {busy} against the twin's {want}: {fit:?}"
             );
         }
+        // A level without the machine's busy share keeps the shipped CPU costs
+        // and still has its latency costs and stalls fitted.
+        levels[0].live.machine_busy = None;
+        let blind = fit_levels(&[&levels[0]])?;
+        assert!(
+            blind.cpu_scale == 1.0 && (0.1..10.0).contains(&blind.stall_per_s),
+            "fitted {blind:?} without the machine's busy share"
+        );
         Ok(())
     }
 
